@@ -1,0 +1,78 @@
+# multislice-pipelines: the two commands a new user needs are `make run` and `make test`.
+#
+# Two environments, as production has two images (their dependency pins clash):
+#   .venvs/pipeline  kfp, clients, validation, tests  (requirements/pipeline.txt)
+#   .venvs/trainer   MaxText 0.2.5 with JAX and Orbax  (requirements/trainer.txt)
+# Both are created with uv from the lock files; `make lock` regenerates them.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# A Python 3.12 interpreter: python3.12 on PATH, else one installed by pyenv.
+PYTHON312 ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	  "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
+VENVS := .venvs
+BOOT := $(VENVS)/bootstrap
+UV := $(BOOT)/bin/uv
+UV_VERSION := 0.13.9
+PIPELINE_PY := $(VENVS)/pipeline/bin/python
+TRAINER_PY := $(VENVS)/trainer/bin/python
+PLATFORM := --python-version 3.12 --python-platform x86_64-manylinux_2_31
+PROFILE ?= local
+SET ?=
+PYTEST_ARGS ?=
+
+.PHONY: help env run test test-fast compile render goldens lock clean
+
+help:
+	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
+	@echo "make test     install and run the whole test suite (what CI runs)"
+	@echo "make compile  write build/pipelines/<profile>.yaml for every profile in configs/"
+	@echo "make render   write every manifest of PROFILE to build/manifests/PROFILE"
+	@echo "make goldens  regenerate the golden manifests and compiled pipelines under tests/golden"
+	@echo "make lock     re-resolve requirements/*.txt from pyproject.toml"
+
+$(UV):
+	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found; install it (e.g. pyenv install 3.12) or set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON312) -m venv $(BOOT)
+	$(BOOT)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+
+$(VENVS)/pipeline/.installed: requirements/pipeline.txt pyproject.toml | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/pipeline
+	VIRTUAL_ENV=$(VENVS)/pipeline $(UV) pip sync --quiet requirements/pipeline.txt
+	VIRTUAL_ENV=$(VENVS)/pipeline $(UV) pip install --quiet --no-deps -e .
+	touch $@
+
+$(VENVS)/trainer/.installed: requirements/trainer.txt pyproject.toml | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/trainer
+	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip sync --quiet requirements/trainer.txt
+	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip install --quiet --no-deps -e .
+	touch $@
+
+env: $(VENVS)/pipeline/.installed $(VENVS)/trainer/.installed
+
+run: env
+	$(VENVS)/pipeline/bin/multislice run --profile $(PROFILE) $(foreach s,$(SET),--set $(s))
+
+test: env
+	$(PIPELINE_PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: env
+	$(PIPELINE_PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
+
+compile: $(VENVS)/pipeline/.installed
+	@for f in configs/*.yaml; do p=$$(basename $$f .yaml); \
+	  $(VENVS)/pipeline/bin/multislice compile --profile $$p --output build/pipelines/$$p.yaml || exit 1; done
+
+render: $(VENVS)/pipeline/.installed
+	$(VENVS)/pipeline/bin/multislice render --profile $(PROFILE) --output build/manifests/$(PROFILE)
+
+goldens: $(VENVS)/pipeline/.installed
+	$(PIPELINE_PY) -m tests.golden
+
+lock: | $(UV)
+	$(UV) pip compile --quiet pyproject.toml --extra pipeline --extra dev $(PLATFORM) -o requirements/pipeline.txt
+	$(UV) pip compile --quiet pyproject.toml --extra trainer $(PLATFORM) -o requirements/trainer.txt
+
+clean:
+	rm -rf build output

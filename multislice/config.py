@@ -1,0 +1,538 @@
+"""The run spec: what a user writes in ``configs/<profile>.yaml`` or changes per run.
+
+Data flows one way: a profile (YAML) plus overrides (``--set key=value`` on the
+CLI, or pipeline parameters) -> :func:`load_spec` -> a validated
+:class:`RunSpec` -> :mod:`multislice.plan`. Every check here runs before
+anything is created or started; a failure raises :class:`ConfigError`, whose
+message names each bad field and how to fix it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from multislice import maxtext, names, tpu
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: Where ``--profile NAME`` looks for ``NAME.yaml``.
+PROFILES_DIR = PROJECT_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+    """A run spec or override is invalid. ``issues`` holds ``(field, message)`` pairs."""
+
+    def __init__(self, issues: list[tuple[str, str]]):
+        self.issues = issues
+        lines = [f"  - {field}: {message}" if field else f"  - {message}" for field, message in issues]
+        count = f"{len(issues)} problem" + ("s" if len(issues) != 1 else "")
+        super().__init__(f"invalid run spec ({count}); nothing was created or started:\n" + "\n".join(lines))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The model a stage trains: a MaxText ``model_name`` or explicit dims.
+
+    With ``name``, MaxText loads ``maxtext/configs/models/<name>.yml``. With
+    dims, the stage describes its own architecture in MaxText's terms
+    (``decoder_block``, ``base_emb_dim``, ...), e.g. Llama 3's architecture
+    (decoder block ``llama2``, SwiGLU ``[silu, linear]``, GQA, RoPE 500000)
+    at a size a CPU can train.
+    """
+
+    name: str | None = Field(None, description="MaxText model_name, e.g. llama3-8b.")
+    description: str = ""
+    decoder_block: str | None = None
+    emb_dim: int | None = Field(None, gt=0)
+    num_query_heads: int | None = Field(None, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0)
+    num_decoder_layers: int | None = Field(None, gt=0)
+    mlp_dim: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0)
+    mlp_activations: tuple[str, ...] | None = None
+    rope_max_timescale: int | None = Field(None, gt=0)
+    normalization_layer_epsilon: float | None = Field(None, gt=0)
+    logits_via_embedding: bool | None = None
+    enable_dropout: bool | None = None
+
+    @model_validator(mode="after")
+    def _name_or_dims(self) -> ModelSpec:
+        dims = {k: v for k, v in self.dim_fields().items() if v is not None}
+        if self.name is not None:
+            if self.name not in maxtext.MODEL_NAMES or self.name == "default":
+                close = [n for n in maxtext.MODEL_NAMES if n.split("-")[0] == self.name.split("-")[0]]
+                hint = f" (did you mean one of {', '.join(close)}?)" if close else ""
+                raise ValueError(
+                    f"unknown MaxText model_name {self.name!r}{hint}; use a name from MaxText "
+                    f"{maxtext.MAXTEXT_VERSION}'s configs/models, or give explicit dims instead of a name"
+                )
+            if dims:
+                raise ValueError(
+                    f"give either a MaxText model name or explicit dims, not both (name={self.name!r} "
+                    f"with {', '.join(sorted(dims))}); remove one"
+                )
+            return self
+        required = ("decoder_block", *maxtext.MODEL_DIM_KEYS)
+        missing = [k for k in required if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"a model without a MaxText name needs explicit dims; missing {', '.join(missing)}")
+        if self.num_query_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_query_heads ({self.num_query_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        return self
+
+    def dim_fields(self) -> dict[str, Any]:
+        """The architecture fields (everything but name and description)."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in ("name", "description")}
+
+    @property
+    def label(self) -> str:
+        """A short human name: the MaxText name, or a description of the dims."""
+        if self.name:
+            return self.name
+        return self.description or (
+            f"{self.decoder_block} {self.num_decoder_layers}L emb{self.emb_dim} vocab{self.vocab_size}"
+        )
+
+    def maxtext_args(self) -> dict[str, Any]:
+        """MaxText keys for this model: ``model_name`` or ``base_emb_dim`` etc."""
+        if self.name:
+            return {"model_name": self.name}
+        args: dict[str, Any] = {}
+        for key, value in self.dim_fields().items():
+            if value is not None:
+                args[maxtext.MODEL_DIM_KEYS.get(key, key)] = value
+        return args
+
+
+def _check_parallelism(value: dict[str, int], net: str) -> dict[str, int]:
+    for axis, degree in value.items():
+        if axis not in maxtext.PARALLELISM_AXES:
+            raise ValueError(
+                f"unknown {net.upper()} axis {axis!r}; MaxText's axes are {', '.join(maxtext.PARALLELISM_AXES)}"
+            )
+        if degree != -1 and degree < 1:
+            raise ValueError(f"{net}.{axis} is {degree}; use a positive degree, or -1 to fill")
+    if sum(1 for d in value.values() if d == -1) > 1:
+        raise ValueError(f"at most one {net.upper()} axis may be -1 (MaxText fills one axis)")
+    return value
+
+
+class Stage(_Strict):
+    """One training stage: a model, a batch and a parallelism plan.
+
+    ``ici`` and ``dcn`` map MaxText axis names (``fsdp``, ``tensor``, ``data``,
+    ...) to degrees; -1 lets MaxText fill that axis. Axes not given take
+    MaxText's defaults (ICI: fsdp -1, others 1; DCN: data -1, others 1).
+    The ICI product must equal the chips of one slice and the DCN product the
+    number of slices.
+    """
+
+    name: str = Field(description="DNS-1035 label; part of the JobSet name.")
+    description: str = ""
+    model: ModelSpec
+    steps: int = Field(gt=0, description="Training steps (MaxText steps).")
+    per_device_batch_size: float = Field(gt=0, description="Sequences per chip per step.")
+    max_target_length: int = Field(gt=0, description="Sequence length, tokens.")
+    ici: dict[str, int] = Field(default_factory=dict)
+    dcn: dict[str, int] = Field(default_factory=dict)
+    remat_policy: str = "full"
+    checkpoint_period: int = Field(gt=0, description="Steps between checkpoints.")
+    dataset_type: Literal["synthetic"] = "synthetic"
+    maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        if not names.DNS1035_LABEL.match(value):
+            raise ValueError(
+                f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', starting with a letter"
+            )
+        return value
+
+    @field_validator("ici")
+    @classmethod
+    def _ici(cls, value: dict[str, int]) -> dict[str, int]:
+        return _check_parallelism(value, "ici")
+
+    @field_validator("dcn")
+    @classmethod
+    def _dcn(cls, value: dict[str, int]) -> dict[str, int]:
+        return _check_parallelism(value, "dcn")
+
+    @field_validator("remat_policy")
+    @classmethod
+    def _remat(cls, value: str) -> str:
+        if value not in maxtext.REMAT_POLICIES:
+            raise ValueError(f"unknown remat_policy {value!r}; MaxText's are {', '.join(maxtext.REMAT_POLICIES)}")
+        return value
+
+    @field_validator("maxtext_overrides")
+    @classmethod
+    def _overrides(cls, value: dict[str, Any]) -> dict[str, Any]:
+        managed = sorted(set(value) & maxtext.MANAGED_KEYS)
+        if managed:
+            raise ValueError(
+                f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
+            )
+        return value
+
+    def full_ici(self) -> dict[str, int]:
+        """ICI degrees with MaxText's defaults filled in for axes not given."""
+        return {**maxtext.ICI_DEFAULTS, **self.ici}
+
+    def full_dcn(self) -> dict[str, int]:
+        """DCN degrees with MaxText's defaults filled in for axes not given."""
+        return {**maxtext.DCN_DEFAULTS, **self.dcn}
+
+
+class Images(_Strict):
+    """Container images: the trainer (MaxText) and the pipeline components."""
+
+    trainer: str = Field(min_length=1)
+    pipeline: str = Field(min_length=1)
+
+
+class RunSpec(_Strict):
+    """A whole run: where it runs, on which slices, and its ordered stages.
+
+    ``tpu_type`` names one slice (``v6e-16``, see :mod:`multislice.tpu`);
+    ``num_slices`` of them are joined over DCN. On the ``local`` backend the
+    same slices are emulated by processes on this machine, one per host.
+    """
+
+    run_name: str = Field(description="DNS-1035 label; prefix of every JobSet name.")
+    backend: Literal["local", "gke"]
+    namespace: str = "default"
+    queue: str = Field("multislice-queue", description="Kueue LocalQueue the JobSets are submitted to.")
+    cluster_queue: str = Field("multislice-cluster-queue", description="Kueue ClusterQueue behind the LocalQueue.")
+    priority: str = Field("default-priority", description="Kueue WorkloadPriorityClass name.")
+    priority_value: int = Field(100, description="Value of that WorkloadPriorityClass.")
+    tpu_type: str
+    num_slices: int = Field(gt=0)
+    max_restarts: int = Field(2, ge=0, description="JobSet failurePolicy.maxRestarts.")
+    output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
+    images: Images
+    stages: tuple[Stage, ...] = Field(min_length=1)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        if not names.DNS1035_LABEL.match(value):
+            raise ValueError(
+                f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', "
+                "starting with a letter and ending with a letter or digit"
+            )
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not names.DNS1123_LABEL.match(value) or len(value) > names.MAX_LABEL_LENGTH:
+            raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label, at most 63 characters)")
+        return value
+
+    @field_validator("queue", "cluster_queue", "priority")
+    @classmethod
+    def _object_name(cls, value: str) -> str:
+        if not names.DNS1123_SUBDOMAIN.match(value) or len(value) > names.MAX_LABEL_LENGTH:
+            raise ValueError(
+                f"{value!r} is not a valid Kueue object name (lower-case DNS-1123, at most 63 "
+                "characters, since it is also a label value)"
+            )
+        return value
+
+    @field_validator("tpu_type")
+    @classmethod
+    def _tpu_type(cls, value: str) -> str:
+        return tpu.parse_tpu_type(value).name
+
+    @property
+    def slice_type(self) -> tpu.SliceType:
+        """The parsed slice shape of ``tpu_type``."""
+        return tpu.parse_tpu_type(self.tpu_type)
+
+    def stage(self, name: str) -> Stage:
+        """The stage called ``name``; KeyError naming the known stages otherwise."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"no stage {name!r}; stages are {', '.join(s.name for s in self.stages)}")
+
+
+# ---------------------------------------------------------------------------
+# Checks across fields, run after the per-field checks above.
+
+
+def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
+    """(product of the given degrees, value the -1 axis would take or None)."""
+    fixed = math.prod(d for d in degrees.values() if d != -1)
+    if -1 in degrees.values():
+        return fixed, (target // fixed if fixed and target % fixed == 0 else 0)
+    return fixed, None
+
+
+def _describe(degrees: dict[str, int]) -> str:
+    return " x ".join(f"{axis}={degree}" for axis, degree in degrees.items()) or "none"
+
+
+def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
+    """Checks that need several fields: parallelism vs slice shape, name lengths, uniqueness.
+
+    Returns ``(field, message)`` pairs; empty when the spec is consistent.
+    """
+    issues: list[tuple[str, str]] = []
+    shape = spec.slice_type
+    remote = spec.output_dir.startswith("gs://")
+    if spec.backend == "gke" and not remote:
+        issues.append(
+            (
+                "output_dir",
+                f"{spec.output_dir!r} is a local path, but TPU pods on GKE cannot write to this machine; "
+                "use a Cloud Storage location, gs://BUCKET/PATH",
+            )
+        )
+    if spec.backend == "local" and remote:
+        issues.append(
+            ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")
+        )
+    seen: set[str] = set()
+    for i, stage in enumerate(spec.stages):
+        where = f"stages[{i}] ({stage.name})"
+        if stage.name in seen:
+            issues.append((f"{where}.name", f"stage name {stage.name!r} is used twice; give each stage its own name"))
+        seen.add(stage.name)
+        for net, degrees, target, unit in (
+            ("ici", stage.full_ici(), shape.chips, f"chips per {shape.name} slice"),
+            ("dcn", stage.full_dcn(), spec.num_slices, "slices (num_slices)"),
+        ):
+            fixed, filled = _fill(degrees, target)
+            if filled is None and fixed != target:
+                issues.append(
+                    (
+                        f"{where}.{net}",
+                        f"{net.upper()} parallelism {_describe(degrees)} multiplies to {fixed}, but there are "
+                        f"{target} {unit}; make the product {target}, or set one axis to -1 so MaxText fills it",
+                    )
+                )
+            elif filled == 0:
+                issues.append(
+                    (
+                        f"{where}.{net}",
+                        f"{net.upper()} parallelism {_describe(degrees)}: the -1 axis cannot fill {target} {unit} "
+                        f"because the other axes multiply to {fixed}, which does not divide {target}",
+                    )
+                )
+        if stage.checkpoint_period > stage.steps:
+            issues.append(
+                (
+                    f"{where}.checkpoint_period",
+                    f"checkpoint_period {stage.checkpoint_period} exceeds steps {stage.steps}: only the final "
+                    "checkpoint would be written, and a restart would lose every step; make it at most steps",
+                )
+            )
+    too_long = [
+        (names.jobset_name(spec.run_name, stage.name), stage.name)
+        for stage in spec.stages
+        if names.longest_pod_name_length(names.jobset_name(spec.run_name, stage.name), spec.num_slices, shape.hosts)
+        > names.MAX_LABEL_LENGTH
+    ]
+    if too_long:
+        jobset, stage_name = max(too_long, key=lambda pair: len(pair[0]))
+        longest = names.longest_pod_name_length(jobset, spec.num_slices, shape.hosts)
+        room = names.max_jobset_name_length(spec.num_slices, shape.hosts) - len(stage_name) - 1
+        issues.append(
+            (
+                "run_name",
+                f"JobSet {jobset!r} ({len(jobset)} characters) would get pod names of {longest} characters "
+                f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63; "
+                f"shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
+                + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
+            )
+        )
+    return issues
+
+
+# ---------------------------------------------------------------------------
+# Loading and overriding.
+
+
+def _format_loc(loc: tuple[Any, ...], data: Mapping[str, Any]) -> str:
+    out = ""
+    node: Any = data
+    for part in loc:
+        if isinstance(part, int):
+            name = ""
+            if isinstance(node, (list, tuple)) and part < len(node) and isinstance(node[part], Mapping):
+                name = node[part].get("name", "")
+            out += f"[{part}]" + (f" ({name})" if name else "")
+            node = node[part] if isinstance(node, (list, tuple)) and part < len(node) else None
+        else:
+            out += ("." if out else "") + str(part)
+            node = node.get(part) if isinstance(node, Mapping) else None
+    return out
+
+
+def _pydantic_issues(error: ValidationError, data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    issues = []
+    for err in error.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field; check its spelling against the README's config reference"
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        issues.append((_format_loc(loc, data), message))
+    return issues
+
+
+def load_spec(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunSpec:
+    """Validate a run spec given as plain data (a parsed profile), after overrides.
+
+    Args:
+        data: The profile's content.
+        overrides: ``{key: value}`` as for :func:`apply_overrides`.
+
+    Returns:
+        The validated RunSpec.
+
+    Raises:
+        ConfigError: listing every bad field with its fix. Nothing is created.
+    """
+    merged = apply_overrides(data, overrides or {})
+    try:
+        spec = RunSpec.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(_pydantic_issues(error, merged)) from None
+    issues = cross_field_issues(spec)
+    if issues:
+        raise ConfigError(issues)
+    return spec
+
+
+def profile_path(profile: str) -> Path:
+    """Resolve a profile name (``local``) or a path to a YAML file.
+
+    Raises:
+        ConfigError: no such profile; the message lists those in ``configs/``.
+    """
+    candidate = Path(profile)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    named = PROFILES_DIR / f"{profile}.yaml"
+    if named.is_file():
+        return named
+    known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    raise ConfigError(
+        [("profile", f"no profile {profile!r}; known profiles: {', '.join(known)}, or a path to a .yaml file")]
+    )
+
+
+def read_profile(profile: str) -> dict[str, Any]:
+    """The raw content of a profile (not yet validated)."""
+    with open(profile_path(profile), encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    if not isinstance(data, dict):
+        raise ConfigError([("profile", f"{profile_path(profile)} does not hold a mapping")])
+    return data
+
+
+def load_profile(profile: str, overrides: Mapping[str, Any] | None = None) -> RunSpec:
+    """Read, override and validate a profile. Raises ConfigError."""
+    return load_spec(read_profile(profile), overrides)
+
+
+def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings (CLI ``--set``); values are YAML scalars or lists.
+
+    Raises:
+        ConfigError: a pair without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError([("--set", f"{pair!r} is not key=value, e.g. --set run_name=my-run")])
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, (dict,)) or value is None:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``data`` with overrides applied.
+
+    Keys are either pipeline parameter names (``run_name``, ``num_slices``,
+    ``trainer_image``, ``stage1_steps``; see :mod:`multislice.parameters`) or
+    dotted paths into the spec (``images.trainer``, ``stages.0.steps``,
+    ``stages.tiny-8b-recipe.ici.fsdp``; a stage may be named by index or name).
+
+    Raises:
+        ConfigError: a path that leads nowhere (unknown stage, or a non-mapping on the way).
+    """
+    from multislice import parameters  # a small module; imported here to keep the import graph one-way
+
+    result = copy.deepcopy(dict(data))
+    issues: list[tuple[str, str]] = []
+    for key, value in overrides.items():
+        path = parameters.path_for(key)
+        parts = path.split(".")
+        node: Any = result
+        ok = True
+        for depth, part in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                index = _stage_index(node, part)
+                if index is None:
+                    known = ", ".join(str(s.get("name")) for s in node if isinstance(s, Mapping))
+                    issues.append((key, f"no stage {part!r} (by index from 0 or by name: {known})"))
+                    ok = False
+                    break
+                node = node[index]
+            elif isinstance(node, dict):
+                if part not in node or node[part] is None:
+                    node[part] = {}
+                node = node[part]
+            else:
+                issues.append((key, f"{'.'.join(parts[:depth])} is not a mapping, so {part!r} cannot be set in it"))
+                ok = False
+                break
+        if not ok:
+            continue
+        if isinstance(node, dict):
+            node[parts[-1]] = value
+        else:
+            issues.append((key, f"{'.'.join(parts[:-1])} is not a mapping"))
+    if issues:
+        raise ConfigError(issues)
+    return result
+
+
+def _stage_index(stages: list[Any], part: str) -> int | None:
+    if part.isdigit():
+        index = int(part)
+        return index if index < len(stages) else None
+    for index, stage in enumerate(stages):
+        if isinstance(stage, Mapping) and stage.get("name") == part:
+            return index
+    return None
+
+
+def spec_to_data(spec: RunSpec) -> dict[str, Any]:
+    """Plain data (JSON-able) for a spec; ``load_spec(spec_to_data(s)) == s``."""
+    return spec.model_dump(mode="json", exclude_none=True)

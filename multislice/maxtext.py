@@ -1,0 +1,90 @@
+"""Facts about MaxText 0.2.5 that the pipeline environment needs without importing it.
+
+The pipeline environment cannot install MaxText (its dependency pins clash
+with kfp's), yet config validation must know MaxText's model names,
+parallelism axes, remat policies and defaults. They are copied here from the
+MaxText 0.2.5 sources named on each constant; ``tests/test_maxtext_facts.py``
+checks every one against the installed MaxText in the trainer environment.
+"""
+
+from __future__ import annotations
+
+MAXTEXT_VERSION = "0.2.5"
+
+#: Module whose ``main`` trains (``maxtext/trainers/pre_train/train.py``).
+TRAIN_MODULE = "maxtext.trainers.pre_train.train"
+
+#: ``ModelName`` in ``maxtext/configs/types.py``: values of ``model_name``.
+MODEL_NAMES: tuple[str, ...] = (
+    "default", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3.1-8b-Instruct",
+    "llama3-70b", "llama3.1-70b-Instruct", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b",
+    "llama3.3-70b", "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "deepseek2-16b",
+    "deepseek2-236b", "deepseek3-671b", "deepseek3-671b-2dfsdp", "deepseek3-671b-batchsplit",
+    "deepseek3-671b-lineage", "deepseek3-test", "deepseek3-tiny", "deepseek3.2-671b",
+    "deepseek4-tiny", "deepseek4-284b", "deepseek-custom", "kimi-k2-1t", "gemma-7b", "gemma-2b",
+    "gemma2-2b", "gemma2-9b", "gemma2-27b", "gemma3-4b", "gemma3-12b", "gemma3-27b", "gemma4-26b",
+    "gemma4-31b", "gemma4-e2b", "gemma4-e4b", "maxtext-omni-gemma3-qwen3", "qwen2.5-1.5b",
+    "qwen2.5-7b", "qwen2.5-14b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-1.7b-base", "qwen3-4b",
+    "qwen3-4b-base", "qwen3-4b-thinking-2507", "qwen3-8b", "qwen3-8b-base", "qwen3-14b",
+    "qwen3-14b-base", "qwen3-32b", "qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-30b-a3b-base",
+    "qwen3-480b-a35b", "qwen3-vl-2b", "qwen3-vl-4b", "qwen3-vl-30b-a3b", "weaver-mini",
+    "weaver-max", "qwen3-next-80b-a3b", "qwen3-omni-30b-a3b", "qwen3-custom-30b-a3b",
+    "qwen3.5-35b-a3b", "qwen3.5-35b-a3b-fp8", "qwen3.5-35b-fp8", "qwen3.5-397b-a17b",
+    "qwen3.5-397b-a17b-fp8", "gpt3-175b", "gpt3-22b", "gpt3-6b", "gpt3-52k", "gpt-oss-20b",
+    "gpt-oss-120b", "llama4-17b-16e", "llama4-17b-128e", "olmo3-7b", "olmo3-7b-pt", "olmo3-32b",
+    "envy-test", "envy-switch-base", "envy-switch-large", "envy-switch-xxl",
+)  # fmt: skip
+
+#: Parallelism axes: MaxText reads ``ici_<axis>_parallelism`` and
+#: ``dcn_<axis>_parallelism`` for each (``maxtext/configs/base.yml``).
+PARALLELISM_AXES: tuple[str, ...] = (
+    "diloco", "data", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses",
+    "context_autoregressive", "tensor", "tensor_sequence", "autoregressive", "pipeline", "expert",
+)  # fmt: skip
+
+#: MaxText's defaults for the axes not set to 1 (``maxtext/configs/base.yml``):
+#: FSDP fills the slice over ICI and data parallelism fills the slices over DCN.
+ICI_DEFAULTS: dict[str, int] = {"fsdp": -1}
+DCN_DEFAULTS: dict[str, int] = {"data": -1}
+
+#: ``RematPolicy`` in ``maxtext/configs/types.py``.
+REMAT_POLICIES: tuple[str, ...] = (
+    "full", "minimal", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
+    "save_dot_except_mlp", "save_qkv_proj", "qkv_proj_offloaded", "custom", "minimal_offloaded",
+    "save_out_proj",
+)  # fmt: skip
+
+#: Keys that map a model given by explicit dims (``maxtext/configs/models/llama3-8b.yml``).
+MODEL_DIM_KEYS: dict[str, str] = {
+    "emb_dim": "base_emb_dim",
+    "num_query_heads": "base_num_query_heads",
+    "num_kv_heads": "base_num_kv_heads",
+    "num_decoder_layers": "base_num_decoder_layers",
+    "mlp_dim": "base_mlp_dim",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+}
+
+#: The MaxText keys the plan sets itself; stage ``maxtext_overrides`` may not.
+MANAGED_KEYS: frozenset[str] = frozenset(
+    {
+        "run_name", "base_output_directory", "model_name", "steps", "per_device_batch_size",
+        "max_target_length", "remat_policy", "enable_checkpointing", "checkpoint_period",
+        "hardware", "num_slices", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
+        "compile_topology", "compile_topology_num_slices",
+    }
+    | {f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in PARALLELISM_AXES}
+    | set(MODEL_DIM_KEYS.values())
+)  # fmt: skip
+
+
+def format_value(value: object) -> str:
+    """Format a Python value as MaxText's OmegaConf command line expects.
+
+    ``True`` becomes ``true``, lists become ``[a,b]``; other values use ``str``.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    return str(value)

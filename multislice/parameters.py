@@ -1,0 +1,81 @@
+"""Pipeline parameters: the fields a user changes per run, and where each lands in the spec.
+
+One table serves the compiled pipeline (its parameter names and types), the
+``plan`` step (turning parameter values into overrides) and the CLI's
+``--set`` (which accepts these names as well as dotted paths), so a value
+goes through the same validation wherever it comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multislice.config import RunSpec
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One pipeline parameter: its name, Python type, and dotted path in the run spec."""
+
+    name: str
+    type: type
+    path: str
+    description: str
+
+
+RUN_PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("run_name", str, "run_name", "Run name: prefix of JobSet names and output directory"),
+    Parameter("backend", str, "backend", "Where steps act: local (this machine) or gke"),
+    Parameter("tpu_type", str, "tpu_type", "TPU type of each slice, e.g. v6e-16"),
+    Parameter("num_slices", int, "num_slices", "Number of slices joined over DCN"),
+    Parameter("output_dir", str, "output_dir", "Base directory (path or gs://) for checkpoints and logs"),
+    Parameter("trainer_image", str, "images.trainer", "Trainer container image (MaxText)"),
+    Parameter("namespace", str, "namespace", "Kubernetes namespace of the JobSets"),
+    Parameter("queue", str, "queue", "Kueue LocalQueue"),
+    Parameter("priority", str, "priority", "Kueue WorkloadPriorityClass"),
+    Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
+)
+
+#: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.
+STAGE_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("steps", int, "Training steps"),
+    ("per_device_batch_size", float, "Sequences per chip per step"),
+)
+
+_STAGE_PARAM = re.compile(r"^stage(?P<n>[1-9][0-9]*)_(?P<field>[a-z_]+)$")
+_BY_NAME = {p.name: p for p in RUN_PARAMETERS}
+
+
+def stage_parameter_name(index: int, field: str) -> str:
+    """Name of a stage's parameter, e.g. ``stage1_steps`` for index 0."""
+    return f"stage{index + 1}_{field}"
+
+
+def path_for(key: str) -> str:
+    """Dotted spec path for a parameter name; other keys are taken as paths already."""
+    if key in _BY_NAME:
+        return _BY_NAME[key].path
+    match = _STAGE_PARAM.match(key)
+    if match and match.group("field") in {f for f, _, _ in STAGE_FIELDS}:
+        return f"stages.{int(match.group('n')) - 1}.{match.group('field')}"
+    return key
+
+
+def run_parameter_defaults(spec: RunSpec) -> dict[str, Any]:
+    """Run-level parameter values taken from a spec, by parameter name."""
+    return {p.name: _get(spec, p.path) for p in RUN_PARAMETERS}
+
+
+def stage_parameter_defaults(spec: RunSpec, index: int) -> dict[str, Any]:
+    """Stage parameter values of stage ``index`` (0-based), by field name."""
+    stage = spec.stages[index]
+    return {field: getattr(stage, field) for field, _, _ in STAGE_FIELDS}
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,217 @@
+"""The validated plan: everything the steps need, resolved from a RunSpec.
+
+config -> **plan** -> manifests -> backend -> steps -> pipeline. The plan is
+plain, JSON-serialisable data so that one pipeline step can hand it to the
+next. It fixes names (JobSets, directories), resolves MaxText's ``-1``
+parallelism fills, and builds each stage's MaxText argument list.
+
+Layout of a run's outputs (``output_dir`` may be a local path or ``gs://``)::
+
+    <output_dir>/<run_name>/                  run directory
+        <stage>/checkpoints/<step>/           Orbax checkpoints (MaxText run_name = stage)
+        <stage>/tensorboard/                  MaxText's TensorBoard events
+        <stage>/metrics.jsonl                 MaxText's per-step metrics (local backend)
+        jax_cache/                            XLA compilation cache shared by the stages
+        jobsets/<jobset>/                     local backend: JobSet state and pod logs
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from multislice import maxtext, names
+from multislice.config import RunSpec, Stage
+
+Flavour = Literal["tpu", "cpu"]
+
+#: Module run by every training pod (trainer image).
+WORKER_MODULE = "multislice.trainer.worker"
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def resolve_degrees(degrees: dict[str, int], target: int) -> dict[str, int]:
+    """Replace a ``-1`` degree by the value that makes the product ``target``.
+
+    Input must already have passed :func:`multislice.config.cross_field_issues`.
+    Returns every MaxText axis, with 1 for those not given.
+    """
+    full = {axis: 1 for axis in maxtext.PARALLELISM_AXES}
+    full.update(degrees)
+    fixed = 1
+    for degree in full.values():
+        if degree != -1:
+            fixed *= degree
+    return {axis: (target // fixed if degree == -1 else degree) for axis, degree in full.items()}
+
+
+class StagePlan(BaseModel):
+    """One stage, resolved.
+
+    Attributes:
+        index: Position in the run, from 0.
+        name: Stage name.
+        model_label: Human name of the model.
+        jobset: JobSet name (``<run_name>-<stage>``).
+        stage_dir: Directory MaxText writes this stage to.
+        checkpoint_dir: ``<stage_dir>/checkpoints``; a checkpoint per step directory.
+        metrics_file: Local metrics file written by the leader process (local backend).
+        final_step: Step of the last checkpoint MaxText writes (``steps - 1``; steps count from 0).
+        steps: Steps to train.
+        ici: Every ICI axis degree, -1 resolved; product = chips per slice.
+        dcn: Every DCN axis degree, -1 resolved; product = slices.
+        global_batch_size: Sequences per step across all chips.
+        tokens_per_step: ``global_batch_size * max_target_length``.
+        maxtext_args: MaxText ``key=value`` arguments common to both flavours.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    name: str
+    model_label: str
+    jobset: str
+    stage_dir: str
+    checkpoint_dir: str
+    metrics_file: str
+    final_step: int
+    steps: int
+    checkpoint_period: int
+    ici: dict[str, int]
+    dcn: dict[str, int]
+    global_batch_size: float
+    tokens_per_step: float
+    maxtext_args: list[str]
+
+
+class Plan(BaseModel):
+    """A validated run: the spec, its slice shape, and every stage resolved.
+
+    Attributes:
+        spec: The validated RunSpec.
+        run_dir: ``<output_dir>/<run_name>``.
+        jax_cache_dir: XLA cache shared by the stages.
+        slice: Slice shape facts: name, topology, chips, hosts, chips_per_host,
+            machine_type, gke_accelerator, hbm_bytes_per_chip.
+        total_chips: ``num_slices * chips``.
+        stages: The resolved stages, in order.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: RunSpec
+    run_dir: str
+    jax_cache_dir: str
+    slice: dict[str, Any]
+    total_chips: int
+    stages: list[StagePlan]
+
+    def stage(self, name: str) -> StagePlan:
+        """The resolved stage called ``name``. Raises KeyError."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"no stage {name!r} in the plan; stages are {', '.join(s.name for s in self.stages)}")
+
+    def to_json(self) -> str:
+        """Serialise for handing to the next pipeline step."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Inverse of :meth:`to_json`."""
+        return cls.model_validate(json.loads(text))
+
+
+def _stage_args(spec: RunSpec, stage: Stage, run_dir: str, jax_cache_dir: str, ici: dict, dcn: dict) -> list[str]:
+    args: dict[str, Any] = {
+        "run_name": stage.name,
+        "base_output_directory": run_dir,
+        **stage.model.maxtext_args(),
+        "steps": stage.steps,
+        "per_device_batch_size": stage.per_device_batch_size,
+        "max_target_length": stage.max_target_length,
+        "dataset_type": stage.dataset_type,
+        "remat_policy": stage.remat_policy,
+        "enable_checkpointing": True,
+        "async_checkpointing": True,
+        "checkpoint_period": stage.checkpoint_period,
+        "jax_cache_dir": jax_cache_dir,
+    }
+    for axis, degree in ici.items():
+        args[f"ici_{axis}_parallelism"] = degree
+    for axis, degree in dcn.items():
+        args[f"dcn_{axis}_parallelism"] = degree
+    args.update(stage.maxtext_overrides)
+    return [f"{key}={maxtext.format_value(value)}" for key, value in args.items()]
+
+
+def make_plan(spec: RunSpec) -> Plan:
+    """Resolve a validated spec into a plan. Pure: touches no file or API."""
+    shape = spec.slice_type
+    run_dir = _join(spec.output_dir, spec.run_name)
+    jax_cache_dir = _join(run_dir, "jax_cache")
+    stages = []
+    for index, stage in enumerate(spec.stages):
+        ici = resolve_degrees(stage.full_ici(), shape.chips)
+        dcn = resolve_degrees(stage.full_dcn(), spec.num_slices)
+        stage_dir = _join(run_dir, stage.name)
+        global_batch = stage.per_device_batch_size * shape.chips * spec.num_slices
+        stages.append(
+            StagePlan(
+                index=index,
+                name=stage.name,
+                model_label=stage.model.label,
+                jobset=names.jobset_name(spec.run_name, stage.name),
+                stage_dir=stage_dir,
+                checkpoint_dir=_join(stage_dir, "checkpoints"),
+                metrics_file=_join(stage_dir, "metrics.jsonl"),
+                final_step=stage.steps - 1,
+                steps=stage.steps,
+                checkpoint_period=stage.checkpoint_period,
+                ici=ici,
+                dcn=dcn,
+                global_batch_size=global_batch,
+                tokens_per_step=global_batch * stage.max_target_length,
+                maxtext_args=_stage_args(spec, stage, run_dir, jax_cache_dir, ici, dcn),
+            )
+        )
+    return Plan(
+        spec=spec,
+        run_dir=run_dir,
+        jax_cache_dir=jax_cache_dir,
+        slice={
+            "name": shape.name,
+            "topology": shape.topology,
+            "chips": shape.chips,
+            "hosts": shape.hosts,
+            "chips_per_host": shape.chips_per_host,
+            "machine_type": shape.machine_type,
+            "gke_accelerator": shape.gke_accelerator,
+            "hbm_bytes_per_chip": shape.hbm_bytes_per_chip,
+        },
+        total_chips=shape.chips * spec.num_slices,
+        stages=stages,
+    )
+
+
+def worker_command(plan: Plan, stage: StagePlan, flavour: Flavour) -> tuple[list[str], list[str]]:
+    """Container ``command`` and ``args`` of a training pod.
+
+    The TPU flavour runs MaxText as on GKE. The CPU flavour adds what
+    MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
+    ``num_slices`` so it builds a DCN mesh) and the worker's
+    ``--emulate-slices`` and ``--metrics-file`` options.
+    """
+    command = ["python", "-m", WORKER_MODULE]
+    args = []
+    maxtext_args = list(stage.maxtext_args)
+    if flavour == "cpu":
+        args += ["--emulate-slices", "--metrics-file", stage.metrics_file]
+        maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
+    return command, [*args, "--", *maxtext_args]

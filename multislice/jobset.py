@@ -1,0 +1,213 @@
+"""Render the multislice JobSet of a stage (``jobset.x-k8s.io/v1alpha2``).
+
+The TPU flavour follows GKE's multislice guide
+(https://cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice) and
+what xpk renders (AI-Hypercomputer/xpk ``src/xpk/commands/workload.py``):
+
+- one replicated job ``slice`` with ``replicas`` = slices; each child Job has
+  ``parallelism`` = ``completions`` = hosts per slice and ``backoffLimit: 0``
+  (any pod failure fails its Job, and the JobSet decides what happens next);
+- ``alpha.jobset.sigs.k8s.io/exclusive-topology: cloud.google.com/gke-nodepool``
+  so each child Job gets a node pool (a slice) of its own;
+- nodeSelector on the TPU accelerator and topology labels, ``google.com/tpu``
+  limits of chips per host, ``hostNetwork`` with ``ClusterFirstWithHostNet``,
+  a memory-backed ``/dev/shm``, ports 8471 and 8080;
+- the Kueue queue and priority labels, and this project's run labels;
+- a failure policy: a pod that exits with 42 or is killed by a signal (exit
+  129-255: preemption, OOM kill, node loss) fails its Job with
+  ``BackoffLimitExceeded`` and the JobSet restarts, up to ``maxRestarts``; any
+  other exit (a Python error, a bad argument) fails the Job by
+  ``PodFailurePolicy`` and the JobSet fails at once, since restarting a
+  deterministic error only burns TPU hours. xpk uses the same split.
+
+The CPU flavour is the same JobSet for CPU nodes (or the local backend): no TPU
+selectors or limits, no exclusive placement, and the environment MaxText's
+multi-process CPU path reads, passed through the downward API as xpk does for
+CPU workloads (``src/xpk/core/docker_resources.py``, ``get_cpu_env``):
+``JOB_INDEX`` and ``JOB_COMPLETION_INDEX`` from pod annotations,
+``PROCESSES_IN_JOB`` = hosts per slice, ``JAX_PROCESS_COUNT`` = all hosts, and
+``JAX_COORDINATOR_ADDRESS`` = the DNS name of pod 0 of slice 0,
+``<jobset>-slice-0-0.<subdomain>``.
+
+Fields that JobSet's defaulting webhook would fill (rule names, completion
+mode, network) are rendered explicitly so that offline validation against the
+CRD sees the object as the API server stores it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multislice import names, tpu
+from multislice.plan import Flavour, Plan, StagePlan, worker_command
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+
+#: Exit codes after which the JobSet restarts: 42 (a deliberate restart request,
+#: xpk's convention) and 129-255 (killed by a signal: 128 + signal number).
+RESTARTABLE_EXIT_CODES: tuple[int, ...] = (42, *range(129, 256))
+
+#: MaxText's fixed JAX coordinator port on CPU (``maxtext/utils/max_utils.py``).
+JAX_COORDINATOR_PORT = 1234
+
+
+def run_labels(plan: Plan, pipeline_run_id: str, stage: StagePlan | None = None) -> dict[str, str]:
+    """Labels naming the pipeline run (and stage) that owns an object.
+
+    Raises:
+        ValueError: ``pipeline_run_id`` is not a valid label value.
+    """
+    if not names.LABEL_VALUE.match(pipeline_run_id) or len(pipeline_run_id) > names.MAX_LABEL_LENGTH:
+        raise ValueError(
+            f"pipeline run id {pipeline_run_id!r} is not a valid Kubernetes label value "
+            "(at most 63 characters: letters, digits, '-', '_', '.')"
+        )
+    labels = {
+        names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        names.LABEL_RUN_NAME: plan.spec.run_name,
+        names.LABEL_PIPELINE_RUN_ID: pipeline_run_id,
+    }
+    if stage is not None:
+        labels[names.LABEL_STAGE] = stage.name
+    return labels
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def cpu_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
+    """Environment of a CPU-flavour pod: MaxText's multi-process CPU variables.
+
+    ``$(VAR)`` references are expanded by the kubelet (and the local backend)
+    from variables defined earlier in the list.
+    """
+    hosts = plan.slice["hosts"]
+    return [
+        _field_env("JOBSET_NAME", f"metadata.annotations['{names.JOBSET_NAME_KEY}']"),
+        _field_env("REPLICATED_JOB_NAME", f"metadata.annotations['{names.REPLICATED_JOB_NAME_KEY}']"),
+        _field_env("JOB_INDEX", f"metadata.annotations['{names.JOB_INDEX_KEY}']"),
+        _field_env("JOB_COMPLETION_INDEX", f"metadata.annotations['{names.JOB_COMPLETION_INDEX_KEY}']"),
+        {"name": "PROCESSES_IN_JOB", "value": str(hosts)},
+        {"name": "JAX_PROCESS_COUNT", "value": str(hosts * plan.spec.num_slices)},
+        {"name": "JAX_COORDINATOR_ADDRESS", "value": "$(JOBSET_NAME)-$(REPLICATED_JOB_NAME)-0-0.$(JOBSET_NAME)"},
+        {"name": "JAX_PLATFORMS", "value": "cpu"},
+        # One CPU device per chip of the emulated host.
+        {"name": "XLA_FLAGS", "value": f"--xla_force_host_platform_device_count={plan.slice['chips_per_host']}"},
+    ]
+
+
+def render_jobset(plan: Plan, stage: StagePlan, *, flavour: Flavour, pipeline_run_id: str) -> dict[str, Any]:
+    """The JobSet that trains one stage.
+
+    Args:
+        plan: The validated plan.
+        stage: The stage to render.
+        flavour: ``tpu`` for GKE TPU node pools, ``cpu`` for CPU nodes and the local backend.
+        pipeline_run_id: The KFP run id, put in the ``pipeline/runid`` label.
+
+    Returns:
+        The JobSet object as plain data (a dict ready for YAML or the API).
+
+    Raises:
+        ValueError: ``pipeline_run_id`` is not a valid label value.
+    """
+    spec = plan.spec
+    hosts = plan.slice["hosts"]
+    command, args = worker_command(plan, stage, flavour)
+    labels = run_labels(plan, pipeline_run_id, stage)
+    container: dict[str, Any] = {
+        "name": names.TRAINER_CONTAINER,
+        "image": spec.images.trainer,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "args": args,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    annotations: dict[str, str] = {}
+    if flavour == "tpu":
+        annotations[names.EXCLUSIVE_TOPOLOGY_ANNOTATION] = tpu.NODEPOOL_LABEL
+        container["ports"] = [
+            {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
+            {"containerPort": 8080, "name": "megascale", "protocol": "TCP"},
+        ]
+        container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice["chips_per_host"]}}
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        pod_spec["nodeSelector"] = {
+            tpu.ACCELERATOR_LABEL: plan.slice["gke_accelerator"],
+            tpu.TOPOLOGY_LABEL: plan.slice["topology"],
+        }
+    else:
+        container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax-coordinator", "protocol": "TCP"}]
+        container["env"] = cpu_env(plan, stage)
+
+    metadata: dict[str, Any] = {
+        "name": stage.jobset,
+        "namespace": spec.namespace,
+        "labels": {
+            names.KUEUE_QUEUE_LABEL: spec.queue,
+            names.KUEUE_PRIORITY_LABEL: spec.priority,
+            **labels,
+        },
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "failurePolicy": {
+                "maxRestarts": spec.max_restarts,
+                "restartStrategy": "Recreate",
+                "rules": [
+                    {
+                        "name": "failJobSetOnNonRetriableExit",
+                        "action": "FailJobSet",
+                        "onJobFailureReasons": ["PodFailurePolicy"],
+                    },
+                    {
+                        "name": "restartJobSetOnHostFailure",
+                        "action": "RestartJobSet",
+                        "onJobFailureReasons": ["BackoffLimitExceeded"],
+                    },
+                ],
+            },
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "replicatedJobs": [
+                {
+                    "name": names.REPLICATED_JOB,
+                    "replicas": spec.num_slices,
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {
+                            "parallelism": hosts,
+                            "completions": hosts,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "podFailurePolicy": {
+                                "rules": [
+                                    {
+                                        "action": "FailJob",
+                                        "onExitCodes": {
+                                            "containerName": names.TRAINER_CONTAINER,
+                                            "operator": "NotIn",
+                                            "values": list(RESTARTABLE_EXIT_CODES),
+                                        },
+                                    }
+                                ]
+                            },
+                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+                        },
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,85 @@
+"""Entry point of every training pod: runs MaxText 0.2.5's pre-training loop.
+
+Usage (the container command of the JobSet)::
+
+    python -m multislice.trainer.worker [--emulate-slices] [--metrics-file PATH] -- key=value ...
+
+The ``key=value`` arguments go to ``maxtext.trainers.pre_train.train`` after
+MaxText's ``base.yml``. With ``--emulate-slices`` (CPU flavour) the processes of
+each JobSet child Job form one DCN granule (see
+:mod:`multislice.trainer.emulated_slices`). ``--metrics-file`` makes the
+leader process (JAX process 0) write MaxText's per-step metrics as JSON lines;
+other processes write none, so the file is not interleaved.
+
+The process index comes from the environment MaxText's CPU path reads
+(``JOB_INDEX * PROCESSES_IN_JOB + JOB_COMPLETION_INDEX``); on TPU it is 0
+here, and MaxText finds the real one itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from multislice.maxtext import TRAIN_MODULE
+
+
+def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """JAX process index as MaxText computes it on CPU, or 0 when the variables are absent."""
+    try:
+        return int(env["JOB_INDEX"]) * int(env["PROCESSES_IN_JOB"]) + int(env["JOB_COMPLETION_INDEX"])
+    except KeyError:
+        return 0
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split the worker's own options from the MaxText ``key=value`` arguments after ``--``."""
+    if "--" in argv:
+        split = argv.index("--")
+        own, maxtext_args = argv[:split], argv[split + 1 :]
+    else:
+        own, maxtext_args = [], argv
+    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--emulate-slices", action="store_true", help="group each child Job's processes into a slice")
+    parser.add_argument("--metrics-file", help="JSON-lines metrics file written by the leader process")
+    options = parser.parse_args(own)
+    bad = [a for a in maxtext_args if "=" not in a]
+    if bad:
+        parser.error(f"MaxText arguments must be key=value, got {bad}")
+    return options, maxtext_args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run MaxText training with this pod's arguments; exits with MaxText's status."""
+    options, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
+    process_index = process_index_from_env()
+    if options.metrics_file and process_index == 0:
+        Path(options.metrics_file).parent.mkdir(parents=True, exist_ok=True)
+        maxtext_args.append(f"metrics_file={options.metrics_file}")
+    print(
+        f"multislice worker: process {process_index} (slice {os.environ.get('JOB_INDEX', '?')}, "
+        f"host {os.environ.get('JOB_COMPLETION_INDEX', '?')}) of {os.environ.get('JAX_PROCESS_COUNT', '?')}",
+        flush=True,
+    )
+
+    import yaml
+    from absl import app
+    from maxtext import configs
+    from maxtext.trainers.pre_train import train
+
+    base_yml = Path(configs.__file__).with_name("base.yml")
+    argv_for_maxtext = [TRAIN_MODULE, str(base_yml), *maxtext_args]
+    if options.emulate_slices:
+        from multislice.trainer import emulated_slices
+
+        axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
+        with emulated_slices.install(int(os.environ["PROCESSES_IN_JOB"]), axis_names):
+            app.run(train.main, argv=argv_for_maxtext)
+    else:
+        app.run(train.main, argv=argv_for_maxtext)
+
+
+if __name__ == "__main__":
+    main()

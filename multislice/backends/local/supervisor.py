@@ -1,0 +1,308 @@
+"""The supervisor of one locally run JobSet: runs its pods as processes and applies its policies.
+
+Started detached by :class:`multislice.backends.local.LocalBackend` as
+``python -m multislice.backends.local.supervisor STATE_DIR TRAINER_ENV``, it
+outlives the pipeline step that created the JobSet, so a later step can watch
+the JobSet through ``state.json``.
+
+It does for one JobSet what the JobSet and Job controllers do on a cluster:
+
+- starts every pod of the current restart attempt (see :mod:`.pods`), each a
+  process group of its own running the container command in the trainer
+  environment, logging to ``pods/<hostname>.attempt-<N>.log``;
+- on the first pod failure, finds the Job failure reason as the Job
+  controller would (a matching ``podFailurePolicy`` FailJob rule gives
+  ``PodFailurePolicy``; otherwise, with ``backoffLimit: 0``,
+  ``BackoffLimitExceeded``), then the first matching JobSet
+  ``failurePolicy`` rule (none matching means ``RestartJobSet``):
+  ``FailJobSet`` fails the JobSet; ``RestartJobSet`` stops every pod and
+  starts a new attempt while ``restartsCountTowardsMax < maxRestarts`` and
+  fails it with ``ReachedMaxRestarts`` after that;
+  ``RestartJobSetAndIgnoreMaxRestarts`` restarts without counting
+  (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``);
+- completes the JobSet when every pod has succeeded;
+- on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
+  SIGKILL after the pod's ``terminationGracePeriodSeconds``.
+
+It never leaves a pod process behind: whatever ends the supervisor's loop,
+its ``finally`` stops the pods it started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multislice.backends.local.pods import LocalPod, expand_jobset
+from multislice.backends.local.state import JobSetState, PodState, read_state, write_state
+
+POLL_SECONDS = 0.25
+
+
+def exit_code_of(returncode: int) -> int:
+    """Container-style exit code: the status, or 128 + signal number when killed by a signal."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def job_failure_reason(job_spec: dict[str, Any], container: str, exit_code: int) -> tuple[str, str]:
+    """Why the Job controller fails a Job whose pod exited with ``exit_code`` (``backoffLimit: 0``).
+
+    Returns:
+        ``(reason, message)``: ``PodFailurePolicy`` when a FailJob rule matches
+        the exit code, else ``BackoffLimitExceeded``.
+    """
+    for i, rule in enumerate(job_spec.get("podFailurePolicy", {}).get("rules", [])):
+        codes = rule.get("onExitCodes")
+        if not codes or codes.get("containerName") not in (None, container):
+            continue
+        inside = exit_code in codes.get("values", [])
+        if inside == (codes["operator"] == "In"):
+            if rule["action"] == "FailJob":
+                return (
+                    "PodFailurePolicy",
+                    f"Container {container} failed with exit code {exit_code} matching FailJob rule at index {i}",
+                )
+            break  # Count: the failure counts towards backoffLimit
+    return "BackoffLimitExceeded", f"Job has reached the specified backoff limit (pod exit code {exit_code})"
+
+
+def failure_policy_action(
+    failure_policy: dict[str, Any], reason: str, message: str, replicated_job: str
+) -> tuple[str, str]:
+    """The JobSet failure-policy action for a failed child Job, and the rule that chose it.
+
+    Rules are tried in order; a rule matches when its reason list is empty or
+    holds ``reason``, its message patterns are empty or one matches, and its
+    target list is empty or holds the replicated job. No match: ``RestartJobSet``.
+    """
+    for rule in failure_policy.get("rules", []):
+        reasons = rule.get("onJobFailureReasons") or []
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        targets = rule.get("targetReplicatedJobs") or []
+        if reasons and reason not in reasons:
+            continue
+        if patterns and not any(re.search(p, message) for p in patterns):
+            continue
+        if targets and replicated_job not in targets:
+            continue
+        return rule["action"], rule.get("name", "")
+    return "RestartJobSet", "(default)"
+
+
+class Supervisor:
+    """Runs the pods of one JobSet until it completes, fails or is deleted."""
+
+    def __init__(self, state_dir: Path, trainer_env: Path):
+        self.state_dir = state_dir
+        self.trainer_env = trainer_env
+        self.manifest = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
+        self.state = read_state(state_dir) or JobSetState(name=self.manifest["metadata"]["name"])
+        self.state.supervisor_pid = os.getpid()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pods: dict[str, LocalPod] = {}
+        self.deleting = False
+        self.spec = self.manifest["spec"]
+        self.failure_policy = self.spec.get("failurePolicy", {})
+        self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
+
+    # -- pod processes --------------------------------------------------
+
+    def _pod_env(self, pod: LocalPod) -> dict[str, str]:
+        env = {
+            "PATH": f"{self.trainer_env / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+            "VIRTUAL_ENV": str(self.trainer_env),
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8",
+            "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
+            "PYTHONUNBUFFERED": "1",
+            "HOSTNAME": pod.hostname,
+        }
+        env.update(pod.env)
+        return env
+
+    def _grace_seconds(self) -> float:
+        template = self.spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        return float(template.get("terminationGracePeriodSeconds", 30))
+
+    def start_attempt(self) -> None:
+        """Start every pod of the current restart attempt."""
+        attempt = self.state.restarts
+        (self.state_dir / "pods").mkdir(exist_ok=True)
+        self.procs.clear()
+        self.pods = {p.hostname: p for p in expand_jobset(self.manifest, restart_attempt=attempt)}
+        self.state.pods = []
+        for pod in self.pods.values():
+            log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    pod.argv,
+                    env=self._pod_env(pod),
+                    cwd=self.state_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.procs[pod.hostname] = proc
+            self.state.pods.append(
+                PodState(
+                    hostname=pod.hostname,
+                    job_index=pod.job_index,
+                    completion_index=pod.completion_index,
+                    attempt=attempt,
+                    pid=proc.pid,
+                    phase="Running",
+                    log=str(log_path),
+                    started_at=time.time(),
+                )
+            )
+        self.state.phase = "Running"
+        self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods")
+        write_state(self.state_dir, self.state)
+
+    def _reap(self) -> list[PodState]:
+        """Record pods that exited since the last poll; return those that failed."""
+        failed = []
+        for pod_state in self.state.pods:
+            proc = self.procs.get(pod_state.hostname)
+            if proc is None or pod_state.phase != "Running":
+                continue
+            code = proc.poll()
+            if code is None:
+                continue
+            pod_state.exit_code = exit_code_of(code)
+            pod_state.finished_at = time.time()
+            pod_state.phase = "Succeeded" if code == 0 else "Failed"
+            if code != 0:
+                failed.append(pod_state)
+        return failed
+
+    def stop_all(self, why: str) -> None:
+        """SIGTERM every running pod's process group, SIGKILL after the grace period, wait for all."""
+        running = [p for p in self.state.pods if p.phase == "Running" and p.hostname in self.procs]
+        for pod_state in running:
+            _signal_group(pod_state.pid, signal.SIGTERM)
+        deadline = time.time() + self._grace_seconds()
+        while time.time() < deadline and any(self.procs[p.hostname].poll() is None for p in running):
+            time.sleep(0.1)
+        for pod_state in running:
+            _signal_group(pod_state.pid, signal.SIGKILL)
+        for pod_state in running:
+            code = self.procs[pod_state.hostname].wait()
+            pod_state.exit_code = exit_code_of(code)
+            pod_state.finished_at = time.time()
+            pod_state.phase = "Succeeded" if code == 0 else "Failed"
+        if running:
+            self.state.event("Stopped", f"stopped {len(running)} running pods: {why}")
+
+    # -- policy ---------------------------------------------------------
+
+    def handle_failure(self, pod_state: PodState) -> bool:
+        """Apply the failure policies to a failed pod. Returns True to keep running."""
+        pod = self.pods[pod_state.hostname]
+        rj = next(r for r in self.spec["replicatedJobs"] if r["name"] == pod.replicated_job)
+        container = rj["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+        reason, message = job_failure_reason(rj["template"]["spec"], container, pod_state.exit_code)
+        action, rule = failure_policy_action(self.failure_policy, reason, message, pod.replicated_job)
+        self.state.event(
+            "JobFailed",
+            f"Job {pod.job} failed: {reason}: pod {pod.hostname} exited with code {pod_state.exit_code}; "
+            f"failure policy rule {rule}: {action}",
+        )
+        counted = action == "RestartJobSet"
+        if action == "FailJobSet":
+            self._finish("Failed", "FailJobSetAction", f"{action} (rule {rule}) after {pod.job} failed: {message}")
+            return False
+        if counted and self.state.restarts_count_towards_max >= self.state.max_restarts:
+            self._finish(
+                "Failed",
+                "ReachedMaxRestarts",
+                f"jobset failed due to reaching max number of restarts ({self.state.max_restarts}); "
+                f"last failure: pod {pod.hostname} exit code {pod_state.exit_code}",
+            )
+            return False
+        self.stop_all(f"restarting the JobSet after {pod.job} failed")
+        self.state.restarts += 1
+        if counted:
+            self.state.restarts_count_towards_max += 1
+        self.state.event("Restarting", f"restart {self.state.restarts} of at most {self.state.max_restarts} ({action})")
+        self.start_attempt()
+        return True
+
+    def _finish(self, phase: str, reason: str, message: str) -> None:
+        self.stop_all(message)
+        self.state.phase = phase
+        self.state.reason = reason
+        self.state.message = message
+        self.state.finished_at = time.time()
+        self.state.event(reason, message)
+        write_state(self.state_dir, self.state)
+
+    # -- main loop ------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until terminal. Returns 0 (the JobSet's outcome is in ``state.json``)."""
+        signal.signal(signal.SIGTERM, self._on_delete)
+        signal.signal(signal.SIGINT, self._on_delete)
+        try:
+            self.start_attempt()
+            while True:
+                if self.deleting:
+                    self._finish("Deleted", "Deleted", "the JobSet was deleted")
+                    return 0
+                failed = self._reap()
+                if failed:
+                    first = min(failed, key=lambda p: p.finished_at or 0)
+                    write_state(self.state_dir, self.state)
+                    if not self.handle_failure(first):
+                        return 0
+                    continue
+                if all(p.phase == "Succeeded" for p in self.state.pods):
+                    self._finish("Completed", "AllJobsCompleted", "jobset completed successfully")
+                    return 0
+                write_state(self.state_dir, self.state)
+                time.sleep(POLL_SECONDS)
+        except BaseException as error:  # stop the pods whatever happened, then report
+            self._finish("Failed", "SupervisorError", f"the local supervisor failed: {error!r}")
+            raise
+        finally:
+            for pod_state in self.state.pods:
+                if (
+                    pod_state.pid
+                    and self.procs.get(pod_state.hostname)
+                    and self.procs[pod_state.hostname].poll() is None
+                ):
+                    _signal_group(pod_state.pid, signal.SIGKILL)
+
+    def _on_delete(self, signum: int, frame: Any) -> None:
+        self.deleting = True
+
+
+def _signal_group(pid: int | None, sig: signal.Signals) -> None:
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m multislice.backends.local.supervisor STATE_DIR TRAINER_ENV``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m multislice.backends.local.supervisor STATE_DIR TRAINER_ENV", file=sys.stderr)
+        return 2
+    return Supervisor(Path(args[0]), Path(args[1])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""Component ``admit``: create the stage's JobSet and wait for admission (see ``multislice.steps.admit``)."""
+
+from components import make
+
+
+def admit(plan: str, stage: str, pipeline_run_id: str) -> dict:
+    """Returns the admit report (``skipped`` when the stage's final checkpoint already exists)."""
+    from multislice.plan import Plan
+    from multislice.steps import admit as step
+
+    return step.run(Plan.from_json(plan), stage, pipeline_run_id)
+
+
+def component(base_image: str):
+    """The ``admit`` component for ``base_image``."""
+    return make(admit, base_image)

@@ -1,0 +1,16 @@
+"""Component ``launch``: wait for every pod of every slice (see ``multislice.steps.launch``)."""
+
+from components import make
+
+
+def launch(plan: str, stage: str, admitted: dict) -> dict:
+    """Returns the launch report with the placement map."""
+    from multislice.plan import Plan
+    from multislice.steps import launch as step
+
+    return step.run(Plan.from_json(plan), stage, admitted)
+
+
+def component(base_image: str):
+    """The ``launch`` component for ``base_image``."""
+    return make(launch, base_image)

@@ -1,0 +1,44 @@
+"""Component ``plan``: validate the profile with this run's parameters (see ``multislice.steps.plan``)."""
+
+from components import make
+
+
+def plan(
+    profile: dict,
+    stage: str,
+    run_name: str,
+    backend: str,
+    tpu_type: str,
+    num_slices: int,
+    output_dir: str,
+    trainer_image: str,
+    namespace: str,
+    queue: str,
+    priority: str,
+    max_restarts: int,
+    steps: int,
+    per_device_batch_size: float,
+) -> str:
+    """Returns the validated plan as JSON; fails with every bad field named."""
+    from multislice.steps import plan as step
+
+    parameters = {
+        "run_name": run_name,
+        "backend": backend,
+        "tpu_type": tpu_type,
+        "num_slices": num_slices,
+        "output_dir": output_dir,
+        "trainer_image": trainer_image,
+        "namespace": namespace,
+        "queue": queue,
+        "priority": priority,
+        "max_restarts": max_restarts,
+        f"stages.{stage}.steps": steps,
+        f"stages.{stage}.per_device_batch_size": per_device_batch_size,
+    }
+    return step.run(profile, parameters, stage).to_json()
+
+
+def component(base_image: str):
+    """The ``plan`` component for ``base_image``."""
+    return make(plan, base_image)

@@ -1,0 +1,295 @@
+"""``multislice``: render manifests, compile the pipeline, run it locally, verify a checkpoint.
+
+Every command that takes a profile also takes ``--set key=value`` (repeatable):
+keys are pipeline parameter names (``run_name``, ``num_slices``,
+``stage1_steps``...) or dotted paths into the profile (``stages.0.ici.fsdp``);
+values go through the same validation as in the pipeline, and a bad one stops
+the command before anything is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from multislice import config, parameters
+from multislice.plan import Plan, make_plan
+
+PROGRESS = re.compile(
+    r"^\s*\[(plan|provision|admit|launch|train|verify_checkpoint|cleanup)[ \]]|Executing task|finished with status"
+)
+ERROR_LINE = re.compile(
+    r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"
+)
+
+
+def _profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    return config.read_profile(args.profile), config.parse_set_arguments(args.set or [])
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Write every manifest of a profile (Kueue objects, each stage's JobSet in both flavours), validated."""
+    from multislice import manifests
+
+    profile, overrides = _profile_and_overrides(args)
+    plan = make_plan(config.load_spec(profile, overrides))
+    written = manifests.write_manifests(plan, Path(args.output), pipeline_run_id=args.pipeline_run_id)
+    for path in written:
+        print(path)
+    print(
+        f"{len(written)} manifests written to {args.output}; "
+        "each validates against the JobSet v0.12.0 / Kueue v0.19.2 CRDs"
+    )
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile the profile's pipeline to YAML (overrides become the parameters' defaults)."""
+    from pipelines.multislice_training import compile_pipeline
+
+    profile, overrides = _profile_and_overrides(args)
+    data = config.spec_to_data(config.load_spec(profile, overrides))
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    compile_pipeline(data, args.output, args.base_image)
+    print(f"pipeline for profile {args.profile} compiled to {args.output}")
+    return 0
+
+
+class _ProgressTee(io.TextIOBase):
+    """Write everything to a log file; echo progress lines to the terminal."""
+
+    def __init__(self, log: io.TextIOBase, terminal: io.TextIOBase):
+        self.log, self.terminal, self.pending = log, terminal, ""
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.pending += text
+        *complete, self.pending = self.pending.split("\n")
+        for line in complete:
+            plain = re.sub(r"\x1b\[[0-9;]*m", "", line)
+            self.lines.append(plain)
+            if PROGRESS.search(plain):
+                self.terminal.write(plain.strip() + "\n")
+                self.terminal.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+
+def run_arguments(spec: config.RunSpec) -> dict[str, Any]:
+    """Pipeline arguments for a spec: every named parameter with the spec's value."""
+    values = parameters.run_parameter_defaults(spec)
+    for index in range(len(spec.stages)):
+        for field, value in parameters.stage_parameter_defaults(spec, index).items():
+            values[parameters.stage_parameter_name(index, field)] = value
+    return values
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile the profile's pipeline and run the compiled YAML with kfp.local; print a summary."""
+    started = time.monotonic()
+    profile, overrides = _profile_and_overrides(args)
+    if "run_name" not in overrides:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        overrides["run_name"] = f"{profile.get('run_name', 'run')}-{stamp}"
+    spec = config.load_spec(profile, overrides)
+    if spec.backend == "local" and not os.path.isabs(spec.output_dir):
+        spec = config.load_spec(profile, {**overrides, "output_dir": os.path.abspath(spec.output_dir)})
+    plan = make_plan(spec)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    from kfp import components, local
+
+    from pipelines.multislice_training import compile_pipeline
+
+    compiled = run_dir / "pipeline.yaml"
+    compile_pipeline(config.spec_to_data(spec), str(compiled))
+    pipeline = components.load_component_from_file(str(compiled))
+    print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} emulated {spec.tpu_type} slices")
+    print(f"compiled pipeline: {compiled}")
+    print(f"full log: {run_dir / 'pipeline.log'}")
+    # kfp.local ignores display names and runs components in this environment rather than their
+    # image; both are expected here, so its warnings about them are noise.
+    warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+    warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "kfp"))
+    failure = None
+    with open(run_dir / "pipeline.log", "w", encoding="utf-8") as log:
+        tee = _ProgressTee(log, sys.stdout)
+        try:
+            with contextlib.redirect_stdout(tee):
+                pipeline(**run_arguments(spec))
+        except KeyboardInterrupt:
+            _stop_run(plan)
+            print("interrupted: every JobSet of this run was deleted", file=sys.stderr)
+            return 130
+        except Exception as error:  # noqa: BLE001 - reported below with the failing step's own error
+            failure = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+            _stop_run(plan)
+    print("\n".join(summary_lines(plan, time.monotonic() - started, "FAILED" if failure else "SUCCEEDED")))
+    if failure:
+        errors = [line.strip() for line in tee.lines if ERROR_LINE.match(line)]
+        print(f"\nFAILED: {failure}", file=sys.stderr)
+        if errors:
+            print(f"cause: {errors[-1]}", file=sys.stderr)
+        print(f"see {run_dir / 'pipeline.log'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop_run(plan: Plan) -> None:
+    from multislice.backends.local import LocalBackend
+
+    backend = LocalBackend(plan.run_dir)
+    for state in backend.list_jobsets():
+        if not state.terminal:
+            backend.delete_jobset(state.name)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def summary_lines(plan: Plan, seconds: float, outcome: str) -> list[str]:
+    """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live."""
+    reports = Path(plan.run_dir) / "reports"
+    lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
+    for stage in plan.stages:
+        train = _read(reports / stage.name / "train.json")
+        verify = _read(reports / stage.name / "verification.json")
+        lines.append(f"stage {stage.index + 1} {stage.name} ({stage.model_label}):")
+        if train.get("skipped"):
+            lines.append("  trained       nothing: its final checkpoint already existed")
+        elif "final_loss" in train:
+            lines.append(
+                f"  trained       {train['steps_trained']}/{stage.steps} steps, loss {train['first_loss']:.3f} -> "
+                f"{train['final_loss']:.3f}, {train['tokens_per_second_per_device']:.1f} tokens/s per device, "
+                f"{train['restarts']} JobSet restarts"
+            )
+        else:
+            lines.append("  trained       not completed")
+        if verify.get("latest_step") is not None:
+            lines.append(
+                f"  checkpoint    step {verify['latest_step']} at {stage.checkpoint_dir}/{verify['latest_step']}"
+            )
+        mesh = ", ".join(f"{k}={v}" for k, v in verify.get("written_mesh", {}).items())
+        dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1)
+        passed = sum(c["passed"] for c in verify.get("checks", []))
+        lines.append(
+            f"  verification  {verify['verdict']} ({passed}/{len(verify.get('checks', []))} checks, "
+            f"{verify.get('parameter_count', 0):,} parameters, sharded over mesh {mesh}; DCN {dcn})"
+            if verify.get("verdict")
+            else "  verification  not run"
+        )
+    lines += [
+        f"outputs     {plan.run_dir}",
+        f"reports     {reports}/<stage>/(plan|admit|launch|train|verification).json",
+        f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
+        f"manifests   {plan.run_dir}/manifests/",
+        f"pipeline    {plan.run_dir}/pipeline.yaml (compiled), {plan.run_dir}/pipeline.log (full log)",
+    ]
+    return lines
+
+
+def _find_plan(checkpoint_path: Path) -> tuple[Plan, str]:
+    stage_dir = checkpoint_path if checkpoint_path.name != "checkpoints" else checkpoint_path.parent
+    plan_file = stage_dir.parent / "reports" / stage_dir.name / "plan.json"
+    if not plan_file.exists():
+        raise config.ConfigError(
+            [("PATH", f"no plan found at {plan_file}; give --profile and --stage (and the --set values of the run)")]
+        )
+    return Plan.model_validate(json.loads(plan_file.read_text(encoding="utf-8"))["plan"]), stage_dir.name
+
+
+def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
+    """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment)."""
+    from multislice.backends.local import trainer_env
+
+    if args.profile:
+        profile, overrides = _profile_and_overrides(args)
+        plan = make_plan(config.load_spec(profile, overrides))
+        stage_name = args.stage or plan.stages[0].name
+    else:
+        plan, stage_name = _find_plan(Path(args.path))
+    stage = plan.stage(stage_name)
+    checkpoint_dir = args.path if Path(args.path).name == "checkpoints" else str(Path(args.path) / "checkpoints")
+    env = trainer_env()
+    command = [
+        str(env / "bin" / "python"), "-m", "multislice.trainer.verify",
+        "--checkpoint-dir", checkpoint_dir, "--expected-step", str(stage.final_step),
+        *(["--report", args.report] if args.report else []),
+        "--", *stage.maxtext_args,
+    ]  # fmt: skip
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    child_env["JAX_PLATFORMS"] = "cpu"
+    done = subprocess.run(command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    report = json.loads(done.stdout)
+    for check in report.get("checks", []):
+        print(f"{'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['detail']}")
+    print(f"verdict: {report['verdict']}" + (f" ({report['error']})" if "error" in report else ""))
+    return done.returncode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``multislice`` argument parser."""
+    parser = argparse.ArgumentParser(prog="multislice", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
+        p.add_argument("--profile", required=required, help="profile name in configs/ or a path to a .yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter or field (repeatable)")
+
+    render = sub.add_parser("render", help="write every manifest of a profile (dry run; no cluster needed)")
+    with_profile(render)
+    render.add_argument("--output", required=True, help="directory to write the YAML files to")
+    render.add_argument("--pipeline-run-id", default="manual", help="value of the pipeline/runid label")
+    render.set_defaults(func=cmd_render)
+
+    comp = sub.add_parser("compile", help="compile the profile's pipeline to YAML")
+    with_profile(comp)
+    comp.add_argument("--output", required=True, help="YAML file to write")
+    comp.add_argument("--base-image", help="image of the pipeline components (default: the profile's images.pipeline)")
+    comp.set_defaults(func=cmd_compile)
+
+    run = sub.add_parser("run", help="run the pipeline locally with kfp.local (what `make run` does)")
+    with_profile(run)
+    run.set_defaults(func=cmd_run)
+
+    verify = sub.add_parser("verify-checkpoint", help="verify a stage's final checkpoint")
+    verify.add_argument("path", help="a stage's checkpoint directory (<output>/<run>/<stage>/checkpoints)")
+    with_profile(verify, required=False)
+    verify.add_argument("--stage", help="stage name (with --profile)")
+    verify.add_argument("--report", help="also write the JSON report here")
+    verify.set_defaults(func=cmd_verify_checkpoint)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status. Config errors exit 2 with every bad field named."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except config.ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Training metrics from MaxText's per-step metrics file, summarised for the pipeline.
+
+MaxText's ``metrics_file`` holds one JSON object per step
+(``maxtext/common/metric_logger.py``, ``write_metrics_locally``) with keys
+such as ``step``, ``learning/loss``, ``perf/step_time_seconds``,
+``perf/per_device_tokens_per_sec`` and ``perf/per_device_tflops_per_sec``.
+After a JobSet restart MaxText resumes from the last checkpoint and appends
+the steps it trains again, so a step can appear twice: the last record of a
+step wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """What a stage's training did, from MaxText's own metrics.
+
+    Attributes:
+        steps_recorded: Distinct steps with metrics.
+        first_step: First step recorded.
+        last_step: Last step recorded.
+        first_loss: Loss at the first step recorded.
+        final_loss: Loss at the last step recorded.
+        step_time_seconds: Mean step time, seconds, over the steady steps: all
+            but the first step of each attempt (which includes compilation).
+        tokens_per_second_per_device: Tokens per device over the steady steps
+            divided by their total time (MaxText dispatches steps
+            asynchronously, so single step times alternate between short and
+            long; totals do not).
+        tflops_per_second_per_device: Model TFLOP per device (MaxText's
+            accounting) over the steady steps divided by their total time.
+        records: Records read, duplicates included (more than steps after a restart).
+    """
+
+    steps_recorded: int
+    first_step: int
+    last_step: int
+    first_loss: float
+    final_loss: float
+    step_time_seconds: float
+    tokens_per_second_per_device: float
+    tflops_per_second_per_device: float
+    records: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return asdict(self)
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The metrics file's records in file order; a truncated last line is skipped."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line being written when we read
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> TrainSummary:
+    """Summarise metrics records (see :class:`TrainSummary`).
+
+    Raises:
+        ValueError: no record has a step.
+    """
+    by_step: dict[int, dict[str, Any]] = {}
+    attempt_starts: set[int] = set()
+    previous = None
+    for record in records:
+        if "step" not in record:
+            continue
+        step = int(record["step"])
+        if previous is None or step <= previous:
+            attempt_starts.add(step)  # first record of an attempt: its time includes compilation
+        previous = step
+        by_step[step] = record
+    if not by_step:
+        raise ValueError("no metrics records with a step: did training start?")
+    steps = sorted(by_step)
+    steady = [by_step[s] for s in steps if s not in attempt_starts] or [by_step[s] for s in steps]
+
+    seconds = sum(float(r.get("perf/step_time_seconds", 0.0)) for r in steady)
+
+    def per_second(key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in steady) / seconds if seconds else float("nan")
+
+    return TrainSummary(
+        steps_recorded=len(steps),
+        first_step=steps[0],
+        last_step=steps[-1],
+        first_loss=float(by_step[steps[0]]["learning/loss"]),
+        final_loss=float(by_step[steps[-1]]["learning/loss"]),
+        step_time_seconds=seconds / len(steady),
+        tokens_per_second_per_device=per_second("perf/per_device_tokens"),
+        tflops_per_second_per_device=per_second("perf/per_device_tflops"),
+        records=len(records),
+    )

@@ -1,0 +1,111 @@
+"""provision: make sure the capacity and the queueing objects the run needs exist.
+
+On GKE this will create or adopt one TPU node pool per slice and apply the
+Kueue objects (not built yet). On the local backend there are no node pools
+and no Kueue: it checks that this machine can host the emulated slices (the
+trainer environment, CPU and memory, the JAX coordinator port), renders and
+validates the Kueue objects a cluster would need, writes them under the run
+directory, and says plainly that nothing was applied.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multislice import kueue, schema
+from multislice.backends import backend_for
+from multislice.backends.local import COORDINATOR_PORT, port_in_use, trainer_env
+from multislice.plan import Plan
+from multislice.steps import say, write_report
+
+#: Resident memory one local trainer process needs, bytes (measured: about 1.1 GiB
+#: for the local profile's stages; rounded up).
+LOCAL_BYTES_PER_PROCESS = 2 * 1024**3
+
+
+class InsufficientCapacity(RuntimeError):
+    """This machine cannot host the run's emulated slices; the message says what to change."""
+
+
+def available_memory_bytes() -> int:
+    """``MemAvailable`` from /proc/meminfo, bytes."""
+    with open("/proc/meminfo", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable not found in /proc/meminfo")
+
+
+def trainer_versions(env: Path) -> dict[str, str]:
+    """Versions of the packages that affect training, as installed in the trainer environment."""
+    code = (
+        "from importlib.metadata import version\n"
+        "for p in ('maxtext', 'jax', 'jaxlib', 'orbax-checkpoint', 'libtpu'):\n"
+        "    print(p, version(p))\n"
+    )
+    out = subprocess.run([str(env / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines())
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    """Check or create capacity for the plan; returns the provision report.
+
+    Raises:
+        InsufficientCapacity: not enough memory, or the coordinator port is taken.
+        multislice.backends.local.TrainerEnvMissing: no trainer environment.
+        multislice.backends.BackendUnavailable: backend ``gke``.
+    """
+    spec = plan.spec
+    backend_for(spec.backend, plan.run_dir)
+    objects = kueue.render_kueue_objects(plan)
+    for obj in objects:
+        schema.validate(obj)
+    manifests = Path(plan.run_dir) / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    (manifests / "kueue.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False), encoding="utf-8")
+
+    env = trainer_env()
+    versions = trainer_versions(env)
+    processes = spec.num_slices * plan.slice["hosts"]
+    needed = processes * LOCAL_BYTES_PER_PROCESS
+    available = available_memory_bytes()
+    if available < needed:
+        raise InsufficientCapacity(
+            f"{processes} trainer processes ({spec.num_slices} slices x {plan.slice['hosts']} hosts) need about "
+            f"{needed / 2**30:.0f} GiB of memory; {available / 2**30:.1f} GiB is available. "
+            "Lower num_slices, or use a TPU type with fewer hosts per slice."
+        )
+    if port_in_use(COORDINATOR_PORT):
+        raise InsufficientCapacity(
+            f"port {COORDINATOR_PORT} (MaxText's CPU JAX coordinator) is in use on this machine; "
+            "stop the process holding it (another local run?) and retry"
+        )
+    report = {
+        "backend": "local",
+        "node_pools": [],
+        "note": (
+            "local backend: no node pools are created and no Kueue objects are applied; this machine hosts "
+            f"{spec.num_slices} emulated {plan.slice['name']} slices as {processes} processes with "
+            f"{plan.slice['chips_per_host']} CPU devices each (one per chip)"
+        ),
+        "capacity": {
+            "processes": processes,
+            "devices": plan.total_chips,
+            "cpu_cores": os.cpu_count(),
+            "memory_needed_bytes": needed,
+            "memory_available_bytes": available,
+        },
+        "trainer_env": str(env),
+        "trainer_versions": versions,
+        "kueue_objects": [f"{o['kind']}/{o['metadata']['name']}" for o in objects],
+        "kueue_manifest": str(manifests / "kueue.yaml"),
+    }
+    say("provision", report["note"])
+    say("provision", f"trainer environment {env}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    say("provision", f"Kueue objects rendered and validated (not applied): {', '.join(report['kueue_objects'])}")
+    return write_report(plan, "provision", report)

@@ -1,0 +1,147 @@
+"""train: follow a stage's training to its end and report MaxText's metrics.
+
+Follows the leader pod's log (slice 0, host 0; a new attempt's log after each
+JobSet restart), echoing MaxText's step lines and the JobSet's events, until
+the JobSet completes or fails. On completion it summarises MaxText's
+per-step metrics (:mod:`multislice.metrics`); on failure it raises with the
+JobSet's reason, each failed pod's exit code and the last lines of its log.
+On SIGTERM (the pipeline run was cancelled) it deletes the JobSet before
+exiting, so no pod outlives the run.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from multislice import metrics
+from multislice.backends import backend_for
+from multislice.backends.local import LocalBackend
+from multislice.backends.local.state import JobSetState
+from multislice.plan import Plan
+from multislice.steps import say, write_report
+
+#: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
+ECHO = re.compile(
+    r"completed step:|multislice worker:|emulated multislice mesh|Num_devices: \d|"
+    r"restoring from this run's directory step|No existing checkpoints found"
+)
+TRAIN_TIMEOUT_SECONDS = 6 * 3600
+TAIL_LINES = 25
+
+
+class TrainingFailed(RuntimeError):
+    """The stage's JobSet failed; the message holds the reason, the pods' exit codes and log tails."""
+
+
+class _Cancelled(BaseException):
+    pass
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a file ('' when missing)."""
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+class _LogFollower:
+    """Echo new matching lines of the leader's log, across restart attempts."""
+
+    def __init__(self, backend: LocalBackend, jobset: str, stage: str):
+        self.backend, self.jobset, self.stage = backend, jobset, stage
+        self.attempt = -1
+        self.offset = 0
+        self.events_seen = 0
+
+    def poll(self, state: JobSetState) -> None:
+        for event in state.events[self.events_seen :]:
+            say("train", f"JobSet event {event.reason}: {event.message}", self.stage)
+        self.events_seen = len(state.events)
+        if state.restarts != self.attempt:
+            self.attempt, self.offset = state.restarts, 0
+        path = self.backend.pod_log(self.jobset, 0, 0, self.attempt)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return
+        complete = chunk.rfind(b"\n") + 1
+        self.offset += complete
+        for line in chunk[:complete].decode("utf-8", errors="replace").splitlines():
+            if ECHO.search(line):
+                say("train", line.split("] ", 1)[-1].strip(), self.stage)
+
+
+def _failure_message(backend: LocalBackend, state: JobSetState) -> str:
+    lines = [f"JobSet {state.name} {state.phase}: {state.reason}: {state.message} (restarts: {state.restarts})"]
+    for pod in state.pods:
+        if pod.phase == "Failed" or (pod.exit_code not in (None, 0)):
+            lines.append(
+                f"pod {pod.hostname} (slice {pod.job_index}, host {pod.completion_index}) exit code "
+                f"{pod.exit_code}; last log lines ({pod.log}):"
+            )
+            lines.append(tail(Path(pod.log)))
+    return "\n".join(lines)
+
+
+def run(
+    plan: Plan, stage_name: str, admitted: dict[str, Any], timeout: float = TRAIN_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Wait for the stage's training and summarise it; returns the train report.
+
+    ``admitted`` is the admit step's report; a stage admit skipped is passed through.
+
+    Report keys: ``steps_trained`` (distinct steps with metrics), ``first_loss``,
+    ``final_loss``, ``step_time_seconds``, ``tokens_per_second_per_device``,
+    ``tflops_per_second_per_device``, ``restarts``, ``wall_seconds``.
+
+    Raises:
+        TrainingFailed: the JobSet failed or was deleted.
+        TimeoutError: still running after ``timeout`` seconds.
+    """
+    stage = plan.stage(stage_name)
+    if admitted.get("skipped"):
+        return write_report(plan, "train", {"jobset": stage.jobset, "skipped": True}, stage)
+    backend = backend_for(plan.spec.backend, plan.run_dir)
+    follower = _LogFollower(backend, stage.jobset, stage.name)
+    started = time.monotonic()
+
+    def cancel(signum: int, frame: Any) -> None:
+        raise _Cancelled()
+
+    previous = signal.signal(signal.SIGTERM, cancel)
+    try:
+        state = backend.wait(stage.jobset, lambda s: s.terminal, timeout=timeout, poll=1.0, on_poll=follower.poll)
+    except _Cancelled:
+        say("train", f"cancelled: deleting JobSet {stage.jobset}", stage.name)
+        backend.delete_jobset(stage.jobset)
+        raise TrainingFailed(f"training of {stage.name} was cancelled; JobSet {stage.jobset} deleted") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    follower.poll(state)
+    if state.phase != "Completed":
+        raise TrainingFailed(_failure_message(backend, state))
+    summary = metrics.summarize(metrics.read_records(stage.metrics_file))
+    report = {
+        "jobset": stage.jobset,
+        "skipped": False,
+        "steps_trained": summary.steps_recorded,
+        "restarts": state.restarts,
+        "wall_seconds": round(time.monotonic() - started, 1),
+        **summary.as_dict(),
+        "metrics_file": stage.metrics_file,
+        "leader_log": str(backend.pod_log(stage.jobset, 0, 0)),
+    }
+    say(
+        "train",
+        f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
+        f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {state.restarts}",
+        stage.name,
+    )
+    return write_report(plan, "train", report, stage)

@@ -1,0 +1,137 @@
+"""The multislice training pipeline: config to trained and verified model.
+
+Graph, for a profile with stages S1..Sn::
+
+    exit handler: cleanup
+    ├── plan (one task per stage, all before anything is created)
+    ├── provision
+    └── S1: admit -> launch -> train -> verify_checkpoint
+        -> S2: admit -> ... (a stage starts only after the previous one's checkpoint verified)
+
+The pipeline is built per profile (:func:`build_pipeline`): the profile fixes
+the stages and their model and parallelism; every field a user changes per
+run is a named pipeline parameter whose default is the profile's value
+(:mod:`multislice.parameters`): ``run_name``, ``backend``, ``tpu_type``,
+``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
+``priority``, ``max_restarts`` and ``stage<N>_steps``,
+``stage<N>_per_device_batch_size``. The plan tasks validate them with the same
+code as the CLI's ``--set``.
+
+Caching is off for every task: a cached train or admit would report work
+that did not happen in this run.
+"""
+
+import inspect
+from typing import Any
+
+from kfp import compiler, dsl
+
+from components import DEFAULT_BASE_IMAGE
+from components import admit as admit_component
+from components import cleanup as cleanup_component
+from components import launch as launch_component
+from components import plan as plan_component
+from components import provision as provision_component
+from components import train as train_component
+from components import verify_checkpoint as verify_component
+from multislice import config, parameters
+
+PIPELINE_NAME = "multislice-training"
+
+
+def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
+    """The pipeline's parameters, with types and the profile's values as defaults."""
+    params = [
+        inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value, annotation=p.type)
+        for p, value in zip(parameters.RUN_PARAMETERS, parameters.run_parameter_defaults(spec).values(), strict=True)
+    ]
+    for index in range(len(spec.stages)):
+        defaults = parameters.stage_parameter_defaults(spec, index)
+        for field, kind, _ in parameters.STAGE_FIELDS:
+            name = parameters.stage_parameter_name(index, field)
+            params.append(
+                inspect.Parameter(
+                    name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=kind(defaults[field]), annotation=kind
+                )
+            )
+    return params
+
+
+def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
+    """Build the pipeline for a profile's content.
+
+    Args:
+        profile: The profile (``configs/<name>.yaml`` content); validated here.
+        base_image: Image the components run in; default the profile's ``images.pipeline``.
+
+    Returns:
+        A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
+
+    Raises:
+        multislice.config.ConfigError: the profile is invalid.
+    """
+    spec = config.load_spec(profile)
+    profile_data = config.spec_to_data(spec)
+    image = base_image or spec.images.pipeline or DEFAULT_BASE_IMAGE
+    plan_op = plan_component.component(image)
+    provision_op = provision_component.component(image)
+    admit_op = admit_component.component(image)
+    launch_op = launch_component.component(image)
+    train_op = train_component.component(image)
+    verify_op = verify_component.component(image)
+    cleanup_op = cleanup_component.component(image)
+    run_names = [p.name for p in parameters.RUN_PARAMETERS]
+    signature = inspect.Signature(pipeline_parameters(spec))
+
+    def body(*args, **kwargs):
+        values = dict(zip(signature.parameters, args, strict=False)) | kwargs
+        run_values = {name: values[name] for name in run_names}
+        exit_task = cleanup_op(
+            backend=values["backend"],
+            output_dir=values["output_dir"],
+            run_name=values["run_name"],
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        ).set_display_name("cleanup")
+        exit_task.set_caching_options(False)
+        with dsl.ExitHandler(exit_task, name="stages"):
+            plans = []
+            for index, stage in enumerate(spec.stages):
+                task = plan_op(
+                    profile=profile_data,
+                    stage=stage.name,
+                    **run_values,
+                    steps=values[parameters.stage_parameter_name(index, "steps")],
+                    per_device_batch_size=values[parameters.stage_parameter_name(index, "per_device_batch_size")],
+                ).set_display_name(f"plan {stage.name}")
+                plans.append(task)
+            previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*plans)
+            tasks = [previous]
+            for stage, plan_task in zip(spec.stages, plans, strict=True):
+                admit = admit_op(
+                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+                ).after(previous)
+                launch = launch_op(plan=plan_task.output, stage=stage.name, admitted=admit.output)
+                train = train_op(plan=plan_task.output, stage=stage.name, admitted=admit.output).after(launch)
+                verify = verify_op(plan=plan_task.output, stage=stage.name).after(train)
+                for step, task in (("admit", admit), ("launch", launch), ("train", train), ("verify", verify)):
+                    task.set_display_name(f"{step} {stage.name}")
+                tasks += [admit, launch, train, verify]
+                previous = verify
+            for task in [*plans, *tasks]:
+                task.set_caching_options(False)
+
+    body.__signature__ = signature
+    body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}
+    body.__name__ = PIPELINE_NAME.replace("-", "_")
+    stage_list = ", ".join(s.name for s in spec.stages)
+    body.__doc__ = (
+        f"Multislice training on {spec.num_slices} x {spec.tpu_type} (backend {spec.backend}): "
+        f"stages {stage_list}; each trained with MaxText and its checkpoint verified."
+    )
+    return dsl.pipeline(name=PIPELINE_NAME, description=body.__doc__)(body)
+
+
+def compile_pipeline(profile: dict[str, Any], output: str, base_image: str | None = None) -> str:
+    """Compile the profile's pipeline to a YAML file at ``output``; returns the path."""
+    compiler.Compiler().compile(build_pipeline(profile, base_image), output)
+    return output

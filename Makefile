@@ -22,11 +22,12 @@ PROFILE ?= local
 SET ?=
 PYTEST_ARGS ?=
 
-.PHONY: help env run test test-fast compile render goldens lock clean
+.PHONY: help env run test test-fast lint compile render goldens lock clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
 	@echo "make test     install and run the whole test suite (what CI runs)"
+	@echo "make test-fast  the suite without the end-to-end MaxText runs"
 	@echo "make compile  write build/pipelines/<profile>.yaml for every profile in configs/"
 	@echo "make render   write every manifest of PROFILE to build/manifests/PROFILE"
 	@echo "make goldens  regenerate the golden manifests and compiled pipelines under tests/golden"
@@ -54,11 +55,15 @@ env: $(VENVS)/pipeline/.installed $(VENVS)/trainer/.installed
 run: env
 	$(VENVS)/pipeline/bin/multislice run --profile $(PROFILE) $(foreach s,$(SET),--set $(s))
 
-test: env
+test: env lint
 	$(PIPELINE_PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: env
 	$(PIPELINE_PY) -m pytest -m "not e2e" $(PYTEST_ARGS)
+
+lint: $(VENVS)/pipeline/.installed
+	$(VENVS)/pipeline/bin/ruff check .
+	$(VENVS)/pipeline/bin/ruff format --check .
 
 compile: $(VENVS)/pipeline/.installed
 	@for f in configs/*.yaml; do p=$$(basename $$f .yaml); \

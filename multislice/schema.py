@@ -108,8 +108,8 @@ def _structural(schema: Any) -> Any:
 
 
 @functools.cache
-def _validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
-    crd = crd_index()[(api_version, kind)]
+def _validator(api_version: str, kind: str, crds_dir: Path = CRDS_DIR) -> jsonschema.Draft4Validator:
+    crd = crd_index(crds_dir)[(api_version, kind)]
     schema = _structural(copy.deepcopy(crd.schema))
     # ObjectMeta is checked by _metadata_problems, as the API server does it.
     schema.setdefault("properties", {})["metadata"] = {"type": "object"}
@@ -159,9 +159,9 @@ class CelReport:
     problems: list[str]
 
 
-def check_cel(obj: dict[str, Any]) -> CelReport:
+def check_cel(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> CelReport:
     """Evaluate the CRD's CEL rules on ``obj`` as a create request would."""
-    crd = crd_index()[(obj["apiVersion"], obj["kind"])]
+    crd = crd_index(crds_dir)[(obj["apiVersion"], obj["kind"])]
     report = CelReport([], [], [])
     for path, rule, value in _cel_rules(crd.schema, obj, ""):
         text = rule["rule"]
@@ -216,22 +216,28 @@ def _metadata_problems(obj: dict[str, Any], namespaced: bool) -> list[str]:
     return problems
 
 
-def problems(obj: dict[str, Any]) -> list[str]:
+def problems(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> list[str]:
     """Every reason the API server would reject ``obj`` on create; empty when valid.
+
+    Args:
+        obj: The object as plain data.
+        crds_dir: Directory of CRD YAML files (default: the copies shipped in ``multislice/crds``).
 
     Raises:
         KeyError: no CRD for the object's ``apiVersion`` and ``kind``.
     """
+    index = crd_index(crds_dir)
     key = (obj.get("apiVersion"), obj.get("kind"))
-    if key not in crd_index():
-        known = ", ".join(f"{a} {k}" for a, k in sorted(crd_index()))
+    if key not in index:
+        known = ", ".join(f"{a} {k}" for a, k in sorted(index))
         raise KeyError(f"no served CRD for {key[0]} {key[1]}; known: {known}")
+    validator = _validator(*key, crds_dir)
     found = [
         f"{_path(error.absolute_path)}: {error.message}"
-        for error in sorted(_validator(*key).iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+        for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
-    found += _metadata_problems(obj, crd_index()[key].namespaced)
-    found += check_cel(obj).problems
+    found += _metadata_problems(obj, index[key].namespaced)
+    found += check_cel(obj, crds_dir).problems
     return found
 
 

@@ -219,7 +219,8 @@ class Supervisor:
         )
         counted = action == "RestartJobSet"
         if action == "FailJobSet":
-            self._finish("Failed", "FailJobSetAction", f"{action} (rule {rule}) after {pod.job} failed: {message}")
+            why = f"{action} (rule {rule}) after Job {pod.job} failed with {reason}: {message}"
+            self._finish("Failed", "FailJobSetAction", why)
             return False
         if counted and self.state.restarts_count_towards_max >= self.state.max_restarts:
             self._finish(

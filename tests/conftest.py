@@ -1,0 +1,66 @@
+"""Shared fixtures.
+
+The suite runs in the pipeline environment. What needs the trainer environment
+(JAX, MaxText, Orbax) runs there as a subprocess, as it does in production.
+``local_run`` runs the whole pipeline once per session (what ``make run``
+does) and is shared by the end-to-end assertions and the verifier tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from multislice import config
+from multislice.backends.local import trainer_env
+from multislice.plan import Plan, make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_CRDS = ROOT.parent / "shared" / "crds"
+
+
+@pytest.fixture(scope="session")
+def trainer_python() -> Path:
+    """The trainer environment's interpreter (make env installs it)."""
+    return trainer_env() / "bin" / "python"
+
+
+def run_in_trainer(trainer_python: Path, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a Python script in the trainer environment on CPU; returns the completed process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.run(
+        [str(trainer_python), "-c", script, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+@dataclass
+class LocalRun:
+    """One finished ``multislice run --profile local``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    plan: Plan
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    """Run the local profile end to end through the CLI, as ``make run`` does (a few minutes)."""
+    output = tmp_path_factory.mktemp("e2e-output")
+    run_name = "e2e"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local",
+         "--set", f"run_name={run_name}", "--set", f"output_dir={output}"],
+        capture_output=True, text=True, cwd=ROOT, timeout=1800,
+    )  # fmt: skip
+    spec = config.load_profile("local", {"run_name": run_name, "output_dir": str(output)})
+    return LocalRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started, make_plan(spec))

@@ -1,0 +1,53 @@
+"""Golden files: rendered manifests and compiled pipelines, per profile.
+
+``make goldens`` (``python -m tests.golden``) regenerates them; the tests in
+``tests/test_manifests.py`` and ``tests/test_pipeline.py`` fail when the
+rendering differs, so every change to what users apply or upload shows up in
+review as a diff of these files.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from multislice import config, manifests
+from multislice.plan import make_plan
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+PROFILES = ("local", "gke-v6e-16x2")
+#: The pipeline/runid label value in golden manifests.
+GOLDEN_RUN_ID = "golden-run"
+
+
+def rendered_manifests(profile: str) -> dict[str, str]:
+    """File name -> YAML text of every manifest of a profile, as ``multislice render`` writes them."""
+    plan = make_plan(config.load_profile(profile))
+    return {name: manifests.to_yaml(obj) for name, obj in manifests.render_all(plan, GOLDEN_RUN_ID).items()}
+
+
+def compiled_pipeline(profile: str) -> str:
+    """The compiled pipeline YAML of a profile, as ``make compile`` writes it."""
+    from pipelines.multislice_training import compile_pipeline
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "pipeline.yaml"
+        compile_pipeline(config.read_profile(profile), str(path))
+        return path.read_text(encoding="utf-8")
+
+
+def regenerate() -> list[Path]:
+    """Rewrite every golden file; returns the paths written."""
+    written = []
+    for profile in PROFILES:
+        directory = GOLDEN_DIR / profile / "manifests"
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.yaml"):
+            stale.unlink()
+        for name, text in rendered_manifests(profile).items():
+            (directory / name).write_text(text, encoding="utf-8")
+            written.append(directory / name)
+        pipeline = GOLDEN_DIR / profile / "pipeline.yaml"
+        pipeline.write_text(compiled_pipeline(profile), encoding="utf-8")
+        written.append(pipeline)
+    return written

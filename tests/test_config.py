@@ -1,0 +1,149 @@
+"""Run spec validation: every bad field is named with its fix, before anything starts."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from multislice import config
+from tests.conftest import ROOT
+
+
+def issues(overrides, profile="local"):
+    with pytest.raises(config.ConfigError) as caught:
+        config.load_profile(profile, overrides)
+    return caught.value.issues
+
+
+@pytest.mark.parametrize("profile", ["local", "gke-v6e-16x2"])
+def test_profiles_are_valid(profile):
+    spec = config.load_profile(profile)
+    assert len(spec.stages) == 2
+    assert spec.num_slices == 2
+
+
+def test_gke_profile_holds_the_seed_stages():
+    spec = config.load_profile("gke-v6e-16x2")
+    eight, seventy = spec.stages
+    assert (eight.model.name, eight.per_device_batch_size, eight.max_target_length) == ("llama3-8b", 4, 4096)
+    assert eight.ici == {"fsdp": 4, "tensor": 4}
+    assert (seventy.model.name, seventy.per_device_batch_size, seventy.remat_policy) == ("llama3-70b", 2, "full")
+    assert seventy.ici == {"tensor": 4, "fsdp": 4} and seventy.dcn == {"fsdp": 2, "data": 1}
+
+
+def test_local_stages_do_not_claim_8b_or_70b_models():
+    spec = config.load_profile("local")
+    for stage in spec.stages:
+        assert stage.model.name is None, "local stages use explicit tiny dims"
+        assert stage.model.emb_dim <= 512 and stage.model.num_decoder_layers <= 4
+        assert stage.name.startswith("tiny-")
+        assert (stage.model.decoder_block, stage.model.mlp_activations) == ("llama2", ("silu", "linear"))
+        assert stage.model.num_kv_heads < stage.model.num_query_heads  # grouped-query attention
+        assert stage.model.rope_max_timescale == 500_000
+
+
+def test_ici_product_must_equal_chips_per_slice():
+    [(field, message)] = issues({"stages.0.ici.fsdp": 2})
+    assert field == "stages[0] (tiny-8b-recipe).ici"
+    assert "multiplies to 4" in message and "8 chips per v5litepod-8 slice" in message and "-1" in message
+
+
+def test_dcn_product_must_equal_slices():
+    [(field, message)] = issues({"num_slices": 4})
+    assert field == "stages[1] (tiny-70b-recipe).dcn"
+    assert "multiplies to 2" in message and "4 slices" in message
+
+
+def test_fill_axis_must_divide():
+    [(field, message)] = issues({"stages.0.ici": {"fsdp": -1, "tensor": 3}})
+    assert field.endswith(".ici") and "does not divide 8" in message
+
+
+def test_run_name_too_long_for_pod_names():
+    [(field, message)] = issues({"run_name": "r" * 70})
+    assert field == "run_name"
+    assert "63" in message and "at most 31" in message
+
+
+def test_run_name_must_be_dns_1035():
+    [(field, message)] = issues({"run_name": "My_Run"})
+    assert field == "run_name" and "DNS-1035" in message
+
+
+def test_unknown_tpu_type():
+    [(field, message)] = issues({"tpu_type": "v7q-16"})
+    assert field == "tpu_type" and "v6e-16" in message
+
+
+def test_unknown_model_name_and_both_name_and_dims():
+    [(field, message)] = issues({"stages.0.model": {"name": "llama3-9b"}})
+    assert field == "stages[0] (tiny-8b-recipe).model" and "llama3-8b" in message
+    [(field, message)] = issues({"stages.0.model.name": "llama3-8b"})
+    assert "either a MaxText model name or explicit dims" in message
+
+
+def test_misspelled_field_and_nonpositive_steps():
+    found = dict(issues({"stages.tiny-70b-recipe.stepz": 5, "stage1_steps": 0}))
+    assert "stages[1] (tiny-70b-recipe).stepz" in found
+    assert "greater than 0" in found["stages[0] (tiny-8b-recipe).steps"]
+
+
+def test_gke_needs_cloud_storage_and_local_needs_a_path():
+    [(field, message)] = issues({"output_dir": "/tmp/out"}, profile="gke-v6e-16x2")
+    assert field == "output_dir" and "gs://" in message
+    [(field, _)] = issues({"output_dir": "gs://bucket/x"})
+    assert field == "output_dir"
+
+
+def test_managed_maxtext_keys_cannot_be_overridden():
+    [(field, message)] = issues({"stages.0.maxtext_overrides": {"steps": 3}})
+    assert field.endswith("maxtext_overrides") and "steps" in message
+
+
+def test_parameter_names_and_paths_reach_the_same_field():
+    by_param = config.load_profile("local", {"stage2_steps": 7, "trainer_image": "img:1", "num_slices": 2})
+    by_path = config.load_profile("local", {"stages.1.steps": 7, "images.trainer": "img:1"})
+    by_name = config.load_profile("local", {"stages.tiny-70b-recipe.steps": 7, "images.trainer": "img:1"})
+    assert by_param == by_path == by_name
+    assert by_param.stages[1].steps == 7
+
+
+def test_unknown_stage_in_override():
+    [(field, message)] = issues({"stages.9.steps": 3})
+    assert field == "stages.9.steps" and "tiny-8b-recipe" in message
+
+
+def test_set_arguments_parse_yaml_scalars():
+    parsed = config.parse_set_arguments(["num_slices=4", "run_name=abc", "stages.0.ici={fsdp: 8}", "x=[1,2]"])
+    assert parsed["num_slices"] == 4 and parsed["run_name"] == "abc" and parsed["x"] == [1, 2]
+    assert parsed["stages.0.ici"] == "{fsdp: 8}"  # mappings are not accepted from --set
+    with pytest.raises(config.ConfigError):
+        config.parse_set_arguments(["no-equals-sign"])
+
+
+def test_spec_round_trips_through_plain_data():
+    spec = config.load_profile("gke-v6e-16x2")
+    assert config.load_spec(config.spec_to_data(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("stages.0.ici.fsdp=3", "ici"),
+        ("run_name=" + "r" * 70, "run_name"),
+        ("tpu_type=v6e-17", "tpu_type"),
+    ],
+)
+def test_cli_rejects_bad_config_fast_and_starts_nothing(tmp_path, override, field):
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local", "--set", override,
+         "--set", f"output_dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stderr
+    assert field in done.stderr and "nothing was created or started" in done.stderr
+    assert not (tmp_path / "out").exists()
+    assert elapsed < 2.0, f"took {elapsed:.2f} s"

@@ -1,0 +1,82 @@
+"""End to end on this machine: the pipeline trains both stages across emulated slices; a killed worker is survived."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from multislice import config
+from multislice.backends.local import LocalBackend, pid_alive
+from multislice.plan import make_plan
+from multislice.steps import admit, latest_committed_step, train, verify_checkpoint
+
+pytestmark = pytest.mark.e2e
+
+
+def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
+    assert local_run.returncode == 0, local_run.stdout[-3000:] + local_run.stderr[-3000:]
+    out = local_run.stdout
+    assert "run e2e: SUCCEEDED" in out
+    plan = local_run.plan
+    for stage in plan.stages:
+        assert f"stage {stage.index + 1} {stage.name}" in out
+        assert latest_committed_step(stage.checkpoint_dir) == stage.final_step
+        assert (Path(stage.checkpoint_dir) / str(stage.final_step) / "items").is_dir()
+        reports = Path(plan.run_dir) / "reports" / stage.name
+        trained = json.loads((reports / "train.json").read_text())
+        assert trained["steps_trained"] == stage.steps and trained["restarts"] == 0
+        assert trained["final_loss"] < trained["first_loss"]  # it learned something
+        verified = json.loads((reports / "verification.json").read_text())
+        assert verified["verdict"] == "PASS" and verified["latest_step"] == stage.final_step
+    assert out.count("verification  PASS") == 2
+    assert "trained       20/20 steps" in out
+
+
+def test_stage_two_shards_fsdp_over_dcn(local_run):
+    stage = local_run.plan.stages[1]
+    leader = LocalBackend(local_run.plan.run_dir).pod_log(stage.jobset, 0, 0)
+    text = leader.read_text()
+    assert "2 slices as DCN granules (slice 0: processes [0, 1]; slice 1: processes [2, 3])" in text
+    assert "mesh fsdp=8 (ici 4 x dcn 2), tensor=2" in text
+    verified = json.loads((Path(local_run.plan.run_dir) / "reports" / stage.name / "verification.json").read_text())
+    assert verified["written_mesh"] == {"fsdp": 8, "tensor": 2}
+
+
+def test_run_leaves_no_process_behind(local_run):
+    backend = LocalBackend(local_run.plan.run_dir)
+    states = backend.list_jobsets()
+    assert [s.phase for s in states] == ["Completed", "Completed"]
+    for state in states:
+        assert not pid_alive(state.supervisor_pid)
+        assert not any(pid_alive(p.pid) for p in state.pods)
+
+
+def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(tmp_path):
+    spec = config.load_profile("local", {"run_name": "restart", "output_dir": str(tmp_path), "max_restarts": 1})
+    plan = make_plan(spec)
+    stage = plan.stages[0]
+    admitted = admit.run(plan, stage.name, "restart-test")
+    backend = LocalBackend(plan.run_dir)
+    deadline = time.monotonic() + 600
+    while (latest_committed_step(stage.checkpoint_dir) or 0) < stage.checkpoint_period:
+        assert time.monotonic() < deadline, "no periodic checkpoint within 10 minutes"
+        assert backend.get_jobset(stage.jobset).phase == "Running"
+        time.sleep(1)
+    victim = backend.get_jobset(stage.jobset).pod(1, 1)
+    os.kill(victim.pid, signal.SIGKILL)
+
+    report = train.run(plan, stage.name, admitted)
+
+    assert report["restarts"] == 1
+    assert report["steps_trained"] == stage.steps and report["last_step"] == stage.final_step
+    state = backend.get_jobset(stage.jobset)
+    failed = next(e for e in state.events if e.reason == "JobFailed")
+    assert "restart-tiny-8b-recipe-slice-1-1 exited with code 137" in failed.message
+    resumed = backend.pod_log(stage.jobset, 0, 0, attempt=1).read_text()
+    step = int(resumed.split("restoring from this run's directory step ")[1].split()[0])
+    assert step >= stage.checkpoint_period
+    assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
+    assert verify_checkpoint.run(plan, stage.name)["verdict"] == "PASS"

@@ -1,0 +1,214 @@
+"""Local backend: JobSets of short scripted pods, run as real processes under a real supervisor.
+
+The pods here are small Python programs instead of MaxText, so each case
+takes seconds; the manifests are the real CPU-flavour JobSets with only the
+container command replaced, and pass CRD validation as created.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from multislice import config, jobset
+from multislice.backends.local import AlreadyExists, LocalBackend, pid_alive
+from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
+from multislice.plan import make_plan
+from multislice.steps import cleanup
+
+POD = """
+import os, signal, sys, time
+attempt = int(os.environ["RESTART_ATTEMPT"])
+who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
+print("pod", who, "attempt", attempt, "coordinator", os.environ["JAX_COORDINATOR_ADDRESS"],
+      "processes", os.environ["JAX_PROCESS_COUNT"], flush=True)
+mode = sys.argv[1]
+if mode == "sleep":
+    time.sleep(600)
+if who == (1, 0):
+    if mode == "kill-first-attempt" and attempt == 0:
+        time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "always-kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "python-error":
+        raise SystemExit(1)
+time.sleep(1 if who != (1, 0) else 0.2)
+"""
+
+
+def scripted_jobset(tmp_path, mode, run_name="unit", run_id="run-a", max_restarts=2):
+    spec = config.load_profile(
+        "local", {"run_name": run_name, "output_dir": str(tmp_path), "max_restarts": max_restarts}
+    )
+    plan = make_plan(spec)
+    obj = jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id=run_id)
+    pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["command"] = ["python", "-c", POD]
+    container["args"] = [mode]
+    container["env"].append(
+        {
+            "name": "RESTART_ATTEMPT",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"}},
+        }
+    )
+    pod["terminationGracePeriodSeconds"] = 5
+    return plan, obj
+
+
+def finish(backend, name, timeout=60):
+    return backend.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
+
+
+def test_pods_run_with_their_environment_and_complete(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "ok")
+    backend = LocalBackend(plan.run_dir)
+    created = backend.create_jobset(obj)
+    assert created.phase == "Running" and len(created.pods) == 4
+    state = finish(backend, obj["metadata"]["name"])
+    assert (state.phase, state.reason, state.restarts) == ("Completed", "AllJobsCompleted", 0)
+    assert all(p.exit_code == 0 for p in state.pods)
+    log = backend.pod_log(state.name, 1, 1).read_text()
+    assert "pod (1, 1) attempt 0 coordinator 127.0.0.1 processes 4" in log
+
+
+def test_killed_pod_restarts_the_whole_jobset(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "kill-first-attempt")
+    backend = LocalBackend(plan.run_dir)
+    backend.create_jobset(obj)
+    state = finish(backend, obj["metadata"]["name"])
+    assert (state.phase, state.restarts, state.restarts_count_towards_max) == ("Completed", 1, 1)
+    reasons = [e.reason for e in state.events]
+    assert reasons.index("JobFailed") < reasons.index("Restarting") < reasons.index("AllJobsCompleted")
+    failed = next(e for e in state.events if e.reason == "JobFailed")
+    assert "BackoffLimitExceeded" in failed.message and "exited with code 137" in failed.message
+    for host in range(2):  # every pod of every slice ran again, in attempt 1
+        assert "attempt 1" in backend.pod_log(state.name, 0, host, attempt=1).read_text()
+
+
+def test_restarts_stop_at_max_restarts(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "always-kill", max_restarts=2)
+    backend = LocalBackend(plan.run_dir)
+    backend.create_jobset(obj)
+    state = finish(backend, obj["metadata"]["name"])
+    assert (state.phase, state.reason, state.restarts) == ("Failed", "ReachedMaxRestarts", 2)
+    assert "max number of restarts (2)" in state.message
+
+
+def test_a_python_error_fails_the_jobset_without_restarting(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "python-error")
+    backend = LocalBackend(plan.run_dir)
+    backend.create_jobset(obj)
+    state = finish(backend, obj["metadata"]["name"])
+    assert (state.phase, state.reason, state.restarts) == ("Failed", "FailJobSetAction", 0)
+    assert "PodFailurePolicy" in state.message
+    assert not any(pid_alive(p.pid) for p in state.pods)
+
+
+def test_delete_stops_every_process_and_frees_the_name(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "sleep")
+    backend = LocalBackend(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    pids = [p.pid for p in state.pods] + [backend.get_jobset(name).supervisor_pid]
+    assert all(pid_alive(pid) for pid in pids)
+    assert backend.create_jobset(obj).pods == state.pods  # the same manifest again: adopted, not duplicated
+    other = dict(obj, metadata={**obj["metadata"], "labels": {**obj["metadata"]["labels"], "pipeline/runid": "b"}})
+    with pytest.raises(AlreadyExists, match="different spec"):
+        backend.create_jobset(other)
+    deleted = backend.delete_jobset(name)
+    assert deleted.phase == "Deleted"
+    time.sleep(0.2)
+    assert not any(pid_alive(pid) for pid in pids)
+    backend.create_jobset(other)  # a deleted name can be created again; the old state is kept aside
+    assert any(p.name.startswith(f"{name}.deleted-") for p in backend.jobsets_dir.iterdir())
+    backend.delete_jobset(name)
+
+
+def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "sleep")
+    backend = LocalBackend(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    os.kill(backend.get_jobset(name).supervisor_pid, signal.SIGKILL)
+    time.sleep(0.3)
+    lost = backend.get_jobset(name)
+    assert (lost.phase, lost.reason) == ("Failed", "SupervisorLost")
+    backend.delete_jobset(name)
+    time.sleep(0.2)
+    assert not any(pid_alive(p.pid) for p in state.pods)
+
+
+def test_cleanup_deletes_only_this_runs_unfinished_jobsets(tmp_path):
+    plan_a, mine = scripted_jobset(tmp_path, "sleep", run_name="mine", run_id="run-a")
+    plan_b, theirs = scripted_jobset(tmp_path, "sleep", run_name="theirs", run_id="run-b")
+    a, b = LocalBackend(plan_a.run_dir), LocalBackend(plan_b.run_dir)
+    a.create_jobset(mine)
+    b.create_jobset(theirs)
+    report = cleanup.run("local", str(tmp_path), "mine", "run-a", "CANCELLED")
+    assert report["deleted"] == [f"{mine['metadata']['name']} (Running -> Deleted)"]
+    assert a.get_jobset(mine["metadata"]["name"]).phase == "Deleted"
+    assert b.get_jobset(theirs["metadata"]["name"]).phase == "Running"
+    assert cleanup.run("local", str(tmp_path), "theirs", "run-a", "FAILED")["deleted"] == []  # other run id
+    b.delete_jobset(theirs["metadata"]["name"])
+
+
+def test_job_failure_reason_follows_pod_failure_policy():
+    job = {
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": "maxtext",
+                        "operator": "NotIn",
+                        "values": list(jobset.RESTARTABLE_EXIT_CODES),
+                    },
+                }
+            ]
+        }
+    }
+    assert job_failure_reason(job, "maxtext", 1)[0] == "PodFailurePolicy"
+    assert job_failure_reason(job, "maxtext", 137)[0] == "BackoffLimitExceeded"
+    assert job_failure_reason(job, "maxtext", 42)[0] == "BackoffLimitExceeded"
+    assert job_failure_reason(job, "other", 1)[0] == "BackoffLimitExceeded"
+
+
+def test_failure_policy_rules_match_in_order():
+    policy = {
+        "rules": [
+            {"name": "a", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {"name": "b", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureMessagePatterns": ["preempt"]},
+        ]
+    }
+    assert failure_policy_action(policy, "PodFailurePolicy", "x", "slice") == ("FailJobSet", "a")
+    assert failure_policy_action(policy, "BackoffLimitExceeded", "node preempted", "slice")[0] == (
+        "RestartJobSetAndIgnoreMaxRestarts"
+    )
+    assert failure_policy_action(policy, "BackoffLimitExceeded", "oom", "slice") == ("RestartJobSet", "(default)")
+
+
+def test_cancelled_train_step_deletes_its_jobset(tmp_path):
+    """SIGTERM to the train step (a cancelled pipeline run) deletes the JobSet; no pod survives."""
+    plan, obj = scripted_jobset(tmp_path, "sleep")
+    backend = LocalBackend(plan.run_dir)
+    state = backend.create_jobset(obj)
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    script = (
+        "import sys; from pathlib import Path; from multislice.plan import Plan; from multislice.steps import train\n"
+        "train.run(Plan.from_json(Path(sys.argv[1]).read_text()), sys.argv[2], {'skipped': False})\n"
+    )
+    step = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "plan.json"), plan.stages[0].name],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(3)
+    step.send_signal(signal.SIGTERM)
+    output, _ = step.communicate(timeout=60)
+    assert step.returncode != 0
+    assert "cancelled: deleting JobSet" in output and "TrainingFailed" in output
+    assert backend.get_jobset(obj["metadata"]["name"]).phase == "Deleted"
+    assert not any(pid_alive(p.pid) for p in state.pods)

@@ -1,0 +1,148 @@
+"""Rendered manifests: valid against the upstream CRDs, shaped as GKE multislice needs, equal to goldens."""
+
+import filecmp
+from pathlib import Path
+
+import pytest
+import yaml
+
+from multislice import config, jobset, kueue, schema
+from multislice.plan import make_plan
+from tests.conftest import SHARED_CRDS
+from tests.golden import GOLDEN_DIR, PROFILES, rendered_manifests
+
+CRD_DIRS = [schema.CRDS_DIR] + ([SHARED_CRDS] if SHARED_CRDS.is_dir() else [])
+
+
+def all_objects(profile):
+    plan = make_plan(config.load_profile(profile))
+    objects = kueue.render_kueue_objects(plan)
+    for stage in plan.stages:
+        objects += [jobset.render_jobset(plan, stage, flavour=f, pipeline_run_id="run-1") for f in ("tpu", "cpu")]
+    return objects
+
+
+def test_vendored_crds_are_the_shared_upstream_copies():
+    if not SHARED_CRDS.is_dir():
+        pytest.skip(f"{SHARED_CRDS} is not on this machine; the vendored copy is used alone")
+    for path in SHARED_CRDS.rglob("*.yaml"):
+        assert filecmp.cmp(path, schema.CRDS_DIR / path.relative_to(SHARED_CRDS), shallow=False), path
+
+
+@pytest.mark.parametrize("crds_dir", CRD_DIRS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_rendered_object_validates(profile, crds_dir):
+    index = schema.crd_index(crds_dir)
+    for obj in all_objects(profile):
+        assert (obj["apiVersion"], obj["kind"]) in index
+        assert schema.problems(obj, crds_dir) == [], obj["metadata"]["name"]
+        report = schema.check_cel(obj, crds_dir)
+        assert report.problems == []
+
+
+def test_cel_rules_are_evaluated_not_skipped():
+    cluster_queue = all_objects("gke-v6e-16x2")[1]
+    report = schema.check_cel(cluster_queue)
+    assert any("coveredResources" in rule for rule in report.evaluated)
+
+
+def test_validation_catches_typos_wrong_types_and_cel_violations():
+    objects = all_objects("gke-v6e-16x2")
+    js = objects[4]
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["nodeSelctor"] = pod.pop("nodeSelector")
+    js["spec"]["replicatedJobs"][0]["replicas"] = "two"
+    found = schema.problems(js)
+    assert any("nodeSelctor" in p for p in found) and any("'two' is not of type 'integer'" in p for p in found)
+    cluster_queue = objects[1]
+    cluster_queue["spec"]["resourceGroups"][0]["coveredResources"].append("cpu")
+    assert schema.problems(cluster_queue) == [
+        "spec.resourceGroups[0]: flavors must have the same number of resources as the coveredResources"
+    ]
+    flavor = objects[0]
+    flavor["metadata"]["labels"]["bad key!"] = "x"
+    flavor["metadata"]["namespace"] = "default"
+    found = schema.problems(flavor)
+    assert any("bad key!" in p for p in found) and any("cluster-scoped" in p for p in found)
+    with pytest.raises(schema.ManifestInvalid, match="ResourceFlavor"):
+        schema.validate(flavor)
+
+
+def test_tpu_jobset_is_a_gke_multislice_jobset():
+    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    obj = jobset.render_jobset(plan, plan.stages[1], flavour="tpu", pipeline_run_id="run-7")
+    meta = obj["metadata"]
+    assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "multislice-queue"
+    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == "default-priority"
+    assert meta["labels"]["pipeline/runid"] == "run-7"
+    [rj] = obj["spec"]["replicatedJobs"]
+    job = rj["template"]["spec"]
+    assert rj["replicas"] == 2 and job["parallelism"] == job["completions"] == 4 and job["backoffLimit"] == 0
+    pod = job["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    [container] = pod["containers"]
+    assert container["resources"]["limits"] == {"google.com/tpu": 4}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert isinstance(container["args"], list) and "model_name=llama3-70b" in container["args"]
+    policy = obj["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 4 and all(rule["name"] for rule in policy["rules"])
+    assert "env" not in container
+
+
+def test_cpu_jobset_passes_maxtext_cpu_environment():
+    plan = make_plan(config.load_profile("local"))
+    obj = jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id="r")
+    assert "annotations" not in obj["metadata"]
+    pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert (
+        env["JOB_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+    )
+    assert (
+        env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env["PROCESSES_IN_JOB"]["value"] == "2" and env["JAX_PROCESS_COUNT"]["value"] == "4"
+    assert env["JAX_COORDINATOR_ADDRESS"]["value"] == "$(JOBSET_NAME)-$(REPLICATED_JOB_NAME)-0-0.$(JOBSET_NAME)"
+    assert "nodeSelector" not in pod and "resources" not in pod["containers"][0]
+
+
+def test_cluster_queue_quota_is_slices_times_chips():
+    plan = make_plan(config.load_profile("gke-v6e-16x2", {"num_slices": 4, "stages.1.dcn": {"fsdp": 4, "data": 1}}))
+    flavor, cluster_queue, priority, local_queue = kueue.render_kueue_objects(plan)
+    [group] = cluster_queue["spec"]["resourceGroups"]
+    assert group["flavors"][0]["resources"] == [{"name": "google.com/tpu", "nominalQuota": 64}]
+    assert group["flavors"][0]["name"] == flavor["metadata"]["name"] == "v6e-4x4"
+    assert local_queue["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
+    assert priority["value"] == 100
+
+
+def test_bad_pipeline_run_id_is_refused():
+    plan = make_plan(config.load_profile("local"))
+    with pytest.raises(ValueError, match="label value"):
+        jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id="not a label!")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_manifests_match_golden_files(profile):
+    directory = GOLDEN_DIR / profile / "manifests"
+    rendered = rendered_manifests(profile)
+    assert sorted(rendered) == sorted(p.name for p in directory.glob("*.yaml")), "run `make goldens`"
+    for name, text in rendered.items():
+        assert text == (directory / name).read_text(encoding="utf-8"), f"{profile}/{name} changed: run `make goldens`"
+        yaml.safe_load(text)
+
+
+def test_render_cli_writes_valid_manifests(tmp_path):
+    from multislice import cli
+
+    assert cli.main(["render", "--profile", "gke-v6e-16x2", "--output", str(tmp_path)]) == 0
+    written = sorted(p.name for p in Path(tmp_path).glob("*.yaml"))
+    assert written == sorted(rendered_manifests("gke-v6e-16x2"))
+    for path in Path(tmp_path).glob("*.yaml"):
+        assert schema.problems(yaml.safe_load(path.read_text())) == []

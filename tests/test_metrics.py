@@ -1,0 +1,41 @@
+"""Metrics summary from MaxText's metrics file, including a restarted run's repeated steps."""
+
+import json
+
+import pytest
+
+from multislice import metrics
+
+
+def record(step, loss, seconds, tokens=256.0, tflops=0.01):
+    return {"step": float(step), "learning/loss": loss, "perf/step_time_seconds": seconds,
+            "perf/per_device_tokens": tokens, "perf/per_device_tflops": tflops}  # fmt: skip
+
+
+def test_summary_uses_steady_steps_and_totals():
+    records = [record(0, 7.5, 30.0), record(1, 7.0, 1.0), record(2, 6.5, 3.0)]
+    summary = metrics.summarize(records)
+    assert (summary.steps_recorded, summary.first_loss, summary.final_loss) == (3, 7.5, 6.5)
+    assert summary.step_time_seconds == 2.0  # step 0 (compilation) left out
+    assert summary.tokens_per_second_per_device == 512 / 4.0
+    assert summary.tflops_per_second_per_device == pytest.approx(0.02 / 4.0)
+
+
+def test_restarted_run_keeps_the_last_record_of_each_step():
+    records = [record(s, 8.0 - s, 1.0) for s in range(5)] + [record(s, 9.0 - s, 2.0) for s in range(3, 7)]
+    summary = metrics.summarize(records)
+    assert (summary.steps_recorded, summary.last_step, summary.records) == (7, 6, 9)
+    assert summary.final_loss == 3.0
+    # steps 1, 2 (attempt 0) and 4, 5, 6 (attempt 1): the first step of each attempt is left out
+    assert summary.step_time_seconds == pytest.approx((1.0 * 2 + 2.0 * 3) / 5)
+
+
+def test_truncated_last_line_is_skipped(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(record(0, 7.0, 1.0)) + "\n" + '{"step": 1.0, "learn')
+    assert len(metrics.read_records(path)) == 1
+
+
+def test_no_records_is_an_error():
+    with pytest.raises(ValueError, match="did training start"):
+        metrics.summarize([])

@@ -1,0 +1,78 @@
+"""The compiled pipeline: loads back with kfp, has the documented parameters and graph, matches goldens."""
+
+import pytest
+import yaml
+from kfp import components
+
+from multislice import cli, config
+from pipelines.multislice_training import compile_pipeline
+from tests.golden import GOLDEN_DIR, PROFILES, compiled_pipeline
+
+RUN_PARAMETERS = {
+    "run_name": "String", "backend": "String", "tpu_type": "String", "num_slices": "Integer",
+    "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
+    "priority": "String", "max_restarts": "Integer",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=PROFILES)
+def compiled(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("compiled") / f"{request.param}.yaml"
+    compile_pipeline(config.read_profile(request.param), str(path))
+    return request.param, path
+
+
+def test_compiled_pipeline_loads_back_with_its_parameters(compiled):
+    profile, path = compiled
+    spec = config.load_profile(profile)
+    loaded = components.load_component_from_file(str(path))
+    inputs = loaded.component_spec.inputs
+    types = {name: value.type for name, value in inputs.items()}
+    assert {k: types[k] for k in RUN_PARAMETERS} == RUN_PARAMETERS
+    for n in range(1, len(spec.stages) + 1):
+        assert (types[f"stage{n}_steps"], types[f"stage{n}_per_device_batch_size"]) == ("Integer", "Float")
+    assert len(types) == len(RUN_PARAMETERS) + 2 * len(spec.stages)
+    assert inputs["run_name"].default == spec.run_name
+    assert inputs["tpu_type"].default == spec.tpu_type
+    assert int(inputs["num_slices"].default) == spec.num_slices
+    assert int(inputs["stage2_steps"].default) == spec.stages[1].steps
+    assert loaded.required_inputs == []
+
+
+def test_graph_order_exit_handler_and_no_caching(compiled):
+    _, path = compiled
+    [spec] = yaml.safe_load_all(path.read_text())
+    root = spec["root"]["dag"]["tasks"]
+    assert root["cleanup"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert root["cleanup"]["inputs"]["parameters"]["pipeline_run_id"]["runtimeValue"]["constant"] == (
+        "{{$.pipeline_job_uuid}}"
+    )
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert set(tasks["provision"]["dependentTasks"]) == {"plan", "plan-2"}  # every stage planned first
+    assert "provision" in tasks["admit"]["dependentTasks"]
+    assert "launch" in tasks["train"]["dependentTasks"] and "train" in tasks["verify-checkpoint"]["dependentTasks"]
+    assert "verify-checkpoint" in tasks["admit-2"]["dependentTasks"]  # stage 2 waits for stage 1's verification
+    for task in [*tasks.values(), root["cleanup"]]:
+        assert not task.get("cachingOptions", {}).get("enableCache", False)
+
+
+def test_components_install_nothing_at_run_time(compiled):
+    _, path = compiled
+    [spec] = yaml.safe_load_all(path.read_text())
+    for executor in spec["deploymentSpec"]["executors"].values():
+        command = " ".join(executor["container"]["command"])
+        assert "pip install" not in command
+        assert executor["container"]["image"] == "multislice-pipeline:0.1.0"
+
+
+def test_compile_cli_applies_overrides_as_defaults(tmp_path):
+    output = tmp_path / "p.yaml"
+    assert cli.main(["compile", "--profile", "local", "--set", "stage1_steps=7", "--output", str(output)]) == 0
+    loaded = components.load_component_from_file(str(output))
+    assert int(loaded.component_spec.inputs["stage1_steps"].default) == 7
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compiled_pipeline_matches_golden(profile):
+    golden = (GOLDEN_DIR / profile / "pipeline.yaml").read_text(encoding="utf-8")
+    assert compiled_pipeline(profile) == golden, f"{profile} pipeline changed: run `make goldens`"

@@ -1,0 +1,65 @@
+"""Plan: names, directories, resolved parallelism and MaxText arguments."""
+
+from multislice import config, plan
+
+
+def local_plan(**overrides):
+    return plan.make_plan(config.load_profile("local", {"output_dir": "/data/out", **overrides}))
+
+
+def test_resolve_degrees_fills_the_minus_one_axis():
+    resolved = plan.resolve_degrees({"fsdp": -1, "tensor": 4}, 16)
+    assert resolved["fsdp"] == 4 and resolved["tensor"] == 4 and resolved["data"] == 1
+    assert set(resolved) == set(plan.maxtext.PARALLELISM_AXES)
+
+
+def test_layout_of_a_run():
+    p = local_plan(run_name="demo")
+    first = p.stages[0]
+    assert p.run_dir == "/data/out/demo"
+    assert first.stage_dir == "/data/out/demo/tiny-8b-recipe"
+    assert first.checkpoint_dir == "/data/out/demo/tiny-8b-recipe/checkpoints"
+    assert first.jobset == "demo-tiny-8b-recipe"
+    assert first.final_step == first.steps - 1
+    assert p.total_chips == 16
+
+
+def test_stage_parallelism_resolved_against_the_slice():
+    p = local_plan()
+    eight, seventy = p.stages
+    assert (eight.ici["fsdp"], eight.ici["tensor"], eight.dcn["data"]) == (4, 2, 2)
+    assert (seventy.ici["fsdp"], seventy.ici["tensor"], seventy.dcn["fsdp"], seventy.dcn["data"]) == (4, 2, 2, 1)
+
+
+def test_maxtext_arguments_of_a_stage():
+    p = local_plan(run_name="demo")
+    args = dict(a.split("=", 1) for a in p.stages[1].maxtext_args)
+    assert args["run_name"] == "tiny-70b-recipe"
+    assert args["base_output_directory"] == "/data/out/demo"
+    assert args["dcn_fsdp_parallelism"] == "2" and args["ici_tensor_parallelism"] == "2"
+    assert args["remat_policy"] == "full" and args["enable_checkpointing"] == "true"
+    assert args["mlp_activations"] == "[silu,linear]" and args["base_num_kv_heads"] == "2"
+    assert args["jax_cache_dir"] == "/data/out/demo/jax_cache"
+    assert "hardware" not in args
+
+
+def test_named_model_uses_model_name():
+    p = plan.make_plan(config.load_profile("gke-v6e-16x2"))
+    args = dict(a.split("=", 1) for a in p.stages[0].maxtext_args)
+    assert args["model_name"] == "llama3-8b" and "base_emb_dim" not in args
+
+
+def test_worker_command_per_flavour():
+    p = local_plan()
+    stage = p.stages[1]
+    command, tpu_args = plan.worker_command(p, stage, "tpu")
+    assert command == ["python", "-m", "multislice.trainer.worker"]
+    assert tpu_args[0] == "--" and tpu_args[1:] == stage.maxtext_args
+    _, cpu_args = plan.worker_command(p, stage, "cpu")
+    assert cpu_args[:4] == ["--emulate-slices", "--metrics-file", stage.metrics_file, "--"]
+    assert cpu_args[-2:] == ["hardware=cpu", "num_slices=2"]
+
+
+def test_plan_round_trips_through_json():
+    p = local_plan()
+    assert plan.Plan.from_json(p.to_json()) == p

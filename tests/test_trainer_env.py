@@ -1,0 +1,143 @@
+"""Trainer-side code, run in the trainer environment: MaxText facts and the emulated-slice DCN mesh."""
+
+import json
+import os
+import socket
+import subprocess
+
+from multislice import maxtext
+from tests.conftest import run_in_trainer
+
+FACTS = """
+import json, typing, yaml
+from pathlib import Path
+from maxtext import configs
+from maxtext.configs import types
+base = yaml.safe_load(Path(configs.__file__).with_name("base.yml").read_text())
+print(json.dumps({
+    "model_names": list(typing.get_args(types.ModelName)),
+    "remat": [p.value for p in types.RematPolicy],
+    "base": {k: v for k, v in base.items() if k.endswith("_parallelism")},
+}))
+"""
+
+
+def test_maxtext_facts_match_the_installed_maxtext(trainer_python):
+    done = run_in_trainer(trainer_python, FACTS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tuple(facts["model_names"]) == maxtext.MODEL_NAMES
+    assert tuple(facts["remat"]) == maxtext.REMAT_POLICIES
+    for net, defaults in (("ici", maxtext.ICI_DEFAULTS), ("dcn", maxtext.DCN_DEFAULTS)):
+        for axis in maxtext.PARALLELISM_AXES:
+            assert facts["base"][f"{net}_{axis}_parallelism"] == defaults.get(axis, 1), (net, axis)
+
+
+FAKE_DEVICES = """
+import json, sys
+import numpy as np
+from jax.experimental import mesh_utils
+from multislice.trainer.emulated_slices import emulated_hybrid_device_mesh
+
+class Device:
+    platform = device_kind = "cpu"
+    def __init__(self, id, process_index, slice_index=None):
+        self.id, self.process_index = id, process_index
+        if slice_index is not None:
+            self.slice_index = slice_index
+
+def one_slice_per_dcn_block(mesh, ici, dcn, per_slice):
+    slices = np.vectorize(lambda d: d.process_index // per_slice)(mesh)
+    for axis, (i, d) in enumerate(zip(ici, dcn)):
+        for block in range(d if d > 1 else 0):
+            if len(np.unique(np.take(slices, range(block * i, (block + 1) * i), axis=axis))) != 1:
+                return False
+    return True
+
+results = []
+for processes, per_slice, per_process, ici, dcn in json.loads(sys.argv[1]):
+    plain = [Device(p * 100 + d, p) for p in range(processes) for d in range(per_process)]
+    tagged = [Device(d.id, d.process_index, d.process_index // per_slice) for d in plain]
+    ours = emulated_hybrid_device_mesh(ici, dcn, plain, per_slice)
+    jaxs = mesh_utils.create_hybrid_device_mesh(ici, dcn, tagged)
+    results.append({
+        "ours": np.vectorize(lambda d: d.id)(ours).tolist(),
+        "jax": np.vectorize(lambda d: d.id)(jaxs).tolist(),
+        "shape": list(ours.shape),
+        "one_slice_per_dcn_block": one_slice_per_dcn_block(ours, ici, dcn, per_slice),
+    })
+print(json.dumps(results))
+"""
+
+CASES = [
+    # processes, processes per slice, devices per process, ICI shape, DCN shape
+    (4, 2, 4, [4, 2], [2, 1]),  # the local profile: fsdp=4 x tensor=2 per slice, DCN FSDP 2
+    (4, 2, 4, [1, 4, 2], [2, 1, 1]),  # DCN data parallelism 2 over the slices
+    (8, 2, 2, [2, 2], [4, 1]),  # 4 slices
+    (6, 3, 1, [3, 1], [1, 2]),  # DCN on the last axis
+]
+
+
+def test_emulated_mesh_equals_jax_mesh_for_devices_with_slice_indices(trainer_python):
+    done = run_in_trainer(trainer_python, FAKE_DEVICES, json.dumps(CASES))
+    assert done.returncode == 0, done.stderr[-2000:]
+    for (_, _, _, ici, dcn), result in zip(CASES, json.loads(done.stdout), strict=True):
+        assert result["ours"] == result["jax"]
+        assert result["shape"] == [i * d for i, d in zip(ici, dcn, strict=True)]
+        assert result["one_slice_per_dcn_block"]
+
+
+MULTI_PROCESS = """
+import json, sys
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=4, process_id=int(sys.argv[2]))
+from multislice.trainer.emulated_slices import emulated_hybrid_device_mesh
+
+class Tagged:  # a stand-in carrying the slice_index TPU devices have
+    platform = device_kind = "cpu"
+    def __init__(self, device):
+        self.id, self.process_index, self.slice_index = device.id, device.process_index, device.process_index // 2
+
+devices = jax.devices()
+try:
+    mesh_utils.create_hybrid_device_mesh([2, 2], [2, 1], devices)
+    direct = "built"
+except ValueError as error:
+    direct = str(error)
+mesh = emulated_hybrid_device_mesh([2, 2], [2, 1], devices, processes_per_slice=2)
+reference = mesh_utils.create_hybrid_device_mesh([2, 2], [2, 1], [Tagged(d) for d in devices])
+ids = np.vectorize(lambda d: d.id)
+print(json.dumps({"direct": direct, "ids": ids(mesh).tolist(), "reference": ids(reference).tolist(),
+                  "process": np.vectorize(lambda d: d.process_index)(mesh).tolist()}), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def test_emulated_slices_across_real_jax_processes(trainer_python):
+    """2 slices x 2 hosts x 2 CPU devices, four real JAX processes: slice s = processes 2s and 2s+1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [
+        subprocess.Popen(
+            [str(trainer_python), "-c", MULTI_PROCESS, f"127.0.0.1:{port}", str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for i in range(4)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][1][-2000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert all(r["ids"] == results[0]["ids"] for r in results)  # every process builds the same mesh
+    # Without the grouping JAX sees a single slice: the gap the emulation fills.
+    assert "Number of slices 1 must equal the product of dcn_mesh_shape" in results[0]["direct"]
+    assert results[0]["ids"] == results[0]["reference"]
+    assert {p for row in results[0]["process"][:2] for p in row} == {0, 1}
+    assert {p for row in results[0]["process"][2:] for p in row} == {2, 3}

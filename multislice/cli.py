@@ -16,8 +16,8 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -109,7 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if spec.backend == "local" and not os.path.isabs(spec.output_dir):
         spec = config.load_spec(profile, {**overrides, "output_dir": os.path.abspath(spec.output_dir)})
     plan = make_plan(spec)
-    run_dir = Path(plan.run_dir)
+    # The compiled pipeline, the full log and kfp.local's files stay on this machine: in the
+    # run directory when it is local, else under build/runs/<run_name>.
+    run_dir = Path(plan.run_dir) if "://" not in plan.run_dir else Path("build", "runs", spec.run_name).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from kfp import components, local
@@ -119,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     compiled = run_dir / "pipeline.yaml"
     compile_pipeline(config.spec_to_data(spec), str(compiled))
     pipeline = components.load_component_from_file(str(compiled))
-    print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} emulated {spec.tpu_type} slices")
+    where = "emulated on this machine" if spec.backend == "local" else f"on backend {spec.backend}"
+    print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} x {spec.tpu_type} slices, {where}")
     print(f"compiled pipeline: {compiled}")
     print(f"full log: {run_dir / 'pipeline.log'}")
     # kfp.local ignores display names and runs components in this environment rather than their
@@ -140,7 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as error:  # noqa: BLE001 - reported below with the failing step's own error
             failure = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
             _stop_run(plan)
-    print("\n".join(summary_lines(plan, time.monotonic() - started, "FAILED" if failure else "SUCCEEDED")))
+    outcome = "FAILED" if failure else "SUCCEEDED"
+    print("\n".join(summary_lines(plan, time.monotonic() - started, outcome, run_dir)))
     if failure:
         errors = [line.strip() for line in tee.lines if ERROR_LINE.match(line)]
         print(f"\nFAILED: {failure}", file=sys.stderr)
@@ -154,6 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _stop_run(plan: Plan) -> None:
     from multislice.backends.local import LocalBackend
 
+    if plan.spec.backend != "local":
+        return
     backend = LocalBackend(plan.run_dir)
     for state in backend.list_jobsets():
         if not state.terminal:
@@ -167,8 +173,11 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
 
 
-def summary_lines(plan: Plan, seconds: float, outcome: str) -> list[str]:
-    """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live."""
+def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> list[str]:
+    """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live.
+
+    ``local_dir`` holds this machine's files of the run (compiled pipeline, full log).
+    """
     reports = Path(plan.run_dir) / "reports"
     lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
     for stage in plan.stages:
@@ -203,7 +212,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str) -> list[str]:
         f"reports     {reports}/<stage>/(plan|admit|launch|train|verification).json",
         f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
         f"manifests   {plan.run_dir}/manifests/",
-        f"pipeline    {plan.run_dir}/pipeline.yaml (compiled), {plan.run_dir}/pipeline.log (full log)",
+        f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",
     ]
     return lines
 
@@ -220,7 +229,7 @@ def _find_plan(checkpoint_path: Path) -> tuple[Plan, str]:
 
 def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment)."""
-    from multislice.backends.local import trainer_env
+    from multislice.steps.verify_checkpoint import run_verifier
 
     if args.profile:
         profile, overrides = _profile_and_overrides(args)
@@ -228,23 +237,14 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         stage_name = args.stage or plan.stages[0].name
     else:
         plan, stage_name = _find_plan(Path(args.path))
-    stage = plan.stage(stage_name)
     checkpoint_dir = args.path if Path(args.path).name == "checkpoints" else str(Path(args.path) / "checkpoints")
-    env = trainer_env()
-    command = [
-        str(env / "bin" / "python"), "-m", "multislice.trainer.verify",
-        "--checkpoint-dir", checkpoint_dir, "--expected-step", str(stage.final_step),
-        *(["--report", args.report] if args.report else []),
-        "--", *stage.maxtext_args,
-    ]  # fmt: skip
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    child_env["JAX_PLATFORMS"] = "cpu"
-    done = subprocess.run(command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    report = json.loads(done.stdout)
+    with tempfile.TemporaryDirectory() as tmp:
+        report_file = Path(args.report) if args.report else Path(tmp) / "verification.json"
+        status, report = run_verifier(plan.stage(stage_name), checkpoint_dir, report_file)
     for check in report.get("checks", []):
         print(f"{'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['detail']}")
     print(f"verdict: {report['verdict']}" + (f" ({report['error']})" if "error" in report else ""))
-    return done.returncode
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from multislice import maxtext, names, tpu
+from multislice import maxtext, names, parameters, tpu
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: Where ``--profile NAME`` looks for ``NAME.yaml``.
@@ -486,8 +486,6 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     Raises:
         ConfigError: a path that leads nowhere (unknown stage, or a non-mapping on the way).
     """
-    from multislice import parameters  # a small module; imported here to keep the import graph one-way
-
     result = copy.deepcopy(dict(data))
     issues: list[tuple[str, str]] = []
     for key, value in overrides.items():

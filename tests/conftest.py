@@ -8,7 +8,6 @@ does) and is shared by the end-to-end assertions and the verifier tests.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from multislice import config
-from multislice.backends.local import trainer_env
+from multislice.backends.local import trainer_env, trainer_process_env
 from multislice.plan import Plan, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +32,7 @@ def trainer_python() -> Path:
 
 def run_in_trainer(trainer_python: Path, script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run a Python script in the trainer environment on CPU; returns the completed process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = trainer_process_env(trainer_python.parent.parent)
     return subprocess.run(
         [str(trainer_python), "-c", script, *args], capture_output=True, text=True, env=env, timeout=timeout
     )

@@ -11,7 +11,7 @@ import pytest
 from multislice import config
 from multislice.backends.local import LocalBackend, pid_alive
 from multislice.plan import make_plan
-from multislice.steps import admit, latest_committed_step, train, verify_checkpoint
+from multislice.steps import admit, latest_committed_step, launch, train, verify_checkpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -80,3 +80,13 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
     assert step >= stage.checkpoint_period
     assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
     assert verify_checkpoint.run(plan, stage.name)["verdict"] == "PASS"
+
+
+def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run):
+    plan = local_run.plan
+    backend = LocalBackend(plan.run_dir)
+    before = [s.name for s in backend.list_jobsets()]
+    report = admit.run(plan, plan.stages[0].name, "a-later-pipeline-run")
+    assert report["skipped"] is True and report["reason"] == "final checkpoint exists"
+    assert [s.name for s in backend.list_jobsets()] == before
+    assert launch.run(plan, plan.stages[0].name, report)["skipped"] is True

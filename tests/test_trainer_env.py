@@ -1,11 +1,11 @@
 """Trainer-side code, run in the trainer environment: MaxText facts and the emulated-slice DCN mesh."""
 
 import json
-import os
 import socket
 import subprocess
 
 from multislice import maxtext
+from multislice.backends.local import trainer_process_env
 from tests.conftest import run_in_trainer
 
 FACTS = """
@@ -120,8 +120,8 @@ def test_emulated_slices_across_real_jax_processes(trainer_python):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = trainer_process_env(trainer_python.parent.parent)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     procs = [
         subprocess.Popen(
             [str(trainer_python), "-c", MULTI_PROCESS, f"127.0.0.1:{port}", str(i)],

@@ -12,13 +12,13 @@ from an unverified one.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from multislice.backends import backend_for
-from multislice.backends.local import trainer_env
-from multislice.plan import Plan
+from multislice.backends.local import trainer_env, trainer_process_env
+from multislice.plan import Plan, StagePlan
 from multislice.steps import report_path, say, write_report
 
 VERIFY_TIMEOUT_SECONDS = 1800
@@ -26,6 +26,33 @@ VERIFY_TIMEOUT_SECONDS = 1800
 
 class VerificationFailed(RuntimeError):
     """The checkpoint failed a check (or the verifier could not run); the message lists which."""
+
+
+def run_verifier(stage: StagePlan, checkpoint_dir: str, report_file: Path) -> tuple[int, dict[str, Any]]:
+    """Run the verifier in the trainer environment on a stage's checkpoints.
+
+    Returns:
+        ``(exit status, report)``; the report is also written to ``report_file``.
+
+    Raises:
+        VerificationFailed: the verifier wrote no report (it could not start).
+    """
+    env = trainer_env()
+    report_file.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        str(env / "bin" / "python"), "-m", "multislice.trainer.verify",
+        "--checkpoint-dir", checkpoint_dir,
+        "--expected-step", str(stage.final_step),
+        "--report", str(report_file),
+        "--", *stage.maxtext_args,
+    ]  # fmt: skip
+    report_file.unlink(missing_ok=True)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=trainer_process_env(env), timeout=VERIFY_TIMEOUT_SECONDS
+    )
+    if not report_file.exists():
+        raise VerificationFailed(f"the verifier wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return done.returncode, json.loads(report_file.read_text(encoding="utf-8"))
 
 
 def run(plan: Plan, stage_name: str) -> dict[str, Any]:
@@ -36,22 +63,8 @@ def run(plan: Plan, stage_name: str) -> dict[str, Any]:
     """
     stage = plan.stage(stage_name)
     backend_for(plan.spec.backend, plan.run_dir)
-    env = trainer_env()
     report_file = report_path(plan, "verification", stage)
-    report_file.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        str(env / "bin" / "python"), "-m", "multislice.trainer.verify",
-        "--checkpoint-dir", stage.checkpoint_dir,
-        "--expected-step", str(stage.final_step),
-        "--report", str(report_file),
-        "--", *stage.maxtext_args,
-    ]  # fmt: skip
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    child_env.update(JAX_PLATFORMS="cpu", PATH=f"{env / 'bin'}:{os.environ.get('PATH', '')}")
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env, timeout=VERIFY_TIMEOUT_SECONDS)
-    if not report_file.exists():
-        raise VerificationFailed(f"the verifier wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    report = json.loads(report_file.read_text(encoding="utf-8"))
+    _, report = run_verifier(stage, stage.checkpoint_dir, report_file)
     for check in report.get("checks", []):
         say(
             "verify_checkpoint",

@@ -62,6 +62,18 @@ def trainer_env() -> Path:
     return path
 
 
+def trainer_process_env(env: Path) -> dict[str, str]:
+    """Environment for a process of the trainer environment ``env`` started from this one.
+
+    This process's variables minus those of its own Python environment
+    (``PYTHON*``, ``VIRTUAL_ENV``), with ``env/bin`` first on PATH and JAX on
+    the CPU (libtpu is installed there and would otherwise look for a TPU).
+    """
+    child = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    child.update(JAX_PLATFORMS="cpu", PATH=f"{env / 'bin'}:{os.environ.get('PATH', '')}")
+    return child
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True when something listens on ``host:port`` (TCP)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

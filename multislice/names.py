@@ -65,11 +65,6 @@ def pod_hostname(jobset: str, job_index: int, pod_index: int, replicated_job: st
     return f"{job_name(jobset, job_index, replicated_job)}-{pod_index}"
 
 
-def pod_dns_name(jobset: str, job_index: int, pod_index: int, subdomain: str | None = None) -> str:
-    """Pod DNS name under the JobSet's headless service: ``<hostname>.<subdomain>``."""
-    return f"{pod_hostname(jobset, job_index, pod_index)}.{subdomain or jobset}"
-
-
 def longest_pod_name_length(jobset: str, slices: int, hosts_per_slice: int) -> int:
     """Length in characters of the longest pod name JobSet will generate, suffix included."""
     return len(pod_hostname(jobset, slices - 1, hosts_per_slice - 1)) + POD_SUFFIX_LENGTH

@@ -222,11 +222,6 @@ def all_slice_types() -> list[SliceType]:
     return [_slice(g, t) for g in GENERATIONS.values() for t in g.topologies]
 
 
-def known_tpu_type_names() -> list[str]:
-    """Canonical names of every slice shape (``v6e-16``, ``v5p-128``, ...)."""
-    return [s.name for s in all_slice_types()]
-
-
 def parse_tpu_type(name: str) -> SliceType:
     """Parse a TPU type name into its slice shape.
 

@@ -91,11 +91,7 @@ class _ProgressTee(io.TextIOBase):
 
 def run_arguments(spec: config.RunSpec) -> dict[str, Any]:
     """Pipeline arguments for a spec: every named parameter with the spec's value."""
-    values = parameters.run_parameter_defaults(spec)
-    for index in range(len(spec.stages)):
-        for field, value in parameters.stage_parameter_defaults(spec, index).items():
-            values[parameters.stage_parameter_name(index, field)] = value
-    return values
+    return {name: value for name, (_, value) in parameters.parameter_values(spec).items()}
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -64,15 +64,13 @@ def path_for(key: str) -> str:
     return key
 
 
-def run_parameter_defaults(spec: RunSpec) -> dict[str, Any]:
-    """Run-level parameter values taken from a spec, by parameter name."""
-    return {p.name: _get(spec, p.path) for p in RUN_PARAMETERS}
-
-
-def stage_parameter_defaults(spec: RunSpec, index: int) -> dict[str, Any]:
-    """Stage parameter values of stage ``index`` (0-based), by field name."""
-    stage = spec.stages[index]
-    return {field: getattr(stage, field) for field, _, _ in STAGE_FIELDS}
+def parameter_values(spec: RunSpec) -> dict[str, tuple[type, Any]]:
+    """Every pipeline parameter of a spec, in order: name -> (type, the spec's value)."""
+    values = {p.name: (p.type, p.type(_get(spec, p.path))) for p in RUN_PARAMETERS}
+    for index, stage in enumerate(spec.stages):
+        for field, kind, _ in STAGE_FIELDS:
+            values[stage_parameter_name(index, field)] = (kind, kind(getattr(stage, field)))
+    return values
 
 
 def _get(obj: Any, path: str) -> Any:

@@ -41,20 +41,10 @@ PIPELINE_NAME = "multislice-training"
 
 def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
     """The pipeline's parameters, with types and the profile's values as defaults."""
-    params = [
-        inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value, annotation=p.type)
-        for p, value in zip(parameters.RUN_PARAMETERS, parameters.run_parameter_defaults(spec).values(), strict=True)
+    return [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value, annotation=kind)
+        for name, (kind, value) in parameters.parameter_values(spec).items()
     ]
-    for index in range(len(spec.stages)):
-        defaults = parameters.stage_parameter_defaults(spec, index)
-        for field, kind, _ in parameters.STAGE_FIELDS:
-            name = parameters.stage_parameter_name(index, field)
-            params.append(
-                inspect.Parameter(
-                    name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=kind(defaults[field]), annotation=kind
-                )
-            )
-    return params
 
 
 def build_pipeline(profile: dict[str, Any], base_image: str | None = None):

@@ -205,6 +205,38 @@ class Images(_Strict):
     pipeline: str = Field(min_length=1)
 
 
+class ClusterSpec(_Strict):
+    """The GKE cluster the ``gke`` backend acts on, and how the steps reach its Kubernetes API.
+
+    ``project``, ``location`` and ``name`` identify the cluster for the GKE API
+    (google-cloud-container: node pools, endpoint and CA). ``access`` says how
+    the pipeline's components reach the Kubernetes API:
+
+    - ``in-cluster``: the pod's ServiceAccount (KFP installed on the same GKE cluster);
+    - ``kubeconfig``: a kubeconfig file's context (``kubeconfig_context``, default the current one);
+    - ``gke``: endpoint and CA from the GKE API plus a google-auth token (Vertex AI
+      Pipelines, whose components run outside the cluster).
+    """
+
+    project: str | None = Field(None, description="Google Cloud project of the GKE cluster.")
+    location: str | None = Field(None, description="Region or zone of the GKE cluster, e.g. us-east5.")
+    name: str | None = Field(None, description="GKE cluster name.")
+    access: Literal["in-cluster", "kubeconfig", "gke"] = "gke"
+    kubeconfig_context: str | None = Field(None, description="kubeconfig context (access: kubeconfig).")
+
+
+class NodePoolSpec(_Strict):
+    """How provision gets the run's TPU node pools (one per slice) on GKE.
+
+    ``manage: false`` leaves node pools to the platform team: provision then
+    only checks that matching pools exist.
+    """
+
+    manage: bool = Field(True, description="Create missing TPU node pools (true) or only check them (false).")
+    provisioning: Literal["standard", "spot", "flex-start", "reservation"] = "standard"
+    reservation: str | None = Field(None, description="Reservation name (provisioning: reservation).")
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -225,6 +257,8 @@ class RunSpec(_Strict):
     max_restarts: int = Field(2, ge=0, description="JobSet failurePolicy.maxRestarts.")
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    node_pools: NodePoolSpec = Field(default_factory=NodePoolSpec)
     stages: tuple[Stage, ...] = Field(min_length=1)
 
     @field_validator("run_name")

@@ -60,7 +60,13 @@ class TpuGeneration:
         multi_host_machine_type: GKE machine type of each host of a multi-host slice.
         single_host_machine_types: Machine type for single-host topologies, by topology.
         tensorcores_per_chip: TensorCores per chip (the unit of the number in ``v5p-16``).
-        hbm_bytes_per_chip: High-bandwidth memory per chip, bytes.
+        hbm_bytes_per_chip: High-bandwidth memory per chip, bytes (the product page's figure).
+        usable_hbm_bytes_per_chip: HBM per chip that XLA:TPU lets a program use, bytes: the
+            "available HBM" its out-of-memory error names (libtpu 0.0.52, measured here by AOT
+            compile; ``G`` in its messages is GiB). Less than ``hbm_bytes_per_chip`` by what
+            the runtime reserves.
+        maxtext_prefix: Generation prefix of MaxText's ``compile_topology`` names
+            (``maxtext/utils/accelerator_to_spec_map.py``: ``v5e-16``, ``v6e-16``).
         peak_bf16_flops_per_chip: Peak dense bf16 FLOP/s per chip.
         topologies: Supported slice topologies, smallest first.
         doc: The Cloud TPU page the numbers come from.
@@ -73,6 +79,8 @@ class TpuGeneration:
     single_host_machine_types: dict[str, str]
     tensorcores_per_chip: int
     hbm_bytes_per_chip: int
+    usable_hbm_bytes_per_chip: int
+    maxtext_prefix: str
     peak_bf16_flops_per_chip: float
     topologies: tuple[str, ...]
     doc: str
@@ -116,6 +124,21 @@ class SliceType:
         return self.generation.hbm_bytes_per_chip
 
     @property
+    def usable_hbm_bytes_per_chip(self) -> int:
+        """HBM per chip a program may use, bytes (XLA:TPU's "available HBM")."""
+        return self.generation.usable_hbm_bytes_per_chip
+
+    @property
+    def peak_bf16_flops_per_chip(self) -> float:
+        """Peak dense bf16 FLOP/s per chip."""
+        return self.generation.peak_bf16_flops_per_chip
+
+    @property
+    def maxtext_topology(self) -> str:
+        """This slice as MaxText's ``compile_topology`` names it (``v5litepod-16`` -> ``v5e-16``)."""
+        return f"{self.generation.maxtext_prefix}-{self.chips * self.generation.tensorcores_per_chip}"
+
+    @property
     def flavor_name(self) -> str:
         """A Kueue ResourceFlavor name for this slice shape (``v6e-4x4``)."""
         return f"{self.generation.name}-{self.topology}"
@@ -148,6 +171,8 @@ GENERATIONS: dict[str, TpuGeneration] = {
             single_host_machine_types={"1x1": "ct6e-standard-1t", "2x2": "ct6e-standard-4t"},
             tensorcores_per_chip=1,
             hbm_bytes_per_chip=32 * GIB,
+            usable_hbm_bytes_per_chip=round(31.24 * GIB),
+            maxtext_prefix="v6e",
             peak_bf16_flops_per_chip=918e12,
             topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
             doc="https://cloud.google.com/tpu/docs/v6e",
@@ -160,6 +185,8 @@ GENERATIONS: dict[str, TpuGeneration] = {
             single_host_machine_types={"1x1": "ct5lp-hightpu-1t", "2x2": "ct5lp-hightpu-4t"},
             tensorcores_per_chip=1,
             hbm_bytes_per_chip=16 * GIB,
+            usable_hbm_bytes_per_chip=round(15.75 * GIB),
+            maxtext_prefix="v5e",
             peak_bf16_flops_per_chip=197e12,
             topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
             doc="https://cloud.google.com/tpu/docs/v5e",
@@ -172,6 +199,8 @@ GENERATIONS: dict[str, TpuGeneration] = {
             single_host_machine_types={"2x2x1": "ct5p-hightpu-4t"},
             tensorcores_per_chip=2,
             hbm_bytes_per_chip=95 * GIB,
+            usable_hbm_bytes_per_chip=round(95.73 * GIB),
+            maxtext_prefix="v5p",
             peak_bf16_flops_per_chip=459e12,
             topologies=_v5p_topologies(),
             doc="https://cloud.google.com/tpu/docs/v5p",
@@ -184,6 +213,8 @@ GENERATIONS: dict[str, TpuGeneration] = {
             single_host_machine_types={"2x2x1": "ct4p-hightpu-4t"},
             tensorcores_per_chip=2,
             hbm_bytes_per_chip=32 * GIB,
+            usable_hbm_bytes_per_chip=round(30.75 * GIB),
+            maxtext_prefix="v4",
             peak_bf16_flops_per_chip=275e12,
             topologies=_v4_topologies(),
             doc="https://cloud.google.com/tpu/docs/v4",

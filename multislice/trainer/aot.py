@@ -1,0 +1,341 @@
+"""Ahead-of-time compile of MaxText's train step for a TPU topology, on a CPU machine.
+
+Usage (trainer environment: MaxText 0.2.5 with libtpu installed)::
+
+    python -m multislice.trainer.aot [--requests requests.jsonl] [--results results.jsonl] [--cache-dir DIR]
+
+Each request is one line of JSON, ``{"name": ..., "compile_topology": "v6e-16",
+"num_slices": 2, "maxtext_args": ["model_name=llama3-70b", ...]}``, read from
+``--requests`` or from stdin as they come (a planner sends the next request
+after reading the last result). All are compiled in this one process (MaxText
+and JAX are imported once). Each result is printed as one line
+``AOT_RESULT {json}`` and appended to ``--results``, as soon as it is known.
+
+The compile is MaxText's own (``maxtext/trainers/pre_train/train_compile.py``):
+its topology mesh (``get_topology_mesh``, libtpu's topology description of
+``compile_topology`` x ``compile_topology_num_slices``), its shaped train state
+and batch (``get_shaped_inputs``), its train step and shardings
+(``get_functional_train_with_signature``) and its ``jit_and_compile``. What we add
+is the reading of the result:
+
+- fits: XLA's ``CompiledMemoryStats`` of the executable, bytes per chip
+  (``argument``, ``output``, ``alias``, ``temp``, ``generated_code``, and the
+  ``host_*`` counterparts for what is offloaded to host memory). The per-chip
+  HBM total is ``argument + output + temp + generated_code - alias`` (MaxText's
+  ``max_utils.print_compiled_memory_stats`` leaves out generated code; we count
+  it, as it sits in HBM too);
+- does not fit: XLA:TPU raises ``RESOURCE_EXHAUSTED`` (``CompileTimeHbmOom``,
+  https://openxla.org/xla/errors/error_1000); :func:`parse_oom` reads the bytes
+  required and available from its message, where ``G`` means GiB;
+- model FLOPs per step per device from MaxText's own accounting
+  (``maxtext_utils.calculate_tflops_training_per_device``), and tokens per step
+  per device (``calculate_tokens_training_per_device``).
+
+With ``--cache-dir`` (a local path or ``gs://``), a result is stored under a key
+of (MaxText version, libtpu version, JAX version, config hash) and a request
+whose key is there is answered from it without importing MaxText, so a rerun
+with the same configs takes seconds. The config hash covers the compile
+topology, the slice count and the MaxText arguments that shape the compiled
+program; it leaves out names, output paths, step counts and checkpoint settings
+(:data:`KEY_EXCLUDED_ARGS`), which do not change memory use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+#: MaxText arguments that do not change the compiled train step's memory: left out of the cache key
+#: and replaced by local scratch values for the compile.
+KEY_EXCLUDED_ARGS = frozenset(
+    {
+        "run_name", "base_output_directory", "jax_cache_dir", "steps", "checkpoint_period",
+        "enable_checkpointing", "async_checkpointing", "metrics_file", "hardware", "num_slices",
+        "skip_jax_distributed_system", "compile_topology", "compile_topology_num_slices",
+    }
+)  # fmt: skip
+
+#: Versions that make up the cache key, with the package each is read from.
+VERSIONED_PACKAGES = ("maxtext", "libtpu", "jax")
+
+_SIZE = re.compile(r"(?P<value>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[KMGT]i?B?|B)\b")
+_UNITS = {"B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def size_to_bytes(text: str) -> int:
+    """``49.82G`` -> bytes. XLA prints sizes with binary units: ``G`` is GiB, ``M`` MiB, ``K`` KiB."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"not an XLA size: {text!r}")
+    return round(float(match.group("value")) * _UNITS[match.group("unit")[0]])
+
+
+_OOM_PATTERNS = (
+    # XLA:TPU E1000 CompileTimeHbmOom (libtpu 0.0.51): "the total memory required for HLO
+    # temporaries (49.82G) exceeds available HBM (31.24G)".
+    re.compile(
+        r"required for (?P<what>[\w ]+?) \((?P<required>[0-9.]+[KMGT]?B?)\) "
+        r"exceeds available HBM \((?P<available>[0-9.]+[KMGT]?B?)\)"
+    ),
+    # Older wording: "Ran out of memory in memory space hbm. Used 49.80G of 31.25G hbm."
+    re.compile(r"Used (?P<required>[0-9.]+[KMGT]?B?) of (?P<available>[0-9.]+[KMGT]?B?) hbm"),
+)  # fmt: skip
+
+
+def parse_oom(message: str) -> dict[str, Any] | None:
+    """Read an XLA:TPU out-of-HBM compile error.
+
+    Args:
+        message: The exception text of the failed compile.
+
+    Returns:
+        ``{"required_bytes", "available_bytes", "what", "message"}`` (bytes per
+        chip), or None when the message is not an out-of-HBM error.
+    """
+    if "RESOURCE_EXHAUSTED" not in message and "HbmOom" not in message:
+        return None
+    first = next((line for line in message.splitlines() if "RESOURCE_EXHAUSTED" in line or "HbmOom" in line), "")
+    for pattern in _OOM_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return {
+                "required_bytes": size_to_bytes(match.group("required")),
+                "available_bytes": size_to_bytes(match.group("available")),
+                "what": (match.groupdict().get("what") or "program").strip(),
+                "message": first.strip()[:500],
+            }
+    return {"required_bytes": None, "available_bytes": None, "what": "", "message": first.strip()[:500]}
+
+
+def memory_from_stats(stats: Any) -> dict[str, int]:
+    """Bytes per chip from XLA's ``CompiledMemoryStats`` (``compiled.memory_analysis()``).
+
+    Returns keys ``argument``, ``output``, ``alias``, ``temp``, ``generated_code``,
+    ``host_argument``, ``host_output``, ``host_alias``, ``host_temp``,
+    ``host_generated_code`` and ``total`` (HBM: argument + output + temp +
+    generated_code - alias), all bytes per chip.
+    """
+    fields = ("argument", "output", "alias", "temp", "generated_code")
+    out = {f: int(getattr(stats, f"{f}_size_in_bytes", 0) or 0) for f in fields}
+    for f in fields:
+        out[f"host_{f}"] = int(getattr(stats, f"host_{f}_size_in_bytes", 0) or 0)
+    out["total"] = out["argument"] + out["output"] + out["temp"] + out["generated_code"] - out["alias"]
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages in the cache key (``missing`` when absent)."""
+    found = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "missing"
+    return found
+
+
+def split_args(maxtext_args: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> ``{k: v}`` (the last value of a key wins, as in MaxText)."""
+    out = {}
+    for arg in maxtext_args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise ValueError(f"MaxText arguments must be key=value, got {arg!r}")
+        out[key] = value
+    return out
+
+
+def cache_key(compile_topology: str, num_slices: int, maxtext_args: list[str], found: dict[str, str]) -> str:
+    """Hex SHA-256 of (versions, topology, slices, the compile-relevant MaxText arguments)."""
+    args = {k: v for k, v in split_args(maxtext_args).items() if k not in KEY_EXCLUDED_ARGS}
+    payload = {"versions": found, "topology": compile_topology, "num_slices": num_slices, "args": sorted(args.items())}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _path(location: str):
+    if "://" in location:
+        from etils import epath  # Orbax's path library; reads and writes gs://
+
+        return epath.Path(location)
+    return Path(location)
+
+
+def cache_read(cache_dir: str, key: str) -> dict[str, Any] | None:
+    """The cached result for ``key``, or None."""
+    path = _path(cache_dir) / f"{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+
+
+def cache_write(cache_dir: str, key: str, result: dict[str, Any]) -> None:
+    """Store a result (written to a temporary name, then renamed, for local paths)."""
+    base = _path(cache_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    if isinstance(base, Path):
+        tmp = base / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        tmp.replace(base / f"{key}.json")
+    else:
+        (base / f"{key}.json").write_text(text)
+
+
+def compile_args(maxtext_args: list[str], compile_topology: str, num_slices: int, scratch: str) -> list[str]:
+    """The MaxText arguments of the compile: the stage's, with local scratch paths and the target topology."""
+    args = {k: v for k, v in split_args(maxtext_args).items() if k not in KEY_EXCLUDED_ARGS}
+    args.update(
+        run_name="preflight",
+        base_output_directory=scratch,
+        enable_checkpointing="false",
+        compile_topology=compile_topology,
+        compile_topology_num_slices=str(num_slices),
+    )
+    return [f"{k}={v}" for k, v in args.items()]
+
+
+_prepared = False
+
+
+def _prepare() -> None:
+    """What MaxText's ``train_compile.main`` sets before its first compile (once per process)."""
+    global _prepared
+    if _prepared:
+        return
+    # libtpu takes /tmp/libtpu_lockfile unless told that several processes may load it; an AOT
+    # compile uses no TPU, so two compiles on one machine (two pipeline runs) must not exclude each other.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import jax
+
+    jax.config.update("jax_default_prng_impl", "unsafe_rbg")
+    os.environ["LIBTPU_INIT_ARGS"] = (
+        os.environ.get("LIBTPU_INIT_ARGS", "") + " --xla_tpu_spmd_rng_bit_generator_unsafe=true"
+    )
+    _prepared = True
+
+
+def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
+    """AOT-compile one request with MaxText; returns the result (see the module docstring).
+
+    Never raises for a config problem: an out-of-HBM compile is verdict
+    ``does_not_fit``; any other failure (a bad argument MaxText rejects, an
+    unsupported topology) is verdict ``error`` with the exception text.
+    """
+    import jax
+    from flax.core.spmd import logical_axis_rules as axis_rules
+    from maxtext import configs
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train import train, train_compile
+    from maxtext.utils import maxtext_utils, sharding
+
+    _prepare()
+    topology, slices = request["compile_topology"], int(request["num_slices"])
+    args = compile_args(request["maxtext_args"], topology, slices, scratch)
+    base_yml = str(Path(configs.__file__).with_name("base.yml"))
+    seconds: dict[str, float] = {}
+    result: dict[str, Any] = {"name": request.get("name"), "compile_topology": topology, "num_slices": slices}
+    started = time.monotonic()
+    try:
+        config = pyconfig.initialize(["train_compile", base_yml, *args])
+        train_compile.validate_config(config)
+        mesh = train_compile.get_topology_mesh(config)
+        seconds["setup"] = time.monotonic() - started
+        total, learnable, attention = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
+        result["model_tflops_per_step_per_device"] = float(total)
+        result["tokens_per_step_per_device"] = float(maxtext_utils.calculate_tokens_training_per_device(config))
+        result["devices"] = int(mesh.devices.size)
+        result["mesh"] = dict(zip(config.mesh_axes, (int(d) for d in mesh.devices.shape), strict=True))
+        shaped_args, shaped_kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
+        params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
+        input_shardings = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+        data_sharding = sharding.get_input_data_sharding(config, mesh)
+        func, in_shard, out_shard, static, donate = maxtext_utils.get_functional_train_with_signature(
+            train.train_step, data_sharding, input_shardings, model, config, params_shardings
+        )
+        seconds["shapes"] = time.monotonic() - started - seconds["setup"]
+        compile_started = time.monotonic()
+        try:
+            compiled = train_compile.jit_and_compile(
+                func, shaped_args, shaped_kwargs, mesh, in_shard, out_shard, static, donate, config,
+                axis_rules(config.logical_axis_rules),
+            )  # fmt: skip
+        except jax.errors.JaxRuntimeError as error:
+            seconds["compile"] = time.monotonic() - compile_started
+            oom = parse_oom(str(error))
+            if oom is None:
+                raise
+            result.update(verdict="does_not_fit", oom=oom)
+        else:
+            seconds["compile"] = time.monotonic() - compile_started
+            result.update(verdict="fits", memory=memory_from_stats(compiled.memory_analysis()))
+    except Exception as error:  # noqa: BLE001 - reported as the request's verdict
+        result.update(
+            verdict="error",
+            error=f"{type(error).__name__}: {error}"[:2000],
+            traceback=traceback.format_exc()[-3000:],
+        )
+    result["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+    result["compile_seconds"] = round(time.monotonic() - started, 1)
+    result["maxtext_args"] = args
+    return result
+
+
+#: Prefix of the line each result is also printed on (stdout), so that a caller reading
+#: only the pod's log (a Kubernetes Job) gets the results too.
+RESULT_PREFIX = "AOT_RESULT "
+
+
+def answer(request: dict[str, Any], cache_dir: str | None, scratch: str, found: dict[str, str]) -> dict[str, Any]:
+    """One request's result: from the cache when its key is there, else by compiling (then cached)."""
+    key = cache_key(request["compile_topology"], int(request["num_slices"]), request["maxtext_args"], found)
+    result = cache_read(cache_dir, key) if cache_dir else None
+    if result is not None:
+        return {**result, "name": request.get("name"), "cached": True}
+    result = {**compile_one(request, scratch), "key": key, "versions": found, "cached": False}
+    if cache_dir and result["verdict"] in ("fits", "does_not_fit"):
+        cache_write(cache_dir, key, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Answer requests, one JSON object per line, from ``--requests`` or stdin until end of input."""
+    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.aot", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", help="JSON-lines file of requests (default: read them from stdin)")
+    parser.add_argument("--results", help="JSON-lines file each result is appended to")
+    parser.add_argument("--cache-dir", help="verdict cache directory (local path or gs://)")
+    parser.add_argument("--scratch", default="/tmp/multislice-aot", help="scratch directory for MaxText")
+    options = parser.parse_args(argv)
+    found = versions()
+    source = open(options.requests, encoding="utf-8") if options.requests else sys.stdin
+    out = None
+    if options.results:
+        Path(options.results).parent.mkdir(parents=True, exist_ok=True)
+        out = open(options.results, "a", encoding="utf-8")
+    try:
+        for line in source:
+            if not line.strip():
+                continue
+            result = answer(json.loads(line), options.cache_dir, options.scratch, found)
+            text = json.dumps(result)
+            print(RESULT_PREFIX + text, flush=True)
+            if out:
+                out.write(text + "\n")
+                out.flush()
+    finally:
+        if out:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

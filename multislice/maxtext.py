@@ -88,3 +88,28 @@ def format_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(format_value(v) for v in value) + "]"
     return str(value)
+
+
+#: Dense-model dims of the Llama 2 / Llama 3 family, for the memory model
+#: (``maxtext/configs/models/<name>.yml``: ``base_emb_dim``, ``base_num_query_heads``,
+#: ``base_num_kv_heads``, ``base_num_decoder_layers``, ``base_mlp_dim``, ``head_dim``,
+#: ``vocab_size``; all use ``mlp_activations: [silu, linear]`` and no tied embedding).
+#: ``tests/test_trainer_env.py`` checks each against the installed MaxText.
+MODEL_DIMS: dict[str, dict[str, int]] = {
+    name: dict(zip(("emb_dim", "num_query_heads", "num_kv_heads", "num_decoder_layers", "mlp_dim", "head_dim",
+                    "vocab_size"), dims, strict=True))
+    for name, dims in {
+        "llama2-7b": (4096, 32, 32, 32, 11008, 128, 32000),
+        "llama2-13b": (5120, 40, 40, 40, 13824, 128, 32000),
+        "llama2-70b": (8192, 64, 8, 80, 28672, 128, 32000),
+        "llama3-8b": (4096, 32, 8, 32, 14336, 128, 128256),
+        "llama3-70b": (8192, 64, 8, 80, 28672, 128, 128256),
+        "llama3.1-8b": (4096, 32, 8, 32, 14336, 128, 128256),
+        "llama3.1-70b": (8192, 64, 8, 80, 28672, 128, 128256),
+        "llama3.1-405b": (16384, 128, 8, 126, 53248, 128, 128256),
+        "llama3.3-70b": (8192, 64, 8, 80, 28672, 128, 128256),
+    }.items()
+}  # fmt: skip
+
+#: Bytes per element of MaxText's ``weight_dtype`` values (``maxtext/configs/base.yml``: default float32).
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}

@@ -8,7 +8,9 @@ from multislice import maxtext
 from multislice.backends.local import trainer_process_env
 from tests.conftest import run_in_trainer
 
-FACTS = """
+FACTS = (
+    f"MODEL_DIMS = {list(maxtext.MODEL_DIMS)!r}\n"
+    + """
 import json, typing, yaml
 from pathlib import Path
 from maxtext import configs
@@ -18,8 +20,13 @@ print(json.dumps({
     "model_names": list(typing.get_args(types.ModelName)),
     "remat": [p.value for p in types.RematPolicy],
     "base": {k: v for k, v in base.items() if k.endswith("_parallelism")},
+    "models": {
+        name: yaml.safe_load((Path(configs.__file__).parent / "models" / f"{name}.yml").read_text())
+        for name in MODEL_DIMS
+    },
 }))
 """
+)
 
 
 def test_maxtext_facts_match_the_installed_maxtext(trainer_python):
@@ -31,6 +38,11 @@ def test_maxtext_facts_match_the_installed_maxtext(trainer_python):
     for net, defaults in (("ici", maxtext.ICI_DEFAULTS), ("dcn", maxtext.DCN_DEFAULTS)):
         for axis in maxtext.PARALLELISM_AXES:
             assert facts["base"][f"{net}_{axis}_parallelism"] == defaults.get(axis, 1), (net, axis)
+    for name, dims in maxtext.MODEL_DIMS.items():
+        yml = facts["models"][name]
+        for key, value in dims.items():
+            assert yml.get(maxtext.MODEL_DIM_KEYS[key], 128 if key == "head_dim" else None) == value, (name, key)
+        assert yml["mlp_activations"] == ["silu", "linear"] and not yml.get("logits_via_embedding", False), name
 
 
 FAKE_DEVICES = """

@@ -1,0 +1,376 @@
+"""The planner: find stage configs that fit in HBM, verified by AOT compile, ranked by estimated speed.
+
+Given a stage (its model, sequence length and, optionally, a target global
+batch) and a slice shape, the planner enumerates the knobs that decide HBM
+use: per-device batch, remat policy, the ICI split of FSDP and tensor
+parallelism, the DCN split of FSDP and data parallelism, AdamW and parameter
+host offload (parameter offload with ``param_scan_axis=0``, which MaxText
+requires for it) and the weight dtype. The analytic model
+(:mod:`multislice.memory`) prunes every candidate whose *lower bound* exceeds
+the HBM XLA allows per chip, and orders the rest; the candidates predicted to
+fit are AOT-compiled (:mod:`multislice.preflight`) in order until enough are
+verified or the time budget is spent. Fitting configs are ranked by estimated
+MFU, then tokens per step per chip.
+
+If nothing fits on the requested slice count, the planner tries more slices,
+up to ``max_slices``, and reports the fewest that fit. Every verdict goes
+through the preflight cache, so a second search is fast.
+
+Estimated MFU (:func:`estimated_mfu`) is a heuristic to order candidates, not
+a measurement: a base MFU times a factor per knob that costs compute or
+communication (recomputation under remat, tensor-parallel collectives, FSDP
+all-gathers over DCN, host-offload transfers, small per-chip batches).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from multislice import memory
+from multislice.config import RunSpec, Stage
+from multislice.plan import make_plan, resolve_degrees
+from multislice.preflight import AotSession, request_for, stage_report
+
+#: Remat policies the planner tries, from least memory (most recompute) to most.
+REMAT_CHOICES = ("full", "save_qkv_proj", "save_dot_except_mlp", "minimal")
+#: Fraction of the forward pass recomputed in the backward pass under each policy, for the MFU heuristic.
+RECOMPUTE = {"full": 1.0, "save_qkv_proj": 0.8, "save_dot_except_mlp": 0.6, "minimal": 0.25}
+PER_DEVICE_BATCH_CHOICES = (1, 2, 4, 8)
+TENSOR_CHOICES = (1, 2, 4, 8)
+BASE_MFU = 0.55
+#: Order candidates predicted to fit first: estimate at most this times the usable HBM.
+PREDICTED_FIT_MARGIN = 1.10
+
+
+@dataclass
+class Candidate:
+    """One config the planner considers.
+
+    Attributes:
+        stage: The stage with this candidate's knobs (a valid :class:`Stage`).
+        num_slices: Slices it runs on.
+        knobs: The knobs, as the memory model reads them.
+        estimate: HBM per chip from the memory model.
+        estimated_mfu: The heuristic MFU (0-1).
+        tokens_per_step_per_chip: ``per_device_batch_size x max_target_length``.
+        changes: How it differs from the stage it was derived from, e.g. ``per_device_batch_size 2 -> 1``.
+        report: The preflight report once AOT-compiled, else None.
+    """
+
+    stage: Stage
+    num_slices: int
+    knobs: memory.Knobs
+    estimate: memory.MemoryEstimate
+    estimated_mfu: float
+    tokens_per_step_per_chip: float
+    changes: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        """``fits``, ``does_not_fit``, ``error``, or None when not compiled."""
+        return self.report["verdict"] if self.report else None
+
+    def describe(self) -> str:
+        """The knobs in one line."""
+        k = self.knobs
+        ici = " x ".join(f"{a} {d}" for a, d in k.ici.items() if d > 1) or "1"
+        dcn = " x ".join(f"{a} {d}" for a, d in k.dcn.items() if d > 1) or "1"
+        offload = [n for n, on in (("optimizer", k.optimizer_offload), ("parameters", k.parameter_offload)) if on]
+        return (
+            f"{self.num_slices} slices, per_device_batch_size {k.per_device_batch_size:g}, remat {k.remat_policy}, "
+            f"ICI {ici}, DCN {dcn}, weights {k.weight_dtype}"
+            + (f", host offload of {' and '.join(offload)}" if offload else "")
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for reports."""
+        return {
+            "description": self.describe(),
+            "num_slices": self.num_slices,
+            "changes": self.changes,
+            "estimated_mfu": round(self.estimated_mfu, 3),
+            "tokens_per_step_per_chip": self.tokens_per_step_per_chip,
+            "estimate": self.estimate.as_dict(),
+            "verdict": self.verdict,
+            "report": self.report,
+            "stage": self.stage.model_dump(mode="json", exclude_none=True),
+        }
+
+
+def estimated_mfu(knobs: memory.Knobs, max_target_length: int) -> float:
+    """The heuristic MFU of a candidate (see the module docstring); 0-1."""
+    mfu = BASE_MFU * 3 / (3 + RECOMPUTE.get(knobs.remat_policy, 1.0))  # forward 1 + backward 2, plus recompute
+    mfu *= 1 - 0.05 * math.log2(max(knobs.ici.get("tensor", 1), 1))
+    if knobs.dcn.get("fsdp", 1) > 1:
+        mfu *= 0.92
+    if knobs.optimizer_offload:
+        mfu *= 0.92
+    if knobs.parameter_offload:
+        mfu *= 0.85
+    if knobs.weight_dtype != "float32":
+        mfu *= 0.90  # not slower, but bf16 master weights change training numerics: rank below float32
+    tokens = knobs.per_device_batch_size * max_target_length
+    return mfu * min(1.0, (tokens / 8192) ** 0.15)
+
+
+#: The ``maxtext_overrides`` keys the planner sets itself.
+PLANNER_OVERRIDES = (
+    "optimizer_memory_host_offload",
+    "parameter_memory_host_offload",
+    "param_scan_axis",
+    "weight_dtype",
+)
+
+
+def _variant(stage: Stage, pdb: float, remat: str, ici: dict, dcn: dict, opt: bool, par: bool, dtype: str) -> Stage:
+    overrides = {k: v for k, v in stage.maxtext_overrides.items() if k not in PLANNER_OVERRIDES}
+    if opt:
+        overrides["optimizer_memory_host_offload"] = True
+    if par:
+        overrides["parameter_memory_host_offload"] = True
+        overrides["param_scan_axis"] = 0
+    if dtype != "float32":
+        overrides["weight_dtype"] = dtype
+    return stage.model_copy(
+        update={
+            "per_device_batch_size": pdb,
+            "remat_policy": remat,
+            "ici": ici,
+            "dcn": dcn,
+            "maxtext_overrides": overrides,
+        }
+    )
+
+
+def _changes(base: memory.Knobs, knobs: memory.Knobs, base_slices: int, slices: int) -> list[str]:
+    out = []
+    if slices != base_slices:
+        out.append(f"num_slices {base_slices} -> {slices}")
+    for name in ("per_device_batch_size", "remat_policy", "optimizer_offload", "parameter_offload", "weight_dtype"):
+        before, after = getattr(base, name), getattr(knobs, name)
+        if before != after:
+            out.append(f"{name} {before:g} -> {after:g}" if isinstance(after, float) else f"{name} {before} -> {after}")
+    for net in ("ici", "dcn"):
+        before = {a: d for a, d in getattr(base, net).items() if d > 1}
+        after = {a: d for a, d in getattr(knobs, net).items() if d > 1}
+        if before != after:
+            out.append(f"{net} {before} -> {after}")
+    return out
+
+
+def candidates(
+    spec: RunSpec,
+    stage: Stage,
+    num_slices: int,
+    *,
+    global_batch: int | None = None,
+    fixed: dict[str, Any] | None = None,
+) -> list[Candidate]:
+    """Every candidate for ``stage`` on ``num_slices`` slices of ``spec.tpu_type``, with estimates.
+
+    Args:
+        spec: The run spec (slice shape; the stage need not be one of its stages).
+        stage: The stage to vary (model and sequence length stay).
+        num_slices: Slices to plan for.
+        global_batch: If given, sequences per step across all chips; the
+            per-device batch is fixed to it (it must divide evenly).
+        fixed: Knobs not to vary, by :class:`memory.Knobs` field name
+            (e.g. ``{"weight_dtype": "float32"}``).
+
+    Returns:
+        Candidates (unpruned, unordered). Empty when the model's dims are unknown.
+
+    Raises:
+        ValueError: ``global_batch`` does not divide over the chips.
+    """
+    dims = memory.model_dims(stage)
+    if dims is None:
+        return []
+    shape = spec.slice_type
+    chips = shape.chips * num_slices
+    fixed = fixed or {}
+    if global_batch is not None:
+        if global_batch % chips:
+            raise ValueError(
+                f"global batch {global_batch} does not divide over {chips} chips ({num_slices} x {shape.name}); "
+                f"use a multiple of {chips}"
+            )
+        batches: tuple[float, ...] = (global_batch / chips,)
+    else:
+        batches = tuple(sorted({*PER_DEVICE_BATCH_CHOICES, stage.per_device_batch_size}))
+    base_ici = resolve_degrees(stage.full_ici(), shape.chips)
+    base_dcn = resolve_degrees(stage.full_dcn(), spec.num_slices)
+    base = memory.Knobs.from_stage(stage, base_ici, base_dcn)
+    out = []
+    grid = itertools.product(
+        batches,
+        REMAT_CHOICES,
+        [t for t in TENSOR_CHOICES if shape.chips % t == 0],
+        ("fsdp", "data") if num_slices > 1 else ("data",),
+        (False, True),
+        (False, True),
+        ("float32", "bfloat16"),
+    )
+    for pdb, remat, tensor, dcn_axis, opt, par, dtype in grid:
+        ici = {"fsdp": shape.chips // tensor, "tensor": tensor}
+        dcn = {"data": 1, "fsdp": 1, dcn_axis: num_slices}
+        variant = _variant(stage, pdb, remat, ici, dcn, opt, par, dtype)
+        knobs = memory.Knobs.from_stage(variant, resolve_degrees(ici, shape.chips), resolve_degrees(dcn, num_slices))
+        if any(getattr(knobs, k) != v for k, v in fixed.items()):
+            continue
+        out.append(
+            Candidate(
+                stage=variant,
+                num_slices=num_slices,
+                knobs=knobs,
+                estimate=memory.estimate(dims, knobs, stage.max_target_length),
+                estimated_mfu=estimated_mfu(knobs, stage.max_target_length),
+                tokens_per_step_per_chip=pdb * stage.max_target_length,
+                changes=_changes(base, knobs, spec.num_slices, num_slices),
+            )
+        )
+    return out
+
+
+def prune(found: list[Candidate], usable_bytes: int) -> tuple[list[Candidate], int]:
+    """Drop candidates whose lower bound exceeds ``usable_bytes`` per chip; returns (kept, pruned count)."""
+    kept = [c for c in found if c.estimate.lower_bound_bytes <= usable_bytes]
+    return kept, len(found) - len(kept)
+
+
+def order(kept: list[Candidate], usable_bytes: int, *, nearest: bool = False) -> list[Candidate]:
+    """Compile order: predicted fits first; by fewest changes (``nearest``) or by estimated speed."""
+
+    def key(c: Candidate) -> tuple:
+        predicted = c.estimate.estimate_bytes <= usable_bytes * PREDICTED_FIT_MARGIN
+        speed = (-c.estimated_mfu, -c.tokens_per_step_per_chip)
+        return (not predicted, len(c.changes), *speed) if nearest else (not predicted, *speed, len(c.changes))
+
+    return sorted(kept, key=key)
+
+
+@dataclass
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+        fitting: AOT-verified fitting candidates, best first.
+        tried: Every compiled candidate, in compile order.
+        pruned: Candidates dropped by the lower bound, per slice count.
+        slices_tried: Slice counts searched, in order.
+        fewest_slices: The smallest slice count with a verified fit, or None.
+        exhausted: True when every unpruned candidate was compiled (so "nothing fits" is proven).
+        seconds: Wall time, seconds.
+    """
+
+    fitting: list[Candidate]
+    tried: list[Candidate]
+    pruned: dict[int, int]
+    slices_tried: list[int]
+    fewest_slices: int | None
+    exhausted: bool
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "fitting": [c.as_dict() for c in self.fitting],
+            "tried": [{"description": c.describe(), "verdict": c.verdict} for c in self.tried],
+            "pruned": self.pruned,
+            "slices_tried": self.slices_tried,
+            "fewest_slices": self.fewest_slices,
+            "exhausted": self.exhausted,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def search(
+    spec: RunSpec,
+    stage: Stage,
+    session: AotSession,
+    *,
+    num_slices: int | None = None,
+    max_slices: int = 8,
+    global_batch: int | None = None,
+    fixed: dict[str, Any] | None = None,
+    want: int = 3,
+    budget_seconds: float = 540.0,
+    nearest: bool = False,
+    on_progress: Callable[[str], None] = print,
+) -> SearchResult:
+    """Find up to ``want`` AOT-verified fitting configs for ``stage``.
+
+    Slice counts from ``num_slices`` (default ``spec.num_slices``) up to
+    ``max_slices`` are tried in turn; the search stops at the first slice
+    count with a verified fit. Within one slice count, candidates are compiled
+    in :func:`order` until ``want`` fit, the candidates run out, or
+    ``budget_seconds`` have passed.
+
+    Args:
+        spec, stage: What to plan (the stage's model and sequence length stay).
+        session: The AOT session that compiles.
+        num_slices, max_slices: Slice counts to search.
+        global_batch: Fix the global batch (sequences per step), if given.
+        fixed: Knobs not to vary (see :func:`candidates`).
+        want: Fitting configs to verify before stopping.
+        budget_seconds: Wall-clock budget for compiling, seconds.
+        nearest: Order by fewest changes from ``stage`` first (preflight's alternative).
+        on_progress: Called with one line per compile.
+
+    Returns:
+        The :class:`SearchResult`.
+    """
+    started = time.monotonic()
+    usable = spec.slice_type.usable_hbm_bytes_per_chip
+    first = num_slices or spec.num_slices
+    result = SearchResult([], [], {}, [], None, True, 0.0)
+    for slices in range(first, max(first, max_slices) + 1):
+        if global_batch is not None and global_batch % (spec.slice_type.chips * slices):
+            continue
+        kept, pruned = prune(candidates(spec, stage, slices, global_batch=global_batch, fixed=fixed), usable)
+        result.slices_tried.append(slices)
+        result.pruned[slices] = pruned
+        on_progress(
+            f"{slices} x {spec.tpu_type}: {len(kept) + pruned} candidates, {pruned} pruned by the memory "
+            f"model's lower bound, {len(kept)} to check"
+        )
+        fits_here = []
+        for candidate in order(kept, usable, nearest=nearest):
+            if len(fits_here) >= want:
+                break
+            if time.monotonic() - started > budget_seconds:
+                result.exhausted = False
+                on_progress(f"time budget of {budget_seconds:.0f} s spent; stopping")
+                break
+            plan = make_plan(spec.with_stages(candidate.stage).model_copy(update={"num_slices": slices}))
+            candidate.report = stage_report(plan, plan.stages[0], session.compile(request_for(plan, plan.stages[0])))
+            result.tried.append(candidate)
+            hbm = candidate.report.get("bytes_per_chip", {}).get("total") or candidate.report.get(
+                "required_bytes_per_chip"
+            )
+            on_progress(
+                f"  {candidate.verdict}: {candidate.describe()} "
+                f"({memory_gib(hbm)} per chip, estimated {memory_gib(candidate.estimate.estimate_bytes)}; "
+                f"{candidate.report['compile_seconds']} s{' cached' if candidate.report['cached'] else ''})"
+            )
+            if candidate.verdict == "fits":
+                fits_here.append(candidate)
+        if fits_here:
+            result.fitting = sorted(fits_here, key=lambda c: (-c.estimated_mfu, -c.tokens_per_step_per_chip))
+            result.fewest_slices = slices
+            break
+        if not result.exhausted:
+            break
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def memory_gib(value: float | None) -> str:
+    """Bytes as GiB text."""
+    return "?" if value is None else f"{value / 2**30:.1f} GiB"

@@ -16,6 +16,7 @@ def plan(
     queue: str,
     priority: str,
     max_restarts: int,
+    skip_preflight: bool,
     steps: int,
     per_device_batch_size: float,
 ) -> str:
@@ -33,6 +34,7 @@ def plan(
         "queue": queue,
         "priority": priority,
         "max_restarts": max_restarts,
+        "skip_preflight": skip_preflight,
         f"stages.{stage}.steps": steps,
         f"stages.{stage}.per_device_batch_size": per_device_batch_size,
     }

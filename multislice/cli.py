@@ -26,9 +26,8 @@ from typing import Any
 from multislice import config, parameters
 from multislice.plan import Plan, make_plan
 
-PROGRESS = re.compile(
-    r"^\s*\[(plan|provision|admit|launch|train|verify_checkpoint|cleanup)[ \]]|Executing task|finished with status"
-)
+STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|cleanup"
+PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
 ERROR_LINE = re.compile(
     r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"
 )
@@ -243,6 +242,111 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     return status
 
 
+def _preflight_plan(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> tuple[Plan, list]:
+    """The plan to check and its stages: the profile's, or the one ``--stage`` names (example stages too)."""
+    profile, overrides = _profile_and_overrides(args)
+    spec = config.load_spec(profile, {**overrides, **(extra or {})})
+    if args.stage:
+        try:
+            stage = spec.stage(args.stage)
+        except KeyError as error:
+            raise config.ConfigError([("--stage", str(error).strip("'\""))]) from None
+        if stage not in spec.stages:  # an example stage: validate it against the slice shape now
+            spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)))
+        plan = make_plan(spec)
+        return plan, [plan.stage(args.stage)]
+    plan = make_plan(spec)
+    return plan, list(plan.stages)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """AOT-compile the profile's stages for the target topology; exit 1 when one does not fit."""
+    from multislice import preflight
+    from multislice.steps import preflight as step
+
+    extra: dict[str, Any] = {"preflight.skip": False, "preflight.suggest_alternative": not args.no_alternative}
+    if args.cache_dir:
+        extra["preflight.cache_dir"] = args.cache_dir
+    plan, stages = _preflight_plan(args, extra)
+    try:
+        reports = step.run(plan, stages)
+    except preflight.PreflightFailed as error:
+        print(f"\n{error}", file=sys.stderr)
+        _write_json(args.report, {"verdict": "does_not_fit", "stages": error.reports})
+        return 1
+    _write_json(args.report, {"verdict": "fits", "stages": list(reports.values())})
+    print(f"preflight: all {len(reports)} stage(s) fit on {plan.spec.num_slices} x {plan.spec.tpu_type}")
+    return 0
+
+
+def _write_json(path: str | None, data: Any) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do."""
+    from multislice import planner
+    from multislice.preflight import AotSession, default_cache_dir
+
+    plan, stages = _preflight_plan(args)
+    spec, stage = plan.spec, plan.spec.stage(stages[0].name)
+    updates: dict[str, Any] = {}
+    if args.model:
+        updates["model"] = config.ModelSpec(name=args.model)
+    if args.seq:
+        updates["max_target_length"] = args.seq
+    stage = stage.model_copy(update=updates)
+    spec = spec.model_copy(
+        update={k: v for k, v in (("tpu_type", args.tpu_type), ("num_slices", args.num_slices)) if v}
+    )
+    spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), {"stages.0.dcn": {}, "stages.0.ici": {}})
+    stage = spec.stages[0]
+    fixed = dict(config.parse_set_arguments(args.fix or []))
+    cache = args.cache_dir or default_cache_dir(make_plan(spec))
+    work = Path(args.work_dir or Path("build", "plan", stage.name)).absolute()
+    print(
+        f"planning {stage.model.label}, sequence {stage.max_target_length}, on {spec.num_slices}..{args.max_slices} x "
+        f"{spec.tpu_type} ({spec.slice_type.usable_hbm_bytes_per_chip / 2**30:.2f} GiB usable HBM per chip); "
+        f"verdict cache {cache}"
+    )
+    with AotSession(cache, work) as session:
+        found = planner.search(
+            spec,
+            stage,
+            session,
+            max_slices=args.max_slices,
+            global_batch=args.global_batch,
+            fixed=fixed,
+            want=args.want,
+            budget_seconds=args.budget,
+        )
+    _write_json(args.report, found.as_dict())
+    if found.fitting:
+        extra = "" if found.fewest_slices == spec.num_slices else f" (none on {spec.num_slices}: fewest that fit)"
+        print(
+            f"\n{len(found.fitting)} AOT-verified fitting config(s) on {found.fewest_slices} slices{extra}, best first:"
+        )
+        for rank, c in enumerate(found.fitting, 1):
+            print(
+                f"  {rank}. {c.describe()}: {c.report['bytes_per_chip']['total'] / 2**30:.2f} GiB per chip, "
+                f"estimated MFU {c.estimated_mfu:.0%}, {c.tokens_per_step_per_chip:g} tokens per step per chip"
+            )
+        print(f"searched in {found.seconds:.0f} s")
+        return 0
+    if found.exhausted:
+        print(
+            f"\nnothing fits: no config of {stage.model.label} fits on "
+            f"{found.slices_tried[0]}..{found.slices_tried[-1]} x {spec.tpu_type} "
+            f"({sum(found.pruned.values())} candidates ruled out by the memory lower bound, "
+            f"{len(found.tried)} by AOT compile). Use a TPU type with more HBM per chip, or more slices."
+        )
+    else:
+        print(f"\nno fitting config verified within the {args.budget:.0f} s budget; raise --budget")
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``multislice`` argument parser."""
     parser = argparse.ArgumentParser(prog="multislice", description=__doc__.split("\n")[0])
@@ -267,6 +371,33 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the pipeline locally with kfp.local (what `make run` does)")
     with_profile(run)
     run.set_defaults(func=cmd_run)
+
+    pre = sub.add_parser("preflight", help="AOT-compile each stage for the TPU topology: does it fit in HBM?")
+    with_profile(pre)
+    pre.add_argument("--stage", help="check only this stage (or example stage, e.g. seed-llama3-70b)")
+    pre.add_argument("--cache-dir", help="verdict cache (default: the profile's preflight.cache_dir)")
+    pre.add_argument("--no-alternative", action="store_true", help="do not search a fitting alternative")
+    pre.add_argument("--report", help="also write the JSON report here")
+    pre.set_defaults(func=cmd_preflight)
+
+    pln = sub.add_parser("plan", help="search AOT-verified configs that fit in HBM, ranked by estimated speed")
+    with_profile(pln)
+    pln.add_argument("--stage", help="the stage to start from (default: the first)")
+    pln.add_argument("--model", help="MaxText model_name instead of the stage's (e.g. llama3-70b)")
+    pln.add_argument("--tpu-type", help="slice type instead of the profile's (e.g. v6e-16)")
+    pln.add_argument("--num-slices", type=int, help="slice count to start from (default: the profile's)")
+    pln.add_argument("--max-slices", type=int, default=8, help="most slices to try when fewer do not fit")
+    pln.add_argument("--seq", type=int, help="sequence length (max_target_length)")
+    pln.add_argument("--global-batch", type=int, help="fix sequences per step across all chips")
+    pln.add_argument(
+        "--fix", action="append", metavar="KNOB=VALUE", help="do not vary a knob (e.g. weight_dtype=float32)"
+    )
+    pln.add_argument("--want", type=int, default=3, help="fitting configs to verify")
+    pln.add_argument("--budget", type=float, default=540, help="seconds of compiling to spend")
+    pln.add_argument("--cache-dir", help="verdict cache (default: <output_dir>/preflight-cache)")
+    pln.add_argument("--work-dir", help="scratch directory (default build/plan/<stage>)")
+    pln.add_argument("--report", help="also write the JSON result here")
+    pln.set_defaults(func=cmd_plan)
 
     verify = sub.add_parser("verify-checkpoint", help="verify a stage's final checkpoint")
     verify.add_argument("path", help="a stage's checkpoint directory (<output>/<run>/<stage>/checkpoints)")

@@ -237,6 +237,34 @@ class NodePoolSpec(_Strict):
     reservation: str | None = Field(None, description="Reservation name (provisioning: reservation).")
 
 
+class PreflightSpec(_Strict):
+    """The preflight step: AOT-compile each stage for the target TPU topology before provision.
+
+    Source of the method: MaxText's ``train_compile`` (``maxtext/trainers/pre_train/train_compile.py``).
+    """
+
+    skip: bool = Field(False, description="Skip preflight (pipeline parameter skip_preflight).")
+    cache_dir: str | None = Field(
+        None, description="Verdict cache (path or gs://); default <output_dir>/preflight-cache, shared by runs."
+    )
+    suggest_alternative: bool = Field(
+        True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
+    )
+
+
+class CostSpec(_Strict):
+    """Inputs of the cost estimate in the preflight report; no price is looked up on the network.
+
+    Step time is estimated as model FLOPs per step per chip (MaxText's accounting)
+    / (peak bf16 FLOP/s per chip x ``assumed_mfu``).
+    """
+
+    price_per_chip_hour: float = Field(0.0, ge=0, description="Price of one chip for one hour.")
+    currency: str = "USD"
+    price_source: str = Field("", description="Where the price comes from (for the report).")
+    assumed_mfu: float = Field(0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -259,7 +287,12 @@ class RunSpec(_Strict):
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     node_pools: NodePoolSpec = Field(default_factory=NodePoolSpec)
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
+    cost: CostSpec = Field(default_factory=CostSpec)
     stages: tuple[Stage, ...] = Field(min_length=1)
+    example_stages: tuple[Stage, ...] = Field(
+        (), description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage)."
+    )
 
     @field_validator("run_name")
     @classmethod
@@ -299,11 +332,20 @@ class RunSpec(_Strict):
         return tpu.parse_tpu_type(self.tpu_type)
 
     def stage(self, name: str) -> Stage:
-        """The stage called ``name``; KeyError naming the known stages otherwise."""
-        for stage in self.stages:
+        """The stage (or example stage) called ``name``; KeyError naming the known stages otherwise."""
+        for stage in (*self.stages, *self.example_stages):
             if stage.name == name:
                 return stage
-        raise KeyError(f"no stage {name!r}; stages are {', '.join(s.name for s in self.stages)}")
+        known = ", ".join(s.name for s in (*self.stages, *self.example_stages))
+        raise KeyError(f"no stage {name!r}; stages are {known}")
+
+    def with_stages(self, *stages: Stage) -> RunSpec:
+        """This spec training ``stages`` instead (e.g. an example stage, or a planner's candidate).
+
+        Not re-validated: pass the result through ``load_spec(spec_to_data(...))`` when the
+        stages come from a user rather than from a validated spec or the planner.
+        """
+        return self.model_copy(update={"stages": tuple(stages), "example_stages": ()})
 
 
 # ---------------------------------------------------------------------------
@@ -343,6 +385,12 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")
         )
     seen: set[str] = set()
+    for i, stage in enumerate(spec.example_stages):
+        # Example stages are checked against the slice shape when one is selected (with_stages + load_spec).
+        if stage.name in {s.name for s in spec.stages} | {s.name for s in spec.example_stages[:i]}:
+            issues.append(
+                (f"example_stages[{i}] ({stage.name}).name", f"stage name {stage.name!r} is used twice; rename one")
+            )
     for i, stage in enumerate(spec.stages):
         where = f"stages[{i}] ({stage.name})"
         if stage.name in seen:

@@ -37,6 +37,7 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("queue", str, "queue", "Kueue LocalQueue"),
     Parameter("priority", str, "priority", "Kueue WorkloadPriorityClass"),
     Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
+    Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
 )
 
 #: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.

@@ -4,6 +4,7 @@ Graph, for a profile with stages S1..Sn::
 
     exit handler: cleanup
     ├── plan (one task per stage, all before anything is created)
+    ├── preflight (one task per stage: AOT compile for the TPU topology; fails before provision if HBM is short)
     ├── provision
     └── S1: admit -> launch -> train -> verify_checkpoint
         -> S2: admit -> ... (a stage starts only after the previous one's checkpoint verified)
@@ -13,7 +14,7 @@ the stages and their model and parallelism; every field a user changes per
 run is a named pipeline parameter whose default is the profile's value
 (:mod:`multislice.parameters`): ``run_name``, ``backend``, ``tpu_type``,
 ``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
-``priority``, ``max_restarts`` and ``stage<N>_steps``,
+``priority``, ``max_restarts``, ``skip_preflight`` and ``stage<N>_steps``,
 ``stage<N>_per_device_batch_size``. The plan tasks validate them with the same
 code as the CLI's ``--set``.
 
@@ -31,6 +32,7 @@ from components import admit as admit_component
 from components import cleanup as cleanup_component
 from components import launch as launch_component
 from components import plan as plan_component
+from components import preflight as preflight_component
 from components import provision as provision_component
 from components import train as train_component
 from components import verify_checkpoint as verify_component
@@ -64,6 +66,7 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
     profile_data = config.spec_to_data(spec)
     image = base_image or spec.images.pipeline or DEFAULT_BASE_IMAGE
     plan_op = plan_component.component(image)
+    preflight_op = preflight_component.component(image)
     provision_op = provision_component.component(image)
     admit_op = admit_component.component(image)
     launch_op = launch_component.component(image)
@@ -94,8 +97,12 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
                     per_device_batch_size=values[parameters.stage_parameter_name(index, "per_device_batch_size")],
                 ).set_display_name(f"plan {stage.name}")
                 plans.append(task)
-            previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*plans)
-            tasks = [previous]
+            checks = [
+                preflight_op(plan=plan_task.output, stage=stage.name).set_display_name(f"preflight {stage.name}")
+                for stage, plan_task in zip(spec.stages, plans, strict=True)
+            ]
+            previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*checks)
+            tasks = [*checks, previous]
             for stage, plan_task in zip(spec.stages, plans, strict=True):
                 admit = admit_op(
                     plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER

@@ -11,7 +11,7 @@ from tests.golden import GOLDEN_DIR, PROFILES, compiled_pipeline
 RUN_PARAMETERS = {
     "run_name": "String", "backend": "String", "tpu_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
-    "priority": "String", "max_restarts": "Integer",
+    "priority": "String", "max_restarts": "Integer", "skip_preflight": "Boolean",
 }  # fmt: skip
 
 
@@ -48,7 +48,9 @@ def test_graph_order_exit_handler_and_no_caching(compiled):
         "{{$.pipeline_job_uuid}}"
     )
     tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    assert set(tasks["provision"]["dependentTasks"]) == {"plan", "plan-2"}  # every stage planned first
+    # every stage planned, then AOT-checked against its topology's HBM, before anything is provisioned
+    assert set(tasks["provision"]["dependentTasks"]) == {"plan", "preflight", "preflight-2"}
+    assert tasks["preflight"]["dependentTasks"] == ["plan"] and tasks["preflight-2"]["dependentTasks"] == ["plan-2"]
     assert "provision" in tasks["admit"]["dependentTasks"]
     assert "launch" in tasks["train"]["dependentTasks"] and "train" in tasks["verify-checkpoint"]["dependentTasks"]
     assert "verify-checkpoint" in tasks["admit-2"]["dependentTasks"]  # stage 2 waits for stage 1's verification

@@ -368,6 +368,77 @@ class NodePoolSpec(_Strict):
         return issues
 
 
+#: A Google service account's email (``NAME@PROJECT.iam.gserviceaccount.com``, or Compute Engine's default
+#: ``NUMBER-compute@developer.gserviceaccount.com``).
+_GCP_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][-a-z0-9]{4,61}@[a-z0-9][-a-z0-9.]*\.gserviceaccount\.com$")
+
+
+class ServiceAccountsSpec(_Strict):
+    """Who the pipeline's pods run as on the cluster (see :mod:`multislice.rbac`).
+
+    ``pipeline`` is the Kubernetes ServiceAccount of the pipeline components
+    (KFP pods), bound by a namespaced Role to what the steps do in
+    ``namespace`` (JobSets, Jobs, pods, logs, events, Kueue Workloads) and by a
+    ClusterRole to reading CRDs and nodes. ``trainer`` is the ServiceAccount of
+    the training and verifier pods: no Kubernetes API rights at all, and with
+    ``trainer_gcp_service_account`` set, the Workload Identity annotation
+    ``iam.gke.io/gcp-service-account`` that lets them write checkpoints to
+    Cloud Storage as that Google service account
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+    """
+
+    pipeline: str = Field("multislice-pipeline", description="Kubernetes ServiceAccount of the pipeline components.")
+    pipeline_namespace: str | None = Field(
+        None, description="Namespace the component pods run in (KFP: e.g. kubeflow); default: namespace."
+    )
+    pipeline_gcp_service_account: str | None = Field(
+        None,
+        description="Google service account the components run as outside the cluster (Vertex AI Pipelines); "
+        "bound to the same Role as a User.",
+    )
+    trainer: str = Field("multislice-trainer", description="Kubernetes ServiceAccount of the training pods.")
+    trainer_gcp_service_account: str | None = Field(
+        None, description="Google service account of the training pods (Workload Identity), e.g. for gs:// output."
+    )
+    kueue_cluster_objects: bool = Field(
+        False,
+        description="Also let the pipeline server-side apply the run's cluster-scoped Kueue objects "
+        "(by name); otherwise an admin applies them once.",
+    )
+
+    @field_validator("pipeline", "trainer")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not names.DNS1123_SUBDOMAIN.match(value) or len(value) > 253:
+            raise ValueError(f"{value!r} is not a ServiceAccount name (lower-case DNS-1123 subdomain)")
+        return value
+
+    @field_validator("pipeline_namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and (not names.DNS1123_LABEL.match(value) or len(value) > names.MAX_LABEL_LENGTH):
+            raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label, at most 63 characters)")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ServiceAccountsSpec:
+        if self.pipeline == self.trainer:
+            raise ValueError(
+                f"pipeline and trainer are both {self.pipeline!r}; the trainer's pods must not hold the pipeline's "
+                "API rights: give service_accounts.trainer another name"
+            )
+        return self
+
+    @field_validator("pipeline_gcp_service_account", "trainer_gcp_service_account")
+    @classmethod
+    def _gcp_account(cls, value: str | None) -> str | None:
+        if value is not None and not _GCP_SERVICE_ACCOUNT.match(value):
+            raise ValueError(
+                f"{value!r} is not a Google service account email; use NAME@PROJECT.iam.gserviceaccount.com"
+            )
+        return value
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -390,6 +461,7 @@ class RunSpec(_Strict):
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     node_pools: NodePoolSpec = Field(default_factory=NodePoolSpec)
+    service_accounts: ServiceAccountsSpec = Field(default_factory=ServiceAccountsSpec)
     stages: tuple[Stage, ...] = Field(min_length=1)
 
     @field_validator("run_name")

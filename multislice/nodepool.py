@@ -304,7 +304,9 @@ def node_pool_plan(plan: Plan) -> dict[str, Any]:
     pools = []
     for name in pool_names(plan):
         body = json.loads(
-            container_v1.NodePool.to_json(node_pool_body(name, shape), use_integers_for_enums=False, indent=0)
+            container_v1.NodePool.to_json(
+                node_pool_body(name, shape), use_integers_for_enums=False, always_print_fields_with_no_presence=False
+            )
         )
         pools.append(
             {

@@ -31,6 +31,7 @@ before anything is created.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 GKE_API = "https://container.googleapis.com/v1"
 #: Reservation affinity key for a specific reservation (Compute Engine ``reservationAffinity``).
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+#: How GKE says it cannot start another operation on the cluster yet.
+CLUSTER_BUSY = re.compile(r"please wait and try again|concurrent operations", re.IGNORECASE)
 #: Node pool statuses a pool can be adopted in (``NodePool.Status``).
 USABLE = ("RUNNING", "RUNNING_WITH_ERROR", "RECONCILING")
 
@@ -341,6 +344,12 @@ def _describe(name: str, shape: PoolShape) -> dict[str, Any]:
     }
 
 
+def _message(error: Exception) -> str:
+    """The API's own message of a google.api_core error, without the REST client's ``METHOD URL:`` prefix."""
+    message = getattr(error, "message", None) or str(error)
+    return re.sub(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ", "", message)
+
+
 def _api_error(error: Exception, what: str, parent: str) -> NodePoolError:
     from google.api_core import exceptions
 
@@ -352,8 +361,7 @@ def _api_error(error: Exception, what: str, parent: str) -> NodePoolError:
             "; the caller needs container.nodePools.list, .get and .create on the cluster's project "
             "(roles/container.clusterAdmin), or set node_pools.manage: false and create the pools yourself"
         )
-    message = getattr(error, "message", None) or str(error)
-    return NodePoolError(f"{what} on {parent} failed: {message}{hint}")
+    return NodePoolError(f"{what} on {parent} failed: {_message(error)}{hint}")
 
 
 def ensure_node_pools(
@@ -369,9 +377,13 @@ def ensure_node_pools(
     (:func:`pool_names`): a pool with the right shape is adopted; a missing pool
     is created (``manage: true``) or reported (``manage: false``); a pool with
     another shape is an error. Every pool is checked before any is created, so
-    on an error nothing was created. Creates are sent together, then each
-    CREATE_NODE_POOL operation is polled (``get_operation``) every
-    ``poll_seconds`` until DONE or ``node_pools.operation_timeout_seconds``.
+    on an error nothing was created. Creates are sent one after the other
+    without waiting, then each CREATE_NODE_POOL operation is polled
+    (``get_operation``) every ``poll_seconds`` until DONE or
+    ``node_pools.operation_timeout_seconds``. When GKE refuses a create because
+    another operation runs on the cluster (400 FAILED_PRECONDITION "Operation
+    ... is currently creating a node pool", or 429 concurrent operations quota),
+    it waits for this call's earlier operation, or retries every ``poll_seconds``.
     Nothing is ever modified or deleted.
 
     Args:
@@ -454,37 +466,10 @@ def ensure_node_pools(
         )
 
     report: list[dict[str, Any]] = []
-    operations: dict[str, container_v1.Operation] = {}
-    for name in names:
-        if name in existing:
-            action = "adopted" if spec.node_pools.manage else "checked"
-            on_progress(f"node pool {name}: exists with the right shape ({existing[name].status.name}), {action}")
-            report.append({**_describe(name, shape), "action": action, "status": existing[name].status.name})
-            continue
-        try:
-            operations[name] = client.create_node_pool(parent=parent, node_pool=node_pool_body(name, shape))
-        except exceptions.AlreadyExists:
-            # Created by someone else since the list: adopt it if it matches.
-            pool = client.get_node_pool(name=f"{parent}/nodePools/{name}")
-            diff = shape_diff(pool, shape)
-            if diff:
-                raise NodePoolMismatch(
-                    f"node pool {name} appeared on {parent} with another shape: "
-                    + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, w, f in diff),
-                    {name: diff},
-                ) from None
-            report.append({**_describe(name, shape), "action": "adopted", "status": pool.status.name})
-            continue
-        except exceptions.GoogleAPICallError as error:
-            raise _api_error(error, f"creating node pool {name}", parent) from error
-        on_progress(f"node pool {name}: creating ({operations[name].name})")
-        report.append({**_describe(name, shape), "action": "created", "operation": operations[name].name})
-
     location_path = parent.rsplit("/clusters/", 1)[0]
-    for entry in report:
-        if entry["action"] != "created":
-            continue
-        op = _wait(
+
+    def finish(entry: dict[str, Any]) -> None:
+        waited = _wait(
             client,
             f"{location_path}/operations/{entry['operation']}",
             entry["name"],
@@ -493,10 +478,48 @@ def ensure_node_pools(
             on_progress=on_progress,
             created=[e["name"] for e in report if e["action"] == "created"],
         )
-        entry["seconds"] = round(op["seconds"], 1)
-        pool = client.get_node_pool(name=f"{parent}/nodePools/{entry['name']}")
-        entry["status"] = pool.status.name
-        on_progress(f"node pool {entry['name']}: created in {entry['seconds']:.0f} s, {pool.status.name}")
+        entry["seconds"] = round(waited, 1)
+        entry["status"] = client.get_node_pool(name=f"{parent}/nodePools/{entry['name']}").status.name
+        on_progress(f"node pool {entry['name']}: created in {entry['seconds']:.0f} s, {entry['status']}")
+
+    for name in names:
+        if name in existing:
+            action = "adopted" if spec.node_pools.manage else "checked"
+            on_progress(f"node pool {name}: exists with the right shape ({existing[name].status.name}), {action}")
+            report.append({**_describe(name, shape), "action": action, "status": existing[name].status.name})
+            continue
+        busy_since = time.monotonic()
+        while True:
+            try:
+                op = client.create_node_pool(parent=parent, node_pool=node_pool_body(name, shape))
+            except exceptions.AlreadyExists:
+                report.append(_adopt_raced(client, parent, name, shape))
+                break
+            except (exceptions.BadRequest, exceptions.FailedPrecondition, exceptions.TooManyRequests) as error:
+                # GKE refuses a create while other operations run on the cluster (HTTP 400 FAILED_PRECONDITION
+                # "Operation ... is currently creating a node pool ... Please wait and try again once it is done",
+                # or 429 "... hits the concurrent operations quota").
+                unfinished = [e for e in report if e["action"] == "created" and "seconds" not in e]
+                waited_out = time.monotonic() - busy_since > spec.node_pools.operation_timeout_seconds
+                if not CLUSTER_BUSY.search(_message(error)) or (waited_out and not unfinished):
+                    raise _api_error(error, f"creating node pool {name}", parent) from error
+                on_progress(
+                    f"node pool {name}: GKE is busy with another operation on the cluster; "
+                    + (f"waiting for {unfinished[0]['name']} first" if unfinished else f"retrying in {poll_seconds} s")
+                )
+                if unfinished:
+                    finish(unfinished[0])
+                else:
+                    time.sleep(poll_seconds)
+                continue
+            except exceptions.GoogleAPICallError as error:
+                raise _api_error(error, f"creating node pool {name}", parent) from error
+            on_progress(f"node pool {name}: creating ({op.name})")
+            report.append({**_describe(name, shape), "action": "created", "operation": op.name})
+            break
+    for entry in report:
+        if entry["action"] == "created" and "seconds" not in entry:
+            finish(entry)
     return {
         "cluster": parent,
         "manage": spec.node_pools.manage,
@@ -505,6 +528,19 @@ def ensure_node_pools(
         "adopted": [e["name"] for e in report if e["action"] in ("adopted", "checked")],
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def _adopt_raced(client: container_v1.ClusterManagerClient, parent: str, name: str, shape: PoolShape) -> dict[str, Any]:
+    """A pool that appeared since the list (someone else created it): adopt it if it matches."""
+    pool = client.get_node_pool(name=f"{parent}/nodePools/{name}")
+    diff = shape_diff(pool, shape)
+    if diff:
+        raise NodePoolMismatch(
+            f"node pool {name} appeared on {parent} with another shape; nothing was changed: "
+            + "; ".join(f"{k}: wanted {w!r}, found {f!r}" for k, w, f in diff),
+            {name: diff},
+        )
+    return {**_describe(name, shape), "action": "adopted", "status": pool.status.name}
 
 
 def _wait(
@@ -516,8 +552,8 @@ def _wait(
     poll_seconds: float,
     on_progress: Callable[[str], None],
     created: list[str],
-) -> dict[str, Any]:
-    """Poll one operation until DONE; returns ``{"seconds": wait}``. Raises NodePoolOperationFailed."""
+) -> float:
+    """Poll one operation until DONE; returns the wait, seconds. Raises NodePoolOperationFailed."""
     from google.api_core import exceptions
 
     started = time.monotonic()
@@ -527,7 +563,7 @@ def _wait(
             op = client.get_operation(name=operation)
         except exceptions.GoogleAPICallError as error:
             raise NodePoolOperationFailed(
-                f"polling {operation} (node pool {pool}) failed: {getattr(error, 'message', error)}; the operation "
+                f"polling {operation} (node pool {pool}) failed: {_message(error)}; the operation "
                 f"may still run on GKE: gcloud container operations describe {operation.rsplit('/', 1)[1]}"
             ) from error
         elapsed = time.monotonic() - started
@@ -546,7 +582,7 @@ def _wait(
                     f"{', '.join(created)}. For TPU stockouts try another node_pools.zone, provisioning spot or "
                     "flex-start, or a reservation; then rerun provision (it adopts what exists)"
                 )
-            return {"seconds": elapsed}
+            return elapsed
         if elapsed > deadline_seconds:
             raise NodePoolOperationFailed(
                 f"node pool {pool}: {operation} still {op.status.name} after {deadline_seconds:.0f} s "

@@ -18,7 +18,8 @@ operation has been polled ``polls_until_done`` times, then RUNNING (or ERROR
 with the operation's error when ``fail_operations`` names the pool).
 What it does not: authentication, other clusters' or zonal (``/zones/``) URLs,
 field validation the real API does (quotas, machine types per zone,
-topology support), node counts changing after creation, concurrent-operation limits.
+topology support), node counts changing after creation; the concurrent-operation
+limit is only what ``max_running_operations`` scripts.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class FakeGke:
         requests: ``(method, path, body)`` of every request, in order.
         polls_until_done: GET polls of an operation before it is DONE.
         fail_operations: Pool name -> error message its create operation ends with.
+        reject_creates: ``(HTTP code, status, message)`` every create answers with, e.g. an invalid argument.
+        max_running_operations: When this many operations run, a create gets GKE's 400 FAILED_PRECONDITION
+            "Operation ... is currently creating a node pool" (None: no limit).
     """
 
     def __init__(self, project: str = "my-project", location: str = "us-east5", cluster: str = "tpu-cluster"):
@@ -55,6 +59,8 @@ class FakeGke:
         self.requests: list[tuple[str, str, Any]] = []
         self.polls_until_done = 2
         self.fail_operations: dict[str, str] = {}
+        self.max_running_operations: int | None = None
+        self.reject_creates: tuple[int, str, str] | None = None
         self._polls: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -146,10 +152,20 @@ class FakeGke:
         return self._error(404, "NOT_FOUND", f"fake GKE does not serve {method} {path}")
 
     def _create(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.reject_creates:
+            return self._error(*self.reject_creates)
         pool = dict(body["nodePool"])
         name = pool["name"]
         if name in self.pools:
             return self._error(409, "ALREADY_EXISTS", f"Already exists: node pool {name!r}.")
+        running = [op for op in self.operations.values() if op["status"] != "DONE"]
+        if self.max_running_operations is not None and len(running) >= self.max_running_operations:
+            return self._error(
+                400,
+                "FAILED_PRECONDITION",
+                f"Operation {running[0]['name']} is currently creating a node pool for cluster {self.cluster}. "
+                "Please wait and try again once it is done.",
+            )
         pool["status"] = "PROVISIONING"
         self.pools[name] = pool
         op_name = f"operation-{len(self.operations) + 1}"

@@ -76,6 +76,27 @@ def test_creates_one_pool_per_slice_and_waits_on_each_operation(gke):
     assert messages[-1].startswith("node pool tpu-v6e-4x4-1: created in")
 
 
+def test_cluster_busy_with_an_operation_waits_then_creates(gke):
+    gke.max_running_operations = 1
+    messages: list[str] = []
+    report = ensure(make(), gke, messages)
+    assert report["created"] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
+    # The second create was refused once, sent again after operation-1 finished, and succeeded.
+    creates = [(m, p) for m, p, _ in gke.requests if m == "POST" or "/operations/" in p]
+    assert creates == [
+        ("POST", POOLS_PATH),
+        ("POST", POOLS_PATH),
+        ("GET", "/v1/projects/my-project/locations/us-east5/operations/operation-1"),
+        ("GET", "/v1/projects/my-project/locations/us-east5/operations/operation-1"),
+        ("POST", POOLS_PATH),
+        ("GET", "/v1/projects/my-project/locations/us-east5/operations/operation-2"),
+        ("GET", "/v1/projects/my-project/locations/us-east5/operations/operation-2"),
+    ]
+    assert "node pool tpu-v6e-4x4-1: GKE is busy with another operation on the cluster; waiting for tpu-v6e-4x4-0" in (
+        "\n".join(messages)
+    )
+
+
 def test_adopts_matching_pools_and_creates_nothing(gke):
     plan = make()
     shape = nodepool.PoolShape.of(plan)
@@ -230,6 +251,17 @@ def test_operation_deadline(gke):
     plan = make(**{"node_pools.operation_timeout_seconds": 0.05})
     with pytest.raises(nodepool.NodePoolOperationFailed, match="still RUNNING after 0 s"):
         ensure(plan, gke)
+
+
+def test_refused_create_fails_at_once_with_the_api_message(gke):
+    gke.reject_creates = (400, "INVALID_ARGUMENT", "Machine type ct6e-standard-4t is not available in us-east5-b.")
+    with pytest.raises(nodepool.NodePoolError) as caught:
+        ensure(make(), gke)
+    assert str(caught.value) == (
+        f"creating node pool tpu-v6e-4x4-0 on {PARENT} failed: "
+        "Machine type ct6e-standard-4t is not available in us-east5-b."
+    )
+    assert len(gke.calls("POST")) == 1
 
 
 def test_unknown_cluster_names_the_fields_to_check(gke):

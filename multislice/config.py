@@ -393,8 +393,8 @@ class ServiceAccountsSpec(_Strict):
     )
     pipeline_gcp_service_account: str | None = Field(
         None,
-        description="Google service account the components run as outside the cluster (Vertex AI Pipelines); "
-        "bound to the same Role as a User.",
+        description="Google service account the components call the GKE API as: Workload Identity of the "
+        "pipeline ServiceAccount, and on Vertex AI Pipelines bound to the same Role as a User.",
     )
     trainer: str = Field("multislice-trainer", description="Kubernetes ServiceAccount of the training pods.")
     trainer_gcp_service_account: str | None = Field(

@@ -357,9 +357,12 @@ def _api_error(error: Exception, what: str, parent: str) -> NodePoolError:
     if isinstance(error, exceptions.NotFound):
         hint = "; check cluster.project, cluster.location and cluster.name"
     elif isinstance(error, exceptions.PermissionDenied):
+        # https://cloud.google.com/kubernetes-engine/docs/reference/api-permissions
         hint = (
-            "; the caller needs container.nodePools.list, .get and .create on the cluster's project "
-            "(roles/container.clusterAdmin), or set node_pools.manage: false and create the pools yourself"
+            "; the caller needs container.clusters.get (list and get node pools), container.clusters.update "
+            "(create them) and container.operations.get on the cluster, e.g. roles/container.clusterAdmin; "
+            "or set node_pools.manage: false (then container.clusters.get, roles/container.clusterViewer, is enough) "
+            "and create the pools yourself"
         )
     return NodePoolError(f"{what} on {parent} failed: {_message(error)}{hint}")
 

@@ -30,9 +30,12 @@ The trainer's ServiceAccount (``service_accounts.trainer``) gets no Kubernetes
 API rights and no mounted token; with ``trainer_gcp_service_account`` it
 carries the Workload Identity annotation ``iam.gke.io/gcp-service-account``
 (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
-On Vertex AI Pipelines the components run outside the cluster as a Google
-service account; GKE authenticates it as a user named by its email, so
-``pipeline_gcp_service_account`` is bound to the same Role as a ``User``
+The pipeline's components call the GKE API (node pools) as
+``pipeline_gcp_service_account``: in the cluster through the same Workload
+Identity annotation on the pipeline's ServiceAccount; on Vertex AI Pipelines
+they run outside the cluster as that Google service account, which GKE
+authenticates as a user named by its email, so it is also bound to the same
+Role (and ClusterRole) as a ``User``
 (https://cloud.google.com/kubernetes-engine/docs/how-to/role-based-access-control).
 
 Sources: Kubernetes RBAC (https://kubernetes.io/docs/reference/access-authn-authz/rbac/),
@@ -125,13 +128,17 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
         subjects.append(
             {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": accounts.pipeline_gcp_service_account}
         )
+    pipeline_meta = _meta(accounts.pipeline, pipeline_ns)
+    if accounts.pipeline_gcp_service_account:
+        # In the cluster (KFP on GKE), the components reach the GKE API (node pools) as this Google account.
+        pipeline_meta["annotations"] = {WORKLOAD_IDENTITY_ANNOTATION: accounts.pipeline_gcp_service_account}
     trainer_meta = _meta(accounts.trainer, namespace)
     if accounts.trainer_gcp_service_account:
         trainer_meta["annotations"] = {WORKLOAD_IDENTITY_ANNOTATION: accounts.trainer_gcp_service_account}
     # ClusterRoleBindings are cluster-wide: name them after the namespace and account they bind.
     cluster_read = f"{role}-cluster-read"
     objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(accounts.pipeline, pipeline_ns)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": pipeline_meta},
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",

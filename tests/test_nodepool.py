@@ -264,6 +264,13 @@ def test_refused_create_fails_at_once_with_the_api_message(gke):
     assert len(gke.calls("POST")) == 1
 
 
+def test_permission_denied_names_the_iam_permissions(gke):
+    gke.reject_creates = (403, "PERMISSION_DENIED", "Required 'container.clusters.update' permission.")
+    with pytest.raises(nodepool.NodePoolError, match="container.clusters.update .create them") as caught:
+        ensure(make(), gke)
+    assert "node_pools.manage: false" in str(caught.value)
+
+
 def test_unknown_cluster_names_the_fields_to_check(gke):
     with pytest.raises(nodepool.NodePoolError, match="check cluster.project, cluster.location and cluster.name"):
         ensure(make(**{"cluster.name": "other-cluster"}), gke)

@@ -99,7 +99,12 @@ def test_pipeline_account_in_another_namespace_and_vertex_identity():
             "service_accounts.pipeline_gcp_service_account": "pipelines@my-project.iam.gserviceaccount.com",
         }
     )
-    assert objs[("ServiceAccount", "multislice-pipeline")]["metadata"]["namespace"] == "kubeflow"
+    pipeline = objs[("ServiceAccount", "multislice-pipeline")]
+    assert pipeline["metadata"]["namespace"] == "kubeflow"
+    assert pipeline["metadata"]["annotations"] == {
+        "iam.gke.io/gcp-service-account": "pipelines@my-project.iam.gserviceaccount.com"
+    }
+    assert "automountServiceAccountToken" not in pipeline  # the components use the Kubernetes API
     binding = objs[("RoleBinding", "multislice-pipeline")]
     assert binding["metadata"]["namespace"] == "default"
     assert binding["subjects"] == [

@@ -356,7 +356,7 @@ def _api_error(error: Exception, what: str, parent: str) -> NodePoolError:
     hint = ""
     if isinstance(error, exceptions.NotFound):
         hint = "; check cluster.project, cluster.location and cluster.name"
-    elif isinstance(error, exceptions.PermissionDenied):
+    elif isinstance(error, exceptions.Forbidden):  # HTTP 403; PermissionDenied (gRPC) is a subclass
         # https://cloud.google.com/kubernetes-engine/docs/reference/api-permissions
         hint = (
             "; the caller needs container.clusters.get (list and get node pools), container.clusters.update "

@@ -464,7 +464,8 @@ def ensure_node_pools(
         raise NodePoolsMissing(
             f"node_pools.manage is false and {len(missing)} of {len(names)} node pool(s) are missing on {parent}: "
             f"{', '.join(missing)}. Create them (each: {shape.node_count} x {shape.machine_type}, COMPACT "
-            f"placement, topology {shape.topology}), e.g.:\n{commands}\nor set node_pools.manage: true",
+            f"placement, topology {shape.topology}), e.g.:\n{commands}\nor set node_pools.name_prefix to the "
+            "prefix of your pools (named <prefix>-0, <prefix>-1, ...), or node_pools.manage: true",
             missing,
         )
 

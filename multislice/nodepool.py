@@ -252,6 +252,7 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
             max_node_count=shape.node_count,
             location_policy=container_v1.NodePoolAutoscaling.LocationPolicy.ANY,
         )
+        # Auto-upgrade stays on: clusters on a release channel refuse node pools without it.
         pool.management = container_v1.NodeManagement(auto_repair=False, auto_upgrade=True)
     if shape.queued_provisioning:
         pool.queued_provisioning = container_v1.NodePool.QueuedProvisioning(enabled=True)

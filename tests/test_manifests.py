@@ -5,6 +5,7 @@ import json
 
 import pytest
 import yaml
+from google.cloud.container_v1 import NodePool
 
 from multislice import config, jobset, kueue, manifests, schema
 from multislice.plan import make_plan
@@ -165,6 +166,11 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
     assert request["uri"] == (
         "https://container.googleapis.com/v1/projects/YOUR_PROJECT/locations/us-east5/clusters/YOUR_CLUSTER/nodePools"
     )
+    # Every field is a real NodePool field of the GKE API (the client's own parser rejects unknown ones).
+    for pool in node_pools["node_pools"]:
+        NodePool.from_json(json.dumps(pool["request"]["body"]["nodePool"]), ignore_unknown_fields=False)
+    with pytest.raises(Exception, match="tpuTopologgy"):
+        NodePool.from_json(json.dumps({"placementPolicy": {"tpuTopologgy": "4x4"}}), ignore_unknown_fields=False)
     assert request["body"]["nodePool"] == {
         "name": "tpu-v6e-4x4-0",
         "config": {"machineType": "ct6e-standard-4t"},

@@ -38,7 +38,8 @@ def _profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], di
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Write every manifest of a profile (Kueue objects, each stage's JobSet in both flavours), validated."""
+    """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet in both flavours and,
+    for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
     from multislice import manifests
 
     profile, overrides = _profile_and_overrides(args)
@@ -47,9 +48,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     print(
-        f"{len(written)} manifests written to {args.output}; "
-        "each validates against the JobSet v0.12.0 / Kueue v0.19.2 CRDs"
+        f"{len(written)} files written to {args.output}; the JobSet and Kueue objects validate against the "
+        "JobSet v0.12.0 / Kueue v0.19.2 CRDs, the RBAC objects against their API's fields"
     )
+    if plan.spec.backend == "gke":
+        plan_file = Path(args.output) / manifests.NODE_POOL_PLAN
+        print(f"node pools provision would create (GKE API requests, not sent): {plan_file}")
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,8 @@ from multislice import maxtext, names, parameters, tpu
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: Where ``--profile NAME`` looks for ``NAME.yaml``.
 PROFILES_DIR = PROJECT_ROOT / "configs"
+#: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
+ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
 
 class ConfigError(ValueError):
@@ -225,16 +228,215 @@ class ClusterSpec(_Strict):
     kubeconfig_context: str | None = Field(None, description="kubeconfig context (access: kubeconfig).")
 
 
+#: GKE limits node pool names to 40 characters: lower-case letters, digits and '-', starting with a letter
+#: (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools).
+NODE_POOL_NAME_MAX_LENGTH = 40
+_NODE_POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: A Compute Engine reservation: ``NAME``, or a shared one, ``projects/PROJECT/reservations/NAME``,
+#: optionally narrowed to ``/reservationBlocks/BLOCK`` (xpk ``core/capacity.py`` ``parse_reservation``).
+_RESERVATION = re.compile(
+    r"^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]*[a-z0-9])?"
+    r"(/reservationBlocks/[a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"
+)
+_RESOURCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class AdditionalNodeNetwork(_Strict):
+    """One extra VPC network attached to every node of the TPU node pools (GKE multi-network).
+
+    For DCN traffic between slices on its own NIC, as in the Ray multislice
+    guide and https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods
+    (``gcloud container node-pools create --additional-node-network network=NET,subnetwork=SUBNET``).
+    The cluster needs multi-networking (and GKE Dataplane V2) enabled.
+    """
+
+    network: str = Field(min_length=1, description="VPC network name.")
+    subnetwork: str = Field(min_length=1, description="Subnetwork name in the node pools' region.")
+
+    @field_validator("network", "subnetwork")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _RESOURCE_NAME.match(value.rsplit("/", 1)[-1]):
+            raise ValueError(f"{value!r} is not a Compute Engine resource name (lower-case letters, digits, '-')")
+        return value
+
+
 class NodePoolSpec(_Strict):
     """How provision gets the run's TPU node pools (one per slice) on GKE.
 
+    One node pool per slice, named ``<name_prefix>-<slice index>``, each with
+    ``hosts`` nodes of the slice's machine type and a COMPACT placement policy
+    with the slice's TPU topology (see :mod:`multislice.nodepool`).
+
     ``manage: false`` leaves node pools to the platform team: provision then
-    only checks that matching pools exist.
+    only checks that matching pools exist. ``provisioning`` picks the capacity:
+    ``standard`` (on-demand), ``spot`` (Spot VMs), ``flex-start`` (Dynamic
+    Workload Scheduler: the pools scale from 0 nodes when a slice is needed;
+    add ``queued_provisioning: true`` to obtain nodes only through Kueue
+    ProvisioningRequests) or ``reservation`` (a specific Compute Engine
+    reservation named by ``reservation``). Sources: xpk
+    ``src/xpk/core/capacity.py`` (``get_capacity_arguments_from_capacity_type``)
+    and https://cloud.google.com/kubernetes-engine/docs/how-to/tpus.
     """
 
     manage: bool = Field(True, description="Create missing TPU node pools (true) or only check them (false).")
     provisioning: Literal["standard", "spot", "flex-start", "reservation"] = "standard"
     reservation: str | None = Field(None, description="Reservation name (provisioning: reservation).")
+    name_prefix: str | None = Field(
+        None, description="Node pools are named <name_prefix>-<slice>; default tpu-<generation>-<topology>."
+    )
+    zone: str | None = Field(
+        None, description="Zone of the TPU node pools (node locations); needed when cluster.location is a region."
+    )
+    queued_provisioning: bool = Field(
+        False, description="flex-start only: nodes come only through Kueue ProvisioningRequests."
+    )
+    additional_node_networks: tuple[AdditionalNodeNetwork, ...] = Field(
+        (), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
+    )
+    operation_timeout_seconds: float = Field(
+        3600, gt=0, description="How long provision waits for one node pool operation, seconds."
+    )
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        # Room for "-<slice index>" with up to 3 digits.
+        if value is not None and (not _NODE_POOL_NAME.match(value) or len(value) > NODE_POOL_NAME_MAX_LENGTH - 4):
+            raise ValueError(
+                f"{value!r} cannot prefix a GKE node pool name: use lower-case letters, digits and '-', "
+                f"starting with a letter, at most {NODE_POOL_NAME_MAX_LENGTH - 4} characters"
+            )
+        return value
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None and not ZONE.match(value):
+            raise ValueError(f"{value!r} is not a Compute Engine zone; use one like us-east5-b")
+        return value
+
+    @model_validator(mode="after")
+    def _capacity(self) -> NodePoolSpec:
+        if self.provisioning == "reservation" and not self.reservation:
+            raise ValueError(
+                "provisioning: reservation needs reservation: set node_pools.reservation to the reservation's "
+                "name (or projects/PROJECT/reservations/NAME for a shared one)"
+            )
+        if self.reservation and self.provisioning != "reservation":
+            raise ValueError(
+                f"reservation {self.reservation!r} is set but provisioning is {self.provisioning!r}; set "
+                "node_pools.provisioning: reservation, or remove node_pools.reservation"
+            )
+        if self.reservation and not _RESERVATION.match(self.reservation):
+            raise ValueError(
+                f"reservation {self.reservation!r} is not a reservation name; use NAME, "
+                "projects/PROJECT/reservations/NAME or .../reservationBlocks/BLOCK"
+            )
+        if self.queued_provisioning and self.provisioning != "flex-start":
+            raise ValueError(
+                f"queued_provisioning needs provisioning: flex-start (it is {self.provisioning!r}); "
+                "set node_pools.provisioning: flex-start, or remove queued_provisioning"
+            )
+        return self
+
+    def issues(self, cluster: ClusterSpec) -> list[tuple[str, str]]:
+        """Checks against the cluster reference (backend gke); ``(field, message)`` pairs, empty when fine."""
+        issues = [
+            (f"cluster.{key}", f"the gke backend needs the GKE cluster's {what}; set cluster.{key}")
+            for key, what in (("project", "project ID"), ("location", "region or zone"), ("name", "name"))
+            if not getattr(cluster, key)
+        ]
+        if cluster.location and not self.zone and not ZONE.match(cluster.location):
+            issues.append(
+                (
+                    "node_pools.zone",
+                    f"cluster.location {cluster.location!r} is a region, but a TPU slice lives in one zone; "
+                    f"set node_pools.zone to a zone of {cluster.location} that offers the TPU type, "
+                    f"e.g. {cluster.location}-b",
+                )
+            )
+        region = cluster.location.rsplit("-", 1)[0] if cluster.location and ZONE.match(cluster.location) else None
+        region = region or cluster.location
+        if region and self.zone and not self.zone.startswith(region + "-"):
+            issues.append(
+                (
+                    "node_pools.zone",
+                    f"zone {self.zone!r} is not in the cluster's region {region!r}; use a zone of {region}",
+                )
+            )
+        return issues
+
+
+#: A Google service account's email (``NAME@PROJECT.iam.gserviceaccount.com``, or Compute Engine's default
+#: ``NUMBER-compute@developer.gserviceaccount.com``).
+_GCP_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][-a-z0-9]{4,61}@[a-z0-9][-a-z0-9.]*\.gserviceaccount\.com$")
+
+
+class ServiceAccountsSpec(_Strict):
+    """Who the pipeline's pods run as on the cluster (see :mod:`multislice.rbac`).
+
+    ``pipeline`` is the Kubernetes ServiceAccount of the pipeline components
+    (KFP pods), bound by a namespaced Role to what the steps do in
+    ``namespace`` (JobSets, Jobs, pods, logs, events, Kueue Workloads) and by a
+    ClusterRole to reading CRDs and nodes. ``trainer`` is the ServiceAccount of
+    the training and verifier pods: no Kubernetes API rights at all, and with
+    ``trainer_gcp_service_account`` set, the Workload Identity annotation
+    ``iam.gke.io/gcp-service-account`` that lets them write checkpoints to
+    Cloud Storage as that Google service account
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+    """
+
+    pipeline: str = Field("multislice-pipeline", description="Kubernetes ServiceAccount of the pipeline components.")
+    pipeline_namespace: str | None = Field(
+        None, description="Namespace the component pods run in (KFP: e.g. kubeflow); default: namespace."
+    )
+    pipeline_gcp_service_account: str | None = Field(
+        None,
+        description="Google service account the components call the GKE API as: Workload Identity of the "
+        "pipeline ServiceAccount, and on Vertex AI Pipelines bound to the same Role as a User.",
+    )
+    trainer: str = Field("multislice-trainer", description="Kubernetes ServiceAccount of the training pods.")
+    trainer_gcp_service_account: str | None = Field(
+        None, description="Google service account of the training pods (Workload Identity), e.g. for gs:// output."
+    )
+    kueue_cluster_objects: bool = Field(
+        False,
+        description="Also let the pipeline server-side apply the run's cluster-scoped Kueue objects "
+        "(by name); otherwise an admin applies them once.",
+    )
+
+    @field_validator("pipeline", "trainer")
+    @classmethod
+    def _account(cls, value: str) -> str:
+        if not names.DNS1123_SUBDOMAIN.match(value) or len(value) > 253:
+            raise ValueError(f"{value!r} is not a ServiceAccount name (lower-case DNS-1123 subdomain)")
+        return value
+
+    @field_validator("pipeline_namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and (not names.DNS1123_LABEL.match(value) or len(value) > names.MAX_LABEL_LENGTH):
+            raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label, at most 63 characters)")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ServiceAccountsSpec:
+        if self.pipeline == self.trainer:
+            raise ValueError(
+                f"pipeline and trainer are both {self.pipeline!r}; the trainer's pods must not hold the pipeline's "
+                "API rights: give service_accounts.trainer another name"
+            )
+        return self
+
+    @field_validator("pipeline_gcp_service_account", "trainer_gcp_service_account")
+    @classmethod
+    def _gcp_account(cls, value: str | None) -> str | None:
+        if value is not None and not _GCP_SERVICE_ACCOUNT.match(value):
+            raise ValueError(
+                f"{value!r} is not a Google service account email; use NAME@PROJECT.iam.gserviceaccount.com"
+            )
+        return value
 
 
 class PreflightSpec(_Strict):
@@ -287,6 +489,7 @@ class RunSpec(_Strict):
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     node_pools: NodePoolSpec = Field(default_factory=NodePoolSpec)
+    service_accounts: ServiceAccountsSpec = Field(default_factory=ServiceAccountsSpec)
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
     stages: tuple[Stage, ...] = Field(min_length=1)
@@ -384,6 +587,8 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
         issues.append(
             ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")
         )
+    if spec.backend == "gke":
+        issues += spec.node_pools.issues(spec.cluster)
     seen: set[str] = set()
     for i, stage in enumerate(spec.example_stages):
         # Example stages are checked against the slice shape when one is selected (with_stages + load_spec).

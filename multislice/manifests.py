@@ -2,22 +2,41 @@
 
 xpk's ``--dry-run`` / ``--output-manifest-file`` counterpart: the Kueue
 objects a cluster needs once, and each stage's JobSet in the TPU flavour (what
-runs on GKE) and the CPU flavour (what the local backend runs).
+runs on GKE) and the CPU flavour (what the local backend runs). For the
+``gke`` backend also the RBAC objects (:mod:`multislice.rbac`) and the node
+pool plan: the GKE API requests provision would send to create the run's TPU
+node pools (:func:`multislice.nodepool.node_pool_plan`), written under
+``gke-api/`` so that ``kubectl apply -f DIR`` does not read it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from multislice import jobset, kueue, schema
+from multislice import jobset, kueue, nodepool, rbac, schema
 from multislice.plan import Plan
+
+#: Where the node pool plan goes, relative to the output directory.
+NODE_POOL_PLAN = "gke-api/node-pools.json"
+
+
+def object_problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would reject ``obj``: CRD kinds against their CRD, built-in (RBAC) kinds by :mod:`rbac`."""
+    if (obj.get("apiVersion"), obj.get("kind")) in schema.BUILTIN_KINDS:
+        return rbac.problems(obj)
+    return schema.problems(obj)
 
 
 def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
-    """File name -> object for every manifest of the plan, each validated against its CRD.
+    """File name -> object for every Kubernetes manifest of the plan, each validated.
+
+    Kueue objects (``kueue-<kind>-<name>.yaml``), each stage's JobSet in both
+    flavours (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
+    RBAC objects (``rbac-<kind>-<name>.yaml``).
 
     Raises:
         multislice.schema.ManifestInvalid: an object fails validation (a renderer bug).
@@ -30,9 +49,28 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
             out[f"jobset-{stage.name}.{flavour}.yaml"] = jobset.render_jobset(
                 plan, stage, flavour=flavour, pipeline_run_id=pipeline_run_id
             )
+    if plan.spec.backend == "gke":
+        for obj in rbac.render_rbac_objects(plan):
+            out[f"rbac-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
     for obj in out.values():
-        schema.validate(obj)
+        found = object_problems(obj)
+        if found:
+            raise schema.ManifestInvalid(obj, found)
     return out
+
+
+def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
+    """Relative path -> text of every file ``multislice render`` writes: :func:`render_all` as YAML, plus,
+    for backend ``gke``, the node pool plan (:data:`NODE_POOL_PLAN`, JSON).
+
+    Raises:
+        multislice.schema.ManifestInvalid: an object fails validation.
+        multislice.config.ConfigError: backend gke without a complete cluster reference.
+    """
+    files = {name: to_yaml(obj) for name, obj in render_all(plan, pipeline_run_id).items()}
+    if plan.spec.backend == "gke":
+        files[NODE_POOL_PLAN] = json.dumps(nodepool.node_pool_plan(plan), indent=2) + "\n"
+    return files
 
 
 def to_yaml(obj: dict[str, Any]) -> str:
@@ -41,11 +79,12 @@ def to_yaml(obj: dict[str, Any]) -> str:
 
 
 def write_manifests(plan: Plan, directory: Path, pipeline_run_id: str) -> list[Path]:
-    """Write :func:`render_all`'s objects as YAML files into ``directory``; returns the paths."""
+    """Write :func:`render_files` into ``directory``; returns the paths."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, obj in render_all(plan, pipeline_run_id).items():
+    for name, text in render_files(plan, pipeline_run_id).items():
         path = directory / name
-        path.write_text(to_yaml(obj), encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
         paths.append(path)
     return paths

@@ -216,6 +216,30 @@ def _metadata_problems(obj: dict[str, Any], namespaced: bool) -> list[str]:
     return problems
 
 
+#: Built-in kinds this project renders (RBAC), which have no CRD: ``(apiVersion, kind)`` -> namespaced.
+BUILTIN_KINDS: dict[tuple[str, str], bool] = {
+    ("v1", "ServiceAccount"): True,
+    ("rbac.authorization.k8s.io/v1", "Role"): True,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): True,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): False,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): False,
+}
+
+
+def builtin_problems(obj: dict[str, Any]) -> list[str]:
+    """ObjectMeta problems of a built-in kind (:data:`BUILTIN_KINDS`), as the API server checks them.
+
+    Only ObjectMeta: the kind's own fields are checked by its renderer (e.g. :func:`multislice.rbac.problems`).
+
+    Raises:
+        KeyError: ``obj`` is not one of :data:`BUILTIN_KINDS`.
+    """
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in BUILTIN_KINDS:
+        raise KeyError(f"{key[0]} {key[1]} is not a built-in kind this project renders: {sorted(BUILTIN_KINDS)}")
+    return _metadata_problems(obj, BUILTIN_KINDS[key])
+
+
 def problems(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> list[str]:
     """Every reason the API server would reject ``obj`` on create; empty when valid.
 

@@ -7,7 +7,8 @@ import sys
 def test_failed_run_names_the_step_and_its_cause(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "multislice.cli", "run", "--profile", "local", "--set", "backend=gke",
-         "--set", "output_dir=gs://bucket/runs", "--set", "run_name=fails", "--set", "skip_preflight=true"],
+         "--set", "output_dir=gs://bucket/runs", "--set", "run_name=fails", "--set", "cluster.project=my-project",
+         "--set", "cluster.location=us-east5-b", "--set", "cluster.name=tpu-cluster", "--set", "skip_preflight=true"],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1

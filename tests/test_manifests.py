@@ -1,15 +1,16 @@
 """Rendered manifests: valid against the upstream CRDs, shaped as GKE multislice needs, equal to goldens."""
 
 import filecmp
-from pathlib import Path
+import json
 
 import pytest
 import yaml
+from google.cloud.container_v1 import NodePool
 
-from multislice import config, jobset, kueue, schema
+from multislice import config, jobset, kueue, manifests, schema
 from multislice.plan import make_plan
 from tests.conftest import SHARED_CRDS
-from tests.golden import GOLDEN_DIR, PROFILES, rendered_manifests
+from tests.golden import PROFILES, golden_files, rendered_manifests
 
 CRD_DIRS = [schema.CRDS_DIR] + ([SHARED_CRDS] if SHARED_CRDS.is_dir() else [])
 
@@ -130,19 +131,54 @@ def test_bad_pipeline_run_id_is_refused():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_manifests_match_golden_files(profile):
-    directory = GOLDEN_DIR / profile / "manifests"
     rendered = rendered_manifests(profile)
-    assert sorted(rendered) == sorted(p.name for p in directory.glob("*.yaml")), "run `make goldens`"
+    stored = golden_files(profile)
+    assert sorted(rendered) == sorted(stored), "run `make goldens`"
     for name, text in rendered.items():
-        assert text == (directory / name).read_text(encoding="utf-8"), f"{profile}/{name} changed: run `make goldens`"
-        yaml.safe_load(text)
+        assert text == stored[name].read_text(encoding="utf-8"), f"{profile}/{name} changed: run `make goldens`"
 
 
-def test_render_cli_writes_valid_manifests(tmp_path):
+def test_render_cli_writes_every_manifest_validated(tmp_path):
     from multislice import cli
 
     assert cli.main(["render", "--profile", "gke-v6e-16x2", "--output", str(tmp_path)]) == 0
-    written = sorted(p.name for p in Path(tmp_path).glob("*.yaml"))
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert written == sorted(rendered_manifests("gke-v6e-16x2"))
-    for path in Path(tmp_path).glob("*.yaml"):
-        assert schema.problems(yaml.safe_load(path.read_text())) == []
+    kinds = set()
+    for path in tmp_path.glob("*.yaml"):
+        obj = yaml.safe_load(path.read_text())
+        kinds.add(obj["kind"])
+        if (obj["apiVersion"], obj["kind"]) in schema.BUILTIN_KINDS:
+            assert manifests.object_problems(obj) == [], path.name
+        else:
+            for crds_dir in CRD_DIRS:
+                assert schema.problems(obj, crds_dir) == [], (path.name, crds_dir)
+    assert kinds == {
+        "JobSet", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass",
+        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+    }  # fmt: skip
+    # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
+    node_pools = json.loads((tmp_path / manifests.NODE_POOL_PLAN).read_text())
+    assert node_pools["cluster"] == "projects/YOUR_PROJECT/locations/us-east5/clusters/YOUR_CLUSTER"
+    assert [p["name"] for p in node_pools["node_pools"]] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
+    request = node_pools["node_pools"][0]["request"]
+    assert request["method"] == "POST"
+    assert request["uri"] == (
+        "https://container.googleapis.com/v1/projects/YOUR_PROJECT/locations/us-east5/clusters/YOUR_CLUSTER/nodePools"
+    )
+    # Every field is a real NodePool field of the GKE API (the client's own parser rejects unknown ones).
+    for pool in node_pools["node_pools"]:
+        NodePool.from_json(json.dumps(pool["request"]["body"]["nodePool"]), ignore_unknown_fields=False)
+    with pytest.raises(Exception, match="tpuTopologgy"):
+        NodePool.from_json(json.dumps({"placementPolicy": {"tpuTopologgy": "4x4"}}), ignore_unknown_fields=False)
+    assert request["body"]["nodePool"] == {
+        "name": "tpu-v6e-4x4-0",
+        "config": {"machineType": "ct6e-standard-4t"},
+        "initialNodeCount": 4,
+        "locations": ["us-east5-b"],
+        "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"},
+    }
+
+
+def test_local_profile_renders_no_gke_objects():
+    assert not any(name.startswith(("rbac-", "gke-api/")) for name in rendered_manifests("local"))

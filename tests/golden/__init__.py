@@ -21,9 +21,15 @@ GOLDEN_RUN_ID = "golden-run"
 
 
 def rendered_manifests(profile: str) -> dict[str, str]:
-    """File name -> YAML text of every manifest of a profile, as ``multislice render`` writes them."""
+    """Relative path -> text of every file ``multislice render`` writes for a profile."""
     plan = make_plan(config.load_profile(profile))
-    return {name: manifests.to_yaml(obj) for name, obj in manifests.render_all(plan, GOLDEN_RUN_ID).items()}
+    return manifests.render_files(plan, GOLDEN_RUN_ID)
+
+
+def golden_files(profile: str) -> dict[str, Path]:
+    """Relative path -> golden file of every rendered file of a profile (what is stored now)."""
+    directory = GOLDEN_DIR / profile / "manifests"
+    return {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def compiled_pipeline(profile: str) -> str:
@@ -42,9 +48,10 @@ def regenerate() -> list[Path]:
     for profile in PROFILES:
         directory = GOLDEN_DIR / profile / "manifests"
         directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("*.yaml"):
+        for stale in golden_files(profile).values():
             stale.unlink()
         for name, text in rendered_manifests(profile).items():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text, encoding="utf-8")
             written.append(directory / name)
         pipeline = GOLDEN_DIR / profile / "pipeline.yaml"

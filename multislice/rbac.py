@@ -1,0 +1,227 @@
+"""RBAC for the GKE path: the ServiceAccounts, Roles and bindings the pipeline's pods need, and no more.
+
+What each step does on the Kubernetes API, and so what the pipeline's
+ServiceAccount (``service_accounts.pipeline``) is granted, in ``namespace`` only:
+
+=================  =====================================  ===================================
+API group          resources                              verbs (which step)
+=================  =====================================  ===================================
+jobset.x-k8s.io    jobsets                                create, get, list, watch (admit,
+                                                          launch, train), delete (cleanup)
+batch              jobs                                   create, get, list, watch (verifier
+                                                          Job), delete (cleanup)
+"" (core)          pods                                   get, list, watch (launch, train)
+"" (core)          pods/log                               get (train: the leader's log)
+"" (core)          events                                 get, list, watch (launch: why a pod waits)
+kueue.x-k8s.io     workloads                              get, list, watch (admit)
+kueue.x-k8s.io     localqueues (the run's queue only)     get, patch (provision: server-side apply)
+=================  =====================================  ===================================
+
+Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
+(get, list: provision checks the JobSet and Kueue CRDs are served) and
+``nodes`` (get, list, watch: launch maps pods to node pools). The
+cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
+WorkloadPriorityClass) are applied once by a cluster admin from
+``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
+a second ClusterRole lets the pipeline get and server-side apply (patch)
+exactly those objects, by name.
+
+The trainer's ServiceAccount (``service_accounts.trainer``) gets no Kubernetes
+API rights and no mounted token; with ``trainer_gcp_service_account`` it
+carries the Workload Identity annotation ``iam.gke.io/gcp-service-account``
+(https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+The pipeline's components call the GKE API (node pools) as
+``pipeline_gcp_service_account``: in the cluster through the same Workload
+Identity annotation on the pipeline's ServiceAccount; on Vertex AI Pipelines
+they run outside the cluster as that Google service account, which GKE
+authenticates as a user named by its email, so it is also bound to the same
+Role (and ClusterRole) as a ``User``
+(https://cloud.google.com/kubernetes-engine/docs/how-to/role-based-access-control).
+
+Sources: Kubernetes RBAC (https://kubernetes.io/docs/reference/access-authn-authz/rbac/),
+JobSet and Kueue API groups from their CRDs (``multislice/crds``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multislice import names, schema
+from multislice.plan import Plan
+
+RBAC_API = "rbac.authorization.k8s.io/v1"
+#: Annotation linking a Kubernetes ServiceAccount to a Google service account (GKE Workload Identity).
+WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
+#: Verbs Kubernetes RBAC knows for resources (https://kubernetes.io/docs/reference/access-authn-authz/authorization/).
+VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
+_RULE_KEYS = frozenset({"apiGroups", "resources", "verbs", "resourceNames"})
+_SUBJECT_KINDS = frozenset({"ServiceAccount", "User", "Group"})
+
+READ = ["get", "list", "watch"]
+
+
+def _rule(group: str, resources: list[str], verbs: list[str], names_: list[str] | None = None) -> dict[str, Any]:
+    rule: dict[str, Any] = {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
+    if names_:
+        rule["resourceNames"] = list(names_)
+    return rule
+
+
+def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
+    """The pipeline Role's rules in the run's namespace (the table in the module docstring)."""
+    return [
+        _rule("jobset.x-k8s.io", ["jobsets"], [*READ, "create", "delete"]),
+        _rule("batch", ["jobs"], [*READ, "create", "delete"]),
+        _rule("", ["pods"], READ),
+        _rule("", ["pods/log"], ["get"]),
+        _rule("", ["events"], READ),
+        _rule("kueue.x-k8s.io", ["workloads"], READ),
+        _rule("kueue.x-k8s.io", ["localqueues"], ["get", "patch"], [plan.spec.queue]),
+    ]
+
+
+def cluster_read_rules() -> list[dict[str, Any]]:
+    """The only cluster-wide rights of the pipeline: read CRDs and nodes."""
+    return [
+        _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list"]),
+        _rule("", ["nodes"], READ),
+    ]
+
+
+def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
+    """Get and server-side apply (patch) the run's cluster-scoped Kueue objects, by name only."""
+    spec = plan.spec
+    return [
+        _rule("kueue.x-k8s.io", ["resourceflavors"], ["get", "patch"], [spec.slice_type.flavor_name]),
+        _rule("kueue.x-k8s.io", ["clusterqueues"], ["get", "patch"], [spec.cluster_queue]),
+        _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], ["get", "patch"], [spec.priority]),
+    ]
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    return meta
+
+
+def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
+    """ServiceAccounts, the pipeline's Role and RoleBinding, and the cluster-read ClusterRole and binding.
+
+    Returns:
+        Plain objects in apply order: ServiceAccount (pipeline), ServiceAccount (trainer),
+        Role, RoleBinding, ClusterRole, ClusterRoleBinding, then, with
+        ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding.
+        Each passes :func:`problems`.
+
+    Raises:
+        multislice.schema.ManifestInvalid: an object fails :func:`problems` (a renderer bug).
+    """
+    spec = plan.spec
+    accounts = spec.service_accounts
+    namespace = spec.namespace
+    pipeline_ns = accounts.pipeline_namespace or namespace
+    role = accounts.pipeline
+    subjects: list[dict[str, Any]] = [{"kind": "ServiceAccount", "name": accounts.pipeline, "namespace": pipeline_ns}]
+    if accounts.pipeline_gcp_service_account:
+        subjects.append(
+            {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": accounts.pipeline_gcp_service_account}
+        )
+    pipeline_meta = _meta(accounts.pipeline, pipeline_ns)
+    if accounts.pipeline_gcp_service_account:
+        # In the cluster (KFP on GKE), the components reach the GKE API (node pools) as this Google account.
+        pipeline_meta["annotations"] = {WORKLOAD_IDENTITY_ANNOTATION: accounts.pipeline_gcp_service_account}
+    trainer_meta = _meta(accounts.trainer, namespace)
+    if accounts.trainer_gcp_service_account:
+        trainer_meta["annotations"] = {WORKLOAD_IDENTITY_ANNOTATION: accounts.trainer_gcp_service_account}
+    # ClusterRoleBindings are cluster-wide: name them after the namespace and account they bind.
+    cluster_read = f"{role}-cluster-read"
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": pipeline_meta},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": trainer_meta,
+            "automountServiceAccountToken": False,
+        },
+        {"apiVersion": RBAC_API, "kind": "Role", "metadata": _meta(role, namespace), "rules": namespaced_rules(plan)},
+        {
+            "apiVersion": RBAC_API,
+            "kind": "RoleBinding",
+            "metadata": _meta(role, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": subjects,
+        },
+        {"apiVersion": RBAC_API, "kind": "ClusterRole", "metadata": _meta(cluster_read), "rules": cluster_read_rules()},
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(f"{cluster_read}-{pipeline_ns}"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_read},
+            "subjects": subjects,
+        },
+    ]
+    if accounts.kueue_cluster_objects:
+        kueue_role = f"{role}-kueue-{spec.cluster_queue}"
+        objects += [
+            {
+                "apiVersion": RBAC_API,
+                "kind": "ClusterRole",
+                "metadata": _meta(kueue_role),
+                "rules": kueue_cluster_rules(plan),
+            },
+            {
+                "apiVersion": RBAC_API,
+                "kind": "ClusterRoleBinding",
+                "metadata": _meta(f"{kueue_role}-{pipeline_ns}"),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": kueue_role},
+                "subjects": subjects,
+            },
+        ]
+    for obj in objects:
+        found = problems(obj)
+        if found:
+            raise schema.ManifestInvalid(obj, found)
+    return objects
+
+
+def problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would reject a rendered ServiceAccount or RBAC object; empty when valid.
+
+    Built-in kinds have no CRD in ``multislice/crds``: ObjectMeta is checked by
+    :func:`multislice.schema.builtin_problems` (name, namespace scope, labels,
+    annotations) and the RBAC fields here, as ``rbac.authorization.k8s.io/v1``
+    defines them (rules: apiGroups, resources, verbs, resourceNames; roleRef; subjects).
+    """
+    found = schema.builtin_problems(obj)
+    kind = obj.get("kind")
+    allowed = {
+        "ServiceAccount": {"apiVersion", "kind", "metadata", "automountServiceAccountToken"},
+        "Role": {"apiVersion", "kind", "metadata", "rules"},
+        "ClusterRole": {"apiVersion", "kind", "metadata", "rules"},
+        "RoleBinding": {"apiVersion", "kind", "metadata", "roleRef", "subjects"},
+        "ClusterRoleBinding": {"apiVersion", "kind", "metadata", "roleRef", "subjects"},
+    }[kind]
+    found += [f"{key}: unknown field of {kind}" for key in sorted(set(obj) - allowed)]
+    for i, rule in enumerate(obj.get("rules", [])):
+        where = f"rules[{i}]"
+        found += [f"{where}.{key}: unknown field" for key in sorted(set(rule) - _RULE_KEYS)]
+        if not rule.get("verbs") or set(rule["verbs"]) - VERBS:
+            found.append(f"{where}.verbs: {rule.get('verbs')!r}; use verbs from {sorted(VERBS)}")
+        if "*" in rule.get("resources", []) or "*" in rule.get("apiGroups", []) or not rule.get("resources"):
+            found.append(f"{where}: name resources and API groups explicitly (no '*')")
+        if "apiGroups" not in rule:
+            found.append(f"{where}.apiGroups: required for resource rules")
+    if kind in ("RoleBinding", "ClusterRoleBinding"):
+        ref = obj.get("roleRef", {})
+        if ref.get("apiGroup") != "rbac.authorization.k8s.io" or not ref.get("name"):
+            found.append("roleRef: needs apiGroup rbac.authorization.k8s.io, kind and name")
+        if kind == "ClusterRoleBinding" and ref.get("kind") != "ClusterRole":
+            found.append("roleRef.kind: a ClusterRoleBinding can only refer to a ClusterRole")
+        for j, subject in enumerate(obj.get("subjects", [])):
+            if subject.get("kind") not in _SUBJECT_KINDS:
+                found.append(f"subjects[{j}].kind: {subject.get('kind')!r} is not one of {sorted(_SUBJECT_KINDS)}")
+            if subject.get("kind") == "ServiceAccount" and not subject.get("namespace"):
+                found.append(f"subjects[{j}].namespace: a ServiceAccount subject needs its namespace")
+    return found

@@ -266,11 +266,12 @@ def _preflight_plan(args: argparse.Namespace, extra: dict[str, Any] | None = Non
 def cmd_preflight(args: argparse.Namespace) -> int:
     """AOT-compile the profile's stages for the target topology; exit 1 when one does not fit."""
     from multislice import preflight
+    from multislice.preflight import user_cache_dir
     from multislice.steps import preflight as step
 
     extra: dict[str, Any] = {"preflight.skip": False, "preflight.suggest_alternative": not args.no_alternative}
-    if args.cache_dir:
-        extra["preflight.cache_dir"] = args.cache_dir
+    if args.cache_dir or not config.read_profile(args.profile).get("preflight", {}).get("cache_dir"):
+        extra["preflight.cache_dir"] = args.cache_dir or user_cache_dir()
     plan, stages = _preflight_plan(args, extra)
     try:
         reports = step.run(plan, stages)
@@ -292,7 +293,7 @@ def _write_json(path: str | None, data: Any) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do."""
     from multislice import planner
-    from multislice.preflight import AotSession, default_cache_dir
+    from multislice.preflight import AotSession, user_cache_dir
 
     plan, stages = _preflight_plan(args)
     spec, stage = plan.spec, plan.spec.stage(stages[0].name)
@@ -308,7 +309,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), {"stages.0.dcn": {}, "stages.0.ici": {}})
     stage = spec.stages[0]
     fixed = dict(config.parse_set_arguments(args.fix or []))
-    cache = args.cache_dir or default_cache_dir(make_plan(spec))
+    cache = args.cache_dir or spec.preflight.cache_dir or user_cache_dir()
     work = Path(args.work_dir or Path("build", "plan", stage.name)).absolute()
     print(
         f"planning {stage.model.label}, sequence {stage.max_target_length}, on {spec.num_slices}..{args.max_slices} x "
@@ -379,7 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("preflight", help="AOT-compile each stage for the TPU topology: does it fit in HBM?")
     with_profile(pre)
     pre.add_argument("--stage", help="check only this stage (or example stage, e.g. seed-llama3-70b)")
-    pre.add_argument("--cache-dir", help="verdict cache (default: the profile's preflight.cache_dir)")
+    pre.add_argument(
+        "--cache-dir",
+        help="verdict cache (default: the profile's preflight.cache_dir, else ~/.cache/multislice-pipelines)",
+    )
     pre.add_argument("--no-alternative", action="store_true", help="do not search a fitting alternative")
     pre.add_argument("--report", help="also write the JSON report here")
     pre.set_defaults(func=cmd_preflight)
@@ -398,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pln.add_argument("--want", type=int, default=3, help="fitting configs to verify")
     pln.add_argument("--budget", type=float, default=540, help="seconds of compiling to spend")
-    pln.add_argument("--cache-dir", help="verdict cache (default: <output_dir>/preflight-cache)")
+    pln.add_argument("--cache-dir", help="verdict cache (default: as for preflight)")
     pln.add_argument("--work-dir", help="scratch directory (default build/plan/<stage>)")
     pln.add_argument("--report", help="also write the JSON result here")
     pln.set_defaults(func=cmd_plan)

@@ -59,6 +59,7 @@ class Candidate:
         estimated_mfu: The heuristic MFU (0-1).
         tokens_per_step_per_chip: ``per_device_batch_size x max_target_length``.
         changes: How it differs from the stage it was derived from, e.g. ``per_device_batch_size 2 -> 1``.
+        distance: Sum of :data:`CHANGE_WEIGHTS` over the changed knobs.
         report: The preflight report once AOT-compiled, else None.
     """
 
@@ -69,6 +70,7 @@ class Candidate:
     estimated_mfu: float
     tokens_per_step_per_chip: float
     changes: list[str] = field(default_factory=list)
+    distance: int = 0
     report: dict[str, Any] | None = None
 
     @property
@@ -148,19 +150,30 @@ def _variant(stage: Stage, pdb: float, remat: str, ici: dict, dcn: dict, opt: bo
     )
 
 
-def _changes(base: memory.Knobs, knobs: memory.Knobs, base_slices: int, slices: int) -> list[str]:
+#: How far a change takes a config from the user's, for preflight's "nearest alternative": a new
+#: parallelism layout or bf16 master weights (other numerics) count double, more slices (more chips) triple.
+CHANGE_WEIGHTS = {
+    "num_slices": 3, "per_device_batch_size": 1, "remat_policy": 1, "optimizer_offload": 1,
+    "parameter_offload": 1, "weight_dtype": 2, "ici": 2, "dcn": 2,
+}  # fmt: skip
+
+
+def _changes(base: memory.Knobs, knobs: memory.Knobs, base_slices: int, slices: int) -> list[tuple[str, str]]:
+    """``(knob, "knob before -> after")`` for each knob that differs."""
     out = []
     if slices != base_slices:
-        out.append(f"num_slices {base_slices} -> {slices}")
+        out.append(("num_slices", f"num_slices {base_slices} -> {slices}"))
     for name in ("per_device_batch_size", "remat_policy", "optimizer_offload", "parameter_offload", "weight_dtype"):
         before, after = getattr(base, name), getattr(knobs, name)
         if before != after:
-            out.append(f"{name} {before:g} -> {after:g}" if isinstance(after, float) else f"{name} {before} -> {after}")
+            number = isinstance(after, (int, float)) and not isinstance(after, bool)
+            text = f"{name} {before:g} -> {after:g}" if number else f"{name} {before} -> {after}"
+            out.append((name, text))
     for net in ("ici", "dcn"):
         before = {a: d for a, d in getattr(base, net).items() if d > 1}
         after = {a: d for a, d in getattr(knobs, net).items() if d > 1}
         if before != after:
-            out.append(f"{net} {before} -> {after}")
+            out.append((net, f"{net} {before} -> {after}"))
     return out
 
 
@@ -224,6 +237,7 @@ def candidates(
         knobs = memory.Knobs.from_stage(variant, resolve_degrees(ici, shape.chips), resolve_degrees(dcn, num_slices))
         if any(getattr(knobs, k) != v for k, v in fixed.items()):
             continue
+        changed = _changes(base, knobs, spec.num_slices, num_slices)
         out.append(
             Candidate(
                 stage=variant,
@@ -232,7 +246,8 @@ def candidates(
                 estimate=memory.estimate(dims, knobs, stage.max_target_length),
                 estimated_mfu=estimated_mfu(knobs, stage.max_target_length),
                 tokens_per_step_per_chip=pdb * stage.max_target_length,
-                changes=_changes(base, knobs, spec.num_slices, num_slices),
+                changes=[text for _, text in changed],
+                distance=sum(CHANGE_WEIGHTS[name] for name, _ in changed),
             )
         )
     return out
@@ -250,7 +265,7 @@ def order(kept: list[Candidate], usable_bytes: int, *, nearest: bool = False) ->
     def key(c: Candidate) -> tuple:
         predicted = c.estimate.estimate_bytes <= usable_bytes * PREDICTED_FIT_MARGIN
         speed = (-c.estimated_mfu, -c.tokens_per_step_per_chip)
-        return (not predicted, len(c.changes), *speed) if nearest else (not predicted, *speed, len(c.changes))
+        return (not predicted, c.distance, *speed) if nearest else (not predicted, *speed, c.distance)
 
     return sorted(kept, key=key)
 

@@ -51,13 +51,21 @@ class PreflightFailed(RuntimeError):
 
 
 def gib(value: float | None) -> str:
-    """Bytes as ``12.34 GiB`` (None as ``?``)."""
-    return "?" if value is None else f"{value / GIB:.2f} GiB"
+    """Bytes as ``12.34 GiB``, or ``56.7 MiB`` below 1 GiB (None as ``?``)."""
+    if value is None:
+        return "?"
+    return f"{value / GIB:.2f} GiB" if abs(value) >= GIB else f"{value / 2**20:.1f} MiB"
 
 
 def default_cache_dir(plan: Plan) -> str:
     """The verdict cache of a plan: ``preflight.cache_dir``, else ``<output_dir>/preflight-cache`` (shared by runs)."""
     return plan.spec.preflight.cache_dir or f"{plan.spec.output_dir.rstrip('/')}/preflight-cache"
+
+
+def user_cache_dir() -> str:
+    """The CLI's verdict cache on this machine: ``$XDG_CACHE_HOME/multislice-pipelines/preflight``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "multislice-pipelines" / "preflight")
 
 
 def request_for(plan: Plan, stage: StagePlan) -> dict[str, Any]:
@@ -176,11 +184,11 @@ def cost_estimate(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> dict[
         "estimated_step_seconds": round(step_seconds, 3),
         "steps": stage.steps,
         "chips": plan.total_chips,
-        "chip_hours": round(chip_hours, 2),
+        "chip_hours": float(f"{chip_hours:.4g}"),
         "price_per_chip_hour": cost.price_per_chip_hour,
         "currency": cost.currency,
         "price_source": cost.price_source,
-        "estimated_cost": round(chip_hours * cost.price_per_chip_hour, 2),
+        "estimated_cost": float(f"{chip_hours * cost.price_per_chip_hour:.4g}"),
     }
 
 
@@ -241,7 +249,8 @@ def summary_line(report: dict[str, Any]) -> str:
     hbm = report["hbm_bytes_per_chip"]
     target = report["target"]
     where = f"{target['num_slices']} x {target['tpu_type']}"
-    took = f"{report['compile_seconds']} s" + (" (cached)" if report["cached"] else "")
+    took = f"{report['compile_seconds']} s"
+    took = f"from the cache (first compile {took})" if report["cached"] else took
     if report["verdict"] == "fits":
         b = report["bytes_per_chip"]
         line = (
@@ -261,9 +270,9 @@ def summary_line(report: dict[str, Any]) -> str:
     cost = report.get("cost")
     if cost and report["verdict"] == "fits":
         line += (
-            f"; about {cost['chip_hours']:,} chip-hours for {cost['steps']} steps at an assumed "
+            f"; about {cost['chip_hours']:,.3g} chip-hours for {cost['steps']} steps at an assumed "
             f"{cost['assumed_mfu']:.0%} MFU"
-            + (f", {cost['estimated_cost']:,.2f} {cost['currency']}" if cost["price_per_chip_hour"] else "")
+            + (f", {cost['estimated_cost']:,.3g} {cost['currency']}" if cost["price_per_chip_hour"] else "")
         )
     return line
 

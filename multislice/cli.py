@@ -180,9 +180,18 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
     reports = Path(plan.run_dir) / "reports"
     lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
     for stage in plan.stages:
+        checked = _read(reports / stage.name / "preflight.json")
         train = _read(reports / stage.name / "train.json")
         verify = _read(reports / stage.name / "verification.json")
         lines.append(f"stage {stage.index + 1} {stage.name} ({stage.model_label}):")
+        if checked.get("verdict") == "fits":
+            hbm = checked["bytes_per_chip"]["total"]
+            lines.append(
+                f"  preflight     fits: {hbm / 2**20:,.1f} MiB of {checked['hbm_bytes_per_chip'] / 2**30:.2f} GiB HBM "
+                f"per chip on {checked['target']['num_slices']} x {checked['target']['tpu_type']} (AOT compile)"
+            )
+        elif checked.get("verdict"):
+            lines.append(f"  preflight     {checked['verdict']}")
         if train.get("skipped"):
             lines.append("  trained       nothing: its final checkpoint already existed")
         elif "final_loss" in train:
@@ -208,7 +217,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
         )
     lines += [
         f"outputs     {plan.run_dir}",
-        f"reports     {reports}/<stage>/(plan|admit|launch|train|verification).json",
+        f"reports     {reports}/<stage>/(plan|preflight|admit|launch|train|verification).json",
         f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
         f"manifests   {plan.run_dir}/manifests/",
         f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",

@@ -1,7 +1,6 @@
 """Preflight: reading XLA's verdicts, the verdict cache, stage reports and costs, and one real AOT compile."""
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,12 +149,32 @@ def test_real_aot_compile_of_the_seed_70b_command_does_not_fit_and_is_then_cache
     request = preflight.request_for(plan, plan.stages[0])
     with preflight.AotSession(str(tmp_path / "cache"), tmp_path / "work") as session:
         first = preflight.stage_report(plan, plan.stages[0], session.compile(request))
-        started = time.monotonic()
         again = session.compile(request)
-        cached_seconds = time.monotonic() - started
     assert first["verdict"] == "does_not_fit" and not first["cached"]
     assert 45 * GIB < first["required_bytes_per_chip"] < 55 * GIB  # measured here: 49.82 GiB
     assert first["hbm_bytes_per_chip"] == plan.spec.slice_type.usable_hbm_bytes_per_chip
     assert first["model_tflops_per_step_per_device"] > 3000  # MaxText's count: 3548 TFLOP per chip per step
-    assert again["cached"] and again["verdict"] == "does_not_fit" and cached_seconds < 5
+    assert again["cached"] and again["verdict"] == "does_not_fit"
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+
+@pytest.mark.aot
+def test_preflight_step_writes_reports_and_a_rerun_takes_the_cached_verdicts(tmp_path):
+    plan = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "first"}))
+    first = step.run(plan)
+    assert [r["verdict"] for r in first.values()] == ["fits", "fits"]
+    assert not any(r["cached"] for r in first.values())
+    for stage in plan.stages:
+        written = json.loads((Path(plan.run_dir) / "reports" / stage.name / "preflight.json").read_text())
+        assert written["bytes_per_chip"]["total"] < written["hbm_bytes_per_chip"]
+        assert written["target"] == {
+            "tpu_type": "v5litepod-8",
+            "compile_topology": "v5e-8",
+            "num_slices": 2,
+            "chips": 16,
+        }
+    # Another run of the same configs (another run name, same output_dir): verdicts from the shared cache.
+    rerun = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "second"}))
+    again = step.run(rerun)
+    assert all(r["cached"] for r in again.values())
+    assert [r["bytes_per_chip"] for r in again.values()] == [r["bytes_per_chip"] for r in first.values()]

@@ -12,6 +12,7 @@ step wins.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,31 @@ def summarize(records: list[dict[str, Any]]) -> TrainSummary:
         tflops_per_second_per_device=per_second("perf/per_device_tflops"),
         records=len(records),
     )
+
+
+#: MaxText's per-step log line (``maxtext/common/metric_logger.py``), e.g.
+#: ``completed step: 5, seconds: 1.234, TFLOP/s/device: 12.300, Tokens/s/device: 456.700, loss: 7.123``.
+STEP_LINE = re.compile(
+    r"completed step: (?P<step>\d+), seconds: (?P<seconds>[0-9.]+)"
+    r"(?:.*?TFLOP/s/device: (?P<tflops>[0-9.]+))?(?:.*?Tokens/s/device: (?P<tokens>[0-9.]+))?"
+    r".*?\bloss: (?P<loss>[-0-9.naif]+)"
+)
+
+
+def parse_step_line(line: str) -> dict[str, Any] | None:
+    """A metrics record (the keys :func:`summarize` reads) from one of MaxText's step log lines, or None.
+
+    The line gives rates per second; the record holds per-step totals
+    (rate x step seconds), as MaxText's metrics file does.
+    """
+    found = STEP_LINE.search(line)
+    if not found:
+        return None
+    seconds = float(found["seconds"])
+    return {
+        "step": float(found["step"]),
+        "learning/loss": float(found["loss"]),
+        "perf/step_time_seconds": seconds,
+        "perf/per_device_tokens": float(found["tokens"] or 0.0) * seconds,
+        "perf/per_device_tflops": float(found["tflops"] or 0.0) * seconds,
+    }

@@ -84,6 +84,8 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
             output_dir=values["output_dir"],
             run_name=values["run_name"],
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            namespace=values["namespace"],
+            cluster=profile_data["cluster"],
         ).set_display_name("cleanup")
         exit_task.set_caching_options(False)
         with dsl.ExitHandler(exit_task, name="stages"):

@@ -59,3 +59,19 @@ def latest_committed_step(checkpoint_dir: str) -> int | None:
         return None
     steps = [int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "commit_success.txt").is_file()]
     return max(steps) if steps else None
+
+
+def gke_api(plan: Plan, step: str, stage: StagePlan | None = None, kube: Any = None, timings: Any = None) -> Any:
+    """The GKE backend's API client for a step: ``kube`` when given (tests), else one from ``plan.spec.cluster``.
+
+    Raises:
+        multislice.backends.gke.access.ClusterAccessError: the cluster cannot be reached as configured.
+    """
+    if kube is not None:
+        return kube
+    from multislice.backends import backend_for
+
+    return backend_for(
+        "gke", plan.run_dir, cluster=plan.spec.cluster, namespace=plan.spec.namespace, timings=timings,
+        say=lambda message: say(step, message, stage.name if stage else None),
+    )  # fmt: skip

@@ -4,7 +4,10 @@ Runs after the stages whether they succeeded, failed or were cancelled. It
 selects JobSets by this run's ``pipeline/runid`` label, so another run's
 JobSets (even of the same run name) are never touched, and it leaves
 completed JobSets alone. On the local backend deleting a JobSet stops every
-process it started; its state and logs stay on disk.
+process it started; its state and logs stay on disk. On GKE it deletes,
+through the Kubernetes API, the run's JobSets that are not Completed and the
+run's Jobs (the verifier's) that have not finished, with foreground
+propagation so their pods go too.
 """
 
 from __future__ import annotations
@@ -14,17 +17,33 @@ from typing import Any
 
 from multislice import names
 from multislice.backends import BackendUnavailable, backend_for
+from multislice.config import ClusterSpec
 from multislice.steps import is_local_path, say
 
 
 def run(
-    backend: str, output_dir: str, run_name: str, pipeline_run_id: str, pipeline_status: str = ""
+    backend: str,
+    output_dir: str,
+    run_name: str,
+    pipeline_run_id: str,
+    pipeline_status: str = "",
+    *,
+    namespace: str = "default",
+    cluster: dict[str, Any] | None = None,
+    kube: Any = None,
 ) -> dict[str, Any]:
     """Delete the run's unfinished JobSets; returns what was deleted and kept.
 
     Takes raw pipeline parameters rather than a plan: an exit handler must run
-    even when planning failed.
+    even when planning failed. ``namespace`` and ``cluster`` (the profile's
+    ``cluster`` section) are for the GKE backend; ``kube`` replaces the API
+    client built from them (tests).
+
+    Raises:
+        multislice.backends.gke.retry.ApiUnavailable: (GKE) the API kept failing; the run's JobSets may remain.
     """
+    if backend == "gke":
+        return _run_gke(namespace, cluster or {}, pipeline_run_id, pipeline_status, kube)
     if backend == "local" and is_local_path(output_dir) and not os.path.isabs(output_dir):
         output_dir = os.path.abspath(output_dir)
     run_dir = f"{output_dir.rstrip('/')}/{run_name}"
@@ -43,5 +62,47 @@ def run(
     say(
         "cleanup",
         f"pipeline {pipeline_status or 'finished'}; deleted {deleted or 'nothing'}; kept completed {kept or 'none'}",
+    )
+    return {"deleted": deleted, "kept": kept, "pipeline_status": pipeline_status}
+
+
+def _run_gke(
+    namespace: str, cluster: dict[str, Any], pipeline_run_id: str, pipeline_status: str, kube: Any
+) -> dict[str, Any]:
+    from multislice.backends.gke import jobset as jobsets
+    from multislice.backends.gke.access import ClusterAccessError
+
+    try:
+        kube = kube or backend_for(
+            "gke", "", cluster=ClusterSpec.model_validate(cluster), namespace=namespace,
+            say=lambda message: say("cleanup", message),
+        )  # fmt: skip
+    except (ClusterAccessError, ValueError) as error:
+        say("cleanup", f"cannot reach the cluster, so nothing was deleted: {error}")
+        return {"deleted": [], "kept": [], "pipeline_status": pipeline_status, "error": str(error)}
+    selector = jobsets.run_selector(pipeline_run_id)
+    deleted, kept = [], []
+    for js in kube.list_jobsets(selector):
+        name, state = js["metadata"]["name"], jobsets.phase(js)
+        if state == "Completed":
+            kept.append(name)
+            continue
+        if jobsets.delete(kube, name):
+            deleted.append(f"JobSet {name} ({state})")
+    found = kube.call(kube.batch.list_namespaced_job, namespace, label_selector=selector, what="list Jobs")
+    for job in found.items:
+        finished = any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
+        owned = any(ref.kind == "JobSet" for ref in job.metadata.owner_references or [])
+        if finished or owned:  # a JobSet's Jobs go with their JobSet
+            continue
+        kube.call(
+            kube.batch.delete_namespaced_job, job.metadata.name, namespace, propagation_policy="Foreground",
+            what=f"delete Job {job.metadata.name}",
+        )  # fmt: skip
+        deleted.append(f"Job {job.metadata.name}")
+    say(
+        "cleanup",
+        f"pipeline {pipeline_status or 'finished'}; namespace {namespace}, pipeline run {pipeline_run_id}: "
+        f"deleted {deleted or 'nothing'}; kept completed {kept or 'none'}",
     )
     return {"deleted": deleted, "kept": kept, "pipeline_status": pipeline_status}

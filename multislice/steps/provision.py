@@ -1,7 +1,10 @@
 """provision: make sure the capacity and the queueing objects the run needs exist.
 
-On GKE this will create or adopt one TPU node pool per slice and apply the
-Kueue objects (not built yet). On the local backend there are no node pools
+On GKE: the TPU node pools (one per slice) through :mod:`multislice.nodepool`
+when ``node_pools.manage`` is true; a check that the JobSet and Kueue CRDs are
+served at the versions this project renders (the versions found are
+reported); and the Kueue objects (:mod:`multislice.kueue`) server-side
+applied with a fixed field manager. On the local backend there are no node pools
 and no Kueue: it checks that this machine can host the emulated slices (the
 trainer environment, CPU and memory, the JAX coordinator port), renders and
 validates the Kueue objects a cluster would need, writes them under the run
@@ -18,10 +21,9 @@ from typing import Any
 import yaml
 
 from multislice import kueue, schema
-from multislice.backends import backend_for
 from multislice.backends.local import COORDINATOR_PORT, port_in_use, trainer_env
 from multislice.plan import Plan
-from multislice.steps import say, write_report
+from multislice.steps import gke_api, say, write_report
 
 #: Resident memory to allow per local trainer process, bytes. Measured here: at most
 #: 1.21 GiB resident per process for either stage of the local profile; doubled for headroom.
@@ -52,19 +54,34 @@ def trainer_versions(env: Path) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in out.stdout.splitlines())
 
 
-def run(plan: Plan) -> dict[str, Any]:
+class NodePoolsUnavailable(RuntimeError):
+    """node_pools.manage is true but this build has no node pool management; the message says what to do."""
+
+
+def kueue_objects(plan: Plan) -> list[dict[str, Any]]:
+    """The run's Kueue objects, validated against the Kueue CRDs."""
+    objects = kueue.render_kueue_objects(plan)
+    for obj in objects:
+        schema.validate(obj)
+    return objects
+
+
+def run(plan: Plan, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
     """Check or create capacity for the plan; returns the provision report.
+
+    ``kube`` and ``timings`` (GKE backend) replace the API client built from
+    ``plan.spec.cluster`` and the default waits (tests pass both).
 
     Raises:
         InsufficientCapacity: not enough memory, or the coordinator port is taken.
         multislice.backends.local.TrainerEnvMissing: no trainer environment.
-        multislice.backends.BackendUnavailable: backend ``gke``.
+        multislice.backends.gke.cluster.CrdsMissing: (GKE) JobSet or Kueue not installed at the needed versions.
+        NodePoolsUnavailable: (GKE) ``node_pools.manage`` without :mod:`multislice.nodepool`.
     """
+    if plan.spec.backend == "gke":
+        return _run_gke(plan, gke_api(plan, "provision", kube=kube, timings=timings))
     spec = plan.spec
-    backend_for(spec.backend, plan.run_dir)
-    objects = kueue.render_kueue_objects(plan)
-    for obj in objects:
-        schema.validate(obj)
+    objects = kueue_objects(plan)
     manifests = Path(plan.run_dir) / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     (manifests / "kueue.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False), encoding="utf-8")
@@ -108,4 +125,46 @@ def run(plan: Plan) -> dict[str, Any]:
     say("provision", report["note"])
     say("provision", f"trainer environment {env}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     say("provision", f"Kueue objects rendered and validated (not applied): {', '.join(report['kueue_objects'])}")
+    return write_report(plan, "provision", report)
+
+
+def _ensure_node_pools(plan: Plan) -> list[dict[str, Any]]:
+    if not plan.spec.node_pools.manage:
+        say("provision", "node_pools.manage is false: node pools are left to the platform team")
+        return []
+    try:
+        from multislice import nodepool
+    except ImportError as error:
+        raise NodePoolsUnavailable(
+            f"node_pools.manage is true, but this build cannot manage GKE node pools ({error}); create the "
+            "TPU node pools yourself and set node_pools.manage: false"
+        ) from error
+    report = nodepool.ensure_node_pools(plan, on_progress=lambda message: say("provision", message))
+    return list(report.get("node_pools", []))
+
+
+def _run_gke(plan: Plan, kube: Any) -> dict[str, Any]:
+    from multislice.backends.gke import cluster
+    from multislice.backends.gke.client import FIELD_MANAGER
+
+    node_pools = _ensure_node_pools(plan)
+    crds = cluster.check_crds(kube)
+    say(
+        "provision",
+        "CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()),
+    )
+    applied = []
+    for obj in kueue_objects(plan):
+        stored = cluster.server_side_apply(kube, obj)
+        applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        version = stored.get("metadata", {}).get("resourceVersion")
+        say("provision", f"applied {applied[-1]} (field manager {FIELD_MANAGER}, resourceVersion {version})")
+    report = {
+        "backend": "gke",
+        "node_pools": node_pools,
+        "crds": crds,
+        "kueue_objects": applied,
+        "field_manager": FIELD_MANAGER,
+        "namespace": kube.namespace,
+    }
     return write_report(plan, "provision", report)

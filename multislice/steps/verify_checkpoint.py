@@ -4,8 +4,9 @@ Runs the checkpoint verifier (:mod:`multislice.trainer.verify`, trainer
 environment) against the stage's checkpoint directory with the stage's
 MaxText arguments, so the expected parameter tree comes from the model
 config, and reads its JSON report. On the local backend the verifier is a
-process in the trainer environment; on GKE it will be a Job in the trainer
-image (not built yet). A FAIL fails the step, so a later stage never starts
+process in the trainer environment; on GKE it is a Job in the trainer image
+(:mod:`multislice.backends.gke.verifier`) whose JSON report is read from its
+pod's log. A FAIL fails the step, so a later stage never starts
 from an unverified one.
 """
 
@@ -16,10 +17,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from multislice.backends import backend_for
+from multislice import names
 from multislice.backends.local import trainer_env, trainer_process_env
 from multislice.plan import Plan, StagePlan
-from multislice.steps import report_path, say, write_report
+from multislice.steps import gke_api, report_path, say, write_report
 
 VERIFY_TIMEOUT_SECONDS = 1800
 
@@ -55,16 +56,33 @@ def run_verifier(stage: StagePlan, checkpoint_dir: str, report_file: Path) -> tu
     return done.returncode, json.loads(report_file.read_text(encoding="utf-8"))
 
 
-def run(plan: Plan, stage_name: str) -> dict[str, Any]:
+def _run_gke_verifier(plan: Plan, stage: StagePlan, kube: Any) -> dict[str, Any]:
+    from multislice.backends.gke import verifier
+
+    js = kube.get_jobset(stage.jobset) or {}
+    run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, "none")
+    return verifier.run(
+        kube, plan, stage, run_id, timeout=kube.timings.verify_timeout,
+        on_progress=lambda message: say("verify_checkpoint", message, stage.name),
+    )  # fmt: skip
+
+
+def run(plan: Plan, stage_name: str, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
     """Verify the stage's final checkpoint; returns the verifier's report (verdict PASS).
+
+    On GKE the verifier runs as a Job labelled with the pipeline run id of the
+    stage's JobSet; ``kube`` and ``timings`` replace the API client and waits.
 
     Raises:
         VerificationFailed: verdict FAIL or ERROR, with the failed checks.
+        multislice.backends.gke.verifier.VerifierJobFailed: (GKE) the Job left no report.
     """
     stage = plan.stage(stage_name)
-    backend_for(plan.spec.backend, plan.run_dir)
     report_file = report_path(plan, "verification", stage)
-    _, report = run_verifier(stage, stage.checkpoint_dir, report_file)
+    if plan.spec.backend == "gke":
+        report = _run_gke_verifier(plan, stage, gke_api(plan, "verify_checkpoint", stage, kube, timings))
+    else:
+        _, report = run_verifier(stage, stage.checkpoint_dir, report_file)
     for check in report.get("checks", []):
         say(
             "verify_checkpoint",
@@ -76,7 +94,7 @@ def run(plan: Plan, stage_name: str) -> dict[str, Any]:
         raise VerificationFailed(
             f"checkpoint {stage.checkpoint_dir} verdict {report.get('verdict')}: "
             + ("; ".join(failed) or report.get("error", "no detail"))
-            + f" (report {report_file})"
+            + f" (report {report.get('job') or report_file})"
         )
     say(
         "verify_checkpoint",
@@ -84,4 +102,5 @@ def run(plan: Plan, stage_name: str) -> dict[str, Any]:
         f"written with mesh {report.get('written_mesh')}",
         stage.name,
     )
-    return write_report(plan, "verify_checkpoint", {**report, "report_file": str(report_file)}, stage)
+    where = {"job": report["job"]} if "job" in report else {"report_file": str(report_file)}
+    return write_report(plan, "verify_checkpoint", {**report, **where}, stage)

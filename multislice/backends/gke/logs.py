@@ -1,0 +1,97 @@
+"""Following the leader pod's log (slice 0, host 0) across JobSet restarts.
+
+A background thread reads ``GET /api/v1/namespaces/NS/pods/POD/log?follow=true``
+for the trainer container of the newest restart attempt's leader. When the
+stream ends (the pod finished, the connection dropped, the JobSet restarted
+and recreated its pods) it looks for the leader again and re-attaches; lines
+of a pod it already read are skipped by count, so a re-attach to the same pod
+repeats nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from multislice import names
+from multislice.backends.gke import pods as pod_state
+from multislice.backends.gke import retry
+from multislice.backends.gke.client import Kube
+
+
+class LeaderLog(threading.Thread):
+    """Calls ``on_line(pod_name, line)`` for each new line of the JobSet's leader pod, in order.
+
+    Args:
+        kube: The API client.
+        jobset: JobSet name.
+        on_line: Called from this thread (under a lock) for each complete new line.
+        poll_seconds: Wait between looks for a leader pod that is not running yet.
+    """
+
+    def __init__(self, kube: Kube, jobset: str, on_line: Callable[[str, str], None], poll_seconds: float):
+        super().__init__(name=f"leader-log-{jobset}", daemon=True)
+        self.kube, self.jobset, self.on_line, self.poll = kube, jobset, on_line, poll_seconds
+        self.read: dict[str, int] = {}  # pod name -> lines already passed on
+        self.pods_followed: list[str] = []
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the thread to end after its current read."""
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                pod = pod_state.leader(pod_state.list_pods(self.kube, self.jobset))
+                if pod is not None and pod.status.phase in ("Running", "Succeeded", "Failed"):
+                    self._read(pod.metadata.name, follow=pod.status.phase == "Running")
+            except (ApiException, retry.ApiUnavailable, *retry.TRANSPORT_ERRORS):
+                pass  # the pod went away or the API hiccuped: look for the leader again
+            self._stop_event.wait(self.poll)
+
+    def catch_up(self) -> None:
+        """Read what is left of the current leader's log without following (call after :meth:`stop`)."""
+        try:
+            pod = pod_state.leader(pod_state.list_pods(self.kube, self.jobset))
+            if pod is not None:
+                self._read(pod.metadata.name, follow=False)
+        except (ApiException, retry.ApiUnavailable, *retry.TRANSPORT_ERRORS):
+            pass
+
+    def _read(self, pod_name: str, follow: bool) -> None:
+        response = self.kube.core.read_namespaced_pod_log(
+            pod_name, self.kube.namespace, container=names.TRAINER_CONTAINER, follow=follow,
+            _preload_content=False, _request_timeout=(10, None) if follow else 60,
+        )  # fmt: skip
+        if pod_name not in self.pods_followed:
+            self.pods_followed.append(pod_name)
+        try:
+            count = 0
+            for line in iter_resp_lines(response):
+                count += 1
+                with self._lock:
+                    if count <= self.read.get(pod_name, 0):
+                        continue
+                    self.read[pod_name] = count
+                    self.on_line(pod_name, line)
+                if self._stop_event.is_set() and follow:
+                    break
+        finally:
+            response.close()
+            response.release_conn()
+
+
+def tail(kube: Kube, pod_name: str, lines: int) -> str:
+    """The last ``lines`` lines of a pod's trainer container log ('' when unreadable)."""
+    try:
+        return kube.call(
+            kube.core.read_namespaced_pod_log, pod_name, kube.namespace, container=names.TRAINER_CONTAINER,
+            tail_lines=lines, what=f"read log of pod {pod_name}",
+        )  # fmt: skip
+    except (ApiException, retry.ApiUnavailable):
+        return ""

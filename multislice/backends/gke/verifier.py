@@ -1,0 +1,150 @@
+"""The checkpoint verifier as a Kubernetes Job in the trainer image, and its JSON report read from the pod log.
+
+The Job runs ``python -m multislice.trainer.verify`` (the same verifier the
+local backend runs) against the stage's checkpoint directory in Cloud
+Storage; the verifier prints its JSON report as the last thing on stdout
+(``multislice/trainer/verify.py``, ``main``), which is read back from the
+pod's log. The Job runs under the namespace's default Kubernetes
+ServiceAccount; on GKE bind it to a Google service account that can read the
+bucket (Workload Identity). Job status read (batch/v1 ``JobStatus``):
+conditions ``Complete`` and ``Failed``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from multislice import jobset as jobset_manifest
+from multislice import names
+from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import pods as pod_state
+from multislice.backends.gke.client import Kube
+from multislice.plan import Plan, StagePlan
+
+
+class VerifierJobFailed(RuntimeError):
+    """The verifier Job did not produce a report; the message has its state, events and log tail."""
+
+
+def job_name(stage: StagePlan) -> str:
+    """``<jobset>-verify`` (the JobSet name leaves room for it: pod names are longer)."""
+    return f"{stage.jobset}-verify"
+
+
+def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+    """The verifier Job (batch/v1): one pod, no retries, the trainer image, CPU only."""
+    labels = jobset_manifest.run_labels(plan, pipeline_run_id, stage)
+    command = [
+        "python", "-m", "multislice.trainer.verify",
+        "--checkpoint-dir", stage.checkpoint_dir,
+        "--expected-step", str(stage.final_step),
+        "--", *stage.maxtext_args,
+    ]  # fmt: skip
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(stage), "namespace": plan.spec.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": names.TRAINER_CONTAINER,
+                            "image": plan.spec.images.trainer,
+                            "command": command,
+                            "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def parse_report(log: str) -> dict[str, Any] | None:
+    """The verifier's JSON report: the last top-level ``{`` ... ``}`` block of the log, or None."""
+    lines = log.splitlines()
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].rstrip() == "{":
+            try:
+                return json.loads("\n".join(lines[start:]))
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def _job_state(job: dict[str, Any]) -> str | None:
+    for cond in job.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return cond["type"]
+    return None
+
+
+def run(
+    kube: Kube,
+    plan: Plan,
+    stage: StagePlan,
+    pipeline_run_id: str,
+    *,
+    timeout: float,
+    on_progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Create (or adopt) the verifier Job, wait for it to finish and return its report.
+
+    Raises:
+        VerifierJobFailed: no report in the log (the message quotes the pod's state, events and log tail).
+        TimeoutError: not finished within ``timeout`` seconds.
+        multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
+    """
+    body = jobsets.with_spec_hash(render_job(plan, stage, pipeline_run_id))
+    name = body["metadata"]["name"]
+    try:
+        kube.call(kube.batch.create_namespaced_job, kube.namespace, body, what=f"create Job {name}")
+        on_progress(f"verifier Job {name} created ({plan.spec.images.trainer})")
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        existing = kube.api.sanitize_for_serialization(
+            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
+        )
+        wanted = body["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
+        jobsets.adopt_or_conflict("Job", existing, wanted, kube.namespace)
+        on_progress(f"verifier Job {name} exists with the same spec; adopted")
+    deadline = time.monotonic() + timeout
+    while True:
+        job = kube.api.sanitize_for_serialization(
+            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
+        )
+        state = _job_state(job)
+        if state:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"verifier Job {name} still running after {timeout:.0f} s")
+        time.sleep(kube.timings.poll_seconds)
+    found = kube.call(
+        kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
+    )
+    pod = found.items[-1] if found.items else None
+    log = ""
+    if pod is not None:
+        log = kube.call(
+            kube.core.read_namespaced_pod_log, pod.metadata.name, kube.namespace, container=names.TRAINER_CONTAINER,
+            what=f"read log of {pod.metadata.name}",
+        )  # fmt: skip
+    report = parse_report(log)
+    if report is None:
+        detail = pod_state.events(kube, pod.metadata.name) if pod is not None else "no pod found"
+        raise VerifierJobFailed(
+            f"verifier Job {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
+            + "\n".join(log.splitlines()[-20:])
+        )
+    report["job"] = name
+    return report

@@ -1,0 +1,275 @@
+"""Test support: kmock's KubernetesEmulator, extended, served on 127.0.0.1 for the official client.
+
+kmock 0.8's KubernetesEmulator keeps objects in memory and serves create,
+get, list, merge-patch (status included) and delete over HTTP. Measured here,
+as shipped it (1) treats only ``watch=true`` as a watch, while the official
+client sends ``watch=True``; (2) stamps no namespace, uid, resourceVersion,
+generation or creationTimestamp; (3) ignores label and field selectors,
+``resourceVersion`` and ``timeoutSeconds`` of lists and watches; (4) has no
+server-side apply and no ``pods/log``. :class:`Cluster` subclasses it, as its
+docstring invites, and adds those, plus two ways to misbehave on purpose:
+:meth:`Cluster.fail_next` (answer the next requests with an HTTP error) and
+:meth:`Cluster.compact` (forget history: watches from older resourceVersions
+get 410 Gone and open watches end).
+
+Not modelled (tests play these parts through the API): admission webhooks
+and defaulting, validation against CRD schemas, controllers (JobSet, Job,
+Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
+pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
+field ownership in server-side apply (an apply replaces what it names),
+set-based label selectors, RBAC and authentication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import enums
+from kubernetes import client as k8s
+
+from multislice.backends.gke import Timings
+from multislice.backends.gke.client import Kube
+
+FAST = Timings(
+    poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=5, launch_timeout=5,
+    unschedulable_grace=0.5, train_timeout=10, readmit_timeout=5, verify_timeout=5, api_deadline=3,
+    backoff_initial=0.05, backoff_max=0.2,
+)  # fmt: skip
+
+
+def _get_path(obj: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def selected(obj: dict[str, Any], params: dict[str, str]) -> bool:
+    """Equality-based ``labelSelector`` and ``fieldSelector`` (``k=v``, ``k==v``, ``k!=v``, comma-joined)."""
+    for param, lookup in (
+        ("labelSelector", lambda k: (obj.get("metadata", {}).get("labels") or {}).get(k)),
+        ("fieldSelector", lambda k: _get_path(obj, k)),
+    ):
+        for term in filter(None, (params.get(param) or "").split(",")):
+            if "!=" in term:
+                key, value = term.split("!=", 1)
+                if str(lookup(key)) == value:
+                    return False
+            else:
+                key, value = term.replace("==", "=").split("=", 1)
+                if lookup(key) is None or str(lookup(key)) != value:
+                    return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class Cluster(kmock.KubernetesEmulator):
+    """kmock's emulator with watches, metadata stamping, selectors, server-side apply, pod logs and faults."""
+
+    rv: int = 0
+    compacted: int = 0
+    compactions: int = 0
+    history: list = attrs.field(factory=list)  # (rv, resource, event)
+    logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> text
+    faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
+    log_lock: Any = attrs.field(factory=threading.Lock)
+
+    def fail_next(self, count: int, status: int = 500) -> None:
+        """Answer the next ``count`` requests with ``status`` (a Kubernetes Status body)."""
+        self.faults.extend([status] * count)
+
+    def compact(self) -> None:
+        """Forget history up to now: watches from older resourceVersions get 410 Gone; open watches end."""
+        self.compacted = self.rv + 1
+        self.compactions += 1
+
+    def append_log(self, namespace: str, pod: str, text: str) -> None:
+        """Append to a pod's log (what its container printed)."""
+        with self.log_lock:
+            self.logs[(namespace, pod)] = self.logs.get((namespace, pod), "") + text
+
+    def _replace(self, request: Any, **changes: Any) -> Any:
+        new = attrs.evolve(request, **changes)
+        for index, seen in enumerate(self._requests):
+            if seen is request:
+                self._requests[index] = new
+        return new
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        if self.faults:
+            status = self.faults.pop(0)
+            raise kmock.KubernetesError(status=status, reason="InjectedFault", message=f"injected HTTP {status}")
+        if request.resource is None:
+            return await super()._handle(request)
+        if request.method == enums.method.GET and request.params.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request)
+        if request.subresource == "log":
+            return await self._log(request)
+        apply = "apply-patch" in request.headers.get("Content-Type", "")
+        if apply and request.action == enums.action.UPDATE:
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                request = self._replace(request, action=enums.action.CREATE, name=None)
+        if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
+            self.rv += 1
+            meta = request.data.setdefault("metadata", {}) if isinstance(request.data, dict) else {}
+            meta["resourceVersion"] = str(self.rv)
+            if request.action == enums.action.CREATE:
+                meta.setdefault("namespace", request.namespace) if request.namespace else None
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        response = await super()._handle(request)
+        if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
+            self._record(request)
+        return response
+
+    def _record(self, request: Any) -> None:
+        data = request.data if isinstance(request.data, dict) else {}
+        namespace = request.namespace or data.get("metadata", {}).get("namespace")
+        name = request.name or data.get("metadata", {}).get("name")
+        key = (request.resource, namespace, name)
+        if key not in self._objects:
+            return
+        stored = self._objects[key]
+        kind = {"CREATE": "ADDED", "UPDATE": "MODIFIED", "DELETE": "DELETED"}[request.action.name]
+        raw = copy.deepcopy(stored.last.raw if stored.deleted else stored.raw)
+        raw.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        if stored.deleted:
+            kind = "DELETED"
+        self.history.append((self.rv, request.resource, {"type": kind, "object": raw}))
+
+    async def _serve_list(self, request: Any) -> Any:
+        try:
+            listed = await super()._serve_list(request)
+        except kmock.KubernetesResourceNotFoundError:  # no object of it yet: a real server lists nothing
+            listed = {"items": []}
+        listed["items"] = [item for item in listed["items"] if selected(item, request.params)]
+        listed["metadata"] = {"resourceVersion": str(self.rv)}
+        return listed
+
+    async def _watch(self, request: Any) -> aiohttp.web.StreamResponse:
+        raw_request = request._raw_request
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(raw_request)
+        since = int(request.params.get("resourceVersion") or 0)
+        if since and since < self.compacted:
+            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+                    "message": f"too old resource version: {since} ({self.compacted})"}  # fmt: skip
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            await response.write_eof()
+            return response
+        deadline = asyncio.get_running_loop().time() + float(request.params.get("timeoutSeconds") or 30)
+        compactions = self.compactions
+        if not since:  # "most recent": the current objects first
+            for item in (await self._serve_list(request))["items"]:
+                await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
+            since = self.rv
+        try:
+            while asyncio.get_running_loop().time() < deadline and self.compactions == compactions:
+                for rv, resource, event in list(self.history):
+                    if rv <= since or resource != request.resource:
+                        continue
+                    since = rv
+                    meta = event["object"].get("metadata", {})
+                    if request.namespace and meta.get("namespace") != request.namespace:
+                        continue
+                    if selected(event["object"], request.params):
+                        await response.write(json.dumps(event).encode() + b"\n")
+                await asyncio.sleep(0.02)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    async def _log(self, request: Any) -> aiohttp.web.StreamResponse:
+        key = (request.namespace, request.name)
+        pod_key = (request.resource, request.namespace, request.name)
+        if pod_key not in self._objects or self._objects[pod_key].deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        with self.log_lock:
+            text = self.logs.get(key, "")
+        if request.params.get("follow", "").lower() not in ("true", "1"):
+            lines = text.splitlines(keepends=True)
+            tail = int(request.params.get("tailLines") or 0)
+            return aiohttp.web.Response(text="".join(lines[-tail:] if tail else lines), content_type="text/plain")
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        await response.prepare(request._raw_request)
+        sent = 0
+        try:
+            while True:
+                with self.log_lock:
+                    text = self.logs.get(key, "")
+                if len(text) > sent:
+                    await response.write(text[sent:].encode())
+                    sent = len(text)
+                stored = self._objects[pod_key] if pod_key in self._objects else None
+                if (
+                    stored is None
+                    or stored.deleted
+                    or stored.raw.get("status", {}).get("phase") in ("Succeeded", "Failed")
+                ):
+                    break
+                await asyncio.sleep(0.02)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+
+class Served:
+    """A :class:`Cluster` served on 127.0.0.1 from a background thread, with official clients for it."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the kmock server did not start")
+
+    def _serve(self) -> None:
+        async def main() -> None:
+            async with Cluster() as cluster, kmock.Server(cluster) as server:
+                self.cluster, self.url = cluster, str(server.url).rstrip("/")
+                self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+                self._ready.set()
+                await self._stop.wait()
+
+        asyncio.run(main())
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+    def api(self) -> k8s.ApiClient:
+        """A new official ApiClient for this server (plain HTTP, no auth)."""
+        configuration = k8s.Configuration()
+        configuration.host = self.url
+        return k8s.ApiClient(configuration)
+
+    def kube(self, namespace: str = "default", timings: Timings = FAST, say: Any = None) -> Kube:
+        """The GKE backend's client for this server, with fast test timings."""
+        return Kube(self.api(), namespace, timings, say)
+
+
+def wait_until(predicate: Any, timeout: float = 5.0, what: str = "condition") -> Any:
+    """Poll ``predicate()`` until truthy; returns its value. Raises AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,349 @@
+"""The GKE implementations of the steps, over real HTTP against kmock's KubernetesEmulator (tests/kube_cluster.py).
+
+Each scenario plays Kueue, JobSet, the kubelet and GKE from a background
+thread through the API, runs a step with fast timings, and asserts its
+outcome and its message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from multislice import config, names
+from multislice.backends.gke import cluster as gke_cluster
+from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import retry, workload
+from multislice.plan import make_plan
+from multislice.steps import admit, cleanup, launch, provision, train, verify_checkpoint
+from multislice.steps.launch import LaunchFailed
+from multislice.steps.train import TrainingFailed
+from tests.kube_cluster import Served, wait_until
+from tests.kube_controllers import Play, step_line, verifier_log
+
+RUN_ID = "run-1111"
+POOLS = ["tpu-pool-0", "tpu-pool-1"]
+
+
+@pytest.fixture
+def served():
+    server = Served()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def play(served):
+    player = Play(served)
+    player.install_crds()
+    player.nodes({pool: 4 for pool in POOLS})
+    return player
+
+
+@pytest.fixture
+def plan():
+    spec = config.load_profile(
+        "gke-v6e-16x2",
+        {"run_name": "r1", "output_dir": "gs://bucket/runs", "node_pools.manage": False},
+    )
+    return make_plan(spec)
+
+
+class Background:
+    """Runs a controller script in a thread; re-raises its failure in the test."""
+
+    def __init__(self, script):
+        self.error = None
+        self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
+        self.thread.start()
+
+    def _run(self, script):
+        try:
+            script()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            self.error = error
+
+    def join(self):
+        self.thread.join(10)
+        if self.error:
+            raise self.error
+
+
+def stage_of(plan):
+    return plan.stages[0]
+
+
+def admitted_jobset(play, plan, kube, *, pending=None):
+    """Run admit with Kueue admitting (after a pending period when ``pending`` is a message)."""
+    js = stage_of(plan).jobset
+
+    def kueue():
+        play.kueue_queues(js, pending or "waiting")
+        if pending:
+            time.sleep(0.5)
+        play.kueue_admits(js)
+
+    controller = Background(kueue)
+    report = admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
+    controller.join()
+    return report
+
+
+def running_pods(play, plan, attempt=0):
+    return play.pods(stage_of(plan).jobset, 2, plan.slice["hosts"], attempt=attempt, pools=POOLS)
+
+
+def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, plan, capsys):
+    kube = served.kube()
+    report = provision.run(plan, kube=kube)
+    assert report["crds"][f"jobsets.{jobsets.JOBSET_GROUP}"] == ["v1alpha2"]
+    assert report["kueue_objects"] == [
+        "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue",
+        "WorkloadPriorityClass/default-priority", "LocalQueue/multislice-queue",
+    ]  # fmt: skip
+    queue = play.custom.get_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", "multislice-cluster-queue"
+    )
+    assert queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 32
+    provision.run(plan, kube=kube)  # applying again is a no-op, not a conflict
+
+    admitted = admitted_jobset(play, plan, kube)
+    assert (admitted["admitted"], admitted["cluster_queue"], admitted["flavors"]) == (
+        True,
+        "multislice-cluster-queue",
+        ["v6e-4x4"],
+    )
+    js = play.jobset(stage_of(plan).jobset)
+    assert js["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+    assert js["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
+
+    pods = running_pods(play, plan)
+    launched = launch.run(plan, stage_of(plan).name, admitted, kube=kube)
+    assert launched["pods"] == 8 and launched["node_pools"] == POOLS
+    assert {p["node_pool"] for p in launched["placement"].values() if p["slice"] == 1} == {"tpu-pool-1"}
+
+    def leader_trains():
+        for step in range(4):
+            play.log(pods[0], step_line(step, 8.0 - step))
+            time.sleep(0.05)
+        play.pod_status(pods[0], {"phase": "Succeeded"})
+        play.jobset_done(stage_of(plan).jobset, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+    controller = Background(leader_trains)
+    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    assert (trained["steps_trained"], trained["first_loss"], trained["final_loss"]) == (4, 8.0, 5.0)
+    assert trained["tokens_per_second_per_device"] == pytest.approx(2000.0)
+    assert trained["restarts"] == 0 and trained["leader_pods"] == [pods[0]]
+
+    controller = Background(lambda: (wait_until(lambda: play.batch.list_namespaced_job("default").items, what="Job"),
+                                      play.job_done(f"{stage_of(plan).jobset}-verify", verifier_log())))  # fmt: skip
+    verified = verify_checkpoint.run(plan, stage_of(plan).name, kube=kube)
+    controller.join()
+    assert verified["verdict"] == "PASS" and verified["job"] == f"{stage_of(plan).jobset}-verify"
+    job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
+    assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+
+    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", kube=kube)
+    assert done["deleted"] == [] and done["kept"] == [stage_of(plan).jobset]
+    out = capsys.readouterr().out
+    assert "CRDs served: jobsets.jobset.x-k8s.io v1alpha2" in out
+    assert "completed step: 3" in out
+
+
+def test_waiting_on_quota_then_admitted_reports_the_pending_reason(served, play, plan, capsys):
+    message = "couldn't assign flavors to pod set slice: insufficient quota for google.com/tpu in flavor v6e-16"
+    report = admitted_jobset(play, plan, served.kube(), pending=message)
+    assert report["admitted"] and report["wait_seconds"] >= 0.4
+    assert f"QuotaReserved False: Pending: {message}" in capsys.readouterr().out
+
+
+def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play, plan):
+    js = stage_of(plan).jobset
+    controller = Background(lambda: play.kueue_queues(js, "insufficient quota for google.com/tpu"))
+    with pytest.raises(
+        workload.AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"
+    ):
+        admit.run(plan, stage_of(plan).name, RUN_ID, kube=served.kube())
+    controller.join()
+    assert served.kube().get_jobset(js) is None
+
+
+def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served, play, plan):
+    kube = served.kube()
+    admitted_jobset(play, plan, kube)
+    again = admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
+    assert again["adopted"] is True and again["admitted"] is True
+    other = make_plan(plan.spec.model_copy(update={"max_restarts": 9}))
+    with pytest.raises(
+        jobsets.JobSetConflict,
+        match=r"already exists with a different spec \(pipeline run run-1111.*kubectl delete jobset",
+    ):
+        admit.run(other, stage_of(plan).name, RUN_ID, kube=kube)
+    assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
+
+
+def test_evicted_then_readmitted_during_training(served, play, plan, capsys):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    pods = running_pods(play, plan)
+    js = stage_of(plan).jobset
+
+    def preempted_then_resumed():
+        play.log(pods[0], step_line(0, 8.0))
+        time.sleep(0.2)
+        play.kueue_evicts(js, "Preempted to accommodate a workload (UID: 42) due to prioritization in the ClusterQueue")
+        time.sleep(0.5)
+        play.kueue_admits(js)
+        play.log(pods[0], step_line(1, 7.0))
+        time.sleep(0.2)
+        play.pod_status(pods[0], {"phase": "Succeeded"})
+        play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+    controller = Background(preempted_then_resumed)
+    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    assert trained["steps_trained"] == 2
+    out = capsys.readouterr().out
+    assert "JobSet suspended by Kueue (Evicted True: Preempted: Preempted to accommodate a workload" in out
+    assert "JobSet admitted again after" in out
+
+
+def test_unschedulable_past_the_deadline_fails_launch_quoting_events(served, play, plan):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    message = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
+    status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                                  "message": message}]}  # fmt: skip
+    pods = play.pods(stage_of(plan).jobset, 2, plan.slice["hosts"], status=status)
+    play.event(pods[0], "FailedScheduling", message)
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed) as failure:
+        launch.run(plan, stage_of(plan).name, admitted, kube=kube)
+    assert time.monotonic() - started >= kube.timings.unschedulable_grace
+    text = str(failure.value)
+    assert f"pod {pods[0]} (slice 0, host 0) Unschedulable for" in text
+    assert f"Warning FailedScheduling: {message}" in text and "TPU node pools of v6e-16" in text
+
+
+def test_image_pull_failure_fails_launch_at_once(served, play, plan):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    back_off = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}
+    waiting = {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "x", "imageID": "",
+               "state": {"waiting": back_off}}  # fmt: skip
+    pods = play.pods(
+        stage_of(plan).jobset, 2, plan.slice["hosts"], status={"phase": "Pending", "containerStatuses": [waiting]}
+    )
+    play.event(pods[0], "Failed", 'Failed to pull image "x": not found')
+    started = time.monotonic()
+    with pytest.raises(LaunchFailed, match=r"cannot start: container maxtext: ImagePullBackOff") as failure:
+        launch.run(plan, stage_of(plan).name, admitted, kube=kube)
+    assert time.monotonic() - started < kube.timings.launch_timeout
+    assert 'Warning Failed: Failed to pull image "x": not found' in str(failure.value)
+
+
+def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(served, play, plan, capsys):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    js = stage_of(plan).jobset
+    first = running_pods(play, plan, attempt=0)
+
+    def keeps_failing():
+        play.log(first[0], step_line(0, 8.0))
+        terminated = {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "t", "imageID": "",
+                      "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}  # fmt: skip
+        play.pod_status(first[0], {"phase": "Failed", "containerStatuses": [terminated]})
+        play.patch_jobset(js, {"status": {"restarts": 1}}, status=True)
+        second = running_pods(play, plan, attempt=1)
+        play.log(second[0], step_line(0, 8.0) + "RESOURCE_EXHAUSTED: out of HBM\n")
+        play.pod_status(second[0], {"phase": "Failed", "containerStatuses": [terminated]})
+        play.jobset_done(js, "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts", 4)
+
+    controller = Background(keeps_failing)
+    with pytest.raises(TrainingFailed) as failure:
+        train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    text = str(failure.value)
+    assert (
+        f"JobSet {js} Failed (ReachedMaxRestarts: jobset failed due to reaching max number of restarts), restarts 4"
+        in text
+    )
+    assert f"pod {first[0]} (slice 0, host 0, attempt 0) exit code 137" in text
+    assert "RESOURCE_EXHAUSTED: out of HBM" in text
+    assert "JobSet restarted (1/4 restarts); following the new leader" in capsys.readouterr().out
+
+
+def test_watch_410_during_training_relists_and_finishes(served, play, plan, capsys):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    pods = running_pods(play, plan)
+    js = stage_of(plan).jobset
+
+    def compacts():
+        play.log(pods[0], step_line(0, 8.0))
+        time.sleep(0.3)
+        play.patch_jobset(js, {"metadata": {"annotations": {"touched": "1"}}})  # the watch has seen a newer version
+        time.sleep(0.2)
+        served.cluster.compact()
+        play.log(pods[0], step_line(1, 7.5))
+        time.sleep(0.2)
+        play.pod_status(pods[0], {"phase": "Succeeded"})
+        play.jobset_done(js, "Completed", "AllJobsCompleted", "done")
+
+    controller = Background(compacts)
+    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    assert trained["steps_trained"] == 2
+    assert f"watch of JobSet {js} expired (410 Gone" in capsys.readouterr().out
+
+
+def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play, plan, capsys):
+    kube = served.kube(say=print)
+    served.cluster.fail_next(3, 500)
+    report = provision.run(plan, kube=kube)
+    assert report["kueue_objects"]
+    assert capsys.readouterr().out.count("HTTP 500") == 3
+    served.cluster.fail_next(1000, 503)
+    with pytest.raises(retry.ApiUnavailable, match=r"failed \d+ times over 3 s, last with HTTP 503"):
+        gke_cluster.check_crds(kube)
+    served.cluster.faults.clear()
+
+
+def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
+    Play(served).install_crds(skip=("workloads.kueue.x-k8s.io",))
+    with pytest.raises(
+        gke_cluster.CrdsMissing, match=r"workloads.kueue.x-k8s.io needs v1beta2, the cluster serves nothing"
+    ):
+        provision.run(plan, kube=served.kube())
+
+
+def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan):
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    js = stage_of(plan).jobset
+    running_pods(play, plan)
+    labels = {names.LABEL_PIPELINE_RUN_ID: "run-2222"}
+    other = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+             "metadata": {"name": "someone-else", "labels": labels}, "spec": {}}  # fmt: skip
+    play.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", other)
+
+    controller = Background(lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGTERM)))
+    with pytest.raises(TrainingFailed, match="was cancelled; JobSet .* deleted"):
+        train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    assert kube.get_jobset(js) is None
+
+    # The exit handler: this run's unfinished JobSet goes, the other run's stays.
+    play.custom.delete_namespaced_custom_object(  # what garbage collection does after the JobSet's deletion
+        "kueue.x-k8s.io", "v1beta2", "default", "workloads", play.workload_name(js)
+    )
+    second = admitted_jobset(play, make_plan(plan.spec), kube)  # re-create stage 1's JobSet as a queued one
+    assert second["admitted"]
+    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "CANCELLED", kube=kube)
+    assert done["deleted"] == [f"JobSet {js} (Running)"]
+    assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None

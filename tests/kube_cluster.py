@@ -40,9 +40,11 @@ from kubernetes import client as k8s
 from multislice.backends.gke import Timings
 from multislice.backends.gke.client import Kube
 
+#: Waits for tests: polls of 50 ms; deadlines long enough for a loaded 2-core machine (tests that
+#: expect a deadline to pass shorten it with dataclasses.replace).
 FAST = Timings(
-    poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=5, launch_timeout=5,
-    unschedulable_grace=0.5, train_timeout=10, readmit_timeout=5, verify_timeout=5, api_deadline=3,
+    poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=20, launch_timeout=20,
+    unschedulable_grace=0.5, train_timeout=30, readmit_timeout=20, verify_timeout=20, api_deadline=3,
     backoff_initial=0.05, backoff_max=0.2,
 )  # fmt: skip
 
@@ -264,7 +266,7 @@ class Served:
         return Kube(self.api(), namespace, timings, say)
 
 
-def wait_until(predicate: Any, timeout: float = 5.0, what: str = "condition") -> Any:
+def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
     """Poll ``predicate()`` until truthy; returns its value. Raises AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ outcome and its message.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -22,7 +23,7 @@ from multislice.plan import make_plan
 from multislice.steps import admit, cleanup, launch, provision, train, verify_checkpoint
 from multislice.steps.launch import LaunchFailed
 from multislice.steps.train import TrainingFailed
-from tests.kube_cluster import Served, wait_until
+from tests.kube_cluster import FAST, Served, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
 
 RUN_ID = "run-1111"
@@ -88,9 +89,10 @@ def admitted_jobset(play, plan, kube, *, pending=None):
         play.kueue_admits(js)
 
     controller = Background(kueue)
-    report = admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
-    controller.join()
-    return report
+    try:
+        return admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
+    finally:
+        controller.join()
 
 
 def running_pods(play, plan, attempt=0):
@@ -168,7 +170,9 @@ def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play,
     with pytest.raises(
         workload.AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"
     ):
-        admit.run(plan, stage_of(plan).name, RUN_ID, kube=served.kube())
+        admit.run(
+            plan, stage_of(plan).name, RUN_ID, kube=served.kube(timings=dataclasses.replace(FAST, admit_timeout=4))
+        )
     controller.join()
     assert served.kube().get_jobset(js) is None
 
@@ -309,7 +313,9 @@ def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play
     assert report["kueue_objects"]
     assert capsys.readouterr().out.count("HTTP 500") == 3
     served.cluster.fail_next(1000, 503)
-    with pytest.raises(retry.ApiUnavailable, match=r"failed \d+ times over 3 s, last with HTTP 503"):
+    with pytest.raises(
+        retry.ApiUnavailable, match=r"failed \d+ times within its 3 s retry deadline, last with HTTP 503"
+    ):
         gke_cluster.check_crds(kube)
     served.cluster.faults.clear()
 

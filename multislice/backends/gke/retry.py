@@ -97,8 +97,9 @@ def call[T](
             wait = min(max(delay, _retry_after(error) or 0.0), policy.maximum)
             if time.monotonic() + wait > deadline:
                 raise ApiUnavailable(
-                    f"Kubernetes API call {what or getattr(fn, '__name__', fn)} failed {attempt} times over "
-                    f"{policy.deadline:.0f} s, last with {describe(error)}; check the API server's health "
+                    f"Kubernetes API call {what or getattr(fn, '__name__', fn)} failed {attempt} "
+                    f"time{'s' if attempt != 1 else ''} within its {policy.deadline:g} s retry deadline, "
+                    f"last with {describe(error)}; check the API server's health "
                     "(GKE control plane upgrades return 503 for minutes) and retry the step"
                 ) from error
             if on_retry:

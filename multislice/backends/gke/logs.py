@@ -21,6 +21,9 @@ from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke import retry
 from multislice.backends.gke.client import Kube
 
+#: A followed log silent this long is re-attached (a dead connection would otherwise hang the reader), seconds.
+READ_TIMEOUT_SECONDS = 600
+
 
 class LeaderLog(threading.Thread):
     """Calls ``on_line(pod_name, line)`` for each new line of the JobSet's leader pod, in order.
@@ -66,7 +69,7 @@ class LeaderLog(threading.Thread):
     def _read(self, pod_name: str, follow: bool) -> None:
         response = self.kube.core.read_namespaced_pod_log(
             pod_name, self.kube.namespace, container=names.TRAINER_CONTAINER, follow=follow,
-            _preload_content=False, _request_timeout=(10, None) if follow else 60,
+            _preload_content=False, _request_timeout=(10, READ_TIMEOUT_SECONDS),
         )  # fmt: skip
         if pod_name not in self.pods_followed:
             self.pods_followed.append(pod_name)

@@ -99,6 +99,19 @@ def running_pods(play, plan, attempt=0):
     return play.pods(stage_of(plan).jobset, 2, plan.slice["hosts"], attempt=attempt, pools=POOLS)
 
 
+def training(served, play, plan):
+    """A stage admitted with its pods running: ``(kube, admit report, pod names, JobSet name)``."""
+    kube = served.kube()
+    admitted = admitted_jobset(play, plan, kube)
+    return kube, admitted, running_pods(play, plan), stage_of(plan).jobset
+
+
+def finishes(play, leader, js):
+    """The leader exits 0 and the JobSet completes."""
+    play.pod_status(leader, {"phase": "Succeeded"})
+    play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+
 def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, plan, capsys):
     kube = served.kube()
     report = provision.run(plan, kube=kube)
@@ -132,8 +145,7 @@ def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, pl
         for step in range(4):
             play.log(pods[0], step_line(step, 8.0 - step))
             time.sleep(0.05)
-        play.pod_status(pods[0], {"phase": "Succeeded"})
-        play.jobset_done(stage_of(plan).jobset, "Completed", "AllJobsCompleted", "jobset completed successfully")
+        finishes(play, pods[0], stage_of(plan).jobset)
 
     controller = Background(leader_trains)
     trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
@@ -192,10 +204,7 @@ def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served
 
 
 def test_evicted_then_readmitted_during_training(served, play, plan, capsys):
-    kube = served.kube()
-    admitted = admitted_jobset(play, plan, kube)
-    pods = running_pods(play, plan)
-    js = stage_of(plan).jobset
+    kube, admitted, pods, js = training(served, play, plan)
 
     def preempted_then_resumed():
         play.log(pods[0], step_line(0, 8.0))
@@ -205,8 +214,7 @@ def test_evicted_then_readmitted_during_training(served, play, plan, capsys):
         play.kueue_admits(js)
         play.log(pods[0], step_line(1, 7.0))
         time.sleep(0.2)
-        play.pod_status(pods[0], {"phase": "Succeeded"})
-        play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
+        finishes(play, pods[0], js)
 
     controller = Background(preempted_then_resumed)
     trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
@@ -283,10 +291,7 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
 
 
 def test_watch_410_during_training_relists_and_finishes(served, play, plan, capsys):
-    kube = served.kube()
-    admitted = admitted_jobset(play, plan, kube)
-    pods = running_pods(play, plan)
-    js = stage_of(plan).jobset
+    kube, admitted, pods, js = training(served, play, plan)
 
     def compacts():
         play.log(pods[0], step_line(0, 8.0))
@@ -296,8 +301,7 @@ def test_watch_410_during_training_relists_and_finishes(served, play, plan, caps
         served.cluster.compact()
         play.log(pods[0], step_line(1, 7.5))
         time.sleep(0.2)
-        play.pod_status(pods[0], {"phase": "Succeeded"})
-        play.jobset_done(js, "Completed", "AllJobsCompleted", "done")
+        finishes(play, pods[0], js)
 
     controller = Background(compacts)
     trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)

@@ -30,6 +30,18 @@ def _all_running(state: JobSetState) -> bool:
     return state.phase == "Running" and bool(state.pods) and all(p.phase == "Running" for p in state.pods)
 
 
+def _report(jobset: str, placement: dict[str, Any], started: float, **extra: Any) -> dict[str, Any]:
+    """The launch report: pods, seconds from ``started`` (``time.monotonic()``) to all running, placement."""
+    return {
+        "jobset": jobset,
+        "skipped": False,
+        "pods": len(placement),
+        "startup_seconds": round(time.monotonic() - started, 2),
+        "placement": placement,
+        **extra,
+    }
+
+
 def run(
     plan: Plan, stage_name: str, admitted: dict[str, Any], *, kube: Any = None, timings: Any = None
 ) -> dict[str, Any]:
@@ -71,15 +83,10 @@ def run(
             f"JobSet {stage.jobset} runs {len(placement)} pods in {len(slices)} slices; the plan has "
             f"{plan.spec.num_slices} slices x {plan.slice['hosts']} hosts"
         )
-    report = {
-        "jobset": stage.jobset,
-        "skipped": False,
-        "pods": len(placement),
-        "startup_seconds": round(time.monotonic() - started, 2),
-        "placement": placement,
-        "note": "local backend: every pod is a process on this machine; "
-        "a slice is the set of processes of one child Job",
-    }
+    report = _report(
+        stage.jobset, placement, started,
+        note="local backend: every pod is a process on this machine; a slice is the set of processes of one child Job",
+    )  # fmt: skip
     say(
         "launch",
         f"{len(placement)} pods running ({plan.spec.num_slices} slices x {plan.slice['hosts']} hosts) "
@@ -155,14 +162,9 @@ def _run_gke(plan: Plan, stage_name: str, kube: Any) -> dict[str, Any]:
             f"JobSet {stage.jobset} is not placed one slice per node pool: {'; '.join(problems)}. Check the "
             "JobSet's exclusive-topology annotation and that JobSet's webhook is installed"
         )
-    report = {
-        "jobset": stage.jobset,
-        "skipped": False,
-        "pods": len(placement),
-        "startup_seconds": round(time.monotonic() - started, 2),
-        "placement": placement,
-        "node_pools": sorted({str(p["node_pool"]) for p in placement.values()}),
-    }
+    report = _report(
+        stage.jobset, placement, started, node_pools=sorted({str(p["node_pool"]) for p in placement.values()})
+    )
     say(
         "launch",
         f"{len(placement)} pods running on node pools {', '.join(report['node_pools'])} "

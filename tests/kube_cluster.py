@@ -266,7 +266,7 @@ class Served:
         return Kube(self.api(), namespace, timings, say)
 
 
-def wait_until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+def wait_until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
     """Poll ``predicate()`` until truthy; returns its value. Raises AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

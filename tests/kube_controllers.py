@@ -168,10 +168,12 @@ class Play:
     def log(self, pod: str, text: str) -> None:
         self.cluster.append_log(self.ns, pod, text)
 
-    def jobset_done(self, jobset: str, kind: str, reason: str, message: str, restarts: int = 0) -> None:
-        """JobSet condition ``kind`` (Completed or Failed) and terminalState."""
-        status = {"restarts": restarts, "terminalState": kind,
+    def jobset_done(self, jobset: str, kind: str, reason: str, message: str, restarts: int | None = None) -> None:
+        """JobSet condition ``kind`` (Completed or Failed) and terminalState (and ``status.restarts`` when given)."""
+        status: dict[str, Any] = {"terminalState": kind,
                   "conditions": [{"type": kind, "status": "True", "reason": reason, "message": message}]}  # fmt: skip
+        if restarts is not None:
+            status["restarts"] = restarts
         self.patch_jobset(jobset, {"status": status}, status=True)
 
     def job_done(self, name: str, log: str, kind: str = "Complete") -> None:

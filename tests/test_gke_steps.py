@@ -357,3 +357,25 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
     done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "CANCELLED", kube=kube)
     assert done["deleted"] == [f"JobSet {js} (Running)"]
     assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None
+
+
+def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan):
+    kube, admitted, first, js = training(served, play, plan)
+
+    def host_lost_then_resumed():
+        play.log(first[0], step_line(0, 8.0) + step_line(1, 7.5))
+        time.sleep(0.3)
+        play.pod_status(first[0], {"phase": "Failed"})
+        play.patch_jobset(js, {"status": {"restarts": 1}}, status=True)
+        time.sleep(0.2)
+        second = running_pods(play, plan, attempt=1)
+        play.log(second[0], step_line(1, 7.4) + step_line(2, 7.0) + step_line(3, 6.5))
+        time.sleep(0.3)
+        finishes(play, second[0], js)
+
+    controller = Background(host_lost_then_resumed)
+    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    controller.join()
+    assert trained["leader_pods"] == [first[0], play.pod_name(js, 0, 0, attempt=1)]
+    assert (trained["restarts"], trained["steps_trained"], trained["records"]) == (1, 4, 5)
+    assert (trained["first_loss"], trained["final_loss"]) == (8.0, 6.5)

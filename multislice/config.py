@@ -227,23 +227,6 @@ class ClusterSpec(_Strict):
     access: Literal["in-cluster", "kubeconfig", "gke"] = "gke"
     kubeconfig_context: str | None = Field(None, description="kubeconfig context (access: kubeconfig).")
 
-    def issues(self) -> list[tuple[str, str]]:
-        """``(field, message)`` pairs for a ``gke`` backend run; empty when the cluster can be reached as configured."""
-        found = []
-        if self.access == "gke":
-            for field in ("project", "location", "name"):
-                if not getattr(self, field):
-                    found.append(
-                        (
-                            f"cluster.{field}",
-                            f"access gke resolves the cluster through the GKE API and needs cluster.{field}; "
-                            "set it, or use access in-cluster (KFP on the same cluster) or kubeconfig",
-                        )
-                    )
-        if self.kubeconfig_context and self.access != "kubeconfig":
-            found.append(("cluster.kubeconfig_context", f"only used with access kubeconfig, not {self.access}"))
-        return found
-
 
 #: GKE limits node pool names to 40 characters: lower-case letters, digits and '-', starting with a letter
 #: (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools).
@@ -600,8 +583,6 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 "use a Cloud Storage location, gs://BUCKET/PATH",
             )
         )
-    if spec.backend == "gke":
-        issues += spec.cluster.issues()
     if spec.backend == "local" and remote:
         issues.append(
             ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")

@@ -15,7 +15,6 @@ from google.api_core.client_options import ClientOptions
 from google.cloud import container_v1
 from google.oauth2.credentials import Credentials
 
-from multislice import config
 from multislice.backends.gke import access
 from multislice.config import ClusterSpec
 from tests.kube_cluster import Served
@@ -73,11 +72,3 @@ def test_kubeconfig_and_in_cluster_errors_say_what_to_fix(tmp_path, monkeypatch)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(access.ClusterAccessError, match="not in a Kubernetes pod with a ServiceAccount"):
         access.api_client(ClusterSpec(access="in-cluster"))
-
-
-def test_gke_access_needs_project_location_and_name_before_anything_runs():
-    with pytest.raises(config.ConfigError) as failure:
-        config.load_profile("gke-v6e-16x2", {"cluster.project": None, "cluster.name": None})
-    text = str(failure.value)
-    assert "cluster.project: access gke resolves the cluster through the GKE API and needs cluster.project" in text
-    assert "cluster.name:" in text and "cluster.location" not in text

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from multislice import config, names
+from multislice import config, names, nodepool
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
 from multislice.backends.gke import retry, workload
@@ -49,9 +49,23 @@ def play(served):
 def plan():
     spec = config.load_profile(
         "gke-v6e-16x2",
-        {"run_name": "r1", "output_dir": "gs://bucket/runs", "node_pools.manage": False},
+        {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True},
     )
     return make_plan(spec)
+
+
+@pytest.fixture(autouse=True)
+def node_pools(monkeypatch):
+    """multislice.nodepool.ensure_node_pools (tested against its own GKE fake in test_nodepool.py), recorded."""
+    calls = []
+
+    def ensure_node_pools(plan, client=None, *, on_progress=print):
+        calls.append(plan.spec.run_name)
+        on_progress(f"node pools {POOLS} adopted")
+        return {"node_pools": [{"name": pool, "action": "adopted"} for pool in POOLS]}
+
+    monkeypatch.setattr(nodepool, "ensure_node_pools", ensure_node_pools)
+    return calls
 
 
 class Background:
@@ -112,9 +126,10 @@ def finishes(play, leader, js):
     play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
 
 
-def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, plan, capsys):
+def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, plan, node_pools, capsys):
     kube = served.kube()
     report = provision.run(plan, kube=kube)
+    assert node_pools == ["r1"] and [p["name"] for p in report["node_pools"]] == POOLS
     assert report["crds"][f"jobsets.{jobsets.JOBSET_GROUP}"] == ["v1alpha2"]
     assert report["kueue_objects"] == [
         "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue",
@@ -161,6 +176,7 @@ def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, pl
     assert verified["verdict"] == "PASS" and verified["job"] == f"{stage_of(plan).jobset}-verify"
     job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+    assert job.spec.template.spec.service_account_name == plan.spec.service_accounts.trainer
 
     done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", kube=kube)
     assert done["deleted"] == [] and done["kept"] == [stage_of(plan).jobset]
@@ -379,3 +395,15 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
     assert trained["leader_pods"] == [first[0], play.pod_name(js, 0, 0, attempt=1)]
     assert (trained["restarts"], trained["steps_trained"], trained["records"]) == (1, 4, 5)
     assert (trained["first_loss"], trained["final_loss"]) == (8.0, 6.5)
+
+
+def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, play, plan, capsys):
+    plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
+    report = provision.run(plan, kube=served.kube())
+    assert report["kueue_objects"] == ["LocalQueue/multislice-queue"]
+    assert report["kueue_objects_left_to_admin"] == [
+        "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue", "WorkloadPriorityClass/default-priority",
+    ]  # fmt: skip
+    assert "service_accounts.kueue_cluster_objects is false" in capsys.readouterr().out
+    found = play.custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues")
+    assert found["items"] == []

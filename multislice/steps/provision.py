@@ -1,10 +1,13 @@
 """provision: make sure the capacity and the queueing objects the run needs exist.
 
-On GKE: the TPU node pools (one per slice) through :mod:`multislice.nodepool`
-when ``node_pools.manage`` is true; a check that the JobSet and Kueue CRDs are
-served at the versions this project renders (the versions found are
-reported); and the Kueue objects (:mod:`multislice.kueue`) server-side
-applied with a fixed field manager. On the local backend there are no node pools
+On GKE: the TPU node pools (one per slice) through
+:func:`multislice.nodepool.ensure_node_pools` (created when
+``node_pools.manage`` is true, else only checked); a check that the JobSet and
+Kueue CRDs are served at the versions this project renders (the versions
+found are reported); and the Kueue objects (:mod:`multislice.kueue`)
+server-side applied with a fixed field manager: the LocalQueue always, the
+cluster-scoped ones only with ``service_accounts.kueue_cluster_objects``
+(otherwise RBAC leaves them to a cluster admin, :mod:`multislice.rbac`). On the local backend there are no node pools
 and no Kueue: it checks that this machine can host the emulated slices (the
 trainer environment, CPU and memory, the JAX coordinator port), renders and
 validates the Kueue objects a cluster would need, writes them under the run
@@ -54,10 +57,6 @@ def trainer_versions(env: Path) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in out.stdout.splitlines())
 
 
-class NodePoolsUnavailable(RuntimeError):
-    """node_pools.manage is true but this build has no node pool management; the message says what to do."""
-
-
 def kueue_objects(plan: Plan) -> list[dict[str, Any]]:
     """The run's Kueue objects, validated against the Kueue CRDs."""
     objects = kueue.render_kueue_objects(plan)
@@ -76,7 +75,7 @@ def run(plan: Plan, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
         InsufficientCapacity: not enough memory, or the coordinator port is taken.
         multislice.backends.local.TrainerEnvMissing: no trainer environment.
         multislice.backends.gke.cluster.CrdsMissing: (GKE) JobSet or Kueue not installed at the needed versions.
-        NodePoolsUnavailable: (GKE) ``node_pools.manage`` without :mod:`multislice.nodepool`.
+        multislice.nodepool.NodePoolMismatch: (GKE) a node pool exists with another shape.
     """
     if plan.spec.backend == "gke":
         return _run_gke(plan, gke_api(plan, "provision", kube=kube, timings=timings))
@@ -128,42 +127,39 @@ def run(plan: Plan, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
     return write_report(plan, "provision", report)
 
 
-def _ensure_node_pools(plan: Plan) -> list[dict[str, Any]]:
-    if not plan.spec.node_pools.manage:
-        say("provision", "node_pools.manage is false: node pools are left to the platform team")
-        return []
-    try:
-        from multislice import nodepool
-    except ImportError as error:
-        raise NodePoolsUnavailable(
-            f"node_pools.manage is true, but this build cannot manage GKE node pools ({error}); create the "
-            "TPU node pools yourself and set node_pools.manage: false"
-        ) from error
-    report = nodepool.ensure_node_pools(plan, on_progress=lambda message: say("provision", message))
-    return list(report.get("node_pools", []))
-
-
 def _run_gke(plan: Plan, kube: Any) -> dict[str, Any]:
+    from multislice import nodepool
     from multislice.backends.gke import cluster
     from multislice.backends.gke.client import FIELD_MANAGER
 
-    node_pools = _ensure_node_pools(plan)
+    pools = nodepool.ensure_node_pools(plan, on_progress=lambda message: say("provision", message))
     crds = cluster.check_crds(kube)
     say(
         "provision",
         "CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()),
     )
-    applied = []
+    applied, left = [], []
     for obj in kueue_objects(plan):
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        if "namespace" not in obj["metadata"] and not plan.spec.service_accounts.kueue_cluster_objects:
+            left.append(name)  # cluster-scoped: a cluster admin applies it (multislice.rbac)
+            continue
         stored = cluster.server_side_apply(kube, obj)
-        applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+        applied.append(name)
         version = stored.get("metadata", {}).get("resourceVersion")
-        say("provision", f"applied {applied[-1]} (field manager {FIELD_MANAGER}, resourceVersion {version})")
+        say("provision", f"applied {name} (field manager {FIELD_MANAGER}, resourceVersion {version})")
+    if left:
+        say(
+            "provision",
+            f"not applied (cluster-scoped, service_accounts.kueue_cluster_objects is false; a cluster admin applies "
+            f"them from `multislice render`): {', '.join(left)}",
+        )
     report = {
         "backend": "gke",
-        "node_pools": node_pools,
+        "node_pools": list(pools.get("node_pools", [])),
         "crds": crds,
         "kueue_objects": applied,
+        "kueue_objects_left_to_admin": left,
         "field_manager": FIELD_MANAGER,
         "namespace": kube.namespace,
     }

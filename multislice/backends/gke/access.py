@@ -101,7 +101,7 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
     except gexc.PermissionDenied as error:
         raise ClusterAccessError(
             f"not allowed to read GKE cluster {name} ({error.message}); grant the component's service account "
-            "roles/container.developer on the project"
+            "container.clusters.get (roles/container.clusterViewer) on the project"
         ) from error
     if not found.endpoint:
         raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name}); retry later")

@@ -4,9 +4,9 @@ The Job runs ``python -m multislice.trainer.verify`` (the same verifier the
 local backend runs) against the stage's checkpoint directory in Cloud
 Storage; the verifier prints its JSON report as the last thing on stdout
 (``multislice/trainer/verify.py``, ``main``), which is read back from the
-pod's log. The Job runs under the namespace's default Kubernetes
-ServiceAccount; on GKE bind it to a Google service account that can read the
-bucket (Workload Identity). Job status read (batch/v1 ``JobStatus``):
+pod's log. The Job runs as the trainer's ServiceAccount
+(``service_accounts.trainer``, :mod:`multislice.rbac`), whose Workload
+Identity lets it read the bucket. Job status read (batch/v1 ``JobStatus``):
 conditions ``Complete`` and ``Failed``.
 """
 
@@ -54,6 +54,8 @@ def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, 
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    # The trainer's ServiceAccount (multislice.rbac): Workload Identity to read gs:// checkpoints.
+                    "serviceAccountName": plan.spec.service_accounts.trainer,
                     "restartPolicy": "Never",
                     "containers": [
                         {

@@ -41,6 +41,16 @@ from multislice.maxtext import TRAIN_MODULE
 DEFAULT_SAMPLE_BYTES = 256 * 1024**2
 
 
+def checkpoint_path(text: str) -> Any:
+    """A checkpoint directory as Orbax addresses it: an ``etils.epath.Path`` (local, or ``gs://`` on GKE).
+
+    ``pathlib.Path`` would turn ``gs://bucket/x`` into ``gs:/bucket/x``.
+    """
+    from etils import epath
+
+    return epath.Path(text)
+
+
 def _keystr(path: tuple[Any, ...]) -> str:
     """``a/b/c`` for a pytree path; attribute steps (``.value`` of a boxed parameter) are dropped."""
     import jax
@@ -247,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m multislice.trainer.verify", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint-dir", required=True, type=Path)
+    parser.add_argument("--checkpoint-dir", required=True, type=checkpoint_path)
     parser.add_argument("--expected-step", required=True, type=int)
     parser.add_argument("--report", type=Path, help="write the JSON report here too")
     parser.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES)

@@ -341,11 +341,19 @@ def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play
 
 
 def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
-    Play(served).install_crds(skip=("workloads.kueue.x-k8s.io",))
+    player = Play(served)
+    player.install_crds(skip=("workloads.kueue.x-k8s.io",))
     with pytest.raises(
         gke_cluster.CrdsMissing, match=r"workloads.kueue.x-k8s.io needs v1beta2, the cluster serves nothing"
     ):
         provision.run(plan, kube=served.kube())
+    # An older Kueue: ClusterQueues served at v1beta1 only.
+    old = {"spec": {"versions": [{"name": "v1beta1", "served": True, "storage": True}]}}
+    player.crds.patch_custom_resource_definition("clusterqueues.kueue.x-k8s.io", old)
+    with pytest.raises(gke_cluster.CrdsMissing) as failure:
+        provision.run(plan, kube=served.kube())
+    assert "clusterqueues.kueue.x-k8s.io needs v1beta2, the cluster serves v1beta1" in str(failure.value)
+    assert "install Kueue v0.19 or later" in str(failure.value) and "jobsets" not in str(failure.value)
 
 
 def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan):

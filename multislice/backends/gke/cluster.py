@@ -16,6 +16,7 @@ failing the run.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -57,15 +58,19 @@ def served_versions(kube: Kube) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for name in REQUIRED_CRDS:
         try:
-            crd = kube.call(kube.crds.read_custom_resource_definition, name, what=f"get CRD {name}")
+            # Raw JSON: the client's models would parse every CRD's whole OpenAPI schema for nothing.
+            response = kube.call(
+                kube.crds.read_custom_resource_definition, name, _preload_content=False, what=f"get CRD {name}"
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
             found[name] = []
             continue
-        conditions = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
+        crd = json.loads(response.data)
+        conditions = {c.get("type"): c.get("status") for c in crd.get("status", {}).get("conditions") or []}
         established = conditions.get("Established", "True") == "True"
-        found[name] = [v.name for v in crd.spec.versions if v.served] if established else []
+        found[name] = [v["name"] for v in crd["spec"]["versions"] if v.get("served")] if established else []
     return found
 
 

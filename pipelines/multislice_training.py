@@ -100,7 +100,9 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
                 ).set_display_name(f"plan {stage.name}")
                 plans.append(task)
             checks = [
-                preflight_op(plan=plan_task.output, stage=stage.name).set_display_name(f"preflight {stage.name}")
+                preflight_op(
+                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+                ).set_display_name(f"preflight {stage.name}")
                 for stage, plan_task in zip(spec.stages, plans, strict=True)
             ]
             previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*checks)

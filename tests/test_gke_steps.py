@@ -8,6 +8,7 @@ outcome and its message.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -415,3 +416,50 @@ def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, pl
     assert "service_accounts.kueue_cluster_objects is false" in capsys.readouterr().out
     found = play.custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues")
     assert found["items"] == []
+
+
+def aot_log(result: dict) -> str:
+    """The AOT compile Job's log: MaxText's noise, then the result line."""
+    return "Starting train_compile.py...\nAOT_RESULT " + json.dumps(result) + "\n"
+
+
+def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_provision(served, play, plan, capsys):
+    from multislice.backends.gke.aot import job_name
+    from multislice.preflight import PreflightFailed, request_for
+    from multislice.steps import preflight
+
+    kube = served.kube()
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
+        update={"suggest_alternative": False})})})  # fmt: skip
+    eight, seventy = plan.stages
+    fits = {"verdict": "fits", "compile_seconds": 75.0, "cached": False, "model_tflops_per_step_per_device": 790.5,
+            "memory": {"argument": 6 * 2**30, "output": 0, "alias": 0, "temp": 16 * 2**30, "generated_code": 2**26,
+                       "host_argument": 0, "host_temp": 0, "total": 22 * 2**30 + 2**26}}  # fmt: skip
+    oom = {"verdict": "does_not_fit", "compile_seconds": 14.0, "cached": True,
+           "oom": {"required_bytes": round(49.82 * 2**30), "available_bytes": round(31.24 * 2**30)}}  # fmt: skip
+
+    listed = play.batch.list_namespaced_job
+
+    def compiler():
+        for stage, result in ((eight, fits), (seventy, oom)):
+            name = job_name(plan, request_for(plan, stage))
+            wait_until(lambda n=name: any(j.metadata.name == n for j in listed("default").items), what=f"Job {name}")
+            play.job_done(name, aot_log(result))
+
+    controller = Background(compiler)
+    with pytest.raises(PreflightFailed) as failed:
+        preflight.run(plan, pipeline_run_id=RUN_ID, kube=kube)
+    controller.join()
+    assert "stage llama3-70b: does not fit on 2 x v6e-16: needs 49.82 GiB per chip" in str(failed.value)
+    assert "nothing was provisioned" in str(failed.value)
+    job = play.batch.read_namespaced_job(job_name(plan, request_for(plan, eight)), "default")
+    container = job.spec.template.spec.containers[0]
+    assert container.image == plan.spec.images.trainer
+    assert container.command[:3] == ["python", "-m", "multislice.trainer.aot"]
+    assert json.loads(container.command[container.command.index("--request-json") + 1]) == request_for(plan, eight)
+    assert container.command[-2:] == ["--cache-dir", "gs://bucket/runs/preflight-cache"]
+    assert "google.com/tpu" not in (container.resources.limits or {})  # a CPU node compiles for the TPU topology
+    assert job.spec.template.spec.service_account_name == plan.spec.service_accounts.trainer
+    assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+    out = capsys.readouterr().out
+    assert "[preflight llama3-8b] fits on 2 x v6e-16: 22.06 GiB of 31.24 GiB HBM per chip" in out

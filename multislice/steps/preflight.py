@@ -9,8 +9,9 @@ the planner looks for the nearest config that does (fewest changes, AOT-verified
 and the step fails with the numbers and that alternative. A pipeline parameter
 (``skip_preflight``) skips it.
 
-The compiles run in the trainer environment (a process of this machine on the
-local backend, where ``.venvs/trainer`` has MaxText and libtpu).
+The compiles run where MaxText and libtpu are: on the local backend a process
+of this machine's trainer environment (``.venvs/trainer``); on GKE one Job of
+the trainer image per compile, on a CPU node (:mod:`multislice.backends.gke.aot`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from multislice.preflight import (
     summary_line,
     work_dir_for,
 )
-from multislice.steps import say, write_report
+from multislice.steps import gke_api, say, write_report
 
 #: Seconds the nearest-alternative search may spend compiling.
 ALTERNATIVE_BUDGET_SECONDS = 600
@@ -59,8 +60,28 @@ def alternative_message(plan: Plan, report: dict[str, Any], session: AotSession)
     return f"no fitting alternative found ({why}); run `multislice plan` for a wider search", None
 
 
-def run(plan: Plan, stages: list[StagePlan] | None = None) -> dict[str, Any]:
+def session_for(plan: Plan, pipeline_run_id: str, kube: Any = None, timings: Any = None):
+    """Where the compiles run: a trainer-environment process (local), or Jobs of the trainer image (gke)."""
+    if plan.spec.backend == "gke":
+        from multislice.backends.gke.aot import JobAotSession
+
+        api = gke_api(plan, "preflight", None, kube, timings)
+        return JobAotSession(api, plan, default_cache_dir(plan), pipeline_run_id, lambda m: say("preflight", m))
+    return AotSession(default_cache_dir(plan), work_dir_for(plan))
+
+
+def run(
+    plan: Plan,
+    stages: list[StagePlan] | None = None,
+    pipeline_run_id: str = "manual",
+    *,
+    kube: Any = None,
+    timings: Any = None,
+) -> dict[str, Any]:
     """Check every stage of the plan (or ``stages``); returns ``{stage name: report}``.
+
+    ``pipeline_run_id`` labels the GKE Jobs (cleanup deletes them with the run's
+    other objects); ``kube`` and ``timings`` are for tests of the GKE path.
 
     Raises:
         multislice.preflight.PreflightFailed: a stage does not fit, or MaxText rejected its config.
@@ -77,7 +98,7 @@ def run(plan: Plan, stages: list[StagePlan] | None = None) -> dict[str, Any]:
         f"AOT-compiling {len(stages)} stage(s) for {plan.spec.num_slices} x {plan.spec.tpu_type} "
         f"({plan.spec.slice_type.maxtext_topology} x {plan.spec.num_slices}); verdict cache {cache}",
     )
-    with AotSession(cache, work_dir_for(plan)) as session:
+    with session_for(plan, pipeline_run_id, kube, timings) as session:
         reports = check_stages(plan, stages, session, on_report=lambda r: say("preflight", summary_line(r), r["stage"]))
         failed = [r for r in reports if r["verdict"] != "fits"]
         problems = []

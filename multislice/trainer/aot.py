@@ -311,12 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     """Answer requests, one JSON object per line, from ``--requests`` or stdin until end of input."""
     parser = argparse.ArgumentParser(prog="python -m multislice.trainer.aot", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", help="JSON-lines file of requests (default: read them from stdin)")
+    parser.add_argument("--request-json", help="one request as JSON (a Kubernetes Job's argument), instead of stdin")
     parser.add_argument("--results", help="JSON-lines file each result is appended to")
     parser.add_argument("--cache-dir", help="verdict cache directory (local path or gs://)")
     parser.add_argument("--scratch", default="/tmp/multislice-aot", help="scratch directory for MaxText")
     options = parser.parse_args(argv)
     found = versions()
-    source = open(options.requests, encoding="utf-8") if options.requests else sys.stdin
+    if options.request_json:
+        source = [options.request_json]
+    else:
+        source = open(options.requests, encoding="utf-8") if options.requests else sys.stdin
     out = None
     if options.results:
         Path(options.results).parent.mkdir(parents=True, exist_ok=True)

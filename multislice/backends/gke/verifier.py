@@ -13,15 +13,12 @@ conditions ``Complete`` and ``Failed``.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from multislice import jobset as jobset_manifest
 from multislice import names
-from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
 from multislice.plan import Plan, StagePlan
@@ -83,13 +80,6 @@ def parse_report(log: str) -> dict[str, Any] | None:
     return None
 
 
-def _job_state(job: dict[str, Any]) -> str | None:
-    for cond in job.get("status", {}).get("conditions", []) or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return cond["type"]
-    return None
-
-
 def run(
     kube: Kube,
     plan: Plan,
@@ -106,44 +96,12 @@ def run(
         TimeoutError: not finished within ``timeout`` seconds.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
-    body = jobsets.with_spec_hash(render_job(plan, stage, pipeline_run_id))
+    body = render_job(plan, stage, pipeline_run_id)
+    state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what="verifier Job")
     name = body["metadata"]["name"]
-    try:
-        kube.call(kube.batch.create_namespaced_job, kube.namespace, body, what=f"create Job {name}")
-        on_progress(f"verifier Job {name} created ({plan.spec.images.trainer})")
-    except ApiException as error:
-        if error.status != 409:
-            raise
-        existing = kube.api.sanitize_for_serialization(
-            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
-        )
-        wanted = body["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
-        jobsets.adopt_or_conflict("Job", existing, wanted, kube.namespace)
-        on_progress(f"verifier Job {name} exists with the same spec; adopted")
-    deadline = time.monotonic() + timeout
-    while True:
-        job = kube.api.sanitize_for_serialization(
-            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
-        )
-        state = _job_state(job)
-        if state:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"verifier Job {name} still running after {timeout:.0f} s")
-        time.sleep(kube.timings.poll_seconds)
-    found = kube.call(
-        kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
-    )
-    pod = found.items[-1] if found.items else None
-    log = ""
-    if pod is not None:
-        log = kube.call(
-            kube.core.read_namespaced_pod_log, pod.metadata.name, kube.namespace, container=names.TRAINER_CONTAINER,
-            what=f"read log of {pod.metadata.name}",
-        )  # fmt: skip
     report = parse_report(log)
     if report is None:
-        detail = pod_state.events(kube, pod.metadata.name) if pod is not None else "no pod found"
+        detail = pod_state.events(kube, pod) if pod is not None else "no pod found"
         raise VerifierJobFailed(
             f"verifier Job {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
             + "\n".join(log.splitlines()[-20:])

@@ -17,8 +17,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from multislice import jobset as jobset_manifest
-from multislice import names
 from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
@@ -37,37 +35,13 @@ def job_name(plan: Plan, request: dict[str, Any]) -> str:
 
 def render_job(plan: Plan, request: dict[str, Any], cache_dir: str | None, pipeline_run_id: str) -> dict[str, Any]:
     """The AOT compile Job (batch/v1): one pod, no retries, the trainer image, CPU only."""
-    labels = jobset_manifest.run_labels(plan, pipeline_run_id)
     command = ["python", "-m", "multislice.trainer.aot", "--request-json", json.dumps(request)]
     if cache_dir:
         command += ["--cache-dir", cache_dir]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": job_name(plan, request), "namespace": plan.spec.namespace, "labels": labels},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": plan.spec.service_accounts.trainer,
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": names.TRAINER_CONTAINER,
-                            "image": plan.spec.images.trainer,
-                            "command": command,
-                            "env": [
-                                {"name": "JAX_PLATFORMS", "value": "cpu"},
-                                {"name": "ALLOW_MULTIPLE_LIBTPU_LOAD", "value": "1"},
-                            ],
-                            "resources": RESOURCES,
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return jobs.render_trainer_job(
+        plan, job_name(plan, request), command, pipeline_run_id,
+        env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, resources=RESOURCES,
+    )  # fmt: skip
 
 
 def parse_result(log: str) -> dict[str, Any] | None:

@@ -16,8 +16,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from multislice import jobset as jobset_manifest
-from multislice import names
 from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
@@ -35,37 +33,13 @@ def job_name(stage: StagePlan) -> str:
 
 def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
     """The verifier Job (batch/v1): one pod, no retries, the trainer image, CPU only."""
-    labels = jobset_manifest.run_labels(plan, pipeline_run_id, stage)
     command = [
         "python", "-m", "multislice.trainer.verify",
         "--checkpoint-dir", stage.checkpoint_dir,
         "--expected-step", str(stage.final_step),
         "--", *stage.maxtext_args,
     ]  # fmt: skip
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": job_name(stage), "namespace": plan.spec.namespace, "labels": labels},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    # The trainer's ServiceAccount (multislice.rbac): Workload Identity to read gs:// checkpoints.
-                    "serviceAccountName": plan.spec.service_accounts.trainer,
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": names.TRAINER_CONTAINER,
-                            "image": plan.spec.images.trainer,
-                            "command": command,
-                            "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}],
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return jobs.render_trainer_job(plan, job_name(stage), command, pipeline_run_id, stage=stage)
 
 
 def parse_report(log: str) -> dict[str, Any] | None:

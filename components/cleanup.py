@@ -12,15 +12,29 @@ def cleanup(
     pipeline_run_id: str,
     namespace: str,
     cluster: dict,
+    unique_run_name: bool,
+    notify_webhook_url: str,
     status: PipelineTaskFinalStatus,
 ) -> dict:
-    """Deletes this pipeline run's unfinished JobSets; returns what it deleted and kept.
+    """Deletes this pipeline run's unfinished JobSets; posts the final status to the webhook, if one is set.
 
     ``cluster`` is the profile's cluster reference (project, location, name, access): no credentials.
     """
     from multislice.steps import cleanup as step
 
-    return step.run(backend, output_dir, run_name, pipeline_run_id, status.state, namespace=namespace, cluster=cluster)
+    return step.run(
+        backend,
+        output_dir,
+        run_name,
+        pipeline_run_id,
+        status.state,
+        namespace=namespace,
+        cluster=cluster,
+        unique_run_name=unique_run_name,
+        notify_webhook_url=notify_webhook_url,
+        error_message=status.error_message,
+        pipeline_job=status.pipeline_job_resource_name,
+    )
 
 
 def component(base_image: str):

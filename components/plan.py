@@ -17,6 +17,9 @@ def plan(
     priority: str,
     max_restarts: int,
     skip_preflight: bool,
+    unique_run_name: bool,
+    notify_webhook_url: str,
+    pipeline_run_id: str,
     steps: int,
     per_device_batch_size: float,
 ) -> str:
@@ -35,10 +38,12 @@ def plan(
         "priority": priority,
         "max_restarts": max_restarts,
         "skip_preflight": skip_preflight,
+        "unique_run_name": unique_run_name,
+        "notify_webhook_url": notify_webhook_url,
         f"stages.{stage}.steps": steps,
         f"stages.{stage}.per_device_batch_size": per_device_batch_size,
     }
-    return step.run(profile, parameters, stage).to_json()
+    return step.run(profile, parameters, stage, pipeline_run_id).to_json()
 
 
 def component(base_image: str):

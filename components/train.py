@@ -1,16 +1,22 @@
 """Component ``train``: follow training to its end and emit KFP metrics (see ``multislice.steps.train``)."""
 
-from kfp.dsl import Metrics, Output
+from kfp.dsl import HTML, Markdown, Metrics, Output
 
 from components import make
 
 
-def train(plan: str, stage: str, admitted: dict, metrics: Output[Metrics]) -> dict:
-    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss."""
+def train(
+    plan: str, stage: str, admitted: dict, metrics: Output[Metrics], curves: Output[HTML], summary: Output[Markdown]
+) -> dict:
+    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss.
+
+    ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary.
+    """
     from multislice.plan import Plan
     from multislice.steps import train as step
 
-    report = step.run(Plan.from_json(plan), stage, admitted)
+    parsed = Plan.from_json(plan)
+    report = step.run(parsed, stage, admitted)
     if not report.get("skipped"):
         for key in (
             "steps_trained",
@@ -22,6 +28,10 @@ def train(plan: str, stage: str, admitted: dict, metrics: Output[Metrics]) -> di
             "tflops_per_second_per_device",
         ):
             metrics.log_metric(key, float(report[key]))
+    pages = step.result_pages(parsed, stage, report)
+    for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
+        with open(artifact.path, "w", encoding="utf-8") as handle:
+            handle.write(text)
     return report
 
 

@@ -1,14 +1,20 @@
 """Component ``verify_checkpoint``: verify the stage's final checkpoint (see ``multislice.steps.verify_checkpoint``)."""
 
+from kfp.dsl import Markdown, Output
+
 from components import make
 
 
-def verify_checkpoint(plan: str, stage: str) -> dict:
-    """Returns the verifier's report; fails unless its verdict is PASS."""
+def verify_checkpoint(plan: str, stage: str, verification: Output[Markdown]) -> dict:
+    """Returns the verifier's report; fails unless its verdict is PASS. ``verification``: the report as Markdown."""
     from multislice.plan import Plan
     from multislice.steps import verify_checkpoint as step
 
-    return step.run(Plan.from_json(plan), stage)
+    parsed = Plan.from_json(plan)
+    report = step.run(parsed, stage)
+    with open(verification.path, "w", encoding="utf-8") as handle:
+        handle.write(step.result_page(parsed, stage, report))
+    return report
 
 
 def component(base_image: str):

@@ -496,6 +496,23 @@ class RunSpec(_Strict):
     example_stages: tuple[Stage, ...] = Field(
         (), description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage)."
     )
+    unique_run_name: bool = Field(
+        False,
+        description="Append the pipeline run's id to run_name (as scheduled runs do), so runs never share a directory.",
+    )
+    notify_webhook_url: str = Field(
+        "", description="http(s) URL the exit handler posts the run's final status to (Slack-compatible); '' for none."
+    )
+
+    @field_validator("notify_webhook_url")
+    @classmethod
+    def _webhook(cls, value: str) -> str:
+        if value and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(
+                f"{value!r} is not an http(s) URL: give the webhook's full URL, e.g. "
+                "https://hooks.slack.com/services/..., or '' for no notification"
+            )
+        return value
 
     @field_validator("run_name")
     @classmethod

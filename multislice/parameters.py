@@ -38,6 +38,8 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("priority", str, "priority", "Kueue WorkloadPriorityClass"),
     Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
     Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
+    Parameter("unique_run_name", bool, "unique_run_name", "Append the pipeline run's id to run_name (scheduled runs)"),
+    Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),
 )
 
 #: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.
@@ -78,3 +80,14 @@ def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def unique_run_name(run_name: str, pipeline_run_id: str) -> str:
+    """``<run_name>-<8 characters of the pipeline run's id>``: the run name of one run of a schedule.
+
+    ``pipeline_run_id`` is the value of ``{{$.pipeline_job_uuid}}`` (a UUID on
+    KFP and Vertex AI); its first 8 alphanumeric characters, lower-cased, keep
+    the name a DNS-1035 label (the run spec validates its length).
+    """
+    fragment = re.sub(r"[^a-z0-9]", "", pipeline_run_id.lower())[:8]
+    return f"{run_name}-{fragment}" if fragment else run_name

@@ -36,7 +36,7 @@ from components import preflight as preflight_component
 from components import provision as provision_component
 from components import train as train_component
 from components import verify_checkpoint as verify_component
-from multislice import config, parameters
+from multislice import config, parameters, targets
 
 PIPELINE_NAME = "multislice-training"
 
@@ -49,12 +49,16 @@ def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
     ]
 
 
-def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
+def build_pipeline(
+    profile: dict[str, Any], base_image: str | None = None, kubernetes: targets.KubernetesConfig | None = None
+):
     """Build the pipeline for a profile's content.
 
     Args:
         profile: The profile (``configs/<name>.yaml`` content); validated here.
         base_image: Image the components run in; default the profile's ``images.pipeline``.
+        kubernetes: kfp-kubernetes platform config put on every task (``kfp``
+            target); None for none (``vertex`` target).
 
     Returns:
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
@@ -86,6 +90,8 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             namespace=values["namespace"],
             cluster=profile_data["cluster"],
+            unique_run_name=values["unique_run_name"],
+            notify_webhook_url=values["notify_webhook_url"],
         ).set_display_name("cleanup")
         exit_task.set_caching_options(False)
         with dsl.ExitHandler(exit_task, name="stages"):
@@ -95,6 +101,7 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
                     profile=profile_data,
                     stage=stage.name,
                     **run_values,
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                     steps=values[parameters.stage_parameter_name(index, "steps")],
                     per_device_batch_size=values[parameters.stage_parameter_name(index, "per_device_batch_size")],
                 ).set_display_name(f"plan {stage.name}")
@@ -120,6 +127,9 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
                 previous = verify
             for task in [*plans, *tasks]:
                 task.set_caching_options(False)
+            if kubernetes is not None:
+                for task in [exit_task, *plans, *tasks]:
+                    kubernetes.apply(task, task.component_spec.name.replace("-", "_"))
 
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}
@@ -132,7 +142,24 @@ def build_pipeline(profile: dict[str, Any], base_image: str | None = None):
     return dsl.pipeline(name=PIPELINE_NAME, description=body.__doc__)(body)
 
 
-def compile_pipeline(profile: dict[str, Any], output: str, base_image: str | None = None) -> str:
-    """Compile the profile's pipeline to a YAML file at ``output``; returns the path."""
-    compiler.Compiler().compile(build_pipeline(profile, base_image), output)
+def compile_pipeline(
+    profile: dict[str, Any],
+    output: str,
+    base_image: str | None = None,
+    target: str = "kfp",
+    kubernetes: targets.KubernetesConfig | None = None,
+) -> str:
+    """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.targets`).
+
+    ``kfp``: the PipelineSpec plus the kfp-kubernetes platform config
+    (``kubernetes``, default :class:`multislice.targets.KubernetesConfig()`), two
+    YAML documents. ``vertex``: the PipelineSpec alone, one document.
+    Returns the path.
+
+    Raises:
+        multislice.config.ConfigError: invalid profile or unknown target.
+    """
+    targets.check_target(target)
+    platform = None if target == "vertex" else (kubernetes or targets.KubernetesConfig())
+    compiler.Compiler().compile(build_pipeline(profile, base_image, platform), output)
     return output

@@ -11,7 +11,8 @@ STEPS = ["plan", "preflight", "provision", "admit", "launch", "train", "verify_c
 
 
 def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
-    spec = yaml.safe_load(open(compile_pipeline(config.read_profile("gke-v6e-16x2"), str(tmp_path / "p.yaml"))))
+    path = compile_pipeline(config.read_profile("gke-v6e-16x2"), str(tmp_path / "p.yaml"))
+    spec = next(yaml.safe_load_all(open(path)))  # the kfp target: the PipelineSpec, then its platform config
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert parameters["backend"]["defaultValue"] == "gke"  # each step dispatches on plan.spec.backend
     executors = spec["deploymentSpec"]["executors"]

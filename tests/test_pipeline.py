@@ -6,12 +6,13 @@ from kfp import components
 
 from multislice import cli, config
 from pipelines.multislice_training import compile_pipeline
-from tests.golden import GOLDEN_DIR, PROFILES, compiled_pipeline
+from tests.golden import GOLDEN_DIR, PIPELINE_GOLDENS, PROFILES, compiled_pipeline
 
 RUN_PARAMETERS = {
     "run_name": "String", "backend": "String", "tpu_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
-    "priority": "String", "max_restarts": "Integer", "skip_preflight": "Boolean",
+    "priority": "String", "max_restarts": "Integer", "skip_preflight": "Boolean", "unique_run_name": "Boolean",
+    "notify_webhook_url": "String",
 }  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def test_compiled_pipeline_loads_back_with_its_parameters(compiled):
 
 def test_graph_order_exit_handler_and_no_caching(compiled):
     _, path = compiled
-    [spec] = yaml.safe_load_all(path.read_text())
+    spec = next(yaml.safe_load_all(path.read_text()))
     root = spec["root"]["dag"]["tasks"]
     assert root["cleanup"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert root["cleanup"]["inputs"]["parameters"]["pipeline_run_id"]["runtimeValue"]["constant"] == (
@@ -60,7 +61,7 @@ def test_graph_order_exit_handler_and_no_caching(compiled):
 
 def test_components_install_nothing_at_run_time(compiled):
     _, path = compiled
-    [spec] = yaml.safe_load_all(path.read_text())
+    spec = next(yaml.safe_load_all(path.read_text()))
     for executor in spec["deploymentSpec"]["executors"].values():
         command = " ".join(executor["container"]["command"])
         assert "pip install" not in command
@@ -74,7 +75,8 @@ def test_compile_cli_applies_overrides_as_defaults(tmp_path):
     assert int(loaded.component_spec.inputs["stage1_steps"].default) == 7
 
 
+@pytest.mark.parametrize("target", PIPELINE_GOLDENS)
 @pytest.mark.parametrize("profile", PROFILES)
-def test_compiled_pipeline_matches_golden(profile):
-    golden = (GOLDEN_DIR / profile / "pipeline.yaml").read_text(encoding="utf-8")
-    assert compiled_pipeline(profile) == golden, f"{profile} pipeline changed: run `make goldens`"
+def test_compiled_pipeline_matches_golden(profile, target):
+    golden = (GOLDEN_DIR / profile / PIPELINE_GOLDENS[target]).read_text(encoding="utf-8")
+    assert compiled_pipeline(profile, target) == golden, f"{profile} {target} pipeline changed: run `make goldens`"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from multislice import names
+from multislice import names, notify, parameters
 from multislice.backends import BackendUnavailable, backend_for
 from multislice.config import ClusterSpec
 from multislice.steps import is_local_path, say
@@ -31,19 +31,31 @@ def run(
     namespace: str = "default",
     cluster: dict[str, Any] | None = None,
     kube: Any = None,
+    unique_run_name: bool = False,
+    notify_webhook_url: str = "",
+    error_message: str | None = None,
+    pipeline_job: str = "",
 ) -> dict[str, Any]:
-    """Delete the run's unfinished JobSets; returns what was deleted and kept.
+    """Delete the run's unfinished JobSets, then post the final status if a webhook is set; returns what it did.
 
     Takes raw pipeline parameters rather than a plan: an exit handler must run
     even when planning failed. ``namespace`` and ``cluster`` (the profile's
     ``cluster`` section) are for the GKE backend; ``kube`` replaces the API
-    client built from them (tests).
+    client built from them (tests). ``unique_run_name`` gives the run name the
+    plan step used (:func:`multislice.parameters.unique_run_name`). With
+    ``notify_webhook_url``, posts :func:`multislice.notify.status_payload`
+    (``pipeline_status``, the failed step, ``error_message``, ``pipeline_job``);
+    the report's ``notified`` is True, or the post's error.
 
     Raises:
         multislice.backends.gke.retry.ApiUnavailable: (GKE) the API kept failing; the run's JobSets may remain.
     """
+    if unique_run_name:
+        run_name = parameters.unique_run_name(run_name, pipeline_run_id)
     if backend == "gke":
-        return _run_gke(namespace, cluster or {}, pipeline_run_id, pipeline_status, kube)
+        result = _run_gke(namespace, cluster or {}, pipeline_run_id, pipeline_status, kube)
+        run_dir = f"{output_dir.rstrip('/')}/{run_name}"
+        return _notify(result, notify_webhook_url, run_name, run_dir, error_message, pipeline_job)
     if backend == "local" and is_local_path(output_dir) and not os.path.isabs(output_dir):
         output_dir = os.path.abspath(output_dir)
     run_dir = f"{output_dir.rstrip('/')}/{run_name}"
@@ -51,7 +63,8 @@ def run(
         jobsets = backend_for(backend, run_dir)
     except BackendUnavailable as error:
         say("cleanup", f"nothing to clean up: {error}")
-        return {"deleted": [], "kept": [], "pipeline_status": pipeline_status}
+        result = {"deleted": [], "kept": [], "pipeline_status": pipeline_status}
+        return _notify(result, notify_webhook_url, run_name, run_dir, error_message, pipeline_job)
     deleted, kept = [], []
     for state in jobsets.list_jobsets({names.LABEL_PIPELINE_RUN_ID: pipeline_run_id}):
         if state.phase == "Completed":
@@ -63,7 +76,8 @@ def run(
         "cleanup",
         f"pipeline {pipeline_status or 'finished'}; deleted {deleted or 'nothing'}; kept completed {kept or 'none'}",
     )
-    return {"deleted": deleted, "kept": kept, "pipeline_status": pipeline_status}
+    result = {"deleted": deleted, "kept": kept, "pipeline_status": pipeline_status}
+    return _notify(result, notify_webhook_url, run_name, run_dir, error_message, pipeline_job)
 
 
 def _run_gke(
@@ -106,3 +120,15 @@ def _run_gke(
         f"deleted {deleted or 'nothing'}; kept completed {kept or 'none'}",
     )
     return {"deleted": deleted, "kept": kept, "pipeline_status": pipeline_status}
+
+
+def _notify(
+    result: dict[str, Any], url: str, run_name: str, run_dir: str, error_message: str | None, pipeline_job: str
+) -> dict[str, Any]:
+    if not url:
+        return result
+    state = result["pipeline_status"] or "UNKNOWN"
+    step = notify.failed_step(error_message, run_dir) if state != "SUCCEEDED" else None
+    problem = notify.post(url, notify.status_payload(run_name, state, error_message, step, pipeline_job))
+    say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
+    return {**result, "notified": problem is None or problem, "failed_step": step}

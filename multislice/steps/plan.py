@@ -11,14 +11,19 @@ import os
 from typing import Any
 
 from multislice import config
+from multislice import parameters as pipeline_parameters
 from multislice.plan import Plan, make_plan
 from multislice.steps import is_local_path, say, write_report
 
 
-def run(profile: dict[str, Any], parameters: dict[str, Any], stage: str | None = None) -> Plan:
+def run(
+    profile: dict[str, Any], parameters: dict[str, Any], stage: str | None = None, pipeline_run_id: str = ""
+) -> Plan:
     """Validate ``profile`` with ``parameters`` applied (names from :mod:`multislice.parameters`).
 
     ``stage`` names the stage this plan task serves; its report goes under that stage.
+    With ``unique_run_name`` true, the run name gets ``pipeline_run_id``'s first
+    characters appended (:func:`multislice.parameters.unique_run_name`).
 
     On the local backend a relative ``output_dir`` is made absolute here
     (relative to this process's working directory), since every later step
@@ -35,6 +40,10 @@ def run(profile: dict[str, Any], parameters: dict[str, Any], stage: str | None =
     output_dir = str(parameters.get("output_dir", profile.get("output_dir", "")))
     if backend == "local" and output_dir and is_local_path(output_dir) and not os.path.isabs(output_dir):
         parameters["output_dir"] = os.path.abspath(output_dir)
+    if parameters.get("unique_run_name", profile.get("unique_run_name")) and pipeline_run_id:
+        parameters["run_name"] = pipeline_parameters.unique_run_name(
+            str(parameters.get("run_name", profile.get("run_name", ""))), pipeline_run_id
+        )
     spec = config.load_spec(profile, parameters)
     plan = make_plan(spec)
     say(

@@ -29,7 +29,7 @@ from multislice.backends import backend_for
 from multislice.backends.local import LocalBackend
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan
-from multislice.steps import gke_api, say, write_report
+from multislice.steps import gke_api, is_local_path, report_path, say, write_report
 
 #: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
 ECHO = re.compile(
@@ -267,3 +267,28 @@ def _run_gke(plan: Plan, stage_name: str, kube: Any) -> dict[str, Any]:
         f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {report['restarts']}"
     )
     return write_report(plan, "train", report, stage)
+
+
+def result_pages(plan: Plan, stage_name: str, report: dict[str, Any]) -> dict[str, str]:
+    """The stage's pages for the pipelines UI: ``{"html": loss and step-time plots, "markdown": run summary}``.
+
+    Built from the train report and MaxText's per-step metrics file it names
+    (:mod:`multislice.artifacts`); for a local run directory they are also
+    written to ``<run_dir>/reports/<stage>/train.html`` and ``train.md``.
+    """
+    from multislice import artifacts
+
+    stage = plan.stage(stage_name)
+    text = artifacts.train_markdown(stage.name, report)
+    metrics_file = report.get("metrics_file")
+    if report.get("skipped"):
+        page = artifacts.html_page(f"train {stage.name}", f"<p>{text.splitlines()[-1]}</p>")
+    elif metrics_file and is_local_path(metrics_file):
+        page = artifacts.train_html(stage.name, report, metrics.read_records(metrics_file))
+    else:  # the GKE path reads step lines from the leader's log and keeps no metrics file here: no plot yet
+        page = artifacts.html_page(f"train {stage.name}", artifacts.html_table([report], artifacts.TRAIN_COLUMNS))
+    if is_local_path(plan.run_dir):
+        directory = report_path(plan, "train", stage).parent
+        artifacts.write_text(directory / "train.html", page)
+        artifacts.write_text(directory / "train.md", text)
+    return {"html": page, "markdown": text}

@@ -20,7 +20,7 @@ from typing import Any
 from multislice import names
 from multislice.backends.local import trainer_env, trainer_process_env
 from multislice.plan import Plan, StagePlan
-from multislice.steps import gke_api, report_path, say, write_report
+from multislice.steps import gke_api, is_local_path, report_path, say, write_report
 
 VERIFY_TIMEOUT_SECONDS = 1800
 
@@ -83,6 +83,7 @@ def run(plan: Plan, stage_name: str, *, kube: Any = None, timings: Any = None) -
         report = _run_gke_verifier(plan, stage, gke_api(plan, "verify_checkpoint", stage, kube, timings))
     else:
         _, report = run_verifier(stage, stage.checkpoint_dir, report_file)
+    result_page(plan, stage_name, report)  # written before a FAIL raises, so a failed check has its page too
     for check in report.get("checks", []):
         say(
             "verify_checkpoint",
@@ -104,3 +105,17 @@ def run(plan: Plan, stage_name: str, *, kube: Any = None, timings: Any = None) -
     )
     where = {"job": report["job"]} if "job" in report else {"report_file": str(report_file)}
     return write_report(plan, "verify_checkpoint", {**report, **where}, stage)
+
+
+def result_page(plan: Plan, stage_name: str, report: dict[str, Any]) -> str:
+    """The verifier's report as Markdown for the pipelines UI (:func:`multislice.artifacts.verification_markdown`).
+
+    For a local run directory it is also written to ``<run_dir>/reports/<stage>/verification.md``.
+    """
+    from multislice import artifacts
+
+    stage = plan.stage(stage_name)
+    text = artifacts.verification_markdown(stage.name, report)
+    if is_local_path(plan.run_dir):
+        artifacts.write_text(report_path(plan, "verification", stage).with_suffix(".md"), text)
+    return text

@@ -32,13 +32,17 @@ def golden_files(profile: str) -> dict[str, Path]:
     return {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def compiled_pipeline(profile: str) -> str:
-    """The compiled pipeline YAML of a profile, as ``make compile`` writes it."""
+#: Golden file name of each compile target's pipeline.
+PIPELINE_GOLDENS = {"kfp": "pipeline.yaml", "vertex": "pipeline.vertex.yaml"}
+
+
+def compiled_pipeline(profile: str, target: str = "kfp") -> str:
+    """The compiled pipeline YAML of a profile for a target, as ``make compile`` writes it."""
     from pipelines.multislice_training import compile_pipeline
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "pipeline.yaml"
-        compile_pipeline(config.read_profile(profile), str(path))
+        compile_pipeline(config.read_profile(profile), str(path), target=target)
         return path.read_text(encoding="utf-8")
 
 
@@ -54,7 +58,8 @@ def regenerate() -> list[Path]:
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text, encoding="utf-8")
             written.append(directory / name)
-        pipeline = GOLDEN_DIR / profile / "pipeline.yaml"
-        pipeline.write_text(compiled_pipeline(profile), encoding="utf-8")
-        written.append(pipeline)
+        for target, name in PIPELINE_GOLDENS.items():
+            pipeline = GOLDEN_DIR / profile / name
+            pipeline.write_text(compiled_pipeline(profile, target), encoding="utf-8")
+            written.append(pipeline)
     return written

@@ -1,0 +1,235 @@
+"""Loopback HTTP fakes for delivery tests: a KFP v2beta1 API server, a GCS bucket endpoint, a webhook receiver.
+
+One server on 127.0.0.1 records every request (method, path, query, JSON or
+multipart body) and answers as the services do, so the real clients
+(``kfp.Client`` with ``kfp_server_api``; google-cloud-storage through
+``STORAGE_EMULATOR_HOST``; ``urllib`` for webhooks) talk to it unchanged.
+
+KFP answers follow the v2beta1 REST API (kfp_server_api 2.17 models, JSON
+field names in snake_case as the API server's grpc-gateway writes them):
+``/apis/v2beta1/healthz``, ``pipelines`` (list by display_name filter),
+``pipelines/upload``, ``pipelines/upload_version``, ``pipelines/{id}/versions``,
+``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
+GCS (JSON API paths): get bucket, get object and its media.
+Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
+(e.g. write the run's reports and mark it SUCCEEDED).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import itertools
+import json
+import threading
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import yaml
+
+API = "/apis/v2beta1"
+CREATED_AT = "2026-11-22T10:00:00Z"
+
+
+@dataclass
+class Request:
+    """One recorded request: ``body`` is parsed JSON, ``{field: text}`` for multipart, else None."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass
+class FakeState:
+    """What the fake services hold."""
+
+    requests: list[Request] = field(default_factory=list)
+    pipelines: dict[str, dict] = field(default_factory=dict)
+    versions: dict[str, dict] = field(default_factory=dict)
+    templates: dict[str, list[dict]] = field(default_factory=dict)  # version id -> uploaded YAML documents
+    experiments: dict[str, dict] = field(default_factory=dict)
+    runs: dict[str, dict] = field(default_factory=dict)
+    recurring_runs: dict[str, dict] = field(default_factory=dict)
+    hooks: list[dict] = field(default_factory=list)
+    objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
+    on_run: Callable[[dict], None] | None = None
+    hook_status: int = 200
+    ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def new_id(self, kind: str) -> str:
+        return f"{kind}-{next(self.ids):04d}"
+
+    def sent(self, method: str, suffix: str) -> list[Request]:
+        """Recorded requests of a method whose path ends with ``suffix``."""
+        return [r for r in self.requests if r.method == method and r.path.endswith(suffix)]
+
+
+def _filter_value(query: dict[str, str]) -> str | None:
+    raw = query.get("filter")
+    if not raw:
+        return None
+    predicates = json.loads(raw).get("predicates", [])
+    return next((p.get("string_value", p.get("stringValue")) for p in predicates), None)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        kind = self.headers.get("Content-Type", "")
+        if kind.startswith("multipart/form-data"):
+            message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+                f"Content-Type: {kind}\r\n\r\n".encode() + raw
+            )
+            return {part.get_param("name", header="content-disposition"): part.get_content() for part in
+                    message.iter_parts()}  # fmt: skip
+        if raw:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return raw.decode("utf-8", "replace")
+        return None
+
+    def _answer(self, status: int, payload: Any) -> None:
+        raw = isinstance(payload, bytes)
+        data = payload if raw else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if raw else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        body = self._body()
+        state = self.server.state
+        with self.server.lock:
+            state.requests.append(Request(self.command, url.path, query, body, dict(self.headers)))
+            status, payload = self._route(self.command, url.path, query, body, state)
+        self._answer(status, payload)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = _handle
+
+    def _route(self, method: str, path: str, query: dict, body: Any, s: FakeState) -> tuple[int, Any]:
+        if "/storage/v1/b/" in path and "/o/" in path:  # google-cloud-storage: an object's media or metadata
+            bucket, _, name = path.split("/storage/v1/b/", 1)[1].partition("/o/")
+            data = s.objects.get((bucket, urllib.parse.unquote(name)))
+            if data is None:
+                return 404, {"error": {"code": 404, "message": "No such object"}}
+            if query.get("alt") == "media":
+                return 200, data
+            return 200, {"bucket": bucket, "name": urllib.parse.unquote(name), "size": str(len(data))}
+        if path.startswith("/storage/v1/b/"):  # google-cloud-storage: get bucket
+            return 200, {"kind": "storage#bucket", "name": path.rsplit("/", 1)[-1], "location": "US-EAST5"}
+        if path.startswith("/hook"):
+            s.hooks.append(body)
+            return s.hook_status, {"ok": s.hook_status < 300}
+        route = path.removeprefix(API)
+        if route == "/healthz":
+            return 200, {"multi_user": False}
+        if route == "/pipelines" and method == "GET":
+            name = _filter_value(query)
+            found = [p for p in s.pipelines.values() if name is None or p["display_name"] == name]
+            return 200, ({"pipelines": found, "total_size": len(found)} if found else {})
+        if route == "/pipelines/upload" and method == "POST":
+            pipeline_id = s.new_id("pipeline")
+            name = query.get("name") or query.get("display_name")
+            s.pipelines[pipeline_id] = {
+                "pipeline_id": pipeline_id,
+                "display_name": name,
+                "name": name,
+                "description": query.get("description", ""),
+                "created_at": CREATED_AT,
+            }
+            self._add_version(s, pipeline_id, name, body)
+            return 200, s.pipelines[pipeline_id]
+        if route == "/pipelines/upload_version" and method == "POST":
+            pipeline_id = query["pipelineid"]
+            if pipeline_id not in s.pipelines:
+                return 404, {"error_message": f"pipeline {pipeline_id} not found", "code": 5}
+            return 200, self._add_version(s, pipeline_id, query.get("name"), body)
+        if route.startswith("/pipelines/") and route.endswith("/versions") and method == "GET":
+            pipeline_id = route.split("/")[2]
+            found = [v for v in s.versions.values() if v["pipeline_id"] == pipeline_id]
+            return 200, {"pipeline_versions": found, "total_size": len(found)}
+        if route == "/experiments" and method == "GET":
+            name = _filter_value(query)
+            found = [e for e in s.experiments.values() if name is None or e["display_name"] == name]
+            return 200, ({"experiments": found, "total_size": len(found)} if found else {})
+        if route == "/experiments" and method == "POST":
+            experiment_id = s.new_id("experiment")
+            s.experiments[experiment_id] = {**body, "experiment_id": experiment_id, "created_at": CREATED_AT}
+            return 200, s.experiments[experiment_id]
+        if route == "/runs" and method == "POST":
+            run_id = s.new_id("run")
+            s.runs[run_id] = {**body, "run_id": run_id, "state": "PENDING", "created_at": CREATED_AT}
+            if s.on_run is not None:
+                s.on_run(s.runs[run_id])
+            return 200, s.runs[run_id]
+        if route.startswith("/runs/") and method == "GET":
+            run = s.runs.get(route.split("/")[2])
+            return (200, run) if run else (404, {"error_message": "run not found", "code": 5})
+        if route == "/recurringruns" and method == "POST":
+            run_id = s.new_id("recurring")
+            s.recurring_runs[run_id] = {**body, "recurring_run_id": run_id, "status": "ENABLED",
+                                        "created_at": CREATED_AT}  # fmt: skip
+            return 200, s.recurring_runs[run_id]
+        if route == "/recurringruns" and method == "GET":
+            found = list(s.recurring_runs.values())
+            return 200, ({"recurringRuns": found, "total_size": len(found)} if found else {})  # its json_name
+        if route.startswith("/recurringruns/"):
+            run_id, _, action = route.split("/")[2].partition(":")
+            if run_id not in s.recurring_runs:
+                return 404, {"error_message": f"recurring run {run_id} not found", "code": 5}
+            if method == "DELETE":
+                del s.recurring_runs[run_id]
+            elif action in ("enable", "disable"):
+                s.recurring_runs[run_id]["mode"] = action.upper()
+            return 200, {}
+        return 404, {"error_message": f"no route {method} {path}", "code": 5}
+
+    @staticmethod
+    def _add_version(s: FakeState, pipeline_id: str, name: str | None, body: Any) -> dict:
+        version_id = s.new_id("version")
+        text = body["uploadfile"] if isinstance(body, dict) else ""
+        s.templates[version_id] = [d for d in yaml.safe_load_all(text) if d is not None]
+        s.versions[version_id] = {"pipeline_id": pipeline_id, "pipeline_version_id": version_id,
+                                  "display_name": name, "name": name, "created_at": CREATED_AT}  # fmt: skip
+        return s.versions[version_id]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = FakeState()
+        self.lock = threading.Lock()
+
+
+class FakeServer:
+    """Context manager: the fakes on a free loopback port; ``.url``, ``.state``."""
+
+    def __enter__(self) -> FakeServer:
+        self._server = _Server()
+        self.state = self._server.state
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,76 @@
+"""Failure notification: the exit handler posts the final status, failed step and error to a loopback webhook."""
+
+import json
+
+from multislice import config, notify
+from multislice.steps import cleanup
+from tests.fakes import FakeServer
+
+
+def _run_dir_with_reports(tmp_path, done):
+    """A local run directory whose reports say which steps finished (``done``: (stage or None, step) pairs)."""
+    spec = config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "nightly"})
+    plan = {"plan": {"stages": [{"name": s.name} for s in spec.stages]}}
+    reports = tmp_path / "nightly" / "reports"
+    for stage, step in done:
+        path = reports / stage / f"{step}.json" if stage else reports / f"{step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan if step == "plan" else {}))
+    return tmp_path / "nightly", [s.name for s in spec.stages]
+
+
+def test_failed_step_from_local_reports(tmp_path):
+    run_dir, (s1, s2) = _run_dir_with_reports(tmp_path, [])
+    assert notify.failed_step_from_reports(run_dir) == "plan"
+    _run_dir_with_reports(tmp_path, [(s1, "plan"), (s2, "plan")])
+    assert notify.failed_step_from_reports(run_dir) == "provision"
+    _run_dir_with_reports(tmp_path, [(None, "provision"), (s1, "admit"), (s1, "launch")])
+    assert notify.failed_step_from_reports(run_dir) == f"train {s1}"
+
+
+def test_failed_step_from_the_orchestrator_message():
+    message = "The DAG failed because some tasks failed. The failed tasks are: [train-2]."
+    assert notify.failed_step(message, None) == "train-2"
+    assert notify.failed_step("Task exit-handler-1 failed.", "gs://bucket/run") is None
+
+
+def test_cleanup_posts_slack_compatible_status(tmp_path):
+    run_dir, (s1, s2) = _run_dir_with_reports(tmp_path, [])
+    _run_dir_with_reports(tmp_path, [(s1, "plan"), (s2, "plan"), (None, "provision"), (s1, "admit")])
+    with FakeServer() as hook:
+        result = cleanup.run("local", str(tmp_path), "nightly", "run-uuid", "FAILED",
+                             notify_webhook_url=f"{hook.url}/hook/T0/B0", error_message="Task exit-handler-1 failed.",
+                             pipeline_job="local-pipeline-exit-handler-1")  # fmt: skip
+        [posted] = hook.state.hooks
+        [request] = hook.state.requests
+    assert request.method == "POST" and request.headers["Content-Type"] == "application/json"
+    assert posted == {
+        "text": f":x: multislice run `nightly` FAILED at step `launch {s1}`\n> Task exit-handler-1 failed.\n"
+        "pipeline job: local-pipeline-exit-handler-1",
+        "status": "FAILED", "run_name": "nightly", "failed_step": f"launch {s1}",
+        "error": "Task exit-handler-1 failed.", "pipeline_job": "local-pipeline-exit-handler-1",
+    }  # fmt: skip
+    assert result["notified"] is True and result["failed_step"] == f"launch {s1}"
+
+
+def test_unique_run_name_and_success_message(tmp_path):
+    with FakeServer() as hook:
+        result = cleanup.run("local", str(tmp_path), "nightly", "ab12cd34-0000", "SUCCEEDED", unique_run_name=True,
+                             notify_webhook_url=f"{hook.url}/hook")  # fmt: skip
+        [posted] = hook.state.hooks
+    assert posted["text"] == ":white_check_mark: multislice run `nightly-ab12cd34` SUCCEEDED"
+    assert posted["failed_step"] is None and result["notified"] is True
+
+
+def test_a_failing_webhook_does_not_fail_cleanup(tmp_path):
+    with FakeServer() as hook:
+        hook.state.hook_status = 500
+        result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED", notify_webhook_url=f"{hook.url}/hook")
+    assert result["notified"].startswith("webhook answered HTTP 500")
+    result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED", notify_webhook_url="http://127.0.0.1:9/x")
+    assert result["notified"].startswith("webhook post failed")
+
+
+def test_no_webhook_no_post(tmp_path):
+    result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED")
+    assert "notified" not in result

@@ -2,3 +2,15 @@
 
 config -> plan -> manifests -> backend -> steps -> pipeline; see README.md.
 """
+
+from typing import Any
+
+
+def submit(*args: Any, **kwargs: Any) -> Any:
+    """Validate, compile and submit one run to Vertex AI or KFP: :func:`multislice.submission.submit`.
+
+    Imported on call, so that the trainer image (no kfp, no aiplatform) can import this package.
+    """
+    from multislice.submission import submit as _submit
+
+    return _submit(*args, **kwargs)

@@ -64,8 +64,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     profile, overrides = _profile_and_overrides(args)
     data = config.spec_to_data(config.load_spec(profile, overrides))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    compile_pipeline(data, args.output, args.base_image)
-    print(f"pipeline for profile {args.profile} compiled to {args.output}")
+    kubernetes = None
+    if args.node_selector:
+        from multislice.targets import KubernetesConfig
+
+        selector = config.parse_set_arguments(args.node_selector)
+        kubernetes = KubernetesConfig(node_selector={str(k): str(v) for k, v in selector.items()})
+    compile_pipeline(data, args.output, args.base_image, target=args.target, kubernetes=kubernetes)
+    print(f"pipeline for profile {args.profile} compiled for {args.target} to {args.output}")
     return 0
 
 
@@ -218,6 +224,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
     lines += [
         f"outputs     {plan.run_dir}",
         f"reports     {reports}/<stage>/(plan|preflight|admit|launch|train|verification).json",
+        f"UI pages    {reports}/<stage>/train.html (loss and step-time plots), train.md, verification.md",
         f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
         f"manifests   {plan.run_dir}/manifests/",
         f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",
@@ -361,6 +368,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Validate, compile and submit one run to Vertex AI Pipelines or KFP (:mod:`multislice.submission`)."""
+    from multislice import submission
+
+    profile, overrides = _profile_and_overrides(args)
+    run = submission.submit(profile, overrides, target=args.target, **submission.targets_from_args(args))
+    print(f"submitted run {run.run_name} to {run.target}: {run.run_id}")
+    for name, value in run.parameters.items():
+        print(f"  {name} = {value!r}")
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    """Create, list, pause, resume or delete schedules (:mod:`multislice.schedule`)."""
+    from multislice import schedule, submission
+
+    where = submission.targets_from_args(args)
+    if args.action == "create":
+        missing = [(f"--{n}", "required by `schedule create`") for n in ("profile", "cron") if not getattr(args, n)]
+        if missing:
+            raise config.ConfigError(missing)
+        profile, overrides = _profile_and_overrides(args)
+        made = schedule.create(
+            profile, overrides, target=args.target, cron=args.cron, timezone=args.timezone, name=args.name,
+            max_concurrent_runs=args.max_concurrent_runs, allow_queueing=args.allow_queueing,
+            max_runs=args.max_runs, continue_run=args.continue_run, **where,
+        )  # fmt: skip
+        print(f"schedule {made.name} created on {made.target}: {made.schedule_id}, cron {made.cron!r}")
+        next_times = schedule.Cron.parse(args.cron, args.timezone).next_times()
+        print("next runs: " + ", ".join(t.isoformat() for t in next_times))
+    elif args.action == "list":
+        for found in schedule.list_schedules(args.target, **where):
+            print(f"{found.schedule_id}\t{found.name}\t{found.cron}\t{found.state}")
+    else:
+        if not args.schedule_id:
+            raise config.ConfigError([("SCHEDULE_ID", f"`schedule {args.action}` needs the schedule's ID (see list)")])
+        schedule.change(args.action, args.schedule_id, args.target, **where)
+        print(f"schedule {args.schedule_id}: {args.action} sent")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``multislice`` argument parser."""
     parser = argparse.ArgumentParser(prog="multislice", description=__doc__.split("\n")[0])
@@ -380,6 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
     with_profile(comp)
     comp.add_argument("--output", required=True, help="YAML file to write")
     comp.add_argument("--base-image", help="image of the pipeline components (default: the profile's images.pipeline)")
+    comp.add_argument(
+        "--target",
+        choices=["kfp", "vertex"],
+        default="kfp",
+        help="kfp: with kfp-kubernetes platform config (2 YAML documents); vertex: one document",
+    )
+    comp.add_argument(
+        "--node-selector",
+        action="append",
+        metavar="KEY=VALUE",
+        help="kfp target: node label the component pods must match (repeatable)",
+    )
     comp.set_defaults(func=cmd_compile)
 
     run = sub.add_parser("run", help="run the pipeline locally with kfp.local (what `make run` does)")
@@ -422,7 +482,35 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--stage", help="stage name (with --profile)")
     verify.add_argument("--report", help="also write the JSON report here")
     verify.set_defaults(func=cmd_verify_checkpoint)
+    _add_delivery_commands(sub, with_profile)
     return parser
+
+
+def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
+    from multislice.submission import add_target_arguments
+
+    submit = sub.add_parser("submit", help="submit one run to Vertex AI Pipelines or a KFP endpoint")
+    with_profile(submit)
+    add_target_arguments(submit)
+    submit.set_defaults(func=cmd_submit)
+
+    sched = sub.add_parser("schedule", help="recurring runs: create, list, pause, resume, delete")
+    sched.add_argument("action", choices=["create", "list", "pause", "resume", "delete"])
+    sched.add_argument("schedule_id", nargs="?", help="the schedule's ID (pause, resume, delete)")
+    with_profile(sched, required=False)
+    add_target_arguments(sched)
+    sched.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
+    sched.add_argument("--timezone", help="IANA time zone of --cron (Vertex only; KFP schedules in UTC)")
+    sched.add_argument("--name", help="display name (default <run_name>-schedule)")
+    sched.add_argument("--max-concurrent-runs", type=int, default=1, help="runs of this schedule at once (default 1)")
+    sched.add_argument("--allow-queueing", action="store_true", help="a run due at the limit waits, not skipped")
+    sched.add_argument("--max-runs", type=int, help="stop after this many runs (Vertex only)")
+    sched.add_argument(
+        "--continue-run",
+        action="store_true",
+        help="every run continues the same run_name (one long training run) instead of a new one",
+    )
+    sched.set_defaults(func=cmd_schedule)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,349 @@
+"""Submit a pipeline run to Vertex AI Pipelines or to a Kubeflow Pipelines endpoint (``multislice submit``).
+
+``multislice.submit(profile, parameters, target=...)`` and the CLI do the same:
+
+1. validate ``parameters`` against the pipeline's parameters (names and
+   Python types, :mod:`multislice.parameters`) and then the whole run spec with
+   the same pydantic models the pipeline's plan step uses
+   (:func:`multislice.config.load_spec`); a bad value raises
+   :class:`multislice.config.ConfigError` naming the parameter, before any
+   request is sent;
+2. compile the profile's pipeline for the target (:mod:`multislice.targets`);
+3. send it: for ``vertex`` an ``aiplatform.PipelineJob`` (parameter values,
+   pipeline root, service account, network, labels) submitted with
+   ``PipelineJob.submit``; for ``kfp`` the real ``kfp.Client``: upload the
+   pipeline (or a new version of it), then create a run of that version in
+   an experiment.
+
+Every run is sent with every pipeline parameter's value, explicitly, and
+with a unique ``run_name`` (``<profile run_name>-<UTC timestamp>`` unless one
+is given), so a run never writes into another run's checkpoints.
+
+Sources: google-cloud-aiplatform ``PipelineJob`` (``template_path``,
+``parameter_values``, ``pipeline_root``, ``job_id``; ``submit(service_account,
+network)``); kfp 2.17 ``kfp.Client`` (``upload_pipeline``,
+``upload_pipeline_version``, ``create_experiment``, ``run_pipeline``) over the
+KFP v2beta1 REST API.
+"""
+
+from __future__ import annotations
+
+import datetime
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multislice import config
+from multislice import parameters as pipeline_parameters
+from multislice.config import ConfigError
+
+#: The pipeline's name in KFP (``upload_pipeline``'s ``pipeline_name``) and Vertex AI labels.
+PIPELINE_NAME = "multislice-training"
+DEFAULT_EXPERIMENT = "multislice"
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class VertexTarget:
+    """Where a run goes on Vertex AI Pipelines.
+
+    Attributes:
+        project: Google Cloud project ID.
+        location: Region, e.g. ``us-east5``.
+        pipeline_root: ``gs://`` directory for the pipeline's artifacts; default
+            ``<output_dir>/pipeline-root`` when ``output_dir`` is on GCS.
+        service_account: Service account the run's components run as (needs
+            access to the GKE cluster and the bucket); None for Vertex's default.
+        network: VPC network to peer, ``projects/<number>/global/networks/<name>``.
+        labels: Labels of the PipelineJob (Vertex label rules: lower-case keys and values).
+        credentials: ``google.auth`` credentials; None for the environment's
+            default credentials (tests pass ``AnonymousCredentials``).
+    """
+
+    project: str
+    location: str
+    pipeline_root: str | None = None
+    service_account: str | None = None
+    network: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    credentials: Any = None
+
+
+@dataclass(frozen=True)
+class KfpTarget:
+    """Where a run goes on Kubeflow Pipelines.
+
+    Attributes:
+        host: The KFP API endpoint, e.g. ``https://<id>.pipelines.googleusercontent.com``
+            or ``http://localhost:8888`` (a port-forward of ``ml-pipeline-ui``).
+        experiment: Experiment the runs are grouped in (created when missing).
+        namespace: Kubeflow profile namespace (multi-user KFP); None for single-user.
+        service_account: Kubernetes service account of the run's pods (KFP's
+            default when None); it needs RBAC for JobSets and Kueue objects.
+        existing_token: A bearer token for the endpoint, if it needs one.
+        client: A ready ``kfp.Client`` (then host, namespace and token are not used).
+    """
+
+    host: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    namespace: str | None = None
+    service_account: str | None = None
+    existing_token: str | None = None
+    client: Any = None
+
+    def make_client(self) -> Any:
+        """The ``kfp.Client`` for this endpoint."""
+        if self.client is not None:
+            return self.client
+        import kfp
+
+        kwargs: dict[str, Any] = {"host": self.host, "existing_token": self.existing_token}
+        if self.namespace:
+            kwargs["namespace"] = self.namespace
+        return kfp.Client(**kwargs)
+
+
+@dataclass(frozen=True)
+class SubmittedRun:
+    """A run that was sent.
+
+    Attributes:
+        target: ``vertex`` or ``kfp``.
+        run_name: The run's name (its output directory under ``output_dir``).
+        run_id: Vertex: the PipelineJob's resource name; KFP: the run ID.
+        parameters: Every parameter value sent, by pipeline parameter name.
+        pipeline_id: KFP: the pipeline's ID; Vertex: ''.
+        version_id: KFP: the pipeline version's ID; Vertex: ''.
+        job: The ``aiplatform.PipelineJob`` (Vertex) or the ``V2beta1Run`` (KFP).
+    """
+
+    target: str
+    run_name: str
+    run_id: str
+    parameters: dict[str, Any]
+    pipeline_id: str = ""
+    version_id: str = ""
+    job: Any = None
+
+
+def default_run_name(base: str, now: datetime.datetime | None = None) -> str:
+    """``<base>-<YYYYmmdd-HHMMSS>`` (UTC): a run name no earlier run has, as ``multislice run`` makes."""
+    stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%d-%H%M%S")
+    return f"{base}-{stamp}"
+
+
+def _check_type(name: str, kind: type, value: Any) -> str | None:
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if ok:
+        return None
+    return f"expected {_TYPE_NAMES[kind]}, got {value!r} ({type(value).__name__}); e.g. {name}=<{_TYPE_NAMES[kind]}>"
+
+
+def validate_parameters(
+    profile: Mapping[str, Any], values: Mapping[str, Any] | None = None
+) -> tuple[config.RunSpec, dict[str, Any]]:
+    """Check pipeline parameter values for a profile and return every parameter's value to send.
+
+    Args:
+        profile: The profile's content (``multislice.config.read_profile``).
+        values: ``{pipeline parameter name: value}``; names are those of the
+            compiled pipeline (``run_name``, ``num_slices``, ``stage1_steps``, ...).
+
+    Returns:
+        ``(spec, arguments)``: the validated run spec, and ``{name: value}``
+        for every pipeline parameter (given or the profile's), typed as the
+        pipeline declares.
+
+    Raises:
+        ConfigError: an unknown parameter name (with the known ones), a value
+            of the wrong type, or any problem :func:`multislice.config.load_spec`
+            finds; each names its field and the fix.
+    """
+    values = dict(values or {})
+    known = pipeline_parameters.parameter_values(config.load_spec(profile))
+    issues = []
+    for name, value in values.items():
+        if name not in known:
+            issues.append((name, f"unknown pipeline parameter; known parameters: {', '.join(known)}"))
+            continue
+        problem = _check_type(name, known[name][0], value)
+        if problem:
+            issues.append((name, problem))
+    if issues:
+        raise ConfigError(issues)
+    spec = config.load_spec(profile, values)
+    arguments = {name: value for name, (_, value) in pipeline_parameters.parameter_values(spec).items()}
+    return spec, arguments
+
+
+def prepare(
+    profile: Mapping[str, Any], values: Mapping[str, Any] | None, target: str
+) -> tuple[config.RunSpec, dict[str, Any]]:
+    """Validate parameters for a remote target and give the run a unique name when none is set.
+
+    Raises:
+        ConfigError: as :func:`validate_parameters`, and ``backend: local`` (a
+            remote run cannot use this machine's processes).
+    """
+    values = dict(values or {})
+    if "run_name" not in values:
+        values["run_name"] = default_run_name(str(profile.get("run_name", "run")))
+    spec, arguments = validate_parameters(profile, values)
+    if spec.backend == "local":
+        raise ConfigError(
+            [("backend", f"backend=local runs pods as processes on this machine, not on {target}; "
+                         "set backend=gke (and output_dir=gs://...) or use `multislice run` locally")]
+        )  # fmt: skip
+    return spec, arguments
+
+
+def compile_for(profile: Mapping[str, Any], target: str, directory: str | Path) -> Path:
+    """Compile the profile's pipeline for ``target`` into ``directory``; returns the YAML path."""
+    from pipelines.multislice_training import compile_pipeline
+
+    path = Path(directory) / f"pipeline.{target}.yaml"
+    compile_pipeline(dict(profile), str(path), target=target)
+    return path
+
+
+def vertex_job(
+    template_path: str | Path, spec: config.RunSpec, arguments: Mapping[str, Any], where: VertexTarget
+) -> Any:
+    """Build (not send) the ``aiplatform.PipelineJob`` of a run; works offline.
+
+    The job ID and display name are the run name; caching is off, as in the
+    compiled pipeline; the labels are ``where.labels`` plus
+    ``multislice-pipeline``.
+
+    Raises:
+        ConfigError: no pipeline root (``output_dir`` not on GCS and none given).
+    """
+    from google.cloud import aiplatform
+
+    root = where.pipeline_root
+    if not root and spec.output_dir.startswith("gs://"):
+        root = f"{spec.output_dir.rstrip('/')}/pipeline-root"
+    if not root or not root.startswith("gs://"):
+        raise ConfigError(
+            [("pipeline_root", "Vertex AI needs a gs:// pipeline root for the run's artifacts; give "
+                               "--pipeline-root gs://BUCKET/path or set output_dir to a gs:// path")]
+        )  # fmt: skip
+    return aiplatform.PipelineJob(
+        display_name=spec.run_name,
+        template_path=str(template_path),
+        job_id=spec.run_name,
+        pipeline_root=root,
+        parameter_values=dict(arguments),
+        enable_caching=False,
+        labels={"multislice-pipeline": PIPELINE_NAME, **dict(where.labels)},
+        project=where.project,
+        location=where.location,
+        credentials=where.credentials,
+    )
+
+
+def _kfp_upload(client: Any, template_path: Path, version_name: str, description: str) -> tuple[str, str]:
+    """Upload the pipeline, or a new version of it when it exists; returns ``(pipeline_id, version_id)``."""
+    pipeline_id = client.get_pipeline_id(PIPELINE_NAME)
+    if pipeline_id is None:
+        pipeline = client.upload_pipeline(str(template_path), pipeline_name=PIPELINE_NAME, description=description)
+        pipeline_id = pipeline.pipeline_id
+    version = client.upload_pipeline_version(
+        str(template_path), pipeline_version_name=version_name, pipeline_id=pipeline_id, description=description
+    )
+    return pipeline_id, version.pipeline_version_id
+
+
+def submit(
+    profile: str | Mapping[str, Any],
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    target: str,
+    vertex: VertexTarget | None = None,
+    kfp: KfpTarget | None = None,
+) -> SubmittedRun:
+    """Validate, compile and submit one run of the profile's pipeline.
+
+    Args:
+        profile: A profile name in ``configs/``, a path to a ``.yaml``, or its content.
+        parameters: Pipeline parameter values, e.g. ``{"stage1_steps": 500}``.
+        target: ``vertex`` or ``kfp``.
+        vertex: Where on Vertex AI (``target="vertex"``).
+        kfp: Which KFP endpoint (``target="kfp"``).
+
+    Returns:
+        The :class:`SubmittedRun`.
+
+    Raises:
+        ConfigError: bad parameters or a missing target setting, before anything is sent.
+        google.api_core.exceptions.GoogleAPICallError, kfp_server_api.ApiException:
+            the service refused the request.
+    """
+    data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
+    if target == "vertex" and vertex is None or target == "kfp" and kfp is None:
+        raise ConfigError([(target, f"target={target} needs its settings (the {target}= argument)")])
+    if target not in ("vertex", "kfp"):
+        raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
+    spec, arguments = prepare(data, parameters, target)
+    with tempfile.TemporaryDirectory() as tmp:
+        template = compile_for(data, target, tmp)
+        if target == "vertex":
+            job = vertex_job(template, spec, arguments, vertex)
+            job.submit(service_account=vertex.service_account, network=vertex.network)
+            return SubmittedRun("vertex", spec.run_name, job.resource_name, arguments, job=job)
+        client = kfp.make_client()
+        pipeline_id, version_id = _kfp_upload(client, template, spec.run_name, f"run {spec.run_name}")
+        experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
+        run = client.run_pipeline(
+            experiment_id=experiment.experiment_id,
+            job_name=spec.run_name,
+            pipeline_id=pipeline_id,
+            version_id=version_id,
+            params=arguments,
+            enable_caching=False,
+            service_account=kfp.service_account,
+        )
+        return SubmittedRun("kfp", spec.run_name, run.run_id, arguments, pipeline_id, version_id, job=run)
+
+
+def add_target_arguments(parser: Any) -> None:
+    """Add the ``--target`` flags of ``multislice submit`` and ``multislice schedule`` to an argparse parser."""
+    parser.add_argument("--target", choices=["vertex", "kfp"], required=True, help="Vertex AI Pipelines or a KFP API")
+    vertex = parser.add_argument_group("vertex target")
+    vertex.add_argument("--project", help="Google Cloud project ID")
+    vertex.add_argument("--location", help="region, e.g. us-east5")
+    vertex.add_argument(
+        "--pipeline-root", help="gs:// root of the run's artifacts (default <output_dir>/pipeline-root)"
+    )
+    vertex.add_argument("--network", help="VPC network to peer: projects/<number>/global/networks/<name>")
+    vertex.add_argument("--label", action="append", metavar="KEY=VALUE", help="PipelineJob label (repeatable)")
+    kfp = parser.add_argument_group("kfp target")
+    kfp.add_argument("--host", help="KFP API endpoint, e.g. http://localhost:8888 (or $KF_PIPELINES_ENDPOINT)")
+    kfp.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="KFP experiment (created when missing)")
+    kfp.add_argument("--kfp-namespace", help="Kubeflow profile namespace (multi-user KFP)")
+    parser.add_argument("--service-account", help="service account of the run (Vertex: GCP; KFP: Kubernetes)")
+
+
+def targets_from_args(args: Any) -> dict[str, Any]:
+    """``{"vertex": VertexTarget}`` or ``{"kfp": KfpTarget}`` from parsed :func:`add_target_arguments` flags.
+
+    Raises:
+        ConfigError: ``--target vertex`` without ``--project`` or ``--location``.
+    """
+    if args.target == "vertex":
+        missing = [(f"--{n}", "required with --target vertex") for n in ("project", "location") if not getattr(args, n)]
+        if missing:
+            raise ConfigError(missing)
+        labels = {str(k): str(v) for k, v in config.parse_set_arguments(args.label or []).items()}
+        return {"vertex": VertexTarget(args.project, args.location, args.pipeline_root, args.service_account,
+                                       args.network, labels)}  # fmt: skip
+    return {"kfp": KfpTarget(args.host, args.experiment, args.kfp_namespace, args.service_account)}

@@ -1,0 +1,182 @@
+"""Submit: parameters validated before any request; Vertex AI PipelineJob bodies and KFP API requests as sent."""
+
+import warnings
+from unittest import mock
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud.aiplatform_v1.services.pipeline_service.transports import grpc as pipeline_grpc
+from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
+
+import multislice
+from multislice import cli, config, submission, targets
+from multislice.config import ConfigError
+from tests.fakes import FakeServer
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+PROFILE = "gke-v6e-16x2"
+EXPECTED = {
+    "run_name": "nightly-1", "backend": "gke", "tpu_type": "v6e-16", "num_slices": 2,
+    "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
+    "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "unique_run_name": False,
+    "notify_webhook_url": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0, "stage2_steps": 200,
+    "stage2_per_device_batch_size": 2.0,
+}  # fmt: skip
+VALUES = {"run_name": "nightly-1", "output_dir": "gs://team-bucket/runs", "stage1_steps": 100}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with FakeServer() as server:
+        # google-cloud-storage (aiplatform's pipeline-root bucket check) talks to the fake instead of GCS.
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+        yield server
+
+
+class VertexTransport:
+    """Stands in for the final gRPC call PipelineService.CreatePipelineJob; records the request."""
+
+    def __init__(self):
+        self.requests = []
+
+    def __call__(self, request, **kwargs):
+        self.requests.append(request)
+        job = gca_pipeline_job.PipelineJob(request.pipeline_job)
+        job.name = f"{request.parent}/pipelineJobs/{request.pipeline_job_id}"
+        return job
+
+    def patch(self):
+        return mock.patch.object(
+            pipeline_grpc.PipelineServiceGrpcTransport, "create_pipeline_job", new_callable=mock.PropertyMock,
+            return_value=self,
+        )  # fmt: skip
+
+
+def vertex_target(**kwargs):
+    return submission.VertexTarget(project="team-project", location="us-east5", credentials=AnonymousCredentials(),
+                                   **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "words"),
+    [
+        ({"stage1_stepz": 5}, "stage1_stepz", "unknown pipeline parameter"),
+        ({"num_slices": "two"}, "num_slices", "expected an integer"),
+        ({"unique_run_name": "yes"}, "unique_run_name", "expected true or false"),
+        ({"stage1_per_device_batch_size": True}, "stage1_per_device_batch_size", "expected a number"),
+        ({"stage1_steps": 10}, "stages[0] (llama3-8b).checkpoint_period", "exceeds steps 10"),
+        ({"notify_webhook_url": "hooks.example"}, "notify_webhook_url", "is not an http(s) URL"),
+        ({"backend": "local", "output_dir": "/data/runs"}, "backend", "set backend=gke"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_request(fake, values, field, words):
+    transport = VertexTransport()
+    with transport.patch(), pytest.raises(ConfigError) as raised:
+        multislice.submit(PROFILE, values, target="vertex", vertex=vertex_target())
+    with pytest.raises(ConfigError):
+        multislice.submit(PROFILE, values, target="kfp", kfp=submission.KfpTarget(host=fake.url))
+    assert [f for f, _ in raised.value.issues] == [field]
+    assert words in raised.value.issues[0][1]
+    assert transport.requests == [] and fake.state.requests == []
+
+
+def test_vertex_compile_target_is_one_document_and_builds_a_pipeline_job_offline(tmp_path):
+    data = config.read_profile(PROFILE)
+    spec, arguments = submission.validate_parameters(data, VALUES)
+    path = submission.compile_for(data, "vertex", tmp_path)
+    assert len(targets.documents(path)) == 1
+    assert len(targets.documents(submission.compile_for(data, "kfp", tmp_path))) == 2  # + kubernetes platform config
+    job = submission.vertex_job(path, spec, arguments, vertex_target())
+    body = job.to_dict()
+    assert body["runtimeConfig"]["gcsOutputDirectory"] == "gs://team-bucket/runs/pipeline-root"
+    assert body["runtimeConfig"]["parameterValues"] == EXPECTED
+    assert body["displayName"] == "nightly-1" and body["labels"] == {"multislice-pipeline": "multislice-training"}
+    assert body["pipelineSpec"]["pipelineInfo"]["name"] == "multislice-training"
+
+
+def test_vertex_needs_a_gcs_pipeline_root():
+    data = config.read_profile(PROFILE)
+    spec, arguments = submission.validate_parameters(data, VALUES)
+    with pytest.raises(ConfigError) as raised:
+        submission.vertex_job("unused.yaml", spec, arguments, vertex_target(pipeline_root="/mnt/root"))
+    assert raised.value.issues[0][0] == "pipeline_root"
+
+
+def test_submit_to_vertex_sends_the_pipeline_job(fake):
+    transport = VertexTransport()
+    where = vertex_target(service_account="runner@team-project.iam.gserviceaccount.com",
+                          network="projects/123/global/networks/tpu-vpc", labels={"team": "ml-platform"})  # fmt: skip
+    with transport.patch():
+        run = multislice.submit(PROFILE, VALUES, target="vertex", vertex=where)
+    [request] = transport.requests
+    assert request.parent == "projects/team-project/locations/us-east5"
+    assert request.pipeline_job_id == "nightly-1"
+    sent = gca_pipeline_job.PipelineJob.to_dict(request.pipeline_job)
+    assert sent["service_account"] == "runner@team-project.iam.gserviceaccount.com"
+    assert sent["network"] == "projects/123/global/networks/tpu-vpc"
+    assert sent["labels"] == {"multislice-pipeline": "multislice-training", "team": "ml-platform"}
+    assert sent["runtime_config"]["gcs_output_directory"] == "gs://team-bucket/runs/pipeline-root"
+    assert sent["runtime_config"]["parameter_values"] == EXPECTED
+    assert run.run_id == "projects/team-project/locations/us-east5/pipelineJobs/nightly-1"
+    # Besides the PipelineJob, the SDK only reads the pipeline root's bucket (exists, then ownership).
+    assert {(r.method, r.path) for r in fake.state.requests} == {("GET", "/storage/v1/b/team-bucket")}
+
+
+def test_submit_to_kfp_uploads_then_versions_then_runs(fake):
+    where = submission.KfpTarget(host=fake.url, experiment="llama", service_account="pipeline-runner")
+    first = multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
+    second = multislice.submit(PROFILE, {**VALUES, "run_name": "nightly-2"}, target="kfp", kfp=where)
+    state = fake.state
+    assert len(state.sent("POST", "/pipelines/upload")) == 1  # the pipeline once, then versions
+    versions = state.sent("POST", "/pipelines/upload_version")
+    assert [v.query["name"] for v in versions] == ["nightly-1", "nightly-2"]
+    assert {v.query["pipelineid"] for v in versions} == {first.pipeline_id}
+    assert len(state.sent("POST", "/experiments")) == 1
+    runs = [r.body for r in state.sent("POST", "/runs")]
+    assert runs[0]["runtime_config"] == {"parameters": EXPECTED}
+    assert runs[1]["runtime_config"]["parameters"]["run_name"] == "nightly-2"
+    assert runs[0]["display_name"] == "nightly-1" and runs[0]["service_account"] == "pipeline-runner"
+    assert runs[0]["pipeline_version_reference"] == {"pipeline_id": first.pipeline_id,
+                                                     "pipeline_version_id": first.version_id}  # fmt: skip
+    [(experiment_id, experiment)] = state.experiments.items()
+    assert (
+        experiment["display_name"] == "llama" and runs[0]["experiment_id"] == runs[1]["experiment_id"] == experiment_id
+    )
+    uploaded = state.templates[first.version_id]
+    assert len(uploaded) == 2 and "platforms" in uploaded[1]  # the kfp target: with kubernetes platform config
+    assert uploaded[0]["root"]["inputDefinitions"]["parameters"]["stage1_steps"]["defaultValue"] == 200
+    assert second.run_id != first.run_id
+
+
+def test_runs_get_unique_names_unless_given(fake):
+    where = submission.KfpTarget(host=fake.url)
+    with mock.patch.object(submission, "default_run_name", side_effect=["llama3-multislice-a", "llama3-multislice-b"]):
+        names = [multislice.submit(PROFILE, {"output_dir": "gs://b/r"}, target="kfp", kfp=where).run_name
+                 for _ in range(2)]  # fmt: skip
+    assert names == ["llama3-multislice-a", "llama3-multislice-b"]
+    stamp = submission.default_run_name("base")
+    assert stamp.startswith("base-20") and len(stamp) == len("base-20261122-101500")
+
+
+def test_cli_submit_kfp(fake, capsys):
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+                       "run_name=cli-run", "--set", "output_dir=gs://b/r", "--set", "max_restarts=1"])  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    [run] = fake.state.sent("POST", "/runs")
+    assert run.body["runtime_config"]["parameters"]["max_restarts"] == 1
+    assert "submitted run cli-run to kfp" in capsys.readouterr().out
+
+
+def test_cli_submit_refuses_bad_parameter_before_sending(fake, capsys):
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,
+                       "--set", "num_slices=two"])  # fmt: skip
+    assert status == 2
+    assert "num_slices: expected an integer" in capsys.readouterr().err
+    assert fake.state.requests == []
+
+
+def test_cli_submit_vertex_needs_project_and_location(capsys):
+    assert cli.main(["submit", "--profile", PROFILE, "--target", "vertex"]) == 2
+    err = capsys.readouterr().err
+    assert "--project: required with --target vertex" in err and "--location" in err

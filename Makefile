@@ -21,8 +21,12 @@ PLATFORM := --python-version 3.12 --python-platform x86_64-manylinux_2_31
 PROFILE ?= local
 SET ?=
 PYTEST_ARGS ?=
+# make images: where to tag the images, and PUSH=1 to push them (then their digests are printed).
+IMAGE_REPO ?= multislice
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+PUSH ?=
 
-.PHONY: help env run test test-fast lint compile render goldens lock clean
+.PHONY: help env run test test-fast lint compile render goldens lock images clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
@@ -32,6 +36,7 @@ help:
 	@echo "make render   write every manifest of PROFILE to build/manifests/PROFILE"
 	@echo "make goldens  regenerate the golden manifests and compiled pipelines under tests/golden"
 	@echo "make lock     re-resolve requirements/*.txt from pyproject.toml"
+	@echo "make images   build the pipeline and trainer images with docker buildx (IMAGE_REPO=..., PUSH=1)"
 
 $(UV):
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found; install it (e.g. pyenv install 3.12) or set PYTHON312=/path/to/python3.12" >&2; exit 1; }
@@ -65,9 +70,12 @@ lint: $(VENVS)/pipeline/.installed
 	$(VENVS)/pipeline/bin/ruff check .
 	$(VENVS)/pipeline/bin/ruff format --check .
 
+# Two files per profile: <profile>.yaml for KFP (with kfp-kubernetes platform config) and
+# <profile>.vertex.yaml for Vertex AI Pipelines (one YAML document).
 compile: $(VENVS)/pipeline/.installed
 	@for f in configs/*.yaml; do p=$$(basename $$f .yaml); \
-	  $(VENVS)/pipeline/bin/multislice compile --profile $$p --output build/pipelines/$$p.yaml || exit 1; done
+	  $(VENVS)/pipeline/bin/multislice compile --profile $$p --target kfp --output build/pipelines/$$p.yaml || exit 1; \
+	  $(VENVS)/pipeline/bin/multislice compile --profile $$p --target vertex --output build/pipelines/$$p.vertex.yaml || exit 1; done
 
 render: $(VENVS)/pipeline/.installed
 	$(VENVS)/pipeline/bin/multislice render --profile $(PROFILE) --output build/manifests/$(PROFILE)
@@ -78,6 +86,18 @@ goldens: $(VENVS)/pipeline/.installed
 lock: | $(UV)
 	$(UV) pip compile --quiet pyproject.toml --extra pipeline --extra dev $(PLATFORM) -o requirements/pipeline.txt
 	$(UV) pip compile --quiet pyproject.toml --extra trainer $(PLATFORM) -o requirements/trainer.txt
+
+# Needs a Docker engine with buildx (none on the development machines). With PUSH=1 the images
+# are pushed and build/images/<image>.json holds each digest: use <repo>/<image>@sha256:... in
+# the profile's images and the trainer_image parameter.
+images:
+	@command -v docker >/dev/null || { echo "error: make images needs docker with buildx (https://docs.docker.com/build/); none found" >&2; exit 1; }
+	@mkdir -p build/images
+	@for image in pipeline trainer; do \
+	  docker buildx build -f containers/$$image/Dockerfile -t $(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) \
+	    $(if $(PUSH),--push,--load) --metadata-file build/images/$$image.json . || exit 1; \
+	  echo "$(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) digest: $$(sed -n 's/.*"containerimage.digest": *"\([^"]*\)".*/\1/p' build/images/$$image.json)"; \
+	done
 
 clean:
 	rm -rf build output

@@ -148,7 +148,7 @@ def training_figure(records: Sequence[Mapping[str, Any]], title: str) -> Any:
 
     steps = _last_record_per_step(records)
     x = [int(r["step"]) for r in steps]
-    figure, (loss_axes, time_axes) = plt.subplots(1, 2, figsize=(10, 3.6))
+    figure, (loss_axes, time_axes) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
     loss_axes.plot(x, [float(r.get("learning/loss", math.nan)) for r in steps], marker=".")
     loss_axes.set(title="loss", xlabel="step", ylabel="loss")
     time_axes.plot(x, [float(r.get("perf/step_time_seconds", math.nan)) for r in steps], marker=".", color="C1")

@@ -202,7 +202,8 @@ def verification_markdown(stage: str, report: Mapping[str, Any]) -> str:
     """The verify step's Markdown report: verdict, step, parameter count, and each check with its detail."""
     checks = [{"check": c["name"], "result": "PASS" if c["passed"] else "FAIL", "detail": c["detail"]} for c in
               report.get("checks", [])]  # fmt: skip
-    mesh = ", ".join(f"{k}={v}" for k, v in (report.get("written_mesh") or {}).items())
+    written = report.get("written_mesh") or ""
+    mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, Mapping) else str(written)
     lines = [
         f"# verify_checkpoint {stage}: {report.get('verdict', 'UNKNOWN')}",
         "",

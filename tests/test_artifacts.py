@@ -92,3 +92,12 @@ def local_plan(tmp_path):
     from multislice.plan import make_plan
 
     return make_plan(config.load_profile("local", {"output_dir": str(tmp_path / "out"), "run_name": "pages"}))
+
+
+def test_train_page_without_a_metrics_file_has_the_table_only(local_plan):
+    # The GKE train step reads step lines from the leader's log and names no metrics file.
+    pages = train_step.result_pages(local_plan, local_plan.stages[0].name, _report())
+    assert "<td class=num>6.4</td>" in pages["html"] and "<img" not in pages["html"]
+    assert "loss **7.500 -> 6.400**" in pages["markdown"]
+    text = artifacts.verification_markdown("s", {"verdict": "PASS", "written_mesh": "fsdp=8", "checks": []})
+    assert "written with mesh fsdp=8" in text

@@ -34,7 +34,7 @@ from typing import Any
 from multislice import memory
 from multislice.config import RunSpec, Stage
 from multislice.plan import make_plan, resolve_degrees
-from multislice.preflight import AotSession, request_for, stage_report
+from multislice.preflight import AotSession, CompileTimeout, request_for, stage_report
 
 #: Remat policies the planner tries, from least memory (most recompute) to most.
 REMAT_CHOICES = ("full", "save_qkv_proj", "save_dot_except_mlp", "minimal")
@@ -324,8 +324,10 @@ def search(
     Slice counts from ``num_slices`` (default ``spec.num_slices``) up to
     ``max_slices`` are tried in turn; the search stops at the first slice
     count with a verified fit. Within one slice count, candidates are compiled
-    in :func:`order` until ``want`` fit, the candidates run out, or
-    ``budget_seconds`` have passed.
+    until ``want`` fit, the candidates run out, or ``budget_seconds`` have
+    passed (a compile still running then is stopped): first the candidate
+    nearest the stage (fewest changes), for an early verified fit, then in
+    order of estimated speed (:func:`order`).
 
     Args:
         spec, stage: What to plan (the stage's model and sequence length stay).
@@ -356,15 +358,28 @@ def search(
             f"model's lower bound, {len(kept)} to check"
         )
         fits_here = []
-        for candidate in order(kept, usable, nearest=nearest):
+        ordered = order(kept, usable, nearest=nearest)
+        if ordered and not nearest:
+            # The config nearest the stage first: a verified fit early, whatever the faster
+            # candidates' compiles cost (they can take many minutes); then by estimated speed.
+            first = order(kept, usable, nearest=True)[0]
+            ordered = [first, *(c for c in ordered if c is not first)]
+        for candidate in ordered:
             if len(fits_here) >= want:
                 break
-            if time.monotonic() - started > budget_seconds:
+            remaining = budget_seconds - (time.monotonic() - started)
+            if remaining <= 0:
                 result.exhausted = False
                 on_progress(f"time budget of {budget_seconds:.0f} s spent; stopping")
                 break
             plan = make_plan(spec.with_stages(candidate.stage).model_copy(update={"num_slices": slices}))
-            candidate.report = stage_report(plan, plan.stages[0], session.compile(request_for(plan, plan.stages[0])))
+            try:
+                compiled = session.compile(request_for(plan, plan.stages[0]), timeout=remaining)
+            except CompileTimeout:
+                result.exhausted = False
+                on_progress(f"  stopped: {candidate.describe()} (its compile outran the {budget_seconds:.0f} s budget)")
+                break
+            candidate.report = stage_report(plan, plan.stages[0], compiled)
             result.tried.append(candidate)
             hbm = candidate.report.get("bytes_per_chip", {}).get("total") or candidate.report.get(
                 "required_bytes_per_chip"

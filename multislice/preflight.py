@@ -38,6 +38,10 @@ class PreflightError(RuntimeError):
     """The AOT compile could not run or gave no verdict (not a does-not-fit); the message says why."""
 
 
+class CompileTimeout(PreflightError):
+    """An AOT compile ran past its time limit and was stopped (the session restarts for the next one)."""
+
+
 class PreflightFailed(RuntimeError):
     """A stage does not fit in HBM (or MaxText rejected its config); nothing was provisioned.
 
@@ -104,7 +108,12 @@ class AotSession:
         self._read = 0
 
     def __enter__(self) -> AotSession:
+        self._start()
+        return self
+
+    def _start(self) -> None:
         self.results.unlink(missing_ok=True)
+        self._read = 0
         command = [str(self.env_dir / "bin" / "python"), "-m", AOT_MODULE, "--results", str(self.results)]
         command += ["--scratch", str(self.work_dir / "scratch")]
         if self.cache_dir:
@@ -115,7 +124,6 @@ class AotSession:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True
             )
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -135,10 +143,12 @@ class AotSession:
         """Send one request and wait for its result.
 
         Raises:
-            PreflightError: the trainer process died or gave no result within ``timeout`` seconds.
+            CompileTimeout: no result within ``timeout`` seconds; the process was stopped, and
+                the next call starts a new one.
+            PreflightError: the trainer process died.
         """
         if self.process is None:
-            raise PreflightError("AotSession used outside its context")
+            self._start()
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         deadline = time.monotonic() + timeout
@@ -154,7 +164,9 @@ class AotSession:
                 )
             time.sleep(0.2)
         self.process.kill()
-        raise PreflightError(f"no AOT verdict for {request.get('name')!r} within {timeout:.0f} s; log: {self.log}")
+        self.process.wait()
+        self.process = None
+        raise CompileTimeout(f"no AOT verdict for {request.get('name')!r} within {timeout:.0f} s; log: {self.log}")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

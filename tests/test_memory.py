@@ -76,7 +76,7 @@ class RuleCompiler:
     def __init__(self, spec: config.RunSpec, fraction: float = 0.95):
         self.spec, self.fraction, self.requests = spec, fraction, []
 
-    def compile(self, request: dict) -> dict:
+    def compile(self, request: dict, timeout: float = 0) -> dict:
         self.requests.append(request)
         args = dict(a.split("=", 1) for a in request["maxtext_args"])
         entry = {"compile_topology": request["compile_topology"], "num_slices": request["num_slices"],
@@ -125,7 +125,7 @@ def test_search_tries_more_slices_and_reports_the_fewest_that_fit():
 
 
 class NoCompiler:
-    def compile(self, request):
+    def compile(self, request, timeout=0):
         raise AssertionError("nothing should be compiled: every candidate is pruned")
 
 
@@ -146,3 +146,31 @@ def test_a_global_batch_that_does_not_divide_is_refused():
         c.knobs.per_device_batch_size for c in planner.candidates(spec, spec.stage("llama3-70b"), 2, global_batch=64)
     }
     assert pdb == 2
+
+
+class SlowAfterFirst(RuleCompiler):
+    """The first compile answers; the next outruns the time it is given (as a 14-minute compile would)."""
+
+    def compile(self, request: dict, timeout: float = 0) -> dict:
+        if self.requests:
+            self.requests.append(request)
+            raise planner.CompileTimeout(f"no AOT verdict within {timeout:.0f} s")
+        return super().compile(request, timeout)
+
+
+def test_search_compiles_the_stages_own_config_first_and_stops_a_compile_that_outruns_the_budget():
+    spec = config.load_profile("gke-v6e-16x2")
+    stage = spec.stage("llama3-70b")  # per-device batch 1, ICI tensor 4 x FSDP 4, DCN FSDP 2, optimizer offload
+    compiler = SlowAfterFirst(spec)
+    lines = []
+    found = planner.search(spec, stage, compiler, want=3, on_progress=lines.append)
+    first = dict(a.split("=", 1) for a in compiler.requests[0]["maxtext_args"])
+    assert (first["per_device_batch_size"], first["ici_tensor_parallelism"], first["ici_fsdp_parallelism"]) == (
+        "1",
+        "4",
+        "4",
+    )
+    assert first["optimizer_memory_host_offload"] == "true" and first["dcn_fsdp_parallelism"] == "2"
+    assert [c.changes for c in found.fitting] == [[]]  # the stage as it is: verified, then the budget ran out
+    assert not found.exhausted and len(compiler.requests) == 2
+    assert any("outran" in line for line in lines)

@@ -224,7 +224,8 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
     lines += [
         f"outputs     {plan.run_dir}",
         f"reports     {reports}/<stage>/(plan|preflight|admit|launch|train|verification).json",
-        f"UI pages    {reports}/<stage>/train.html (loss and step-time plots), train.md, verification.md",
+        f"UI pages    {reports}/<stage>/preflight.html (HBM per chip), train.html (loss and step-time plots), "
+        "train.md, verification.md",
         f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
         f"manifests   {plan.run_dir}/manifests/",
         f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",

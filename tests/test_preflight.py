@@ -126,6 +126,9 @@ def test_stage_report_of_a_stage_that_does_not_fit_states_numbers_units_and_cost
     assert cost["estimated_step_seconds"] == pytest.approx(9.663, abs=1e-3)
     assert cost["chip_hours"] == pytest.approx(17.18, abs=0.01)
     assert cost["estimated_cost"] == pytest.approx(17.18 * 2.70, abs=0.05)
+    page = step.result_page(plan, [report])
+    assert "<td>seed-llama3-70b</td>" in page and "does_not_fit" in page
+    assert ">49.82<" in page and ">31.24<" in page and ">-18.58<" in page  # GiB per chip
 
 
 def test_skip_preflight_checks_nothing(tmp_path):

@@ -28,7 +28,7 @@ from multislice.preflight import (
     summary_line,
     work_dir_for,
 )
-from multislice.steps import gke_api, say, write_report
+from multislice.steps import gke_api, is_local_path, report_path, say, write_report
 
 #: Seconds the nearest-alternative search may spend compiling.
 ALTERNATIVE_BUDGET_SECONDS = 600
@@ -121,3 +121,65 @@ def run(
             reports,
         )
     return {r["stage"]: r for r in reports}
+
+
+#: Columns of the HBM table in the pipelines UI: key -> header.
+PAGE_COLUMNS = {
+    "stage": "stage",
+    "verdict": "verdict",
+    "target": "target",
+    "hbm_gib": "HBM per chip (GiB)",
+    "usable_gib": "usable per chip (GiB)",
+    "headroom_gib": "headroom (GiB)",
+    "argument_gib": "arguments (GiB)",
+    "temp_gib": "temporaries (GiB)",
+    "host_gib": "host-offloaded (GiB)",
+    "compile_seconds": "compile (s)",
+    "cached": "from cache",
+    "chip_hours": "chip-hours (est.)",
+    "cost": "cost (est.)",
+}
+
+
+def result_page(plan: Plan, reports: list[dict[str, Any]]) -> str:
+    """An HTML page with a table of HBM use per stage (GiB per chip) for the pipelines UI.
+
+    Also written to ``<run_dir>/reports/<stage>/preflight.html`` for a local run directory.
+    """
+    from multislice import artifacts
+
+    def gib(value: float | None) -> float | None:
+        return None if value is None else round(value / 2**30, 2)
+
+    rows = []
+    for r in reports:
+        used = r.get("bytes_per_chip", {})
+        cost = r.get("cost") or {}
+        target = r.get("target", {})
+        rows.append(
+            {
+                "stage": r["stage"],
+                "verdict": r["verdict"],
+                "target": f"{target.get('num_slices')} x {target.get('tpu_type')}" if target else "",
+                "hbm_gib": gib(used.get("total") or r.get("required_bytes_per_chip")),
+                "usable_gib": gib(r.get("hbm_bytes_per_chip")),
+                "headroom_gib": gib(r.get("headroom_bytes_per_chip")),
+                "argument_gib": gib(used.get("argument")),
+                "temp_gib": gib(used.get("temp")),
+                "host_gib": gib((used.get("host_argument", 0) + used.get("host_temp", 0)) if used else None),
+                "compile_seconds": r.get("compile_seconds"),
+                "cached": r.get("cached"),
+                "chip_hours": cost.get("chip_hours"),
+                "cost": f"{cost['estimated_cost']:,.2f} {cost['currency']}" if cost.get("price_per_chip_hour") else "",
+            }
+        )
+    note = (
+        "<p>AOT compile of each stage's train step for its TPU topology (MaxText train_compile, libtpu); "
+        "GiB = 2<sup>30</sup> bytes. Cost: model FLOPs / (peak bf16 FLOP/s x assumed MFU) x steps x chips x "
+        "price per chip-hour from the profile.</p>"
+    )
+    page = artifacts.html_page("preflight: HBM per chip", note + artifacts.html_table(rows, PAGE_COLUMNS))
+    if is_local_path(plan.run_dir):
+        for r in reports:
+            artifacts.write_text(report_path(plan, "preflight", plan.stage(r["stage"])).with_suffix(".html"), page)
+    return page

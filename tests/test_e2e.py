@@ -23,6 +23,7 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
     plan = local_run.plan
     for stage in plan.stages:
         assert f"stage {stage.index + 1} {stage.name}" in out
+        assert f"[preflight {stage.name}] fits on 2 x v5litepod-8" in out  # AOT-checked before provision
         assert latest_committed_step(stage.checkpoint_dir) == stage.final_step
         assert (Path(stage.checkpoint_dir) / str(stage.final_step) / "items").is_dir()
         reports = Path(plan.run_dir) / "reports" / stage.name
@@ -32,6 +33,8 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
         verified = json.loads((reports / "verification.json").read_text())
         assert verified["verdict"] == "PASS" and verified["latest_step"] == stage.final_step
     assert out.count("verification  PASS") == 2
+    assert out.count("preflight     fits:") == 2
+    assert out.index("[preflight") < out.index("[provision")
     assert "trained       20/20 steps" in out
 
 

@@ -14,8 +14,12 @@ pytestmark = pytest.mark.e2e
 def test_each_stage_has_its_html_and_markdown_pages(local_run):
     assert local_run.returncode == 0, local_run.stderr
     reports = f"{local_run.plan.run_dir}/reports"
-    assert f"UI pages    {reports}/<stage>/train.html" in local_run.stdout
+    assert f"UI pages    {reports}/<stage>/preflight.html (HBM per chip), train.html" in local_run.stdout
     for stage in local_run.plan.stages:
+        checked = json.load(open(f"{reports}/{stage.name}/preflight.json", encoding="utf-8"))
+        assert checked["verdict"] == "fits" and checked["target"]["compile_topology"] == "v5e-8"
+        hbm_page = open(f"{reports}/{stage.name}/preflight.html", encoding="utf-8").read()
+        assert f"<td>{stage.name}</td>" in hbm_page and "HBM per chip (GiB)" in hbm_page
         page = open(f"{reports}/{stage.name}/train.html", encoding="utf-8").read()
         summary = open(f"{reports}/{stage.name}/train.md", encoding="utf-8").read()
         verification = open(f"{reports}/{stage.name}/verification.md", encoding="utf-8").read()

@@ -86,7 +86,8 @@ class AotSession:
     """A trainer-environment process that AOT-compiles requests one at a time.
 
     Use as a context manager. :meth:`compile` sends one request and waits for
-    its result (a dict, see :mod:`multislice.trainer.aot`).
+    its result (a dict, see :mod:`multislice.trainer.aot`); the process starts
+    with the first request and ends when the context does.
 
     Args:
         cache_dir: Verdict cache (path or ``gs://``), or None for no cache.
@@ -108,8 +109,7 @@ class AotSession:
         self._read = 0
 
     def __enter__(self) -> AotSession:
-        self._start()
-        return self
+        return self  # the trainer process starts with the first compile: a search that prunes everything starts none
 
     def _start(self) -> None:
         self.results.unlink(missing_ok=True)

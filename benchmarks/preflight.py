@@ -96,6 +96,7 @@ def main() -> None:
     """Run the measurements; write the results file and print the README table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-planner", action="store_true")
+    parser.add_argument("--only-planner", action="store_true", help="measure the planner alone (item 4)")
     parser.add_argument("--record", type=Path, help="add every AOT result to this recorded set")
     parser.add_argument("--collect", type=Path, nargs="*", help="only add the results in these cache dirs to --record")
     options = parser.parse_args()
@@ -104,25 +105,16 @@ def main() -> None:
         return
     start_machine = machine()
     spec = config.load_profile("gke-v6e-16x2")
-    results: dict = {"machine": start_machine}
+    results: dict = json.loads(RESULTS.read_text()) if options.only_planner and RESULTS.exists() else {}
+    if not options.only_planner:
+        results["machine"] = start_machine
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         caches = [tmp_path / name for name in ("cache-seed", "cache", "cache-planner")]
-        seed_plan = make_plan(config.load_spec(config.spec_to_data(spec.with_stages(spec.stage("seed-llama3-70b")))))
-        seed = timed_verdicts(seed_plan, seed_plan.stages, str(caches[0]), tmp_path / "w1")
-        results["seed_70b_does_not_fit"] = {"seconds": seed[0]["seconds"], "verdict": seed[0]["report"]["verdict"]}
-        default_plan = make_plan(spec)
-        cold = timed_verdicts(default_plan, default_plan.stages, str(caches[1]), tmp_path / "w2")
-        previous = 0.0
-        results["default_stages_cold"] = []
-        for item in cold:
-            results["default_stages_cold"].append(
-                {"stage": item["stage"], "seconds": round(item["seconds"] - previous, 1), **_numbers(item["report"])}
-            )
-            previous = item["seconds"]
-        warm = timed_verdicts(default_plan, default_plan.stages, str(caches[1]), tmp_path / "w3")
-        results["default_stages_cached_seconds"] = warm[-1]["seconds"]
-        if not options.skip_planner:
+        if not options.only_planner:
+            _defaults(results, spec, caches, tmp_path)
+            results["machine_at_end"] = machine()
+        if options.only_planner or not options.skip_planner:
             started = time.monotonic()
             with AotSession(str(caches[2]), tmp_path / "w4") as session:
                 found = planner.search(spec, spec.stage("llama3-70b"), session)
@@ -130,13 +122,32 @@ def main() -> None:
                 "seconds": round(time.monotonic() - started, 1),
                 "fitting": [c.describe() for c in found.fitting],
                 "tried": [(c.describe(), c.verdict) for c in found.tried],
+                "machine": start_machine,
+                "machine_at_end": machine(),
             }
         if options.record:
             record(options.record, caches)
-    results["machine_at_end"] = machine()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))
+
+
+def _defaults(results: dict, spec, caches: list[Path], tmp_path: Path) -> None:
+    """Items 1-3: the seed 70B's verdict, the default stages cold, then from the cache."""
+    seed_plan = make_plan(config.load_spec(config.spec_to_data(spec.with_stages(spec.stage("seed-llama3-70b")))))
+    seed = timed_verdicts(seed_plan, seed_plan.stages, str(caches[0]), tmp_path / "w1")
+    results["seed_70b_does_not_fit"] = {"seconds": seed[0]["seconds"], "verdict": seed[0]["report"]["verdict"]}
+    default_plan = make_plan(spec)
+    cold = timed_verdicts(default_plan, default_plan.stages, str(caches[1]), tmp_path / "w2")
+    previous = 0.0
+    results["default_stages_cold"] = []
+    for item in cold:
+        results["default_stages_cold"].append(
+            {"stage": item["stage"], "seconds": round(item["seconds"] - previous, 1), **_numbers(item["report"])}
+        )
+        previous = item["seconds"]
+    warm = timed_verdicts(default_plan, default_plan.stages, str(caches[1]), tmp_path / "w3")
+    results["default_stages_cached_seconds"] = warm[-1]["seconds"]
 
 
 def _numbers(report: dict) -> dict:

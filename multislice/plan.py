@@ -206,12 +206,20 @@ def worker_command(plan: Plan, stage: StagePlan, flavour: Flavour) -> tuple[list
     The TPU flavour runs MaxText as on GKE. The CPU flavour adds what
     MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
     ``num_slices`` so it builds a DCN mesh) and the worker's
-    ``--emulate-slices`` and ``--metrics-file`` options.
+    ``--emulate-slices`` and ``--metrics-file`` options, and leaves out the
+    persistent compilation cache (``jax_cache_dir``): JAX writes cache entries
+    from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
+    each process compiles its own executable under its own key, so after a
+    JobSet restart process 0 would load its step from the cache while the
+    others compile for tens of seconds, and JAX's CPU collectives (Gloo) give
+    up after 30 s waiting for them (``Gloo context initialization failed:
+    DEADLINE_EXCEEDED``, seen here in the killed-worker test).
     """
     command = ["python", "-m", WORKER_MODULE]
     args = []
     maxtext_args = list(stage.maxtext_args)
     if flavour == "cpu":
         args += ["--emulate-slices", "--metrics-file", stage.metrics_file]
+        maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
         maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
     return command, [*args, "--", *maxtext_args]

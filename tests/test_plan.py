@@ -43,6 +43,17 @@ def test_maxtext_arguments_of_a_stage():
     assert "hardware" not in args
 
 
+def test_cpu_pods_compile_afresh_and_tpu_pods_use_the_compilation_cache():
+    p = local_plan(run_name="demo")
+    stage = p.stages[0]
+    _, tpu_args = plan.worker_command(p, stage, "tpu")
+    _, cpu_args = plan.worker_command(p, stage, "cpu")
+    assert "jax_cache_dir=/data/out/demo/jax_cache" in tpu_args
+    # JAX caches process 0's executable only: a restarted CPU JobSet's processes would start out of step.
+    assert not any(a.startswith("jax_cache_dir=") for a in cpu_args)
+    assert "hardware=cpu" in cpu_args and "num_slices=2" in cpu_args
+
+
 def test_named_model_uses_model_name():
     p = plan.make_plan(config.load_profile("gke-v6e-16x2"))
     args = dict(a.split("=", 1) for a in p.stages[0].maxtext_args)

@@ -177,6 +177,18 @@ def _changes(base: memory.Knobs, knobs: memory.Knobs, base_slices: int, slices: 
     return out
 
 
+def ici_degrees(topology: str) -> set[int]:
+    """Degrees an ICI axis can take on a slice: products of subsets of its physical axis sizes.
+
+    MaxText maps each logical mesh axis onto whole physical axes unless
+    ``allow_split_physical_axes`` is set (``maxtext/utils/maxtext_utils.py``,
+    ``create_device_mesh``; measured here: tensor 2 on a 4x4 v6e-16 fails with
+    "Failed to find assignment for logical_axis_index ... of size 2").
+    """
+    sizes = [int(d) for d in topology.split("x")]
+    return {math.prod(c) for n in range(len(sizes) + 1) for c in itertools.combinations(sizes, n)}
+
+
 def candidates(
     spec: RunSpec,
     stage: Stage,
@@ -224,7 +236,7 @@ def candidates(
     grid = itertools.product(
         batches,
         REMAT_CHOICES,
-        [t for t in TENSOR_CHOICES if shape.chips % t == 0],
+        [t for t in TENSOR_CHOICES if t in ici_degrees(shape.topology)],
         ("fsdp", "data") if num_slices > 1 else ("data",),
         (False, True),
         (False, True),

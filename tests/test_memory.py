@@ -174,3 +174,12 @@ def test_search_compiles_the_stages_own_config_first_and_stops_a_compile_that_ou
     assert [c.changes for c in found.fitting] == [[]]  # the stage as it is: verified, then the budget ran out
     assert not found.exhausted and len(compiler.requests) == 2
     assert any("outran" in line for line in lines)
+
+
+def test_ici_splits_follow_whole_physical_axes():
+    assert planner.ici_degrees("4x4") == {1, 4, 16}  # no tensor 2 or 8 on a v6e-16 without splitting an axis
+    assert planner.ici_degrees("2x4") == {1, 2, 4, 8}
+    assert planner.ici_degrees("2x2x2") == {1, 2, 4, 8}
+    spec = config.load_profile("gke-v6e-16x2")
+    tensors = {c.knobs.ici["tensor"] for c in planner.candidates(spec, spec.stage("llama3-70b"), 2)}
+    assert tensors == {1, 4}

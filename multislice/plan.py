@@ -207,7 +207,8 @@ def worker_command(plan: Plan, stage: StagePlan, flavour: Flavour) -> tuple[list
     MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
     ``num_slices`` so it builds a DCN mesh) and the worker's
     ``--emulate-slices`` and ``--metrics-file`` options, and leaves out the
-    persistent compilation cache (``jax_cache_dir``): JAX writes cache entries
+    persistent compilation cache (``jax_cache_dir=`` empty; leaving the key out would
+    give MaxText's default, ``~/jax_cache``, shared by every run): JAX writes cache entries
     from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
     each process compiles its own executable under its own key, so after a
     JobSet restart process 0 would load its step from the cache while the
@@ -221,5 +222,5 @@ def worker_command(plan: Plan, stage: StagePlan, flavour: Flavour) -> tuple[list
     if flavour == "cpu":
         args += ["--emulate-slices", "--metrics-file", stage.metrics_file]
         maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
-        maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
+        maxtext_args += ["jax_cache_dir=", "hardware=cpu", f"num_slices={plan.spec.num_slices}"]
     return command, [*args, "--", *maxtext_args]

@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from multislice import config, planner
+from multislice import config
 from multislice.plan import make_plan
-from multislice.preflight import AotSession, request_for, stage_report
+from multislice.preflight import AotSession, planner, request_for, stage_report
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "preflight.json"

@@ -7,10 +7,10 @@ from typing import Any
 
 
 def submit(*args: Any, **kwargs: Any) -> Any:
-    """Validate, compile and submit one run to Vertex AI or KFP: :func:`multislice.submission.submit`.
+    """Validate, compile and submit one run to Vertex AI or KFP: :func:`multislice.delivery.submission.submit`.
 
     Imported on call, so that the trainer image (no kfp, no aiplatform) can import this package.
     """
-    from multislice.submission import submit as _submit
+    from multislice.delivery.submission import submit as _submit
 
     return _submit(*args, **kwargs)

@@ -23,7 +23,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import config, parameters
+from multislice import config
+from multislice.config import parameters
 from multislice.plan import Plan, make_plan
 
 STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|cleanup"
@@ -40,7 +41,7 @@ def _profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], di
 def cmd_render(args: argparse.Namespace) -> int:
     """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet in both flavours and,
     for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
-    from multislice import manifests
+    from multislice.render import manifests
 
     profile, overrides = _profile_and_overrides(args)
     plan = make_plan(config.load_spec(profile, overrides))
@@ -66,7 +67,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     kubernetes = None
     if args.node_selector:
-        from multislice.targets import KubernetesConfig
+        from multislice.delivery.targets import KubernetesConfig
 
         selector = config.parse_set_arguments(args.node_selector)
         kubernetes = KubernetesConfig(node_selector={str(k): str(v) for k, v in selector.items()})
@@ -309,8 +310,7 @@ def _write_json(path: str | None, data: Any) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do."""
-    from multislice import planner
-    from multislice.preflight import AotSession, user_cache_dir
+    from multislice.preflight import AotSession, planner, user_cache_dir
 
     plan, stages = _preflight_plan(args)
     spec, stage = plan.spec, plan.spec.stage(stages[0].name)
@@ -370,8 +370,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Validate, compile and submit one run to Vertex AI Pipelines or KFP (:mod:`multislice.submission`)."""
-    from multislice import submission
+    """Validate, compile and submit one run to Vertex AI Pipelines or KFP (:mod:`multislice.delivery.submission`)."""
+    from multislice.delivery import submission
 
     profile, overrides = _profile_and_overrides(args)
     run = submission.submit(profile, overrides, target=args.target, **submission.targets_from_args(args))
@@ -382,8 +382,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    """Create, list, pause, resume or delete schedules (:mod:`multislice.schedule`)."""
-    from multislice import schedule, submission
+    """Create, list, pause, resume or delete schedules (:mod:`multislice.delivery.schedule`)."""
+    from multislice.delivery import schedule, submission
 
     where = submission.targets_from_args(args)
     if args.action == "create":
@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
-    from multislice.submission import add_target_arguments
+    from multislice.delivery.submission import add_target_arguments
 
     submit = sub.add_parser("submit", help="submit one run to Vertex AI Pipelines or a KFP endpoint")
     with_profile(submit)

@@ -12,7 +12,7 @@ Graph, for a profile with stages S1..Sn::
 The pipeline is built per profile (:func:`build_pipeline`): the profile fixes
 the stages and their model and parallelism; every field a user changes per
 run is a named pipeline parameter whose default is the profile's value
-(:mod:`multislice.parameters`): ``run_name``, ``backend``, ``tpu_type``,
+(:mod:`multislice.config.parameters`): ``run_name``, ``backend``, ``tpu_type``,
 ``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
 ``priority``, ``max_restarts``, ``skip_preflight`` and ``stage<N>_steps``,
 ``stage<N>_per_device_batch_size``. The plan tasks validate them with the same
@@ -36,7 +36,9 @@ from components import preflight as preflight_component
 from components import provision as provision_component
 from components import train as train_component
 from components import verify_checkpoint as verify_component
-from multislice import config, parameters, targets
+from multislice import config
+from multislice.config import parameters
+from multislice.delivery import targets
 
 PIPELINE_NAME = "multislice-training"
 
@@ -149,10 +151,10 @@ def compile_pipeline(
     target: str = "kfp",
     kubernetes: targets.KubernetesConfig | None = None,
 ) -> str:
-    """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.targets`).
+    """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.delivery.targets`).
 
     ``kfp``: the PipelineSpec plus the kfp-kubernetes platform config
-    (``kubernetes``, default :class:`multislice.targets.KubernetesConfig()`), two
+    (``kubernetes``, default :class:`multislice.delivery.targets.KubernetesConfig()`), two
     YAML documents. ``vertex``: the PipelineSpec alone, one document.
     Returns the path.
 

@@ -8,7 +8,7 @@ import re
 import matplotlib.image
 import pytest
 
-from multislice import artifacts
+from multislice.delivery import artifacts
 from multislice.steps import train as train_step
 from multislice.steps import verify_checkpoint as verify_step
 from tests.test_metrics import record

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from multislice import artifacts, metrics
+from multislice import metrics
+from multislice.delivery import artifacts
 
 pytestmark = pytest.mark.e2e
 

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from multislice import config, names, nodepool
+from multislice import config, names
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
-from multislice.backends.gke import retry, workload
+from multislice.backends.gke import nodepool, retry, workload
 from multislice.plan import make_plan
 from multislice.steps import admit, cleanup, launch, provision, train, verify_checkpoint
 from multislice.steps.launch import LaunchFailed
@@ -57,7 +57,7 @@ def plan():
 
 @pytest.fixture(autouse=True)
 def node_pools(monkeypatch):
-    """multislice.nodepool.ensure_node_pools (tested against its own GKE fake in test_nodepool.py), recorded."""
+    """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded."""
     calls = []
 
     def ensure_node_pools(plan, client=None, *, on_progress=print):

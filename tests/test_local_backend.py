@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from multislice import config, jobset
+from multislice import config
 from multislice.backends.local import AlreadyExists, LocalBackend, pid_alive
 from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
 from multislice.plan import make_plan
+from multislice.render import jobset
 from multislice.steps import cleanup
 
 POD = """

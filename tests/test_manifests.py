@@ -7,8 +7,9 @@ import pytest
 import yaml
 from google.cloud.container_v1 import NodePool
 
-from multislice import config, jobset, kueue, manifests, schema
+from multislice import config
 from multislice.plan import make_plan
+from multislice.render import jobset, kueue, manifests, schema
 from tests.conftest import SHARED_CRDS
 from tests.golden import PROFILES, golden_files, rendered_manifests
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from google.cloud import container_v1
 
-from multislice import config, nodepool
+from multislice import config
+from multislice.backends.gke import nodepool
 from multislice.plan import make_plan
 from tests.gke_fake import FakeGke
 

@@ -2,7 +2,8 @@
 
 import json
 
-from multislice import config, notify
+from multislice import config
+from multislice.delivery import notify
 from multislice.steps import cleanup
 from tests.fakes import FakeServer
 

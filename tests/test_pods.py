@@ -2,8 +2,9 @@
 
 import pytest
 
-from multislice import config, jobset, plan
+from multislice import config, plan
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset, expand_vars
+from multislice.render import jobset
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from multislice import config, preflight
+from multislice import config, preflight, tpu
 from multislice.plan import make_plan
 from multislice.steps import preflight as step
 from multislice.trainer import aot
@@ -49,7 +49,7 @@ def test_older_oom_wording_and_non_oom_errors():
 def test_usable_hbm_in_the_catalog_is_what_the_compiler_reported():
     for name, message in recorded_oom_messages().items():
         tpu_type = name.split(",")[0].split(" ")[0]
-        shape = config.tpu.parse_tpu_type(tpu_type)
+        shape = tpu.parse_tpu_type(tpu_type)
         assert shape.usable_hbm_bytes_per_chip == aot.parse_oom(message)["available_bytes"], name
 
 

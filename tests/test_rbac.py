@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from multislice import config, jobset, rbac, schema
+from multislice import config
 from multislice.plan import make_plan
+from multislice.render import jobset, rbac, schema
 from tests.golden import compiled_pipeline
 
 TRAINER_GSA = "multislice-trainer@your-project.iam.gserviceaccount.com"

@@ -11,9 +11,10 @@ from google.cloud.aiplatform_v1.types import schedule as gca_schedule
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, empty_pb2
 
-from multislice import cli, parameters, schedule, submission
-from multislice.config import ConfigError
-from multislice.schedule import Cron
+from multislice import cli
+from multislice.config import ConfigError, parameters
+from multislice.delivery import schedule, submission
+from multislice.delivery.schedule import Cron
 from multislice.steps import plan as plan_step
 from tests.fakes import FakeServer
 

@@ -9,8 +9,9 @@ from google.cloud.aiplatform_v1.services.pipeline_service.transports import grpc
 from google.cloud.aiplatform_v1.types import pipeline_job as gca_pipeline_job
 
 import multislice
-from multislice import cli, config, submission, targets
+from multislice import cli, config
 from multislice.config import ConfigError
+from multislice.delivery import submission, targets
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)

@@ -2,7 +2,8 @@
 
 from kfp import components
 
-from multislice import cli, targets
+from multislice import cli
+from multislice.delivery import targets
 
 
 def test_kfp_target_with_node_selector_and_timeouts(tmp_path):

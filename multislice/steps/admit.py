@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from multislice import jobset, schema
 from multislice.backends import backend_for
 from multislice.plan import Plan
+from multislice.render import jobset, schema
 from multislice.steps import gke_api, is_local_path, latest_committed_step, say, write_report
 
 
@@ -53,7 +53,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, kube: Any = None, 
     (GKE backend) replace the API client built from ``plan.spec.cluster`` and the default waits.
 
     Raises:
-        multislice.schema.ManifestInvalid: the rendered JobSet fails CRD validation.
+        multislice.render.schema.ManifestInvalid: the rendered JobSet fails CRD validation.
         multislice.backends.local.AlreadyExists: another JobSet holds the name (local).
         multislice.backends.gke.jobset.JobSetConflict: the name is taken by another spec (GKE).
         multislice.backends.gke.workload.AdmissionTimeout: Kueue did not admit it in time (GKE; JobSet deleted).

@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from multislice import names, notify, parameters
+from multislice import names
 from multislice.backends import BackendUnavailable, backend_for
-from multislice.config import ClusterSpec
+from multislice.config import ClusterSpec, parameters
+from multislice.delivery import notify
 from multislice.steps import is_local_path, say
 
 
@@ -42,8 +43,8 @@ def run(
     even when planning failed. ``namespace`` and ``cluster`` (the profile's
     ``cluster`` section) are for the GKE backend; ``kube`` replaces the API
     client built from them (tests). ``unique_run_name`` gives the run name the
-    plan step used (:func:`multislice.parameters.unique_run_name`). With
-    ``notify_webhook_url``, posts :func:`multislice.notify.status_payload`
+    plan step used (:func:`multislice.config.parameters.unique_run_name`). With
+    ``notify_webhook_url``, posts :func:`multislice.delivery.notify.status_payload`
     (``pipeline_status``, the failed step, ``error_message``, ``pipeline_job``);
     the report's ``notified`` is True, or the post's error.
 

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from multislice import config
-from multislice import parameters as pipeline_parameters
+from multislice.config import parameters as pipeline_parameters
 from multislice.plan import Plan, make_plan
 from multislice.steps import is_local_path, say, write_report
 
@@ -19,11 +19,11 @@ from multislice.steps import is_local_path, say, write_report
 def run(
     profile: dict[str, Any], parameters: dict[str, Any], stage: str | None = None, pipeline_run_id: str = ""
 ) -> Plan:
-    """Validate ``profile`` with ``parameters`` applied (names from :mod:`multislice.parameters`).
+    """Validate ``profile`` with ``parameters`` applied (names from :mod:`multislice.config.parameters`).
 
     ``stage`` names the stage this plan task serves; its report goes under that stage.
     With ``unique_run_name`` true, the run name gets ``pipeline_run_id``'s first
-    characters appended (:func:`multislice.parameters.unique_run_name`).
+    characters appended (:func:`multislice.config.parameters.unique_run_name`).
 
     On the local backend a relative ``output_dir`` is made absolute here
     (relative to this process's working directory), since every later step

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import planner
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import (
     AotSession,
     PreflightFailed,
     check_stages,
     default_cache_dir,
+    planner,
     summary_line,
     work_dir_for,
 )
@@ -146,7 +146,7 @@ def result_page(plan: Plan, reports: list[dict[str, Any]]) -> str:
 
     Also written to ``<run_dir>/reports/<stage>/preflight.html`` for a local run directory.
     """
-    from multislice import artifacts
+    from multislice.delivery import artifacts
 
     def gib(value: float | None) -> float | None:
         return None if value is None else round(value / 2**30, 2)

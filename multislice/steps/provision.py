@@ -1,14 +1,14 @@
 """provision: make sure the capacity and the queueing objects the run needs exist.
 
 On GKE: the TPU node pools (one per slice) through
-:func:`multislice.nodepool.ensure_node_pools` (created when
+:func:`multislice.backends.gke.nodepool.ensure_node_pools` (created when
 ``node_pools.manage`` is true, else only checked); a check that the JobSet and
 Kueue CRDs are served at the versions this project renders (the versions
-found are reported); and the Kueue objects (:mod:`multislice.kueue`)
+found are reported); and the Kueue objects (:mod:`multislice.render.kueue`)
 server-side applied with a fixed field manager: the LocalQueue always, the
 cluster-scoped ones only with ``service_accounts.kueue_cluster_objects``
-(otherwise RBAC leaves them to a cluster admin, :mod:`multislice.rbac`). On the local backend there are no node pools
-and no Kueue: it checks that this machine can host the emulated slices (the
+(otherwise RBAC leaves them to a cluster admin, :mod:`multislice.render.rbac`).
+On the local backend there are no node pools and no Kueue: it checks that this machine can host the emulated slices (the
 trainer environment, CPU and memory, the JAX coordinator port), renders and
 validates the Kueue objects a cluster would need, writes them under the run
 directory, and says plainly that nothing was applied.
@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from multislice import kueue, schema
 from multislice.backends.local import COORDINATOR_PORT, port_in_use, trainer_env
 from multislice.plan import Plan
+from multislice.render import kueue, schema
 from multislice.steps import gke_api, say, write_report
 
 #: Resident memory to allow per local trainer process, bytes. Measured here: at most
@@ -75,7 +75,7 @@ def run(plan: Plan, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
         InsufficientCapacity: not enough memory, or the coordinator port is taken.
         multislice.backends.local.TrainerEnvMissing: no trainer environment.
         multislice.backends.gke.cluster.CrdsMissing: (GKE) JobSet or Kueue not installed at the needed versions.
-        multislice.nodepool.NodePoolMismatch: (GKE) a node pool exists with another shape.
+        multislice.backends.gke.nodepool.NodePoolMismatch: (GKE) a node pool exists with another shape.
     """
     if plan.spec.backend == "gke":
         return _run_gke(plan, gke_api(plan, "provision", kube=kube, timings=timings))
@@ -128,8 +128,7 @@ def run(plan: Plan, *, kube: Any = None, timings: Any = None) -> dict[str, Any]:
 
 
 def _run_gke(plan: Plan, kube: Any) -> dict[str, Any]:
-    from multislice import nodepool
-    from multislice.backends.gke import cluster
+    from multislice.backends.gke import cluster, nodepool
     from multislice.backends.gke.client import FIELD_MANAGER
 
     pools = nodepool.ensure_node_pools(plan, on_progress=lambda message: say("provision", message))
@@ -142,7 +141,7 @@ def _run_gke(plan: Plan, kube: Any) -> dict[str, Any]:
     for obj in kueue_objects(plan):
         name = f"{obj['kind']}/{obj['metadata']['name']}"
         if "namespace" not in obj["metadata"] and not plan.spec.service_accounts.kueue_cluster_objects:
-            left.append(name)  # cluster-scoped: a cluster admin applies it (multislice.rbac)
+            left.append(name)  # cluster-scoped: a cluster admin applies it (multislice.render.rbac)
             continue
         stored = cluster.server_side_apply(kube, obj)
         applied.append(name)

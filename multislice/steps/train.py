@@ -273,10 +273,10 @@ def result_pages(plan: Plan, stage_name: str, report: dict[str, Any]) -> dict[st
     """The stage's pages for the pipelines UI: ``{"html": loss and step-time plots, "markdown": run summary}``.
 
     Built from the train report and MaxText's per-step metrics file it names
-    (:mod:`multislice.artifacts`); for a local run directory they are also
+    (:mod:`multislice.delivery.artifacts`); for a local run directory they are also
     written to ``<run_dir>/reports/<stage>/train.html`` and ``train.md``.
     """
-    from multislice import artifacts
+    from multislice.delivery import artifacts
 
     stage = plan.stage(stage_name)
     text = artifacts.train_markdown(stage.name, report)

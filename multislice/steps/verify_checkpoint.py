@@ -108,11 +108,13 @@ def run(plan: Plan, stage_name: str, *, kube: Any = None, timings: Any = None) -
 
 
 def result_page(plan: Plan, stage_name: str, report: dict[str, Any]) -> str:
-    """The verifier's report as Markdown for the pipelines UI (:func:`multislice.artifacts.verification_markdown`).
+    """The verifier's report as Markdown for the pipelines UI.
+
+    Built by :func:`multislice.delivery.artifacts.verification_markdown`.
 
     For a local run directory it is also written to ``<run_dir>/reports/<stage>/verification.md``.
     """
-    from multislice import artifacts
+    from multislice.delivery import artifacts
 
     stage = plan.stage(stage_name)
     text = artifacts.verification_markdown(stage.name, report)

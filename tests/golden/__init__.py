@@ -11,8 +11,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from multislice import config, manifests
+from multislice import config
 from multislice.plan import make_plan
+from multislice.render import manifests
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 PROFILES = ("local", "gke-v6e-16x2")

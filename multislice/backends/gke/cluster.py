@@ -36,7 +36,7 @@ INSTALL_HINT = {
     JOBSET_GROUP: "install JobSet v0.12.0 or later (https://jobset.sigs.k8s.io/docs/installation/)",
     KUEUE_GROUP: "install Kueue v0.19 or later, which serves v1beta2 (https://kueue.sigs.k8s.io/docs/installation/)",
 }
-#: Kind -> (plural, namespaced) of the Kueue objects :mod:`multislice.kueue` renders.
+#: Kind -> (plural, namespaced) of the Kueue objects :mod:`multislice.render.kueue` renders.
 KUEUE_RESOURCES: dict[str, tuple[str, bool]] = {
     "ResourceFlavor": ("resourceflavors", False),
     "ClusterQueue": ("clusterqueues", False),

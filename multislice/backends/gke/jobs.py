@@ -15,11 +15,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from multislice import jobset as jobset_manifest
 from multislice import names
 from multislice.backends.gke import jobset as jobsets
 from multislice.backends.gke.client import Kube
 from multislice.plan import Plan, StagePlan
+from multislice.render import jobset as jobset_manifest
 
 
 def render_trainer_job(
@@ -34,7 +34,7 @@ def render_trainer_job(
 ) -> dict[str, Any]:
     """A one-pod Job (batch/v1) of the trainer image on CPU: no retries, the run's labels.
 
-    It runs as the trainer's ServiceAccount (:mod:`multislice.rbac`), whose
+    It runs as the trainer's ServiceAccount (:mod:`multislice.render.rbac`), whose
     Workload Identity reads and writes the run's ``gs://`` paths; JAX is told
     to use the CPU (``JAX_PLATFORMS=cpu``).
     """

@@ -5,7 +5,7 @@ local backend runs) against the stage's checkpoint directory in Cloud
 Storage; the verifier prints its JSON report as the last thing on stdout
 (``multislice/trainer/verify.py``, ``main``), which is read back from the
 pod's log. The Job runs as the trainer's ServiceAccount
-(``service_accounts.trainer``, :mod:`multislice.rbac`), whose Workload
+(``service_accounts.trainer``, :mod:`multislice.render.rbac`), whose Workload
 Identity lets it read the bucket. Job status read (batch/v1 ``JobStatus``):
 conditions ``Complete`` and ``Failed``.
 """

@@ -29,10 +29,11 @@ from typing import Any
 
 import yaml
 
-from multislice import names, schema
+from multislice import names
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
 from multislice.backends.local.state import JobSetState, read_state, write_state
 from multislice.config import PROJECT_ROOT
+from multislice.render import schema
 
 #: Where the trainer environment is, unless MULTISLICE_TRAINER_ENV says otherwise.
 DEFAULT_TRAINER_ENV = PROJECT_ROOT / ".venvs" / "trainer"
@@ -120,7 +121,7 @@ class LocalBackend:
         """Create a JobSet and start its supervisor, or adopt an identical existing one.
 
         Raises:
-            multislice.schema.ManifestInvalid: the manifest fails CRD validation.
+            multislice.render.schema.ManifestInvalid: the manifest fails CRD validation.
             UnsupportedManifest: a field the local backend cannot honour.
             AlreadyExists: a JobSet of that name exists with another manifest.
             TrainerEnvMissing: no trainer environment.

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import names, schema
+from multislice import names
 from multislice.plan import Plan
+from multislice.render import schema
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 #: Annotation linking a Kubernetes ServiceAccount to a Google service account (GKE Workload Identity).
@@ -116,7 +117,7 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
         Each passes :func:`problems`.
 
     Raises:
-        multislice.schema.ManifestInvalid: an object fails :func:`problems` (a renderer bug).
+        multislice.render.schema.ManifestInvalid: an object fails :func:`problems` (a renderer bug).
     """
     spec = plan.spec
     accounts = spec.service_accounts
@@ -190,7 +191,7 @@ def problems(obj: dict[str, Any]) -> list[str]:
     """Why the API server would reject a rendered ServiceAccount or RBAC object; empty when valid.
 
     Built-in kinds have no CRD in ``multislice/crds``: ObjectMeta is checked by
-    :func:`multislice.schema.builtin_problems` (name, namespace scope, labels,
+    :func:`multislice.render.schema.builtin_problems` (name, namespace scope, labels,
     annotations) and the RBAC fields here, as ``rbac.authorization.k8s.io/v1``
     defines them (rules: apiGroups, resources, verbs, resourceNames; roleRef; subjects).
     """

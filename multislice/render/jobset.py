@@ -138,7 +138,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, flavour: Flavour, pipeline_ru
             {"containerPort": 8080, "name": "megascale", "protocol": "TCP"},
         ]
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice["chips_per_host"]}}
-        # The trainer's ServiceAccount (multislice.rbac): no API rights; Workload Identity for gs:// output.
+        # The trainer's ServiceAccount (multislice.render.rbac): no API rights; Workload Identity for gs:// output.
         pod_spec["serviceAccountName"] = spec.service_accounts.trainer
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -3,9 +3,9 @@
 xpk's ``--dry-run`` / ``--output-manifest-file`` counterpart: the Kueue
 objects a cluster needs once, and each stage's JobSet in the TPU flavour (what
 runs on GKE) and the CPU flavour (what the local backend runs). For the
-``gke`` backend also the RBAC objects (:mod:`multislice.rbac`) and the node
+``gke`` backend also the RBAC objects (:mod:`multislice.render.rbac`) and the node
 pool plan: the GKE API requests provision would send to create the run's TPU
-node pools (:func:`multislice.nodepool.node_pool_plan`), written under
+node pools (:func:`multislice.backends.gke.nodepool.node_pool_plan`), written under
 ``gke-api/`` so that ``kubectl apply -f DIR`` does not read it.
 """
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from multislice import jobset, kueue, nodepool, rbac, schema
+from multislice.backends.gke import nodepool
 from multislice.plan import Plan
+from multislice.render import jobset, kueue, rbac, schema
 
 #: Where the node pool plan goes, relative to the output directory.
 NODE_POOL_PLAN = "gke-api/node-pools.json"
@@ -39,7 +40,7 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     RBAC objects (``rbac-<kind>-<name>.yaml``).
 
     Raises:
-        multislice.schema.ManifestInvalid: an object fails validation (a renderer bug).
+        multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
     """
     out: dict[str, dict[str, Any]] = {}
     for obj in kueue.render_kueue_objects(plan):
@@ -64,7 +65,7 @@ def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
     for backend ``gke``, the node pool plan (:data:`NODE_POOL_PLAN`, JSON).
 
     Raises:
-        multislice.schema.ManifestInvalid: an object fails validation.
+        multislice.render.schema.ManifestInvalid: an object fails validation.
         multislice.config.ConfigError: backend gke without a complete cluster reference.
     """
     files = {name: to_yaml(obj) for name, obj in render_all(plan, pipeline_run_id).items()}

@@ -16,7 +16,7 @@ month day-of-week`` (numbers, ``*``, ranges ``a-b``, lists ``a,b``, steps
 
 Each scheduled run gets its own run name: the schedule sends
 ``unique_run_name=true``, and the plan step appends the pipeline run's ID to
-``run_name`` (:func:`multislice.parameters.unique_run_name`), so two runs
+``run_name`` (:func:`multislice.config.parameters.unique_run_name`), so two runs
 never write the same checkpoints. ``continue_run=True`` instead keeps one
 fixed run name for every run of the schedule: each run resumes the same
 run's checkpoints (MaxText restores the latest step; a stage whose final
@@ -42,9 +42,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from multislice import config, submission
+from multislice import config
 from multislice.config import ConfigError
-from multislice.submission import KfpTarget, VertexTarget
+from multislice.delivery import submission
+from multislice.delivery.submission import KfpTarget, VertexTarget
 
 _FIELD = re.compile(r"^[0-9A-Za-z*/,\-]+$")
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
@@ -153,7 +154,7 @@ def schedule_parameters(
     With it: ``unique_run_name=false`` and ``run_name`` fixed.
 
     Raises:
-        ConfigError: as :func:`multislice.submission.prepare`.
+        ConfigError: as :func:`multislice.delivery.submission.prepare`.
     """
     values = dict(values or {})
     values.setdefault("run_name", str(profile.get("run_name", "run")))
@@ -194,7 +195,7 @@ def create(
         max_runs: Stop after this many runs (Vertex only); None for no limit.
         start_time, end_time: RFC 3339 times bounding the schedule; None for none.
         continue_run: Every run continues one run name (see the module doc).
-        vertex, kfp: The target's settings (:mod:`multislice.submission`).
+        vertex, kfp: The target's settings (:mod:`multislice.delivery.submission`).
 
     Returns:
         The created :class:`Schedule`.

@@ -3,12 +3,12 @@
 ``multislice.submit(profile, parameters, target=...)`` and the CLI do the same:
 
 1. validate ``parameters`` against the pipeline's parameters (names and
-   Python types, :mod:`multislice.parameters`) and then the whole run spec with
+   Python types, :mod:`multislice.config.parameters`) and then the whole run spec with
    the same pydantic models the pipeline's plan step uses
    (:func:`multislice.config.load_spec`); a bad value raises
    :class:`multislice.config.ConfigError` naming the parameter, before any
    request is sent;
-2. compile the profile's pipeline for the target (:mod:`multislice.targets`);
+2. compile the profile's pipeline for the target (:mod:`multislice.delivery.targets`);
 3. send it: for ``vertex`` an ``aiplatform.PipelineJob`` (parameter values,
    pipeline root, service account, network, labels) submitted with
    ``PipelineJob.submit``; for ``kfp`` the real ``kfp.Client``: upload the
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from multislice import config
-from multislice import parameters as pipeline_parameters
 from multislice.config import ConfigError
+from multislice.config import parameters as pipeline_parameters
 
 #: The pipeline's name in KFP (``upload_pipeline``'s ``pipeline_name``) and Vertex AI labels.
 PIPELINE_NAME = "multislice-training"

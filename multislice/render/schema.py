@@ -34,7 +34,7 @@ import yaml
 
 from multislice import names
 
-CRDS_DIR = Path(__file__).with_name("crds")
+CRDS_DIR = Path(__file__).resolve().parents[1] / "crds"
 
 _LABEL_KEY_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
@@ -229,7 +229,7 @@ BUILTIN_KINDS: dict[tuple[str, str], bool] = {
 def builtin_problems(obj: dict[str, Any]) -> list[str]:
     """ObjectMeta problems of a built-in kind (:data:`BUILTIN_KINDS`), as the API server checks them.
 
-    Only ObjectMeta: the kind's own fields are checked by its renderer (e.g. :func:`multislice.rbac.problems`).
+    Only ObjectMeta: the kind's own fields are checked by its renderer (e.g. :func:`multislice.render.rbac.problems`).
 
     Raises:
         KeyError: ``obj`` is not one of :data:`BUILTIN_KINDS`.

@@ -1,41 +1,21 @@
-"""The run spec: what a user writes in ``configs/<profile>.yaml`` or changes per run.
+"""The run spec's models: what a user writes in ``configs/<profile>.yaml`` or changes per run.
 
-Data flows one way: a profile (YAML) plus overrides (``--set key=value`` on the
-CLI, or pipeline parameters) -> :func:`load_spec` -> a validated
-:class:`RunSpec` -> :mod:`multislice.plan`. Every check here runs before
-anything is created or started; a failure raises :class:`ConfigError`, whose
-message names each bad field and how to fix it.
+Per-field checks live on the models (pydantic validators); checks across
+fields are in :mod:`.checks`; loading, model presets and overrides in
+:mod:`.profiles` and :mod:`.overrides`.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import re
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from multislice import maxtext, names, parameters, tpu
+from multislice import maxtext, names, tpu
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-#: Where ``--profile NAME`` looks for ``NAME.yaml``.
-PROFILES_DIR = PROJECT_ROOT / "configs"
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-
-
-class ConfigError(ValueError):
-    """A run spec or override is invalid. ``issues`` holds ``(field, message)`` pairs."""
-
-    def __init__(self, issues: list[tuple[str, str]]):
-        self.issues = issues
-        lines = [f"  - {field}: {message}" if field else f"  - {message}" for field, message in issues]
-        count = f"{len(issues)} problem" + ("s" if len(issues) != 1 else "")
-        super().__init__(f"invalid run spec ({count}); nothing was created or started:\n" + "\n".join(lines))
 
 
 class _Strict(BaseModel):
@@ -266,7 +246,7 @@ class NodePoolSpec(_Strict):
 
     One node pool per slice, named ``<name_prefix>-<slice index>``, each with
     ``hosts`` nodes of the slice's machine type and a COMPACT placement policy
-    with the slice's TPU topology (see :mod:`multislice.nodepool`).
+    with the slice's TPU topology (see :mod:`multislice.backends.gke.nodepool`).
 
     ``manage: false`` leaves node pools to the platform team: provision then
     only checks that matching pools exist. ``provisioning`` picks the capacity:
@@ -374,7 +354,7 @@ _GCP_SERVICE_ACCOUNT = re.compile(r"^[a-z0-9][-a-z0-9]{4,61}@[a-z0-9][-a-z0-9.]*
 
 
 class ServiceAccountsSpec(_Strict):
-    """Who the pipeline's pods run as on the cluster (see :mod:`multislice.rbac`).
+    """Who the pipeline's pods run as on the cluster (see :mod:`multislice.render.rbac`).
 
     ``pipeline`` is the Kubernetes ServiceAccount of the pipeline components
     (KFP pods), bound by a namespaced Role to what the steps do in
@@ -566,275 +546,3 @@ class RunSpec(_Strict):
         stages come from a user rather than from a validated spec or the planner.
         """
         return self.model_copy(update={"stages": tuple(stages), "example_stages": ()})
-
-
-# ---------------------------------------------------------------------------
-# Checks across fields, run after the per-field checks above.
-
-
-def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
-    """(product of the given degrees, value the -1 axis would take or None)."""
-    fixed = math.prod(d for d in degrees.values() if d != -1)
-    if -1 in degrees.values():
-        return fixed, (target // fixed if fixed and target % fixed == 0 else 0)
-    return fixed, None
-
-
-def _describe(degrees: dict[str, int]) -> str:
-    return " x ".join(f"{axis}={degree}" for axis, degree in degrees.items()) or "none"
-
-
-def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
-    """Checks that need several fields: parallelism vs slice shape, name lengths, uniqueness.
-
-    Returns ``(field, message)`` pairs; empty when the spec is consistent.
-    """
-    issues: list[tuple[str, str]] = []
-    shape = spec.slice_type
-    remote = spec.output_dir.startswith("gs://")
-    if spec.backend == "gke" and not remote:
-        issues.append(
-            (
-                "output_dir",
-                f"{spec.output_dir!r} is a local path, but TPU pods on GKE cannot write to this machine; "
-                "use a Cloud Storage location, gs://BUCKET/PATH",
-            )
-        )
-    if spec.backend == "local" and remote:
-        issues.append(
-            ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")
-        )
-    if spec.backend == "gke":
-        issues += spec.node_pools.issues(spec.cluster)
-    seen: set[str] = set()
-    for i, stage in enumerate(spec.example_stages):
-        # Example stages are checked against the slice shape when one is selected (with_stages + load_spec).
-        if stage.name in {s.name for s in spec.stages} | {s.name for s in spec.example_stages[:i]}:
-            issues.append(
-                (f"example_stages[{i}] ({stage.name}).name", f"stage name {stage.name!r} is used twice; rename one")
-            )
-    for i, stage in enumerate(spec.stages):
-        where = f"stages[{i}] ({stage.name})"
-        if stage.name in seen:
-            issues.append((f"{where}.name", f"stage name {stage.name!r} is used twice; give each stage its own name"))
-        seen.add(stage.name)
-        for net, degrees, target, unit in (
-            ("ici", stage.full_ici(), shape.chips, f"chips per {shape.name} slice"),
-            ("dcn", stage.full_dcn(), spec.num_slices, "slices (num_slices)"),
-        ):
-            fixed, filled = _fill(degrees, target)
-            if filled is None and fixed != target:
-                issues.append(
-                    (
-                        f"{where}.{net}",
-                        f"{net.upper()} parallelism {_describe(degrees)} multiplies to {fixed}, but there are "
-                        f"{target} {unit}; make the product {target}, or set one axis to -1 so MaxText fills it",
-                    )
-                )
-            elif filled == 0:
-                issues.append(
-                    (
-                        f"{where}.{net}",
-                        f"{net.upper()} parallelism {_describe(degrees)}: the -1 axis cannot fill {target} {unit} "
-                        f"because the other axes multiply to {fixed}, which does not divide {target}",
-                    )
-                )
-        if stage.checkpoint_period > stage.steps:
-            issues.append(
-                (
-                    f"{where}.checkpoint_period",
-                    f"checkpoint_period {stage.checkpoint_period} exceeds steps {stage.steps}: only the final "
-                    "checkpoint would be written, and a restart would lose every step; make it at most steps",
-                )
-            )
-    too_long = [
-        (names.jobset_name(spec.run_name, stage.name), stage.name)
-        for stage in spec.stages
-        if names.longest_pod_name_length(names.jobset_name(spec.run_name, stage.name), spec.num_slices, shape.hosts)
-        > names.MAX_LABEL_LENGTH
-    ]
-    if too_long:
-        jobset, stage_name = max(too_long, key=lambda pair: len(pair[0]))
-        longest = names.longest_pod_name_length(jobset, spec.num_slices, shape.hosts)
-        room = names.max_jobset_name_length(spec.num_slices, shape.hosts) - len(stage_name) - 1
-        issues.append(
-            (
-                "run_name",
-                f"JobSet {jobset!r} ({len(jobset)} characters) would get pod names of {longest} characters "
-                f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63; "
-                f"shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
-                + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
-            )
-        )
-    return issues
-
-
-# ---------------------------------------------------------------------------
-# Loading and overriding.
-
-
-def _format_loc(loc: tuple[Any, ...], data: Mapping[str, Any]) -> str:
-    out = ""
-    node: Any = data
-    for part in loc:
-        if isinstance(part, int):
-            name = ""
-            if isinstance(node, (list, tuple)) and part < len(node) and isinstance(node[part], Mapping):
-                name = node[part].get("name", "")
-            out += f"[{part}]" + (f" ({name})" if name else "")
-            node = node[part] if isinstance(node, (list, tuple)) and part < len(node) else None
-        else:
-            out += ("." if out else "") + str(part)
-            node = node.get(part) if isinstance(node, Mapping) else None
-    return out
-
-
-def _pydantic_issues(error: ValidationError, data: Mapping[str, Any]) -> list[tuple[str, str]]:
-    issues = []
-    for err in error.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown field; check its spelling against the README's config reference"
-        elif err["type"] == "missing":
-            message = "required field is missing"
-        issues.append((_format_loc(loc, data), message))
-    return issues
-
-
-def load_spec(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunSpec:
-    """Validate a run spec given as plain data (a parsed profile), after overrides.
-
-    Args:
-        data: The profile's content.
-        overrides: ``{key: value}`` as for :func:`apply_overrides`.
-
-    Returns:
-        The validated RunSpec.
-
-    Raises:
-        ConfigError: listing every bad field with its fix. Nothing is created.
-    """
-    merged = apply_overrides(data, overrides or {})
-    try:
-        spec = RunSpec.model_validate(merged)
-    except ValidationError as error:
-        raise ConfigError(_pydantic_issues(error, merged)) from None
-    issues = cross_field_issues(spec)
-    if issues:
-        raise ConfigError(issues)
-    return spec
-
-
-def profile_path(profile: str) -> Path:
-    """Resolve a profile name (``local``) or a path to a YAML file.
-
-    Raises:
-        ConfigError: no such profile; the message lists those in ``configs/``.
-    """
-    candidate = Path(profile)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return candidate
-    named = PROFILES_DIR / f"{profile}.yaml"
-    if named.is_file():
-        return named
-    known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
-    raise ConfigError(
-        [("profile", f"no profile {profile!r}; known profiles: {', '.join(known)}, or a path to a .yaml file")]
-    )
-
-
-def read_profile(profile: str) -> dict[str, Any]:
-    """The raw content of a profile (not yet validated)."""
-    with open(profile_path(profile), encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
-    if not isinstance(data, dict):
-        raise ConfigError([("profile", f"{profile_path(profile)} does not hold a mapping")])
-    return data
-
-
-def load_profile(profile: str, overrides: Mapping[str, Any] | None = None) -> RunSpec:
-    """Read, override and validate a profile. Raises ConfigError."""
-    return load_spec(read_profile(profile), overrides)
-
-
-def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
-    """Parse ``key=value`` strings (CLI ``--set``); values are YAML scalars or lists.
-
-    Raises:
-        ConfigError: a pair without ``=``.
-    """
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError([("--set", f"{pair!r} is not key=value, e.g. --set run_name=my-run")])
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, (dict,)) or value is None:
-            value = raw
-        out[key.strip()] = value
-    return out
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of ``data`` with overrides applied.
-
-    Keys are either pipeline parameter names (``run_name``, ``num_slices``,
-    ``trainer_image``, ``stage1_steps``; see :mod:`multislice.parameters`) or
-    dotted paths into the spec (``images.trainer``, ``stages.0.steps``,
-    ``stages.tiny-8b-recipe.ici.fsdp``; a stage may be named by index or name).
-
-    Raises:
-        ConfigError: a path that leads nowhere (unknown stage, or a non-mapping on the way).
-    """
-    result = copy.deepcopy(dict(data))
-    issues: list[tuple[str, str]] = []
-    for key, value in overrides.items():
-        path = parameters.path_for(key)
-        parts = path.split(".")
-        node: Any = result
-        ok = True
-        for depth, part in enumerate(parts[:-1]):
-            if isinstance(node, list):
-                index = _stage_index(node, part)
-                if index is None:
-                    known = ", ".join(str(s.get("name")) for s in node if isinstance(s, Mapping))
-                    issues.append((key, f"no stage {part!r} (by index from 0 or by name: {known})"))
-                    ok = False
-                    break
-                node = node[index]
-            elif isinstance(node, dict):
-                if part not in node or node[part] is None:
-                    node[part] = {}
-                node = node[part]
-            else:
-                issues.append((key, f"{'.'.join(parts[:depth])} is not a mapping, so {part!r} cannot be set in it"))
-                ok = False
-                break
-        if not ok:
-            continue
-        if isinstance(node, dict):
-            node[parts[-1]] = value
-        else:
-            issues.append((key, f"{'.'.join(parts[:-1])} is not a mapping"))
-    if issues:
-        raise ConfigError(issues)
-    return result
-
-
-def _stage_index(stages: list[Any], part: str) -> int | None:
-    if part.isdigit():
-        index = int(part)
-        return index if index < len(stages) else None
-    for index, stage in enumerate(stages):
-        if isinstance(stage, Mapping) and stage.get("name") == part:
-            return index
-    return None
-
-
-def spec_to_data(spec: RunSpec) -> dict[str, Any]:
-    """Plain data (JSON-able) for a spec; ``load_spec(spec_to_data(s)) == s``."""
-    return spec.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,105 @@
+"""Checks across fields of a run spec, run after the per-field checks of :mod:`.models`."""
+
+from __future__ import annotations
+
+import math
+
+from multislice import names
+from multislice.config.models import RunSpec
+
+
+def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
+    """(product of the given degrees, value the -1 axis would take or None)."""
+    fixed = math.prod(d for d in degrees.values() if d != -1)
+    if -1 in degrees.values():
+        return fixed, (target // fixed if fixed and target % fixed == 0 else 0)
+    return fixed, None
+
+
+def _describe(degrees: dict[str, int]) -> str:
+    return " x ".join(f"{axis}={degree}" for axis, degree in degrees.items()) or "none"
+
+
+def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
+    """Checks that need several fields: parallelism vs slice shape, name lengths, uniqueness.
+
+    Returns ``(field, message)`` pairs; empty when the spec is consistent.
+    """
+    issues: list[tuple[str, str]] = []
+    shape = spec.slice_type
+    remote = spec.output_dir.startswith("gs://")
+    if spec.backend == "gke" and not remote:
+        issues.append(
+            (
+                "output_dir",
+                f"{spec.output_dir!r} is a local path, but TPU pods on GKE cannot write to this machine; "
+                "use a Cloud Storage location, gs://BUCKET/PATH",
+            )
+        )
+    if spec.backend == "local" and remote:
+        issues.append(
+            ("output_dir", "the local backend writes to this machine's disk; use a local directory, not gs://")
+        )
+    if spec.backend == "gke":
+        issues += spec.node_pools.issues(spec.cluster)
+    seen: set[str] = set()
+    for i, stage in enumerate(spec.example_stages):
+        # Example stages are checked against the slice shape when one is selected (with_stages + load_spec).
+        if stage.name in {s.name for s in spec.stages} | {s.name for s in spec.example_stages[:i]}:
+            issues.append(
+                (f"example_stages[{i}] ({stage.name}).name", f"stage name {stage.name!r} is used twice; rename one")
+            )
+    for i, stage in enumerate(spec.stages):
+        where = f"stages[{i}] ({stage.name})"
+        if stage.name in seen:
+            issues.append((f"{where}.name", f"stage name {stage.name!r} is used twice; give each stage its own name"))
+        seen.add(stage.name)
+        for net, degrees, target, unit in (
+            ("ici", stage.full_ici(), shape.chips, f"chips per {shape.name} slice"),
+            ("dcn", stage.full_dcn(), spec.num_slices, "slices (num_slices)"),
+        ):
+            fixed, filled = _fill(degrees, target)
+            if filled is None and fixed != target:
+                issues.append(
+                    (
+                        f"{where}.{net}",
+                        f"{net.upper()} parallelism {_describe(degrees)} multiplies to {fixed}, but there are "
+                        f"{target} {unit}; make the product {target}, or set one axis to -1 so MaxText fills it",
+                    )
+                )
+            elif filled == 0:
+                issues.append(
+                    (
+                        f"{where}.{net}",
+                        f"{net.upper()} parallelism {_describe(degrees)}: the -1 axis cannot fill {target} {unit} "
+                        f"because the other axes multiply to {fixed}, which does not divide {target}",
+                    )
+                )
+        if stage.checkpoint_period > stage.steps:
+            issues.append(
+                (
+                    f"{where}.checkpoint_period",
+                    f"checkpoint_period {stage.checkpoint_period} exceeds steps {stage.steps}: only the final "
+                    "checkpoint would be written, and a restart would lose every step; make it at most steps",
+                )
+            )
+    too_long = [
+        (names.jobset_name(spec.run_name, stage.name), stage.name)
+        for stage in spec.stages
+        if names.longest_pod_name_length(names.jobset_name(spec.run_name, stage.name), spec.num_slices, shape.hosts)
+        > names.MAX_LABEL_LENGTH
+    ]
+    if too_long:
+        jobset, stage_name = max(too_long, key=lambda pair: len(pair[0]))
+        longest = names.longest_pod_name_length(jobset, spec.num_slices, shape.hosts)
+        room = names.max_jobset_name_length(spec.num_slices, shape.hosts) - len(stage_name) - 1
+        issues.append(
+            (
+                "run_name",
+                f"JobSet {jobset!r} ({len(jobset)} characters) would get pod names of {longest} characters "
+                f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63; "
+                f"shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
+                + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
+            )
+        )
+    return issues

@@ -1,0 +1,1 @@
+"""Delivery: compile targets, submission and schedules, the UI pages, notification, results read back."""

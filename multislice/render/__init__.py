@@ -1,0 +1,1 @@
+"""Rendering: the Kubernetes objects of a plan (JobSet, Kueue, RBAC, trainer Jobs), validated against their CRDs."""

@@ -28,9 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from multislice import config
+from multislice import config, timings
+from multislice.backends.local.aot import AotSession
 from multislice.plan import make_plan
-from multislice.preflight import AotSession, planner, request_for, stage_report
+from multislice.preflight import planner, request_for, stage_report
+
+#: One compile's time limit: the local backend's.
+COMPILE_TIMEOUT = timings.DEFAULTS["local"].compile_timeout
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "preflight.json"
@@ -54,7 +58,7 @@ def timed_verdicts(plan, stages, cache: str, work: Path) -> list[dict]:
     out = []
     with AotSession(cache, work) as session:
         for stage in stages:
-            report = stage_report(plan, stage, session.compile(request_for(plan, stage)))
+            report = stage_report(plan, stage, session.compile(request_for(plan, stage), timeout=COMPILE_TIMEOUT))
             out.append({"stage": stage.name, "seconds": round(time.monotonic() - started, 1), "report": report})
     return out
 
@@ -117,7 +121,7 @@ def main() -> None:
         if options.only_planner or not options.skip_planner:
             started = time.monotonic()
             with AotSession(str(caches[2]), tmp_path / "w4") as session:
-                found = planner.search(spec, spec.stage("llama3-70b"), session)
+                found = planner.search(spec, spec.stage("llama3-70b"), session, compile_timeout=COMPILE_TIMEOUT)
             results["planner_70b_2x_v6e16"] = {
                 "seconds": round(time.monotonic() - started, 1),
                 "fitting": [c.describe() for c in found.fitting],
@@ -136,7 +140,7 @@ def _defaults(results: dict, spec, caches: list[Path], tmp_path: Path) -> None:
     """Items 1-3: the seed 70B's verdict, the default stages cold, then from the cache."""
     seed_plan = make_plan(config.load_spec(config.spec_to_data(spec.with_stages(spec.stage("seed-llama3-70b")))))
     seed = timed_verdicts(seed_plan, seed_plan.stages, str(caches[0]), tmp_path / "w1")
-    results["seed_70b_does_not_fit"] = {"seconds": seed[0]["seconds"], "verdict": seed[0]["report"]["verdict"]}
+    results["seed_70b_does_not_fit"] = {"seconds": seed[0]["seconds"], "verdict": seed[0]["report"].verdict}
     default_plan = make_plan(spec)
     cold = timed_verdicts(default_plan, default_plan.stages, str(caches[1]), tmp_path / "w2")
     previous = 0.0
@@ -150,9 +154,9 @@ def _defaults(results: dict, spec, caches: list[Path], tmp_path: Path) -> None:
     results["default_stages_cached_seconds"] = warm[-1]["seconds"]
 
 
-def _numbers(report: dict) -> dict:
-    total = report.get("bytes_per_chip", {}).get("total") or report.get("required_bytes_per_chip")
-    return {"verdict": report["verdict"], "gib_per_chip": round(total / 2**30, 2) if total else None}
+def _numbers(report) -> dict:
+    total = report.used_bytes_per_chip
+    return {"verdict": report.verdict, "gib_per_chip": round(total / 2**30, 2) if total else None}
 
 
 if __name__ == "__main__":

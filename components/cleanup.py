@@ -22,7 +22,7 @@ def cleanup(
     """
     from multislice.steps import cleanup as step
 
-    return step.run(
+    report = step.run(
         backend,
         output_dir,
         run_name,
@@ -35,6 +35,7 @@ def cleanup(
         error_message=status.error_message,
         pipeline_job=status.pipeline_job_resource_name,
     )
+    return report.to_dict()
 
 
 def component(base_image: str):

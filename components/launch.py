@@ -8,7 +8,7 @@ def launch(plan: str, stage: str, admitted: dict) -> dict:
     from multislice.plan import Plan
     from multislice.steps import launch as step
 
-    return step.run(Plan.from_json(plan), stage, admitted)
+    return step.run(Plan.from_json(plan), stage, admitted).to_dict()
 
 
 def component(base_image: str):

@@ -17,7 +17,7 @@ def preflight(plan: str, stage: str, pipeline_run_id: str, hbm: Output[HTML]) ->
     report = step.run(resolved, [resolved.stage(stage)], pipeline_run_id)[stage]
     with open(hbm.path, "w", encoding="utf-8") as handle:
         handle.write(step.result_page(resolved, [report]))
-    return report
+    return report.to_dict()
 
 
 def component(base_image: str):

@@ -8,7 +8,7 @@ def provision(plan: str) -> dict:
     from multislice.plan import Plan
     from multislice.steps import provision as step
 
-    return step.run(Plan.from_json(plan))
+    return step.run(Plan.from_json(plan)).to_dict()
 
 
 def component(base_image: str):

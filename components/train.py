@@ -17,7 +17,7 @@ def train(
 
     parsed = Plan.from_json(plan)
     report = step.run(parsed, stage, admitted)
-    if not report.get("skipped"):
+    if not report.skipped:
         for key in (
             "steps_trained",
             "restarts",
@@ -27,12 +27,12 @@ def train(
             "tokens_per_second_per_device",
             "tflops_per_second_per_device",
         ):
-            metrics.log_metric(key, float(report[key]))
+            metrics.log_metric(key, float(getattr(report, key)))
     pages = step.result_pages(parsed, stage, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
         with open(artifact.path, "w", encoding="utf-8") as handle:
             handle.write(text)
-    return report
+    return report.to_dict()
 
 
 def component(base_image: str):

@@ -5,16 +5,16 @@ from kfp.dsl import Markdown, Output
 from components import make
 
 
-def verify_checkpoint(plan: str, stage: str, verification: Output[Markdown]) -> dict:
+def verify_checkpoint(plan: str, stage: str, pipeline_run_id: str, verification: Output[Markdown]) -> dict:
     """Returns the verifier's report; fails unless its verdict is PASS. ``verification``: the report as Markdown."""
+    from multislice.delivery import artifacts
     from multislice.plan import Plan
     from multislice.steps import verify_checkpoint as step
 
-    parsed = Plan.from_json(plan)
-    report = step.run(parsed, stage)
+    report = step.run(Plan.from_json(plan), stage, pipeline_run_id)  # a FAIL's page is in the run directory
     with open(verification.path, "w", encoding="utf-8") as handle:
-        handle.write(step.result_page(parsed, stage, report))
-    return report
+        handle.write(artifacts.verification_markdown(stage, report))
+    return report.to_dict()
 
 
 def component(base_image: str):

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import io
-import json
-import os
 import re
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import config
+from multislice import backends, config, identity, reports, storage, timings
 from multislice.config import parameters
+from multislice.errors import InputError, RunFailed, UserError
 from multislice.plan import Plan, make_plan
 
 STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|cleanup"
@@ -39,7 +36,7 @@ def _profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], di
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet in both flavours and,
+    """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet for TPU and CPU and,
     for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
     from multislice.render import manifests
 
@@ -108,16 +105,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Compile the profile's pipeline and run the compiled YAML with kfp.local; print a summary."""
     started = time.monotonic()
     profile, overrides = _profile_and_overrides(args)
-    if "run_name" not in overrides:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        overrides["run_name"] = f"{profile.get('run_name', 'run')}-{stamp}"
+    run_name = overrides.get("run_name") or identity.timestamped_run_name(str(profile.get("run_name", "run")))
+    found = identity.run_identity(str(run_name), str(overrides.get("output_dir", profile.get("output_dir", ""))))
+    overrides.update(run_name=found.run_name, output_dir=found.output_dir)
     spec = config.load_spec(profile, overrides)
-    if spec.backend == "local" and not os.path.isabs(spec.output_dir):
-        spec = config.load_spec(profile, {**overrides, "output_dir": os.path.abspath(spec.output_dir)})
     plan = make_plan(spec)
     # The compiled pipeline, the full log and kfp.local's files stay on this machine: in the
     # run directory when it is local, else under build/runs/<run_name>.
-    run_dir = Path(plan.run_dir) if "://" not in plan.run_dir else Path("build", "runs", spec.run_name).absolute()
+    local = not storage.is_remote(plan.run_dir)
+    run_dir = Path(plan.run_dir) if local else Path("build", "runs", spec.run_name).absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from kfp import components, local
@@ -162,105 +158,109 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _stop_run(plan: Plan) -> None:
-    from multislice.backends.local import LocalBackend
-
+    """After an interrupted or failed local run: stop every JobSet of the run that is still going."""
     if plan.spec.backend != "local":
         return
-    backend = LocalBackend(plan.run_dir)
-    for state in backend.list_jobsets():
+    from multislice.backends.local import LocalJobSets
+
+    jobsets = LocalJobSets(plan.run_dir)
+    for state in jobsets.list_jobsets():
         if not state.terminal:
-            backend.delete_jobset(state.name)
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
+            jobsets.delete_jobset(state.name)
 
 
 def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> list[str]:
     """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live.
 
+    Read from the steps' reports in the run directory (local or ``gs://``);
     ``local_dir`` holds this machine's files of the run (compiled pipeline, full log).
     """
-    reports = Path(plan.run_dir) / "reports"
+    reports_dir = storage.join(plan.run_dir, "reports")
     lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
     for stage in plan.stages:
-        checked = _read(reports / stage.name / "preflight.json")
-        train = _read(reports / stage.name / "train.json")
-        verify = _read(reports / stage.name / "verification.json")
+        checked = reports.read(reports.PreflightReport, plan, stage)
+        train = reports.read(reports.TrainReport, plan, stage)
+        verify = reports.read(reports.VerificationReport, plan, stage)
         lines.append(f"stage {stage.index + 1} {stage.name} ({stage.model_label}):")
-        if checked.get("verdict") == "fits":
-            hbm = checked["bytes_per_chip"]["total"]
+        if checked and checked.verdict == "fits":
+            hbm = checked.bytes_per_chip.total
             lines.append(
-                f"  preflight     fits: {hbm / 2**20:,.1f} MiB of {checked['hbm_bytes_per_chip'] / 2**30:.2f} GiB HBM "
-                f"per chip on {checked['target']['num_slices']} x {checked['target']['tpu_type']} (AOT compile)"
+                f"  preflight     fits: {hbm / 2**20:,.1f} MiB of {checked.hbm_bytes_per_chip / 2**30:.2f} GiB HBM "
+                f"per chip on {checked.target.num_slices} x {checked.target.tpu_type} (AOT compile)"
             )
-        elif checked.get("verdict"):
-            lines.append(f"  preflight     {checked['verdict']}")
-        if train.get("skipped"):
+        elif checked:
+            lines.append(f"  preflight     {checked.verdict}")
+        if train and train.skipped:
             lines.append("  trained       nothing: its final checkpoint already existed")
-        elif "final_loss" in train:
+        elif train and train.final_loss is not None:
             lines.append(
-                f"  trained       {train['steps_trained']}/{stage.steps} steps, loss {train['first_loss']:.3f} -> "
-                f"{train['final_loss']:.3f}, {train['tokens_per_second_per_device']:.1f} tokens/s per device, "
-                f"{train['restarts']} JobSet restarts"
+                f"  trained       {train.steps_trained}/{stage.steps} steps, loss {train.first_loss:.3f} -> "
+                f"{train.final_loss:.3f}, {train.tokens_per_second_per_device:.1f} tokens/s per device, "
+                f"{train.restarts} JobSet restarts"
             )
         else:
             lines.append("  trained       not completed")
-        if verify.get("latest_step") is not None:
+        if verify and verify.latest_step is not None:
+            lines.append(f"  checkpoint    step {verify.latest_step} at {stage.checkpoint_dir}/{verify.latest_step}")
+        if verify:
+            written = verify.written_mesh or {}
+            mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, dict) else written
+            dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1)
+            passed = sum(c.passed for c in verify.checks)
             lines.append(
-                f"  checkpoint    step {verify['latest_step']} at {stage.checkpoint_dir}/{verify['latest_step']}"
+                f"  verification  {verify.verdict} ({passed}/{len(verify.checks)} checks, "
+                f"{verify.parameter_count or 0:,} parameters, sharded over mesh {mesh}; DCN {dcn})"
             )
-        mesh = ", ".join(f"{k}={v}" for k, v in verify.get("written_mesh", {}).items())
-        dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1)
-        passed = sum(c["passed"] for c in verify.get("checks", []))
-        lines.append(
-            f"  verification  {verify['verdict']} ({passed}/{len(verify.get('checks', []))} checks, "
-            f"{verify.get('parameter_count', 0):,} parameters, sharded over mesh {mesh}; DCN {dcn})"
-            if verify.get("verdict")
-            else "  verification  not run"
-        )
+        else:
+            lines.append("  verification  not run")
     lines += [
         f"outputs     {plan.run_dir}",
-        f"reports     {reports}/<stage>/(plan|preflight|admit|launch|train|verification).json",
-        f"UI pages    {reports}/<stage>/preflight.html (HBM per chip), train.html (loss and step-time plots), "
+        f"reports     {reports_dir}/<stage>/(plan|preflight|admit|launch|train|verification).json",
+        f"UI pages    {reports_dir}/<stage>/preflight.html (HBM per chip), train.html (loss and step-time plots), "
         "train.md, verification.md",
-        f"pod logs    {plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log",
+        f"pod logs    {backends.backend_class(plan.spec.backend).where_logs_are(plan)}",
         f"manifests   {plan.run_dir}/manifests/",
         f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",
     ]
     return lines
 
 
-def _find_plan(checkpoint_path: Path) -> tuple[Plan, str]:
-    stage_dir = checkpoint_path if checkpoint_path.name != "checkpoints" else checkpoint_path.parent
-    plan_file = stage_dir.parent / "reports" / stage_dir.name / "plan.json"
-    if not plan_file.exists():
+def _find_plan(checkpoint_dir: str) -> tuple[Plan, str]:
+    """The plan and stage of ``<output>/<run>/<stage>/checkpoints``, from the run's plan report."""
+    stage_dir = checkpoint_dir.rstrip("/").removesuffix("/checkpoints")
+    run_dir, _, stage_name = stage_dir.rpartition("/")
+    found = storage.read_json(reports.report_path(run_dir, reports.PlanReport.file_name, stage_name))
+    if found is None:
         raise config.ConfigError(
-            [("PATH", f"no plan found at {plan_file}; give --profile and --stage (and the --set values of the run)")]
-        )
-    return Plan.model_validate(json.loads(plan_file.read_text(encoding="utf-8"))["plan"]), stage_dir.name
+            [("PATH", f"no plan report of stage {stage_name!r} in {run_dir}/reports; give --profile and --stage "
+                      "(and the --set values of the run)")]
+        )  # fmt: skip
+    return reports.PlanReport.model_validate(found).plan, stage_name
 
 
 def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
-    """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment)."""
-    from multislice.steps.verify_checkpoint import run_verifier
+    """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment, this machine)."""
+    from multislice.backends.local import verifier
 
+    path = args.path.rstrip("/")
+    checkpoint_dir = path if path.endswith("/checkpoints") or path == "checkpoints" else f"{path}/checkpoints"
+    if not storage.path(checkpoint_dir).is_dir():
+        raise config.ConfigError(
+            [("PATH", f"no checkpoint directory at {checkpoint_dir}; give a stage's directory "
+                      "(<output_dir>/<run_name>/<stage>) or its checkpoints directory")]
+        )  # fmt: skip
     if args.profile:
         profile, overrides = _profile_and_overrides(args)
         plan = make_plan(config.load_spec(profile, overrides))
         stage_name = args.stage or plan.stages[0].name
     else:
-        plan, stage_name = _find_plan(Path(args.path))
-    checkpoint_dir = args.path if Path(args.path).name == "checkpoints" else str(Path(args.path) / "checkpoints")
-    with tempfile.TemporaryDirectory() as tmp:
-        report_file = Path(args.report) if args.report else Path(tmp) / "verification.json"
-        status, report = run_verifier(plan.stage(stage_name), checkpoint_dir, report_file)
-    for check in report.get("checks", []):
-        print(f"{'PASS' if check['passed'] else 'FAIL'} {check['name']}: {check['detail']}")
-    print(f"verdict: {report['verdict']}" + (f" ({report['error']})" if "error" in report else ""))
+        plan, stage_name = _find_plan(checkpoint_dir)
+    wait = timings.timings_for(plan.spec, "local").verify_timeout
+    status, report = verifier.run(plan.stage(stage_name), checkpoint_dir, wait)
+    _write_json(args.report, report.to_dict())
+    for check in report.checks:
+        print(f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}")
+    print(f"verdict: {report.verdict}" + (f" ({report.error})" if report.error else ""))
     return status
 
 
@@ -282,35 +282,43 @@ def _preflight_plan(args: argparse.Namespace, extra: dict[str, Any] | None = Non
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    """AOT-compile the profile's stages for the target topology; exit 1 when one does not fit."""
+    """AOT-compile the profile's stages for the target topology; exit 1 when one does not fit.
+
+    The compiles run on this machine (the trainer environment) whatever the
+    profile's backend, so no cloud credentials are needed; ``--on-cluster``
+    runs them as Jobs of the trainer image on the profile's cluster instead.
+    """
     from multislice import preflight
-    from multislice.preflight import user_cache_dir
+    from multislice.backends.local import LocalBackend
     from multislice.steps import preflight as step
 
     extra: dict[str, Any] = {"preflight.skip": False, "preflight.suggest_alternative": not args.no_alternative}
-    if args.cache_dir or not config.read_profile(args.profile).get("preflight", {}).get("cache_dir"):
-        extra["preflight.cache_dir"] = args.cache_dir or user_cache_dir()
     plan, stages = _preflight_plan(args, extra)
+    if args.on_cluster:
+        backend = backends.backend_for(plan, say=print)
+        cache = args.cache_dir or preflight.default_cache_dir(plan)
+    else:
+        backend = LocalBackend(plan.run_dir, timings.timings_for(plan.spec, "local"))
+        cache = args.cache_dir or plan.spec.preflight.cache_dir or preflight.user_cache_dir()
     try:
-        reports = step.run(plan, stages)
+        found = step.run(plan, stages, backend=backend, cache_dir=cache, write_reports=False)
     except preflight.PreflightFailed as error:
-        print(f"\n{error}", file=sys.stderr)
-        _write_json(args.report, {"verdict": "does_not_fit", "stages": error.reports})
-        return 1
-    _write_json(args.report, {"verdict": "fits", "stages": list(reports.values())})
-    print(f"preflight: all {len(reports)} stage(s) fit on {plan.spec.num_slices} x {plan.spec.tpu_type}")
+        _write_json(args.report, {"verdict": "does_not_fit", "stages": [r.to_dict() for r in error.reports]})
+        raise
+    _write_json(args.report, {"verdict": "fits", "stages": [r.to_dict() for r in found.values()]})
+    print(f"preflight: all {len(found)} stage(s) fit on {plan.spec.num_slices} x {plan.spec.tpu_type}")
     return 0
 
 
 def _write_json(path: str | None, data: Any) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+        storage.write_json(path, data)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do."""
-    from multislice.preflight import AotSession, planner, user_cache_dir
+    from multislice.backends.local.aot import AotSession
+    from multislice.preflight import planner, user_cache_dir
 
     plan, stages = _preflight_plan(args)
     spec, stage = plan.spec, plan.spec.stage(stages[0].name)
@@ -343,6 +351,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             fixed=fixed,
             want=args.want,
             budget_seconds=args.budget,
+            compile_timeout=timings.timings_for(spec, "local").compile_timeout,
         )
     _write_json(args.report, found.as_dict())
     if found.fitting:
@@ -352,7 +361,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         for rank, c in enumerate(found.fitting, 1):
             print(
-                f"  {rank}. {c.describe()}: {c.report['bytes_per_chip']['total'] / 2**30:.2f} GiB per chip, "
+                f"  {rank}. {c.describe()}: {c.report.bytes_per_chip.total / 2**30:.2f} GiB per chip, "
                 f"estimated MFU {c.estimated_mfu:.0%}, {c.tokens_per_step_per_chip:g} tokens per step per chip"
             )
         print(f"searched in {found.seconds:.0f} s")
@@ -455,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="verdict cache (default: the profile's preflight.cache_dir, else ~/.cache/multislice-pipelines)",
     )
     pre.add_argument("--no-alternative", action="store_true", help="do not search a fitting alternative")
+    pre.add_argument(
+        "--on-cluster",
+        action="store_true",
+        help="compile as Jobs of the trainer image on the profile's cluster (default: on this machine)",
+    )
     pre.add_argument("--report", help="also write the JSON report here")
     pre.set_defaults(func=cmd_preflight)
 
@@ -514,14 +528,58 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     sched.set_defaults(func=cmd_schedule)
 
 
+def expected_error(error: BaseException) -> UserError | None:
+    """An error of a client library that a user meets and can act on, as a :class:`UserError`; else None.
+
+    Covers what the delivery commands meet outside this package: no Google Cloud
+    credentials (google-auth), a Google Cloud API refusal (google-api-core), and a
+    KFP endpoint that cannot be reached or refuses (urllib3, kfp_server_api).
+    """
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.auth.exceptions import DefaultCredentialsError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(error, DefaultCredentialsError):
+        return InputError(
+            f"no Google Cloud credentials: {error}",
+            "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file",
+        )
+    if isinstance(error, GoogleAPICallError):
+        return RunFailed(f"the Google Cloud API refused: {error}", "check the project, location and your IAM roles")
+    if isinstance(error, Urllib3Error) or type(error).__name__ == "ApiException":
+        return InputError(f"the endpoint did not answer as expected: {error}", "check --host and that it is reachable")
+    return None
+
+
+def report_error(error: UserError) -> int:
+    """Print an expected error as ``error: <cause>`` and ``fix: <what to do>``; returns its exit status."""
+    print(f"error: {error}", file=sys.stderr)
+    if error.fix:
+        print(f"fix: {error.fix}", file=sys.stderr)
+    return error.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status. Config errors exit 2 with every bad field named."""
+    """CLI entry point; returns the exit status.
+
+    Expected errors (:class:`multislice.errors.UserError`: a bad config, a missing
+    path or environment, no credentials, an unreachable cluster, a stage that does
+    not fit, a failed run) print their cause and fix, never a traceback: exit 2
+    for bad input, 1 for a run that failed. An interrupt exits 130.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except config.ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except UserError as error:
+        return report_error(error)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        translated = expected_error(error)
+        if translated is None:
+            raise
+        return report_error(translated)
 
 
 if __name__ == "__main__":

@@ -113,3 +113,20 @@ MODEL_DIMS: dict[str, dict[str, int]] = {
 
 #: Bytes per element of MaxText's ``weight_dtype`` values (``maxtext/configs/base.yml``: default float32).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
+
+# MaxText's multi-process CPU path (``maxtext/utils/max_utils.py``, ``initialize_jax_for_cpu``): the
+# coordinator is process 0 at a fixed port, and each process finds its place from these variables,
+# which xpk sets for CPU workloads through the downward API (``src/xpk/core/docker_resources.py``).
+
+#: The JAX coordinator port on CPU: ``coordinator_ip_address + ":1234"``.
+CPU_COORDINATOR_PORT = 1234
+#: The DNS name (or address) of process 0, the coordinator.
+ENV_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+#: The child Job (slice) index of the process: ``process_index = JOB_INDEX * PROCESSES_IN_JOB + ...``
+ENV_JOB_INDEX = "JOB_INDEX"
+#: ... ``+ JOB_COMPLETION_INDEX`` (the host within the slice).
+ENV_JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+#: Processes (hosts) per child Job.
+ENV_PROCESSES_IN_JOB = "PROCESSES_IN_JOB"
+#: Processes in all.
+ENV_PROCESS_COUNT = "JAX_PROCESS_COUNT"

@@ -1,12 +1,15 @@
-"""Training metrics from MaxText's per-step metrics file, summarised for the pipeline.
+"""Training metrics from MaxText's per-step log lines, summarised for the pipeline.
 
-MaxText's ``metrics_file`` holds one JSON object per step
-(``maxtext/common/metric_logger.py``, ``write_metrics_locally``) with keys
-such as ``step``, ``learning/loss``, ``perf/step_time_seconds``,
-``perf/per_device_tokens_per_sec`` and ``perf/per_device_tflops_per_sec``.
-After a JobSet restart MaxText resumes from the last checkpoint and appends
-the steps it trains again, so a step can appear twice: the last record of a
-step wins.
+MaxText logs one line per step (``maxtext/common/metric_logger.py``,
+``_log_training_metrics``): ``completed step: N, seconds: S, TFLOP/s/device:
+T, Tokens/s/device: K, ... loss: L``. The train step reads them from the
+leader's log on every backend (:func:`parse_step_line`) into records with
+the keys of MaxText's own metrics file (``step``, ``learning/loss``,
+``perf/step_time_seconds``, ``perf/per_device_tokens``,
+``perf/per_device_tflops``) and writes them as JSON lines to the run
+directory. After a JobSet restart MaxText resumes from the last checkpoint
+and trains some steps again, so a step can appear twice: the last record of
+a step wins.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from multislice import storage
 
 
 @dataclass(frozen=True)
@@ -54,19 +58,30 @@ class TrainSummary:
         return asdict(self)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The metrics file's records in file order; a truncated last line is skipped."""
+def parse_records(text: str) -> list[dict[str, Any]]:
+    """Metrics records from JSON-lines text, in order; a truncated line (being written) is skipped."""
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written when we read
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records
+
+
+def read_records(location: str) -> list[dict[str, Any]]:
+    """The records of a metrics file (a local path or ``gs://``), in file order.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+    """
+    text = storage.read_text(location)
+    if text is None:
+        raise FileNotFoundError(location)
+    return parse_records(text)
 
 
 def summarize(records: list[dict[str, Any]]) -> TrainSummary:

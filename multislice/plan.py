@@ -10,29 +10,22 @@ Layout of a run's outputs (``output_dir`` may be a local path or ``gs://``)::
     <output_dir>/<run_name>/                  run directory
         <stage>/checkpoints/<step>/           Orbax checkpoints (MaxText run_name = stage)
         <stage>/tensorboard/                  MaxText's TensorBoard events
-        <stage>/metrics.jsonl                 MaxText's per-step metrics (local backend)
+        <stage>/metrics.jsonl                 MaxText's per-step metrics, from the leader's log (train step)
         jax_cache/                            XLA compilation cache shared by the stages
+        reports/[<stage>/]<step>.json         each step's report (:mod:`multislice.reports`), UI pages beside them
+        manifests/                            the manifests the run submitted
         jobsets/<jobset>/                     local backend: JobSet state and pod logs
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from multislice import maxtext, names
+from multislice import identity, maxtext, names, storage, tpu
 from multislice.config import RunSpec, Stage
-
-Flavour = Literal["tpu", "cpu"]
-
-#: Module run by every training pod (trainer image).
-WORKER_MODULE = "multislice.trainer.worker"
-
-
-def _join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
 
 
 def resolve_degrees(degrees: dict[str, int], target: int) -> dict[str, int]:
@@ -60,14 +53,16 @@ class StagePlan(BaseModel):
         jobset: JobSet name (``<run_name>-<stage>``).
         stage_dir: Directory MaxText writes this stage to.
         checkpoint_dir: ``<stage_dir>/checkpoints``; a checkpoint per step directory.
-        metrics_file: Local metrics file written by the leader process (local backend).
+        metrics_file: MaxText's per-step metrics records (JSON lines) the train step writes, from the
+            leader's step lines.
         final_step: Step of the last checkpoint MaxText writes (``steps - 1``; steps count from 0).
         steps: Steps to train.
         ici: Every ICI axis degree, -1 resolved; product = chips per slice.
         dcn: Every DCN axis degree, -1 resolved; product = slices.
         global_batch_size: Sequences per step across all chips.
         tokens_per_step: ``global_batch_size * max_target_length``.
-        maxtext_args: MaxText ``key=value`` arguments common to both flavours.
+        maxtext_args: MaxText ``key=value`` arguments common to both hardware variants
+            (:func:`multislice.render.jobset.worker_command` adds the CPU ones).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -96,8 +91,6 @@ class Plan(BaseModel):
         spec: The validated RunSpec.
         run_dir: ``<output_dir>/<run_name>``.
         jax_cache_dir: XLA cache shared by the stages.
-        slice: Slice shape facts: name, topology, chips, hosts, chips_per_host,
-            machine_type, gke_accelerator, hbm_bytes_per_chip.
         total_chips: ``num_slices * chips``.
         stages: The resolved stages, in order.
     """
@@ -107,9 +100,13 @@ class Plan(BaseModel):
     spec: RunSpec
     run_dir: str
     jax_cache_dir: str
-    slice: dict[str, Any]
     total_chips: int
     stages: list[StagePlan]
+
+    @property
+    def slice(self) -> tpu.SliceType:
+        """The shape of one slice (``spec.tpu_type`` parsed from the TPU catalog)."""
+        return self.spec.slice_type
 
     def stage(self, name: str) -> StagePlan:
         """The resolved stage called ``name``. Raises KeyError."""
@@ -154,13 +151,13 @@ def _stage_args(spec: RunSpec, stage: Stage, run_dir: str, jax_cache_dir: str, i
 def make_plan(spec: RunSpec) -> Plan:
     """Resolve a validated spec into a plan. Pure: touches no file or API."""
     shape = spec.slice_type
-    run_dir = _join(spec.output_dir, spec.run_name)
-    jax_cache_dir = _join(run_dir, "jax_cache")
+    run_dir = identity.run_dir(spec.output_dir, spec.run_name)
+    jax_cache_dir = storage.join(run_dir, "jax_cache")
     stages = []
     for index, stage in enumerate(spec.stages):
         ici = resolve_degrees(stage.full_ici(), shape.chips)
         dcn = resolve_degrees(stage.full_dcn(), spec.num_slices)
-        stage_dir = _join(run_dir, stage.name)
+        stage_dir = storage.join(run_dir, stage.name)
         global_batch = stage.per_device_batch_size * shape.chips * spec.num_slices
         stages.append(
             StagePlan(
@@ -169,8 +166,8 @@ def make_plan(spec: RunSpec) -> Plan:
                 model_label=stage.model.label,
                 jobset=names.jobset_name(spec.run_name, stage.name),
                 stage_dir=stage_dir,
-                checkpoint_dir=_join(stage_dir, "checkpoints"),
-                metrics_file=_join(stage_dir, "metrics.jsonl"),
+                checkpoint_dir=storage.join(stage_dir, "checkpoints"),
+                metrics_file=storage.join(stage_dir, "metrics.jsonl"),
                 final_step=stage.steps - 1,
                 steps=stage.steps,
                 checkpoint_period=stage.checkpoint_period,
@@ -185,42 +182,6 @@ def make_plan(spec: RunSpec) -> Plan:
         spec=spec,
         run_dir=run_dir,
         jax_cache_dir=jax_cache_dir,
-        slice={
-            "name": shape.name,
-            "topology": shape.topology,
-            "chips": shape.chips,
-            "hosts": shape.hosts,
-            "chips_per_host": shape.chips_per_host,
-            "machine_type": shape.machine_type,
-            "gke_accelerator": shape.gke_accelerator,
-            "hbm_bytes_per_chip": shape.hbm_bytes_per_chip,
-        },
         total_chips=shape.chips * spec.num_slices,
         stages=stages,
     )
-
-
-def worker_command(plan: Plan, stage: StagePlan, flavour: Flavour) -> tuple[list[str], list[str]]:
-    """Container ``command`` and ``args`` of a training pod.
-
-    The TPU flavour runs MaxText as on GKE. The CPU flavour adds what
-    MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
-    ``num_slices`` so it builds a DCN mesh) and the worker's
-    ``--emulate-slices`` and ``--metrics-file`` options, and leaves out the
-    persistent compilation cache (``jax_cache_dir=`` empty; leaving the key out would
-    give MaxText's default, ``~/jax_cache``, shared by every run): JAX writes cache entries
-    from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
-    each process compiles its own executable under its own key, so after a
-    JobSet restart process 0 would load its step from the cache while the
-    others compile for tens of seconds, and JAX's CPU collectives (Gloo) give
-    up after 30 s waiting for them (``Gloo context initialization failed:
-    DEADLINE_EXCEEDED``, seen here in the killed-worker test).
-    """
-    command = ["python", "-m", WORKER_MODULE]
-    args = []
-    maxtext_args = list(stage.maxtext_args)
-    if flavour == "cpu":
-        args += ["--emulate-slices", "--metrics-file", stage.metrics_file]
-        maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
-        maxtext_args += ["jax_cache_dir=", "hardware=cpu", f"num_slices={plan.spec.num_slices}"]
-    return command, [*args, "--", *maxtext_args]

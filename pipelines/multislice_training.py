@@ -122,7 +122,9 @@ def build_pipeline(
                 ).after(previous)
                 launch = launch_op(plan=plan_task.output, stage=stage.name, admitted=admit.output)
                 train = train_op(plan=plan_task.output, stage=stage.name, admitted=admit.output).after(launch)
-                verify = verify_op(plan=plan_task.output, stage=stage.name).after(train)
+                verify = verify_op(
+                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+                ).after(train)
                 for step, task in (("admit", admit), ("launch", launch), ("train", train), ("verify", verify)):
                     task.set_display_name(f"{step} {stage.name}")
                 tasks += [admit, launch, train, verify]
@@ -131,7 +133,7 @@ def build_pipeline(
                 task.set_caching_options(False)
             if kubernetes is not None:
                 for task in [exit_task, *plans, *tasks]:
-                    kubernetes.apply(task, task.component_spec.name.replace("-", "_"))
+                    kubernetes.apply(task, task.component_spec.name.replace("-", "_"), spec)
 
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}

@@ -8,6 +8,7 @@ does) and is shared by the end-to-end assertions and the verifier tests.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -16,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from multislice import config
-from multislice.backends.local import trainer_env, trainer_process_env
-from multislice.plan import Plan, make_plan
+from tests.gcs import HNS_PROBE_OFF, FakeGcs
+
+os.environ.update(HNS_PROBE_OFF)  # before anything imports gcsfs (see tests/gcs.py)
+# No test reaches the real Cloud Storage: without the ``gcs`` fixture, gs:// goes to a closed loopback port.
+os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"
+
+from multislice import config  # noqa: E402
+from multislice.backends.local import trainer_env, trainer_process_env  # noqa: E402
+from multislice.plan import Plan, make_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CRDS = ROOT.parent / "shared" / "crds"
@@ -62,3 +69,12 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     )  # fmt: skip
     spec = config.load_profile("local", {"run_name": run_name, "output_dir": str(output)})
     return LocalRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started, make_plan(spec))
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch):
+    """Cloud Storage on 127.0.0.1 with bucket ``bucket`` (:class:`tests.gcs.FakeGcs`), for this process."""
+    with FakeGcs() as fake:
+        for key, value in fake.env.items():
+            monkeypatch.setenv(key, value)
+        yield fake

@@ -37,8 +37,8 @@ import kmock
 from kmock._internal import enums
 from kubernetes import client as k8s
 
-from multislice.backends.gke import Timings
 from multislice.backends.gke.client import Kube
+from multislice.timings import Timings
 
 #: Waits for tests: polls of 50 ms; deadlines long enough for a loaded 2-core machine (tests that
 #: expect a deadline to pass shorten it with dataclasses.replace).

@@ -9,6 +9,7 @@ import matplotlib.image
 import pytest
 
 from multislice.delivery import artifacts
+from multislice.reports import TrainReport, VerificationReport
 from multislice.steps import train as train_step
 from multislice.steps import verify_checkpoint as verify_step
 from tests.test_metrics import record
@@ -27,8 +28,8 @@ def test_html_table_escapes_formats_and_orders_columns():
 
 
 def test_write_html_artifact(tmp_path):
-    path = artifacts.write_html_artifact(tmp_path / "a" / "hbm.html", "HBM <per> stage", "<p>x</p>")
-    text = path.read_text()
+    path = artifacts.write_html_artifact(str(tmp_path / "a" / "hbm.html"), "HBM <per> stage", "<p>x</p>")
+    text = open(path, encoding="utf-8").read()
     assert text.startswith("<!DOCTYPE html>") and "<title>HBM &lt;per&gt; stage</title>" in text
     assert "<h1>HBM &lt;per&gt; stage</h1>\n<p>x</p>" in text
 
@@ -47,17 +48,17 @@ def test_training_figure_plots_the_loss_and_step_time_of_each_step():
     assert (loss_axes.get_ylabel(), time_axes.get_ylabel()) == ("loss", "seconds")
 
 
-def _report():
-    return {"jobset": "run-s1", "skipped": False, "steps_trained": 5, "restarts": 1, "first_loss": 7.5,
-            "final_loss": 6.4, "step_time_seconds": 1.25, "tokens_per_second_per_device": 77.2,
-            "tflops_per_second_per_device": 0.01, "wall_seconds": 30.0}  # fmt: skip
+def _report(**fields):
+    return TrainReport(jobset="run-s1", steps_trained=5, restarts=1, first_loss=7.5, final_loss=6.4,
+                       step_time_seconds=1.25, tokens_per_second_per_device=77.2, tflops_per_second_per_device=0.01,
+                       wall_seconds=30.0, **fields)  # fmt: skip
 
 
 def test_train_pages_embed_a_png_and_summarise(tmp_path, local_plan):
     stage = local_plan.stages[0]
     metrics_file = tmp_path / "metrics.jsonl"
     metrics_file.write_text("\n".join(json.dumps(record(s, v, 1.0)) for s, v in enumerate(LOSSES)))
-    report = {**_report(), "metrics_file": str(metrics_file)}
+    report = _report(metrics_file=str(metrics_file))
     pages = train_step.result_pages(local_plan, stage.name, report)
     [encoded] = re.findall(r'src="data:image/png;base64,([^"]+)"', pages["html"])
     image = matplotlib.image.imread(io.BytesIO(base64.b64decode(encoded)), format="png")
@@ -70,14 +71,16 @@ def test_train_pages_embed_a_png_and_summarise(tmp_path, local_plan):
 
 
 def test_skipped_train_page(local_plan):
-    pages = train_step.result_pages(local_plan, local_plan.stages[1].name, {"skipped": True})
+    pages = train_step.result_pages(local_plan, local_plan.stages[1].name, TrainReport(jobset="x", skipped=True))
     assert "final checkpoint already existed" in pages["markdown"] and "<img" not in pages["html"]
 
 
 def test_verification_markdown(local_plan):
-    report = {"verdict": "FAIL", "latest_step": 19, "parameter_count": 2098432, "written_mesh": {"fsdp": 4},
-              "checks": [{"name": "final step", "passed": True, "detail": "19 == 19"},
-                         {"name": "finite | values", "passed": False, "detail": "NaN in decoder"}]}  # fmt: skip
+    report = VerificationReport.model_validate(
+        {"verdict": "FAIL", "latest_step": 19, "parameter_count": 2098432, "written_mesh": {"fsdp": 4},
+         "checks": [{"name": "final step", "passed": True, "detail": "19 == 19"},
+                    {"name": "finite | values", "passed": False, "detail": "NaN in decoder"}]}
+    )  # fmt: skip
     text = verify_step.result_page(local_plan, local_plan.stages[0].name, report)
     assert text.startswith(f"# verify_checkpoint {local_plan.stages[0].name}: FAIL")
     assert "2,098,432 parameters, written with mesh fsdp=4" in text
@@ -94,10 +97,6 @@ def local_plan(tmp_path):
     return make_plan(config.load_profile("local", {"output_dir": str(tmp_path / "out"), "run_name": "pages"}))
 
 
-def test_train_page_without_a_metrics_file_has_the_table_only(local_plan):
-    # The GKE train step reads step lines from the leader's log and names no metrics file.
-    pages = train_step.result_pages(local_plan, local_plan.stages[0].name, _report())
-    assert "<td class=num>6.4</td>" in pages["html"] and "<img" not in pages["html"]
-    assert "loss **7.500 -> 6.400**" in pages["markdown"]
-    text = artifacts.verification_markdown("s", {"verdict": "PASS", "written_mesh": "fsdp=8", "checks": []})
-    assert "written with mesh fsdp=8" in text
+def test_verification_markdown_with_a_mesh_given_as_text():
+    report = VerificationReport(verdict="PASS", written_mesh="fsdp=8")
+    assert "written with mesh fsdp=8" in artifacts.verification_markdown("s", report)

@@ -1,6 +1,5 @@
 """End to end on this machine: the pipeline trains both stages across emulated slices; a killed worker is survived."""
 
-import json
 import os
 import signal
 import time
@@ -8,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from multislice import config
-from multislice.backends.local import LocalBackend, pid_alive
+from multislice import config, reports
+from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.plan import make_plan
-from multislice.steps import admit, latest_committed_step, launch, train, verify_checkpoint
+from multislice.steps import admit, launch, train, verify_checkpoint
+from multislice.storage import latest_committed_step
 
 pytestmark = pytest.mark.e2e
 
@@ -26,12 +26,15 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
         assert f"[preflight {stage.name}] fits on 2 x v5litepod-8" in out  # AOT-checked before provision
         assert latest_committed_step(stage.checkpoint_dir) == stage.final_step
         assert (Path(stage.checkpoint_dir) / str(stage.final_step) / "items").is_dir()
-        reports = Path(plan.run_dir) / "reports" / stage.name
-        trained = json.loads((reports / "train.json").read_text())
-        assert trained["steps_trained"] == stage.steps and trained["restarts"] == 0
-        assert trained["final_loss"] < trained["first_loss"]  # it learned something
-        verified = json.loads((reports / "verification.json").read_text())
-        assert verified["verdict"] == "PASS" and verified["latest_step"] == stage.final_step
+        trained = reports.read(reports.TrainReport, plan, stage)
+        assert trained.steps_trained == stage.steps and trained.restarts == 0
+        assert trained.final_loss < trained.first_loss  # it learned something
+        verified = reports.read(reports.VerificationReport, plan, stage)
+        assert verified.verdict == "PASS" and verified.latest_step == stage.final_step
+        for step in ("plan", "preflight", "admit", "launch"):  # every step left its report
+            assert (Path(plan.run_dir) / "reports" / stage.name / f"{step}.json").is_file(), step
+    assert reports.read(reports.ProvisionReport, plan).backend == "local"
+    assert reports.read(reports.CleanupReport, plan).deleted == []
     assert out.count("verification  PASS") == 2
     assert out.count("preflight     fits:") == 2
     assert out.index("[preflight") < out.index("[provision")
@@ -40,17 +43,16 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
 
 def test_stage_two_shards_fsdp_over_dcn(local_run):
     stage = local_run.plan.stages[1]
-    leader = LocalBackend(local_run.plan.run_dir).pod_log(stage.jobset, 0, 0)
+    leader = LocalJobSets(local_run.plan.run_dir).pod_log(stage.jobset, 0, 0)
     text = leader.read_text()
     assert "2 slices as DCN granules (slice 0: processes [0, 1]; slice 1: processes [2, 3])" in text
     assert "mesh fsdp=8 (ici 4 x dcn 2), tensor=2" in text
-    verified = json.loads((Path(local_run.plan.run_dir) / "reports" / stage.name / "verification.json").read_text())
-    assert verified["written_mesh"] == {"fsdp": 8, "tensor": 2}
+    verified = reports.read(reports.VerificationReport, local_run.plan, stage)
+    assert verified.written_mesh == {"fsdp": 8, "tensor": 2}
 
 
 def test_run_leaves_no_process_behind(local_run):
-    backend = LocalBackend(local_run.plan.run_dir)
-    states = backend.list_jobsets()
+    states = LocalJobSets(local_run.plan.run_dir).list_jobsets()
     assert [s.phase for s in states] == ["Completed", "Completed"]
     for state in states:
         assert not pid_alive(state.supervisor_pid)
@@ -62,7 +64,7 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
     plan = make_plan(spec)
     stage = plan.stages[0]
     admitted = admit.run(plan, stage.name, "restart-test")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     deadline = time.monotonic() + 600
     while (latest_committed_step(stage.checkpoint_dir) or 0) < stage.checkpoint_period:
         assert time.monotonic() < deadline, "no periodic checkpoint within 10 minutes"
@@ -73,8 +75,8 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
 
     report = train.run(plan, stage.name, admitted)
 
-    assert report["restarts"] == 1
-    assert report["steps_trained"] == stage.steps and report["last_step"] == stage.final_step
+    assert report.restarts == 1 and len(report.leader_logs) == 2  # both attempts' leader logs were read
+    assert report.steps_trained == stage.steps and report.last_step == stage.final_step
     state = backend.get_jobset(stage.jobset)
     failed = next(e for e in state.events if e.reason == "JobFailed")
     assert "restart-tiny-8b-recipe-slice-1-1 exited with code 137" in failed.message
@@ -82,14 +84,14 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
     step = int(resumed.split("restoring from this run's directory step ")[1].split()[0])
     assert step >= stage.checkpoint_period
     assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
-    assert verify_checkpoint.run(plan, stage.name)["verdict"] == "PASS"
+    assert verify_checkpoint.run(plan, stage.name).verdict == "PASS"
 
 
 def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run):
     plan = local_run.plan
-    backend = LocalBackend(plan.run_dir)
-    before = [s.name for s in backend.list_jobsets()]
+    jobsets = LocalJobSets(plan.run_dir)
+    before = [s.name for s in jobsets.list_jobsets()]
     report = admit.run(plan, plan.stages[0].name, "a-later-pipeline-run")
-    assert report["skipped"] is True and report["reason"] == "final checkpoint exists"
-    assert [s.name for s in backend.list_jobsets()] == before
-    assert launch.run(plan, plan.stages[0].name, report)["skipped"] is True
+    assert report.skipped is True and report.reason == "final checkpoint exists"
+    assert [s.name for s in jobsets.list_jobsets()] == before
+    assert launch.run(plan, plan.stages[0].name, report.to_dict()).skipped is True

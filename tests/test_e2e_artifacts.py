@@ -25,6 +25,7 @@ def test_each_stage_has_its_html_and_markdown_pages(local_run):
         summary = open(f"{reports}/{stage.name}/train.md", encoding="utf-8").read()
         verification = open(f"{reports}/{stage.name}/verification.md", encoding="utf-8").read()
         train = json.load(open(f"{reports}/{stage.name}/train.json", encoding="utf-8"))
+        assert train["metrics_file"] == stage.metrics_file  # the records the train step wrote, from the leader's log
         [png] = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
         assert base64.b64decode(png).startswith(b"\x89PNG")
         # The plot is drawn from this stage's own metrics: the embedded PNG is the figure of this stage's

@@ -10,20 +10,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from multislice import config, names
+from multislice import config, metrics, names, reports, storage
+from multislice.backends.base import AdmissionTimeout, LaunchFailed, TrainingFailed
+from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
-from multislice.backends.gke import nodepool, retry, workload
+from multislice.backends.gke.aot import job_name
 from multislice.plan import make_plan
-from multislice.steps import admit, cleanup, launch, provision, train, verify_checkpoint
-from multislice.steps.launch import LaunchFailed
-from multislice.steps.train import TrainingFailed
+from multislice.preflight import PreflightFailed, request_for
+from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
+from multislice.steps import plan as plan_step
 from tests.kube_cluster import FAST, Served, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
 
@@ -56,11 +59,17 @@ def plan():
 
 
 @pytest.fixture(autouse=True)
+def run_storage(gcs):
+    """The run directory is gs://bucket/runs/r1, on Cloud Storage served on 127.0.0.1."""
+    return gcs
+
+
+@pytest.fixture(autouse=True)
 def node_pools(monkeypatch):
     """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded."""
     calls = []
 
-    def ensure_node_pools(plan, client=None, *, on_progress=print):
+    def ensure_node_pools(plan, client=None, *, on_progress=print, deadline=None):
         calls.append(plan.spec.run_name)
         on_progress(f"node pools {POOLS} adopted")
         return {"node_pools": [{"name": pool, "action": "adopted"} for pool in POOLS]}
@@ -89,6 +98,29 @@ class Background:
             raise self.error
 
 
+def aot_log(result: dict) -> str:
+    """The AOT compile Job's log: MaxText's noise, then the result line."""
+    return "Starting train_compile.py...\nAOT_RESULT " + json.dumps(result) + "\n"
+
+
+#: An AOT result that fits (2 x v6e-16, the 8B stage).
+FITS = {"verdict": "fits", "compile_seconds": 75.0, "cached": False, "model_tflops_per_step_per_device": 790.5,
+        "memory": {"argument": 6 * 2**30, "output": 0, "alias": 0, "temp": 16 * 2**30, "generated_code": 2**26,
+                   "host_argument": 0, "host_temp": 0, "total": 22 * 2**30 + 2**26}}  # fmt: skip
+
+
+def job_finishes(play, name, log):
+    """Play the Job controller and kubelet: wait for Job ``name``, then finish it with ``log``."""
+    listed = play.batch.list_namespaced_job
+    wait_until(lambda: any(j.metadata.name == name for j in listed("default").items), what=f"Job {name}")
+    play.job_done(name, log)
+
+
+def compile_job_finishes(play, plan, stage, result):
+    """Play the compile Job of ``stage``: wait for it, then finish it with ``result`` in its log."""
+    job_finishes(play, job_name(plan, request_for(plan, stage)), aot_log(result))
+
+
 def stage_of(plan):
     return plan.stages[0]
 
@@ -105,13 +137,13 @@ def admitted_jobset(play, plan, kube, *, pending=None):
 
     controller = Background(kueue)
     try:
-        return admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
+        return admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
     finally:
         controller.join()
 
 
 def running_pods(play, plan, attempt=0):
-    return play.pods(stage_of(plan).jobset, 2, plan.slice["hosts"], attempt=attempt, pools=POOLS)
+    return play.pods(stage_of(plan).jobset, 2, plan.slice.hosts, attempt=attempt, pools=POOLS)
 
 
 def training(served, play, plan):
@@ -127,12 +159,22 @@ def finishes(play, leader, js):
     play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
 
 
-def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, plan, node_pools, capsys):
+def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(served, play, plan, node_pools, gcs, capsys):
     kube = served.kube()
-    report = provision.run(plan, kube=kube)
-    assert node_pools == ["r1"] and [p["name"] for p in report["node_pools"]] == POOLS
-    assert report["crds"][f"jobsets.{jobsets.JOBSET_GROUP}"] == ["v1alpha2"]
-    assert report["kueue_objects"] == [
+    stage = stage_of(plan)
+    overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True}
+    assert plan_step.run(config.read_profile("gke-v6e-16x2"), overrides, stage.name, RUN_ID) == plan
+
+    compiler = Background(lambda: compile_job_finishes(play, plan, stage, FITS))
+    checked = preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(kube))[stage.name]
+    compiler.join()
+    assert checked.verdict == "fits" and checked.bytes_per_chip.total == FITS["memory"]["total"]
+    preflight.result_page(plan, [checked])
+
+    report = provision.run(plan, backend=GkeBackend(kube))
+    assert node_pools == ["r1"] and [p["name"] for p in report.node_pools] == POOLS
+    assert report.crds[f"jobsets.{jobsets.JOBSET_GROUP}"] == ["v1alpha2"]
+    assert report.kueue_objects == [
         "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue",
         "WorkloadPriorityClass/default-priority", "LocalQueue/multislice-queue",
     ]  # fmt: skip
@@ -140,10 +182,10 @@ def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, pl
         "kueue.x-k8s.io", "v1beta2", "clusterqueues", "multislice-cluster-queue"
     )
     assert queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 32
-    provision.run(plan, kube=kube)  # applying again is a no-op, not a conflict
+    provision.run(plan, backend=GkeBackend(kube))  # applying again is a no-op, not a conflict
 
     admitted = admitted_jobset(play, plan, kube)
-    assert (admitted["admitted"], admitted["cluster_queue"], admitted["flavors"]) == (
+    assert (admitted.admitted, admitted.cluster_queue, admitted.flavors) == (
         True,
         "multislice-cluster-queue",
         ["v6e-4x4"],
@@ -153,9 +195,9 @@ def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, pl
     assert js["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
 
     pods = running_pods(play, plan)
-    launched = launch.run(plan, stage_of(plan).name, admitted, kube=kube)
-    assert launched["pods"] == 8 and launched["node_pools"] == POOLS
-    assert {p["node_pool"] for p in launched["placement"].values() if p["slice"] == 1} == {"tpu-pool-1"}
+    launched = launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+    assert launched.pods == 8 and launched.node_pools == POOLS
+    assert {p.node_pool for p in launched.placement.values() if p.slice == 1} == {"tpu-pool-1"}
 
     def leader_trains():
         for step in range(4):
@@ -164,44 +206,54 @@ def test_happy_path_provision_admit_launch_train_verify_cleanup(served, play, pl
         finishes(play, pods[0], stage_of(plan).jobset)
 
     controller = Background(leader_trains)
-    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
-    assert (trained["steps_trained"], trained["first_loss"], trained["final_loss"]) == (4, 8.0, 5.0)
-    assert trained["tokens_per_second_per_device"] == pytest.approx(2000.0)
-    assert trained["restarts"] == 0 and trained["leader_pods"] == [pods[0]]
+    assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 5.0)
+    assert trained.tokens_per_second_per_device == pytest.approx(2000.0)
+    assert trained.restarts == 0 and trained.leader_logs == [pods[0]]
 
-    controller = Background(lambda: (wait_until(lambda: play.batch.list_namespaced_job("default").items, what="Job"),
-                                      play.job_done(f"{stage_of(plan).jobset}-verify", verifier_log())))  # fmt: skip
-    verified = verify_checkpoint.run(plan, stage_of(plan).name, kube=kube)
+    controller = Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log()))
+    verified = verify_checkpoint.run(plan, stage_of(plan).name, backend=GkeBackend(kube))
     controller.join()
-    assert verified["verdict"] == "PASS" and verified["job"] == f"{stage_of(plan).jobset}-verify"
+    assert verified.verdict == "PASS" and verified.job == f"{stage_of(plan).jobset}-verify"
     job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     assert job.spec.template.spec.service_account_name == plan.spec.service_accounts.trainer
 
-    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", kube=kube)
-    assert done["deleted"] == [] and done["kept"] == [stage_of(plan).jobset]
+    pages = train.result_pages(plan, stage.name, trained)
+    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", backend=GkeBackend(kube))
+    assert done.deleted == [] and done.kept == [stage_of(plan).jobset]
     out = capsys.readouterr().out
     assert "CRDs served: jobsets.jobset.x-k8s.io v1alpha2" in out
     assert "completed step: 3" in out
+
+    # Every step's report, the UI pages and the metrics records are in the gs:// run directory.
+    reports_dir = f"runs/r1/reports/{stage.name}/"
+    written = gcs.names(prefix="runs/r1/")
+    for name in ("plan.json", "preflight.json", "preflight.html", "admit.json", "launch.json", "train.json",
+                 "train.html", "train.md", "verification.json", "verification.md"):  # fmt: skip
+        assert reports_dir + name in written, name
+    assert {"runs/r1/reports/provision.json", "runs/r1/reports/cleanup.json"} <= set(written)
+    assert f"runs/r1/manifests/{stage.jobset}.tpu.yaml" in written and "runs/r1/manifests/kueue.yaml" in written
+    assert reports.read(reports.TrainReport, plan, stage) == trained
+    assert metrics.read_records(stage.metrics_file)[-1]["learning/loss"] == 5.0
+    page = storage.read_text(f"gs://bucket/{reports_dir}train.html")
+    assert page == pages["html"] and re.search(r'<img [^>]*src="data:image/png;base64,', page)
 
 
 def test_waiting_on_quota_then_admitted_reports_the_pending_reason(served, play, plan, capsys):
     message = "couldn't assign flavors to pod set slice: insufficient quota for google.com/tpu in flavor v6e-16"
     report = admitted_jobset(play, plan, served.kube(), pending=message)
-    assert report["admitted"] and report["wait_seconds"] >= 0.4
+    assert report.admitted and report.wait_seconds >= 0.4
     assert f"QuotaReserved False: Pending: {message}" in capsys.readouterr().out
 
 
 def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play, plan):
     js = stage_of(plan).jobset
     controller = Background(lambda: play.kueue_queues(js, "insufficient quota for google.com/tpu"))
-    with pytest.raises(
-        workload.AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"
-    ):
-        admit.run(
-            plan, stage_of(plan).name, RUN_ID, kube=served.kube(timings=dataclasses.replace(FAST, admit_timeout=4))
-        )
+    with pytest.raises(AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"):
+        kube = served.kube(timings=dataclasses.replace(FAST, admit_timeout=4))
+        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
     controller.join()
     assert served.kube().get_jobset(js) is None
 
@@ -209,14 +261,14 @@ def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play,
 def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served, play, plan):
     kube = served.kube()
     admitted_jobset(play, plan, kube)
-    again = admit.run(plan, stage_of(plan).name, RUN_ID, kube=kube)
-    assert again["adopted"] is True and again["admitted"] is True
+    again = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+    assert again.adopted is True and again.admitted is True
     other = make_plan(plan.spec.model_copy(update={"max_restarts": 9}))
     with pytest.raises(
         jobsets.JobSetConflict,
         match=r"already exists with a different spec \(pipeline run run-1111.*kubectl delete jobset",
     ):
-        admit.run(other, stage_of(plan).name, RUN_ID, kube=kube)
+        admit.run(other, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
     assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
 
 
@@ -234,9 +286,9 @@ def test_evicted_then_readmitted_during_training(served, play, plan, capsys):
         finishes(play, pods[0], js)
 
     controller = Background(preempted_then_resumed)
-    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
-    assert trained["steps_trained"] == 2
+    assert trained.steps_trained == 2
     out = capsys.readouterr().out
     assert "JobSet suspended by Kueue (Evicted True: Preempted: Preempted to accommodate a workload" in out
     assert "JobSet admitted again after" in out
@@ -248,15 +300,15 @@ def test_unschedulable_past_the_deadline_fails_launch_quoting_events(served, pla
     message = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
     status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                   "message": message}]}  # fmt: skip
-    pods = play.pods(stage_of(plan).jobset, 2, plan.slice["hosts"], status=status)
+    pods = play.pods(stage_of(plan).jobset, 2, plan.slice.hosts, status=status)
     play.event(pods[0], "FailedScheduling", message)
     started = time.monotonic()
     with pytest.raises(LaunchFailed) as failure:
-        launch.run(plan, stage_of(plan).name, admitted, kube=kube)
+        launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert time.monotonic() - started >= kube.timings.unschedulable_grace
     text = str(failure.value)
     assert f"pod {pods[0]} (slice 0, host 0) Unschedulable for" in text
-    assert f"Warning FailedScheduling: {message}" in text and "TPU node pools of v6e-16" in text
+    assert f"Warning FailedScheduling: {message}" in text and "TPU node pools of v6e-16" in failure.value.fix
 
 
 def test_image_pull_failure_fails_launch_at_once(served, play, plan):
@@ -266,12 +318,12 @@ def test_image_pull_failure_fails_launch_at_once(served, play, plan):
     waiting = {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "x", "imageID": "",
                "state": {"waiting": back_off}}  # fmt: skip
     pods = play.pods(
-        stage_of(plan).jobset, 2, plan.slice["hosts"], status={"phase": "Pending", "containerStatuses": [waiting]}
+        stage_of(plan).jobset, 2, plan.slice.hosts, status={"phase": "Pending", "containerStatuses": [waiting]}
     )
     play.event(pods[0], "Failed", 'Failed to pull image "x": not found')
     started = time.monotonic()
     with pytest.raises(LaunchFailed, match=r"cannot start: container maxtext: ImagePullBackOff") as failure:
-        launch.run(plan, stage_of(plan).name, admitted, kube=kube)
+        launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert time.monotonic() - started < kube.timings.launch_timeout
     assert 'Warning Failed: Failed to pull image "x": not found' in str(failure.value)
 
@@ -295,7 +347,7 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
 
     controller = Background(keeps_failing)
     with pytest.raises(TrainingFailed) as failure:
-        train.run(plan, stage_of(plan).name, admitted, kube=kube)
+        train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
     text = str(failure.value)
     assert (
@@ -321,17 +373,17 @@ def test_watch_410_during_training_relists_and_finishes(served, play, plan, caps
         finishes(play, pods[0], js)
 
     controller = Background(compacts)
-    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
-    assert trained["steps_trained"] == 2
+    assert trained.steps_trained == 2
     assert f"watch of JobSet {js} expired (410 Gone" in capsys.readouterr().out
 
 
 def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play, plan, capsys):
     kube = served.kube(say=print)
     served.cluster.fail_next(3, 500)
-    report = provision.run(plan, kube=kube)
-    assert report["kueue_objects"]
+    report = provision.run(plan, backend=GkeBackend(kube))
+    assert report.kueue_objects
     assert capsys.readouterr().out.count("HTTP 500") == 3
     served.cluster.fail_next(1000, 503)
     with pytest.raises(
@@ -347,12 +399,12 @@ def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
     with pytest.raises(
         gke_cluster.CrdsMissing, match=r"workloads.kueue.x-k8s.io needs v1beta2, the cluster serves nothing"
     ):
-        provision.run(plan, kube=served.kube())
+        provision.run(plan, backend=GkeBackend(served.kube()))
     # An older Kueue: ClusterQueues served at v1beta1 only.
     old = {"spec": {"versions": [{"name": "v1beta1", "served": True, "storage": True}]}}
     player.crds.patch_custom_resource_definition("clusterqueues.kueue.x-k8s.io", old)
     with pytest.raises(gke_cluster.CrdsMissing) as failure:
-        provision.run(plan, kube=served.kube())
+        provision.run(plan, backend=GkeBackend(served.kube()))
     assert "clusterqueues.kueue.x-k8s.io needs v1beta2, the cluster serves v1beta1" in str(failure.value)
     assert "install Kueue v0.19 or later" in str(failure.value) and "jobsets" not in str(failure.value)
 
@@ -368,8 +420,8 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
     play.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", other)
 
     controller = Background(lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGTERM)))
-    with pytest.raises(TrainingFailed, match="was cancelled; JobSet .* deleted"):
-        train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    with pytest.raises(TrainingFailed, match=f"cancelled; {stage_of(plan).jobset} deleted"):
+        train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
     assert kube.get_jobset(js) is None
 
@@ -378,9 +430,9 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
         "kueue.x-k8s.io", "v1beta2", "default", "workloads", play.workload_name(js)
     )
     second = admitted_jobset(play, make_plan(plan.spec), kube)  # re-create stage 1's JobSet as a queued one
-    assert second["admitted"]
-    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "CANCELLED", kube=kube)
-    assert done["deleted"] == [f"JobSet {js} (Running)"]
+    assert second.admitted
+    done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "CANCELLED", backend=GkeBackend(kube))
+    assert done.deleted == [f"JobSet {js} (Running)"]
     assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None
 
 
@@ -399,18 +451,18 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
         finishes(play, second[0], js)
 
     controller = Background(host_lost_then_resumed)
-    trained = train.run(plan, stage_of(plan).name, admitted, kube=kube)
+    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     controller.join()
-    assert trained["leader_pods"] == [first[0], play.pod_name(js, 0, 0, attempt=1)]
-    assert (trained["restarts"], trained["steps_trained"], trained["records"]) == (1, 4, 5)
-    assert (trained["first_loss"], trained["final_loss"]) == (8.0, 6.5)
+    assert trained.leader_logs == [first[0], play.pod_name(js, 0, 0, attempt=1)]
+    assert (trained.restarts, trained.steps_trained, trained.records) == (1, 4, 5)
+    assert (trained.first_loss, trained.final_loss) == (8.0, 6.5)
 
 
 def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, play, plan, capsys):
     plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
-    report = provision.run(plan, kube=served.kube())
-    assert report["kueue_objects"] == ["LocalQueue/multislice-queue"]
-    assert report["kueue_objects_left_to_admin"] == [
+    report = provision.run(plan, backend=GkeBackend(served.kube()))
+    assert report.kueue_objects == ["LocalQueue/multislice-queue"]
+    assert report.kueue_objects_left_to_admin == [
         "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue", "WorkloadPriorityClass/default-priority",
     ]  # fmt: skip
     assert "service_accounts.kueue_cluster_objects is false" in capsys.readouterr().out
@@ -418,37 +470,21 @@ def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, pl
     assert found["items"] == []
 
 
-def aot_log(result: dict) -> str:
-    """The AOT compile Job's log: MaxText's noise, then the result line."""
-    return "Starting train_compile.py...\nAOT_RESULT " + json.dumps(result) + "\n"
-
-
 def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_provision(served, play, plan, capsys):
-    from multislice.backends.gke.aot import job_name
-    from multislice.preflight import PreflightFailed, request_for
-    from multislice.steps import preflight
-
     kube = served.kube()
     plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
         update={"suggest_alternative": False})})})  # fmt: skip
     eight, seventy = plan.stages
-    fits = {"verdict": "fits", "compile_seconds": 75.0, "cached": False, "model_tflops_per_step_per_device": 790.5,
-            "memory": {"argument": 6 * 2**30, "output": 0, "alias": 0, "temp": 16 * 2**30, "generated_code": 2**26,
-                       "host_argument": 0, "host_temp": 0, "total": 22 * 2**30 + 2**26}}  # fmt: skip
     oom = {"verdict": "does_not_fit", "compile_seconds": 14.0, "cached": True,
            "oom": {"required_bytes": round(49.82 * 2**30), "available_bytes": round(31.24 * 2**30)}}  # fmt: skip
 
-    listed = play.batch.list_namespaced_job
-
     def compiler():
-        for stage, result in ((eight, fits), (seventy, oom)):
-            name = job_name(plan, request_for(plan, stage))
-            wait_until(lambda n=name: any(j.metadata.name == n for j in listed("default").items), what=f"Job {name}")
-            play.job_done(name, aot_log(result))
+        for stage, result in ((eight, FITS), (seventy, oom)):
+            compile_job_finishes(play, plan, stage, result)
 
     controller = Background(compiler)
     with pytest.raises(PreflightFailed) as failed:
-        preflight.run(plan, pipeline_run_id=RUN_ID, kube=kube)
+        preflight.run(plan, pipeline_run_id=RUN_ID, backend=GkeBackend(kube))
     controller.join()
     assert "stage llama3-70b: does not fit on 2 x v6e-16: needs 49.82 GiB per chip" in str(failed.value)
     assert "nothing was provisioned" in str(failed.value)

@@ -1,7 +1,7 @@
 """Local backend: JobSets of short scripted pods, run as real processes under a real supervisor.
 
 The pods here are small Python programs instead of MaxText, so each case
-takes seconds; the manifests are the real CPU-flavour JobSets with only the
+takes seconds; the manifests are the real CPU JobSets with only the
 container command replaced, and pass CRD validation as created.
 """
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from multislice import config
-from multislice.backends.local import AlreadyExists, LocalBackend, pid_alive
+from multislice.backends.local import AlreadyExists, LocalJobSets, pid_alive
 from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
 from multislice.plan import make_plan
 from multislice.render import jobset
@@ -45,7 +45,7 @@ def scripted_jobset(tmp_path, mode, run_name="unit", run_id="run-a", max_restart
         "local", {"run_name": run_name, "output_dir": str(tmp_path), "max_restarts": max_restarts}
     )
     plan = make_plan(spec)
-    obj = jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id=run_id)
+    obj = jobset.render_jobset(plan, plan.stages[0], hardware="cpu", pipeline_run_id=run_id)
     pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     container["command"] = ["python", "-c", POD]
@@ -66,7 +66,7 @@ def finish(backend, name, timeout=60):
 
 def test_pods_run_with_their_environment_and_complete(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "ok")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     created = backend.create_jobset(obj)
     assert created.phase == "Running" and len(created.pods) == 4
     state = finish(backend, obj["metadata"]["name"])
@@ -78,7 +78,7 @@ def test_pods_run_with_their_environment_and_complete(tmp_path):
 
 def test_killed_pod_restarts_the_whole_jobset(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "kill-first-attempt")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
     assert (state.phase, state.restarts, state.restarts_count_towards_max) == ("Completed", 1, 1)
@@ -92,7 +92,7 @@ def test_killed_pod_restarts_the_whole_jobset(tmp_path):
 
 def test_restarts_stop_at_max_restarts(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "always-kill", max_restarts=2)
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
     assert (state.phase, state.reason, state.restarts) == ("Failed", "ReachedMaxRestarts", 2)
@@ -101,7 +101,7 @@ def test_restarts_stop_at_max_restarts(tmp_path):
 
 def test_a_python_error_fails_the_jobset_without_restarting(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "python-error")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
     assert (state.phase, state.reason, state.restarts) == ("Failed", "FailJobSetAction", 0)
@@ -111,7 +111,7 @@ def test_a_python_error_fails_the_jobset_without_restarting(tmp_path):
 
 def test_delete_stops_every_process_and_frees_the_name(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "sleep")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
     state = backend.create_jobset(obj)
     pids = [p.pid for p in state.pods] + [backend.get_jobset(name).supervisor_pid]
@@ -131,7 +131,7 @@ def test_delete_stops_every_process_and_frees_the_name(tmp_path):
 
 def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "sleep")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
     state = backend.create_jobset(obj)
     os.kill(backend.get_jobset(name).supervisor_pid, signal.SIGKILL)
@@ -146,14 +146,14 @@ def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_pat
 def test_cleanup_deletes_only_this_runs_unfinished_jobsets(tmp_path):
     plan_a, mine = scripted_jobset(tmp_path, "sleep", run_name="mine", run_id="run-a")
     plan_b, theirs = scripted_jobset(tmp_path, "sleep", run_name="theirs", run_id="run-b")
-    a, b = LocalBackend(plan_a.run_dir), LocalBackend(plan_b.run_dir)
+    a, b = LocalJobSets(plan_a.run_dir), LocalJobSets(plan_b.run_dir)
     a.create_jobset(mine)
     b.create_jobset(theirs)
     report = cleanup.run("local", str(tmp_path), "mine", "run-a", "CANCELLED")
-    assert report["deleted"] == [f"{mine['metadata']['name']} (Running -> Deleted)"]
+    assert report.deleted == [f"JobSet {mine['metadata']['name']} (Running -> Deleted)"]
     assert a.get_jobset(mine["metadata"]["name"]).phase == "Deleted"
     assert b.get_jobset(theirs["metadata"]["name"]).phase == "Running"
-    assert cleanup.run("local", str(tmp_path), "theirs", "run-a", "FAILED")["deleted"] == []  # other run id
+    assert cleanup.run("local", str(tmp_path), "theirs", "run-a", "FAILED").deleted == []  # other run id
     b.delete_jobset(theirs["metadata"]["name"])
 
 
@@ -195,21 +195,21 @@ def test_failure_policy_rules_match_in_order():
 def test_cancelled_train_step_deletes_its_jobset(tmp_path):
     """SIGTERM to the train step (a cancelled pipeline run) deletes the JobSet; no pod survives."""
     plan, obj = scripted_jobset(tmp_path, "sleep")
-    backend = LocalBackend(plan.run_dir)
+    backend = LocalJobSets(plan.run_dir)
     state = backend.create_jobset(obj)
     (tmp_path / "plan.json").write_text(plan.to_json())
     script = (
         "import sys; from pathlib import Path; from multislice.plan import Plan; from multislice.steps import train\n"
-        "train.run(Plan.from_json(Path(sys.argv[1]).read_text()), sys.argv[2], {'skipped': False})\n"
+        "train.run(Plan.from_json(Path(sys.argv[1]).read_text()), sys.argv[2], {'jobset': sys.argv[3]})\n"
     )
     step = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path / "plan.json"), plan.stages[0].name],
+        [sys.executable, "-c", script, str(tmp_path / "plan.json"), plan.stages[0].name, plan.stages[0].jobset],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     time.sleep(3)
     step.send_signal(signal.SIGTERM)
     output, _ = step.communicate(timeout=60)
     assert step.returncode != 0
-    assert "cancelled: deleting JobSet" in output and "TrainingFailed" in output
+    assert f"cancelled: deleting {plan.stages[0].jobset}" in output and "TrainingFailed" in output
     assert backend.get_jobset(obj["metadata"]["name"]).phase == "Deleted"
     assert not any(pid_alive(p.pid) for p in state.pods)

@@ -20,7 +20,7 @@ def all_objects(profile):
     plan = make_plan(config.load_profile(profile))
     objects = kueue.render_kueue_objects(plan)
     for stage in plan.stages:
-        objects += [jobset.render_jobset(plan, stage, flavour=f, pipeline_run_id="run-1") for f in ("tpu", "cpu")]
+        objects += [jobset.render_jobset(plan, stage, hardware=f, pipeline_run_id="run-1") for f in ("tpu", "cpu")]
     return objects
 
 
@@ -72,7 +72,7 @@ def test_validation_catches_typos_wrong_types_and_cel_violations():
 
 def test_tpu_jobset_is_a_gke_multislice_jobset():
     plan = make_plan(config.load_profile("gke-v6e-16x2"))
-    obj = jobset.render_jobset(plan, plan.stages[1], flavour="tpu", pipeline_run_id="run-7")
+    obj = jobset.render_jobset(plan, plan.stages[1], hardware="tpu", pipeline_run_id="run-7")
     meta = obj["metadata"]
     assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "multislice-queue"
@@ -98,7 +98,7 @@ def test_tpu_jobset_is_a_gke_multislice_jobset():
 
 def test_cpu_jobset_passes_maxtext_cpu_environment():
     plan = make_plan(config.load_profile("local"))
-    obj = jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id="r")
+    obj = jobset.render_jobset(plan, plan.stages[0], hardware="cpu", pipeline_run_id="r")
     assert "annotations" not in obj["metadata"]
     pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
@@ -127,7 +127,7 @@ def test_cluster_queue_quota_is_slices_times_chips():
 def test_bad_pipeline_run_id_is_refused():
     plan = make_plan(config.load_profile("local"))
     with pytest.raises(ValueError, match="label value"):
-        jobset.render_jobset(plan, plan.stages[0], flavour="cpu", pipeline_run_id="not a label!")
+        jobset.render_jobset(plan, plan.stages[0], hardware="cpu", pipeline_run_id="not a label!")
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -9,35 +9,42 @@ from tests.fakes import FakeServer
 
 
 def _run_dir_with_reports(tmp_path, done):
-    """A local run directory whose reports say which steps finished (``done``: (stage or None, step) pairs)."""
+    """A local run directory whose reports say which steps finished (``done``: (stage or None, file) pairs)."""
     spec = config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "nightly"})
     plan = {"plan": {"stages": [{"name": s.name} for s in spec.stages]}}
     reports = tmp_path / "nightly" / "reports"
-    for stage, step in done:
-        path = reports / stage / f"{step}.json" if stage else reports / f"{step}.json"
+    for stage, name in done:
+        path = reports / stage / f"{name}.json" if stage else reports / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan if step == "plan" else {}))
-    return tmp_path / "nightly", [s.name for s in spec.stages]
+        path.write_text(json.dumps(plan if name == "plan" else {}))
+    return str(tmp_path / "nightly"), [s.name for s in spec.stages]
+
+
+BEFORE_PROVISION = [(stage, step) for stage in ("tiny-8b-recipe", "tiny-70b-recipe") for step in ("plan", "preflight")]
 
 
 def test_failed_step_from_local_reports(tmp_path):
     run_dir, (s1, s2) = _run_dir_with_reports(tmp_path, [])
     assert notify.failed_step_from_reports(run_dir) == "plan"
-    _run_dir_with_reports(tmp_path, [(s1, "plan"), (s2, "plan")])
+    _run_dir_with_reports(tmp_path, [(s1, "plan"), (s2, "plan"), (s1, "preflight")])
+    assert notify.failed_step_from_reports(run_dir) == f"preflight {s2}"
+    _run_dir_with_reports(tmp_path, BEFORE_PROVISION)
     assert notify.failed_step_from_reports(run_dir) == "provision"
     _run_dir_with_reports(tmp_path, [(None, "provision"), (s1, "admit"), (s1, "launch")])
     assert notify.failed_step_from_reports(run_dir) == f"train {s1}"
+    _run_dir_with_reports(tmp_path, [(s1, "train"), (s1, "verification")])
+    assert notify.failed_step_from_reports(run_dir) == f"admit {s2}"
 
 
-def test_failed_step_from_the_orchestrator_message():
+def test_failed_step_from_the_orchestrator_message(tmp_path):
     message = "The DAG failed because some tasks failed. The failed tasks are: [train-2]."
     assert notify.failed_step(message, None) == "train-2"
-    assert notify.failed_step("Task exit-handler-1 failed.", "gs://bucket/run") is None
+    assert notify.failed_step("Task exit-handler-1 failed.", str(tmp_path / "no-run")) == "plan"
 
 
 def test_cleanup_posts_slack_compatible_status(tmp_path):
     run_dir, (s1, s2) = _run_dir_with_reports(tmp_path, [])
-    _run_dir_with_reports(tmp_path, [(s1, "plan"), (s2, "plan"), (None, "provision"), (s1, "admit")])
+    _run_dir_with_reports(tmp_path, [*BEFORE_PROVISION, (None, "provision"), (s1, "admit")])
     with FakeServer() as hook:
         result = cleanup.run("local", str(tmp_path), "nightly", "run-uuid", "FAILED",
                              notify_webhook_url=f"{hook.url}/hook/T0/B0", error_message="Task exit-handler-1 failed.",
@@ -51,7 +58,7 @@ def test_cleanup_posts_slack_compatible_status(tmp_path):
         "status": "FAILED", "run_name": "nightly", "failed_step": f"launch {s1}",
         "error": "Task exit-handler-1 failed.", "pipeline_job": "local-pipeline-exit-handler-1",
     }  # fmt: skip
-    assert result["notified"] is True and result["failed_step"] == f"launch {s1}"
+    assert result.notified is True and result.failed_step == f"launch {s1}"
 
 
 def test_unique_run_name_and_success_message(tmp_path):
@@ -60,18 +67,18 @@ def test_unique_run_name_and_success_message(tmp_path):
                              notify_webhook_url=f"{hook.url}/hook")  # fmt: skip
         [posted] = hook.state.hooks
     assert posted["text"] == ":white_check_mark: multislice run `nightly-ab12cd34` SUCCEEDED"
-    assert posted["failed_step"] is None and result["notified"] is True
+    assert posted["failed_step"] is None and result.notified is True
 
 
 def test_a_failing_webhook_does_not_fail_cleanup(tmp_path):
     with FakeServer() as hook:
         hook.state.hook_status = 500
         result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED", notify_webhook_url=f"{hook.url}/hook")
-    assert result["notified"].startswith("webhook answered HTTP 500")
+    assert result.notified.startswith("webhook answered HTTP 500")
     result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED", notify_webhook_url="http://127.0.0.1:9/x")
-    assert result["notified"].startswith("webhook post failed")
+    assert result.notified.startswith("webhook post failed")
 
 
 def test_no_webhook_no_post(tmp_path):
     result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED")
-    assert "notified" not in result
+    assert result.notified is None

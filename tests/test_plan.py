@@ -1,6 +1,7 @@
 """Plan: names, directories, resolved parallelism and MaxText arguments."""
 
 from multislice import config, plan
+from multislice.render.jobset import worker_command
 
 
 def local_plan(**overrides):
@@ -46,8 +47,8 @@ def test_maxtext_arguments_of_a_stage():
 def test_cpu_pods_compile_afresh_and_tpu_pods_use_the_compilation_cache():
     p = local_plan(run_name="demo")
     stage = p.stages[0]
-    _, tpu_args = plan.worker_command(p, stage, "tpu")
-    _, cpu_args = plan.worker_command(p, stage, "cpu")
+    _, tpu_args = worker_command(p, stage, "tpu")
+    _, cpu_args = worker_command(p, stage, "cpu")
     assert "jax_cache_dir=/data/out/demo/jax_cache" in tpu_args
     # JAX caches process 0's executable only: a restarted CPU JobSet's processes would start out of step.
     # ... and not MaxText's default (~/jax_cache, shared by every run) either: the key is there, empty.
@@ -61,14 +62,14 @@ def test_named_model_uses_model_name():
     assert args["model_name"] == "llama3-8b" and "base_emb_dim" not in args
 
 
-def test_worker_command_per_flavour():
+def test_worker_command_per_hardware():
     p = local_plan()
     stage = p.stages[1]
-    command, tpu_args = plan.worker_command(p, stage, "tpu")
+    command, tpu_args = worker_command(p, stage, "tpu")
     assert command == ["python", "-m", "multislice.trainer.worker"]
     assert tpu_args[0] == "--" and tpu_args[1:] == stage.maxtext_args
-    _, cpu_args = plan.worker_command(p, stage, "cpu")
-    assert cpu_args[:4] == ["--emulate-slices", "--metrics-file", stage.metrics_file, "--"]
+    _, cpu_args = worker_command(p, stage, "cpu")
+    assert cpu_args[:2] == ["--emulate-slices", "--"]
     assert cpu_args[-2:] == ["hardware=cpu", "num_slices=2"]
 
 

@@ -10,7 +10,7 @@ from multislice.render import jobset
 @pytest.fixture
 def cpu_jobset():
     p = plan.make_plan(config.load_profile("local", {"run_name": "demo", "output_dir": "/o"}))
-    return jobset.render_jobset(p, p.stages[1], flavour="cpu", pipeline_run_id="42")
+    return jobset.render_jobset(p, p.stages[1], hardware="cpu", pipeline_run_id="42")
 
 
 def test_one_pod_per_host_of_each_slice(cpu_jobset):

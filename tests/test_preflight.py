@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from multislice import config, preflight, tpu
+from multislice.backends.local.aot import AotSession
 from multislice.plan import make_plan
 from multislice.steps import preflight as step
 from multislice.trainer import aot
@@ -101,11 +102,11 @@ def test_a_cached_verdict_is_answered_without_compiling(tmp_path):
 
 
 def gke_plan(stage_name: str):
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2", {"output_dir": "gs://bucket/runs"})
     return make_plan(spec.with_stages(spec.stage(stage_name)))
 
 
-def test_stage_report_of_a_stage_that_does_not_fit_states_numbers_units_and_cost():
+def test_stage_report_of_a_stage_that_does_not_fit_states_numbers_units_and_cost(gcs):
     plan = gke_plan("seed-llama3-70b")
     stage = plan.stages[0]
     message = recorded_oom_messages()["v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command)"]
@@ -114,27 +115,30 @@ def test_stage_report_of_a_stage_that_does_not_fit_states_numbers_units_and_cost
         "model_tflops_per_step_per_device": 3548.09, "tokens_per_step_per_device": 8192.0,
     }  # fmt: skip
     report = preflight.stage_report(plan, stage, result)
-    assert report["verdict"] == "does_not_fit"
-    assert report["target"] == {"tpu_type": "v6e-16", "compile_topology": "v6e-16", "num_slices": 2, "chips": 32}
-    assert report["required_bytes_per_chip"] == round(49.82 * GIB)
-    assert report["headroom_bytes_per_chip"] == round(31.24 * GIB) - round(49.82 * GIB)
-    assert "bytes per chip" in report["units"]
+    assert report.verdict == "does_not_fit"
+    assert report.target.model_dump() == {
+        "tpu_type": "v6e-16", "compile_topology": "v6e-16", "num_slices": 2, "chips": 32
+    }  # fmt: skip
+    assert report.required_bytes_per_chip == round(49.82 * GIB)
+    assert report.headroom_bytes_per_chip == round(31.24 * GIB) - round(49.82 * GIB)
+    assert "bytes per chip" in report.units
     line = preflight.summary_line(report)
     assert "does not fit on 2 x v6e-16: needs 49.82 GiB per chip, 31.24 GiB available (over by 18.58 GiB)" in line
     # 3548.09 TFLOP per step per chip / (918 TFLOP/s x 0.4) = 9.66 s; x 200 steps x 32 chips / 3600 = 17.18 chip-hours
-    cost = report["cost"]
-    assert cost["estimated_step_seconds"] == pytest.approx(9.663, abs=1e-3)
-    assert cost["chip_hours"] == pytest.approx(17.18, abs=0.01)
-    assert cost["estimated_cost"] == pytest.approx(17.18 * 2.70, abs=0.05)
+    cost = report.cost
+    assert cost.estimated_step_seconds == pytest.approx(9.663, abs=1e-3)
+    assert cost.chip_hours == pytest.approx(17.18, abs=0.01)
+    assert cost.estimated_cost == pytest.approx(17.18 * 2.70, abs=0.05)
     page = step.result_page(plan, [report])
     assert "<td>seed-llama3-70b</td>" in page and "does_not_fit" in page
     assert ">49.82<" in page and ">31.24<" in page and ">-18.58<" in page  # GiB per chip
+    assert gcs.names(prefix="runs/") == ["runs/llama3-multislice/reports/seed-llama3-70b/preflight.html"]
 
 
 def test_skip_preflight_checks_nothing(tmp_path):
     spec = config.load_profile("local", {"output_dir": str(tmp_path), "skip_preflight": True})
     reports = step.run(make_plan(spec))
-    assert {r["verdict"] for r in reports.values()} == {"skipped"}
+    assert {r.verdict for r in reports.values()} == {"skipped"}
     assert json.loads((tmp_path / spec.run_name / "reports" / "tiny-8b-recipe" / "preflight.json").read_text())
 
 
@@ -150,13 +154,13 @@ def test_cli_names_a_stage_that_is_not_there():
 def test_real_aot_compile_of_the_seed_70b_command_does_not_fit_and_is_then_cached(tmp_path):
     plan = gke_plan("seed-llama3-70b")
     request = preflight.request_for(plan, plan.stages[0])
-    with preflight.AotSession(str(tmp_path / "cache"), tmp_path / "work") as session:
-        first = preflight.stage_report(plan, plan.stages[0], session.compile(request))
-        again = session.compile(request)
-    assert first["verdict"] == "does_not_fit" and not first["cached"]
-    assert 45 * GIB < first["required_bytes_per_chip"] < 55 * GIB  # measured here: 49.82 GiB
-    assert first["hbm_bytes_per_chip"] == plan.spec.slice_type.usable_hbm_bytes_per_chip
-    assert first["model_tflops_per_step_per_device"] > 3000  # MaxText's count: 3548 TFLOP per chip per step
+    with AotSession(str(tmp_path / "cache"), tmp_path / "work") as session:
+        first = preflight.stage_report(plan, plan.stages[0], session.compile(request, timeout=1200))
+        again = session.compile(request, timeout=1200)
+    assert first.verdict == "does_not_fit" and not first.cached
+    assert 45 * GIB < first.required_bytes_per_chip < 55 * GIB  # measured here: 49.82 GiB
+    assert first.hbm_bytes_per_chip == plan.spec.slice_type.usable_hbm_bytes_per_chip
+    assert first.model_tflops_per_step_per_device > 3000  # MaxText's count: 3548 TFLOP per chip per step
     assert again["cached"] and again["verdict"] == "does_not_fit"
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
 
@@ -165,8 +169,8 @@ def test_real_aot_compile_of_the_seed_70b_command_does_not_fit_and_is_then_cache
 def test_preflight_step_writes_reports_and_a_rerun_takes_the_cached_verdicts(tmp_path):
     plan = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "first"}))
     first = step.run(plan)
-    assert [r["verdict"] for r in first.values()] == ["fits", "fits"]
-    assert not any(r["cached"] for r in first.values())
+    assert [r.verdict for r in first.values()] == ["fits", "fits"]
+    assert not any(r.cached for r in first.values())
     for stage in plan.stages:
         written = json.loads((Path(plan.run_dir) / "reports" / stage.name / "preflight.json").read_text())
         assert written["bytes_per_chip"]["total"] < written["hbm_bytes_per_chip"]
@@ -179,5 +183,5 @@ def test_preflight_step_writes_reports_and_a_rerun_takes_the_cached_verdicts(tmp
     # Another run of the same configs (another run name, same output_dir): verdicts from the shared cache.
     rerun = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "second"}))
     again = step.run(rerun)
-    assert all(r["cached"] for r in again.values())
-    assert [r["bytes_per_chip"] for r in again.values()] == [r["bytes_per_chip"] for r in first.values()]
+    assert all(r.cached for r in again.values())
+    assert [r.bytes_per_chip for r in again.values()] == [r.bytes_per_chip for r in first.values()]

@@ -87,7 +87,7 @@ def test_trainer_has_workload_identity_and_no_api_rights():
 
 def test_tpu_pods_run_as_the_trainer_service_account():
     plan = make_plan(config.load_profile("gke-v6e-16x2", {"service_accounts.trainer": "llama-trainer"}))
-    js = jobset.render_jobset(plan, plan.stages[0], flavour="tpu", pipeline_run_id="r")
+    js = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
     assert js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["serviceAccountName"] == (
         "llama-trainer"
     )

@@ -11,8 +11,8 @@ from google.cloud.aiplatform_v1.types import schedule as gca_schedule
 from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, empty_pb2
 
-from multislice import cli
-from multislice.config import ConfigError, parameters
+from multislice import cli, identity
+from multislice.config import ConfigError
 from multislice.delivery import schedule, submission
 from multislice.delivery.schedule import Cron
 from multislice.steps import plan as plan_step
@@ -55,8 +55,8 @@ def test_kfp_refuses_a_time_zone():
 
 
 def test_scheduled_runs_get_unique_run_names():
-    first = parameters.unique_run_name("nightly", "3f2a9c1e-7b0d-4c55-9e1a-0a1b2c3d4e5f")
-    second = parameters.unique_run_name("nightly", "a81b77d0-1111-4c55-9e1a-0a1b2c3d4e5f")
+    first = identity.unique_run_name("nightly", "3f2a9c1e-7b0d-4c55-9e1a-0a1b2c3d4e5f")
+    second = identity.unique_run_name("nightly", "a81b77d0-1111-4c55-9e1a-0a1b2c3d4e5f")
     assert (first, second) == ("nightly-3f2a9c1e", "nightly-a81b77d0")
     plan = plan_step.run(
         {**_local_profile(), "unique_run_name": True}, {"output_dir": "/tmp/runs"}, None, "3f2a9c1e-7b0d-4c55"

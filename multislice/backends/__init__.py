@@ -1,59 +1,80 @@
-"""Backends: where the steps act. ``local`` runs JobSets on this machine; ``gke`` acts on a GKE cluster.
+"""Backends: where a run's workloads run. One interface (:class:`~.base.Backend`), one implementation per place.
 
-The local backend (:mod:`.local`) implements JobSets with processes. The GKE
-backend (:mod:`.gke`) is the Kubernetes API itself: :func:`backend_for`
-returns a :class:`multislice.backends.gke.client.Kube` (an API client bound to
-the run's namespace, with retries), and each step's GKE path uses the modules
-of :mod:`multislice.backends.gke`.
+``local`` (:class:`~.local.LocalBackend`) runs each pod as a process of this
+machine; ``gke`` (:class:`~.gke.GkeBackend`) acts on a GKE cluster. Steps get
+theirs from :func:`backend_for` (or are handed one, as the tests do) and never
+ask which it is.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from multislice.backends.local import LocalBackend
+from multislice.backends.base import Backend
+from multislice.plan import Plan
+from multislice.timings import timings_for
 
-if TYPE_CHECKING:
-    from multislice.backends.gke import Timings
-    from multislice.backends.gke.client import Kube
-    from multislice.config import ClusterSpec
-
-
-class BackendUnavailable(RuntimeError):
-    """The run asks for a backend that cannot act here; the message says what to use."""
+#: Backend names, as the run spec's ``backend`` field takes them.
+NAMES = ("local", "gke")
 
 
-def backend_for(
-    backend: str,
-    run_dir: str | Path,
-    *,
-    cluster: ClusterSpec | None = None,
-    namespace: str = "default",
-    timings: Timings | None = None,
-    say: Any = None,
-) -> LocalBackend | Kube:
-    """The backend that runs this run's JobSets.
-
-    Args:
-        backend: ``local`` or ``gke``.
-        run_dir: The run directory (local backend state).
-        cluster: The GKE cluster and how to reach it (``gke``; see :mod:`multislice.backends.gke.access`).
-        namespace: Namespace of the run's objects (``gke``).
-        timings: Waits and retry deadlines (``gke``).
-        say: Where API retry notices go (``gke``).
+def backend_class(name: str) -> type[Backend]:
+    """The backend class of a name (no connection is made).
 
     Raises:
-        BackendUnavailable: an unknown name.
-        multislice.backends.gke.access.ClusterAccessError: ``gke`` and the cluster cannot be reached as configured.
+        ValueError: an unknown name.
     """
-    if backend == "local":
-        return LocalBackend(run_dir)
-    if backend == "gke":
-        from multislice.backends.gke import DEFAULT_TIMINGS, access
-        from multislice.backends.gke.client import Kube
+    if name == "local":
+        from multislice.backends.local import LocalBackend
+
+        return LocalBackend
+    if name == "gke":
+        from multislice.backends.gke import GkeBackend
+
+        return GkeBackend
+    raise ValueError(f"unknown backend {name!r}; use one of {', '.join(NAMES)}")
+
+
+def create(
+    name: str,
+    *,
+    run_dir: str,
+    namespace: str = "default",
+    cluster: dict[str, Any] | None = None,
+    timings: Any = None,
+    say: Callable[[str], None] | None = None,
+) -> Backend:
+    """A backend by name, from raw values (the exit handler has no plan when planning failed).
+
+    Args:
+        name: ``local`` or ``gke``.
+        run_dir: The run directory (local: where JobSet state lives).
+        namespace: The run's namespace (gke).
+        cluster: The profile's ``cluster`` section (gke; no credentials in it).
+        timings: The waits; default the backend's.
+        say: Where API retry notices go (gke).
+
+    Raises:
+        ValueError: an unknown name, or a ``cluster`` section that does not validate.
+        multislice.backends.gke.access.ClusterAccessError: the cluster cannot be reached as configured.
+    """
+    kind = backend_class(name)
+    if name == "gke":
         from multislice.config import ClusterSpec
 
-        api = access.api_client(cluster or ClusterSpec())
-        return Kube(api, namespace, timings or DEFAULT_TIMINGS, say)
-    raise BackendUnavailable(f"unknown backend {backend!r}; use local or gke")
+        return kind.connect(ClusterSpec.model_validate(cluster or {}), namespace, timings, say)
+    return kind(run_dir, timings)
+
+
+def backend_for(plan: Plan, say: Callable[[str], None] | None = None) -> Backend:
+    """The backend of a plan (``plan.spec.backend``), with the plan's waits (:func:`multislice.timings.timings_for`).
+
+    Raises:
+        multislice.backends.gke.access.ClusterAccessError: ``gke`` and the cluster cannot be reached as configured.
+    """
+    spec = plan.spec
+    return create(
+        spec.backend, run_dir=plan.run_dir, namespace=spec.namespace, cluster=spec.cluster.model_dump(),
+        timings=timings_for(spec), say=say,
+    )  # fmt: skip

@@ -25,6 +25,7 @@ from multislice.config.models import (
     RunSpec,
     ServiceAccountsSpec,
     Stage,
+    TimeoutsSpec,
 )
 from multislice.config.overrides import apply_overrides, parse_set_arguments
 from multislice.config.profiles import (
@@ -41,6 +42,7 @@ from multislice.errors import ConfigError
 __all__ = [
     "ZONE", "AdditionalNodeNetwork", "ClusterSpec", "ConfigError", "CostSpec", "Images", "ModelSpec",
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
+    "TimeoutsSpec",
     "apply_overrides", "cross_field_issues", "load_profile", "load_spec", "parse_set_arguments", "profile_path",
     "read_profile", "spec_to_data",
 ]  # fmt: skip

@@ -447,6 +447,35 @@ class CostSpec(_Strict):
     assumed_mfu: float = Field(0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
 
 
+class TimeoutsSpec(_Strict):
+    """How long the steps wait, seconds; unset fields keep the backend's defaults (:mod:`multislice.timings`).
+
+    The compiled pipeline's pod deadlines are derived from the same values, so
+    raising one here raises the step's deadline with it.
+    """
+
+    provision: float | None = Field(None, gt=0, description="All of provision's waits (node pool operations).")
+    admit: float | None = Field(None, gt=0, description="Waiting for Kueue to admit a stage's Workload.")
+    launch: float | None = Field(None, gt=0, description="Waiting for every pod of a stage to run.")
+    unschedulable_grace: float | None = Field(None, gt=0, description="A pod Unschedulable this long fails launch.")
+    train: float | None = Field(None, gt=0, description="Following a stage's training to its end.")
+    readmit: float | None = Field(None, gt=0, description="Waiting for an evicted Workload to be admitted again.")
+    verify: float | None = Field(None, gt=0, description="The checkpoint verifier.")
+    compile: float | None = Field(None, gt=0, description="One AOT compile in preflight.")
+    alternative_search: float | None = Field(None, gt=0, description="Preflight's search for a fitting alternative.")
+
+    @model_validator(mode="after")
+    def _within(self) -> TimeoutsSpec:
+        for inner, outer in (("unschedulable_grace", "launch"), ("readmit", "train")):
+            small, big = getattr(self, inner), getattr(self, outer)
+            if small is not None and big is not None and small > big:
+                raise ValueError(
+                    f"{inner} ({small:g} s) is waited for within {outer} ({big:g} s), so it can never be reached; "
+                    f"make {inner} at most {outer}"
+                )
+        return self
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -472,6 +501,7 @@ class RunSpec(_Strict):
     service_accounts: ServiceAccountsSpec = Field(default_factory=ServiceAccountsSpec)
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
+    timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
     stages: tuple[Stage, ...] = Field(min_length=1)
     example_stages: tuple[Stage, ...] = Field(
         (), description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage)."

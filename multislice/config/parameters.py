@@ -80,14 +80,3 @@ def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def unique_run_name(run_name: str, pipeline_run_id: str) -> str:
-    """``<run_name>-<8 characters of the pipeline run's id>``: the run name of one run of a schedule.
-
-    ``pipeline_run_id`` is the value of ``{{$.pipeline_job_uuid}}`` (a UUID on
-    KFP and Vertex AI); its first 8 alphanumeric characters, lower-cased, keep
-    the name a DNS-1035 label (the run spec validates its length).
-    """
-    fragment = re.sub(r"[^a-z0-9]", "", pipeline_run_id.lower())[:8]
-    return f"{run_name}-{fragment}" if fragment else run_name

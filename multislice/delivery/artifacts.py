@@ -26,8 +26,10 @@ import html
 import io
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from multislice import storage
+from multislice.reports import TrainReport, VerificationReport
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1em;color:#222}"
@@ -106,7 +108,7 @@ def html_page(title: str, body: str) -> str:
     )
 
 
-def write_html_artifact(path: str | Path, title: str, body: str) -> Path:
+def write_html_artifact(path: str, title: str, body: str) -> str:
     """Write :func:`html_page` of ``title`` and ``body`` to ``path`` (e.g. a KFP ``Output[HTML]``'s ``.path``).
 
     Creates missing parent directories; returns the path written (UTF-8).
@@ -114,12 +116,10 @@ def write_html_artifact(path: str | Path, title: str, body: str) -> Path:
     return write_text(path, html_page(title, body))
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path``, creating parent directories; returns the path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
-    return target
+def write_text(path: str, text: str) -> str:
+    """Write ``text`` (UTF-8) to ``path`` (local or ``gs://``), creating parent directories; returns the path."""
+    storage.write_text(path, text)
+    return str(path)
 
 
 # ---------------------------------------------------------------------------
@@ -172,7 +172,7 @@ TRAIN_COLUMNS = {
 }
 
 
-def train_html(stage: str, report: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str:
+def train_html(stage: str, report: TrainReport, records: Sequence[Mapping[str, Any]]) -> str:
     """The train step's HTML page: a table of the train report and the loss and step-time plots (embedded PNG).
 
     Args:
@@ -181,38 +181,37 @@ def train_html(stage: str, report: Mapping[str, Any], records: Sequence[Mapping[
         records: MaxText's per-step metrics records of the stage.
     """
     figure = training_figure(records, f"{stage}: loss and step time per step")
-    body = html_table([report], TRAIN_COLUMNS) + png_data_uri(figure, f"{stage} loss and step time per step")
+    body = html_table([report.to_dict()], TRAIN_COLUMNS) + png_data_uri(figure, f"{stage} loss and step time per step")
     return html_page(f"train {stage}", body)
 
 
-def train_markdown(stage: str, report: Mapping[str, Any]) -> str:
+def train_markdown(stage: str, report: TrainReport) -> str:
     """The train step's Markdown run summary: what trained, the loss, throughput and restarts."""
-    if report.get("skipped"):
+    if report.skipped:
         return f"# train {stage}\n\nNothing trained: the stage's final checkpoint already existed.\n"
     return (
         f"# train {stage}\n\n"
-        f"Trained **{report['steps_trained']}** steps (JobSet `{report.get('jobset', '')}`): loss "
-        f"**{report['first_loss']:.3f} -> {report['final_loss']:.3f}**, "
-        f"{report['tokens_per_second_per_device']:.1f} tokens/s per device, "
-        f"{report['restarts']} JobSet restarts.\n\n" + markdown_table([report], TRAIN_COLUMNS) + "\n"
+        f"Trained **{report.steps_trained}** steps (JobSet `{report.jobset}`): loss "
+        f"**{report.first_loss:.3f} -> {report.final_loss:.3f}**, "
+        f"{report.tokens_per_second_per_device:.1f} tokens/s per device, "
+        f"{report.restarts} JobSet restarts.\n\n" + markdown_table([report.to_dict()], TRAIN_COLUMNS) + "\n"
     )
 
 
-def verification_markdown(stage: str, report: Mapping[str, Any]) -> str:
+def verification_markdown(stage: str, report: VerificationReport) -> str:
     """The verify step's Markdown report: verdict, step, parameter count, and each check with its detail."""
-    checks = [{"check": c["name"], "result": "PASS" if c["passed"] else "FAIL", "detail": c["detail"]} for c in
-              report.get("checks", [])]  # fmt: skip
-    written = report.get("written_mesh") or ""
+    checks = [{"check": c.name, "result": "PASS" if c.passed else "FAIL", "detail": c.detail} for c in report.checks]
+    written = report.written_mesh or ""
     mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, Mapping) else str(written)
     lines = [
-        f"# verify_checkpoint {stage}: {report.get('verdict', 'UNKNOWN')}",
+        f"# verify_checkpoint {stage}: {report.verdict}",
         "",
-        f"Checkpoint step **{report.get('latest_step')}**, {report.get('parameter_count', 0):,} parameters"
+        f"Checkpoint step **{report.latest_step}**, {report.parameter_count or 0:,} parameters"
         + (f", written with mesh {mesh}" if mesh else "")
         + ".",
         "",
         markdown_table(checks, ["check", "result", "detail"]),
     ]
-    if report.get("error"):
-        lines += ["", f"Error: {report['error']}"]
+    if report.error:
+        lines += ["", f"Error: {report.error}"]
     return "\n".join(lines) + "\n"

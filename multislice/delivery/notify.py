@@ -10,8 +10,9 @@ that parse them.
 The failed step: the orchestrator's own error message names it on KFP and
 Vertex AI ("The DAG failed because some tasks failed. The failed tasks are:
 [train]."); where it does not (kfp.local says only "Task exit-handler-1
-failed."), a local run directory tells it: the first step of the pipeline's
-order whose report is missing (:func:`failed_step_from_reports`).
+failed."), the run directory tells it: the first step of the pipeline's
+order whose report is missing in the run directory, local or ``gs://``
+(:func:`failed_step_from_reports`).
 
 A post that fails never fails the exit handler: the error is returned and
 printed, and cleanup goes on.
@@ -23,51 +24,60 @@ import json
 import re
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-#: Step reports in pipeline order, as ``multislice.steps`` writes them per stage.
-STAGE_STEPS = ("plan", "admit", "launch", "train", "verify_checkpoint")
+from multislice import storage
+
+#: Each stage's steps before provision, then after it, in pipeline order: (step, report file).
+BEFORE_PROVISION = (("plan", "plan.json"), ("preflight", "preflight.json"))
+AFTER_PROVISION = (
+    ("admit", "admit.json"), ("launch", "launch.json"), ("train", "train.json"),
+    ("verify_checkpoint", "verification.json"),
+)  # fmt: skip
 POST_TIMEOUT_SECONDS = 10.0
 _FAILED_TASKS = re.compile(r"failed tasks are: \[([^\]]*)\]")
 
 
-def failed_step_from_reports(run_dir: str | Path) -> str | None:
-    """The first step without a report in a local run directory (``<stage> <step>`` or ``provision``); None if none.
+def failed_step_from_reports(run_dir: str) -> str | None:
+    """The first step without a report in a run directory (``<step> <stage>`` or ``provision``); None if none.
 
-    Stages are ordered by their plan's stage index (``reports/<stage>/plan.json``).
+    Reads ``<run_dir>/reports`` (local or ``gs://``); stages are ordered as in
+    their plan report (``reports/<stage>/plan.json``).
     """
-    reports = Path(run_dir) / "reports"
-    if not reports.is_dir():
-        return "plan"
-    stages = []
+    reports = storage.path(run_dir) / "reports"
+    stages: list[str] = []
     for plan_file in reports.glob("*/plan.json"):
         try:
-            plan = json.loads(plan_file.read_text(encoding="utf-8"))["plan"]
-            order = [s["name"] for s in plan["stages"]]
+            stages = [s["name"] for s in json.loads(plan_file.read_text())["plan"]["stages"]]
         except (ValueError, KeyError, TypeError):
             continue
-        stages = order
         break
     if not stages:
         return "plan"
-    for index, stage in enumerate(stages):
-        for step in STAGE_STEPS:
-            if step == "admit" and index == 0 and not (reports / "provision.json").is_file():
-                return "provision"
-            if not (reports / stage / f"{step}.json").is_file():
+    for stage in stages:
+        for step, file_name in BEFORE_PROVISION:
+            if not (reports / stage / file_name).exists():
+                return f"{step} {stage}"
+    if not (reports / "provision.json").exists():
+        return "provision"
+    for stage in stages:
+        for step, file_name in AFTER_PROVISION:
+            if not (reports / stage / file_name).exists():
                 return f"{step} {stage}"
     return None
 
 
-def failed_step(error_message: str | None, run_dir: str | Path | None) -> str | None:
-    """The failed step: from the orchestrator's error message if it names the tasks, else from local reports."""
+def failed_step(error_message: str | None, run_dir: str | None) -> str | None:
+    """The failed step: from the orchestrator's error message if it names the tasks, else from the run's reports."""
     match = _FAILED_TASKS.search(error_message or "")
     if match:
         return match.group(1).strip()
-    if run_dir is not None and "://" not in str(run_dir):
-        return failed_step_from_reports(run_dir)
-    return None
+    if run_dir is None:
+        return None
+    try:
+        return failed_step_from_reports(str(run_dir))
+    except Exception:  # noqa: BLE001 - best effort: an unreadable run directory must not fail the exit handler
+        return None
 
 
 def status_payload(

@@ -3,8 +3,9 @@
 * ``kfp``: Kubeflow Pipelines on a Kubernetes cluster. The YAML may carry a
   second document, the kfp-kubernetes platform config
   (``platforms.kubernetes.deploymentSpec.executors``): node selectors of the
-  component pods and their timeouts (pod ``activeDeadlineSeconds``). Source:
-  kfp-kubernetes 2.17 ``add_node_selector``, ``set_timeout``. The run's
+  component pods and their timeouts (pod ``activeDeadlineSeconds``), which
+  come from the same waits the steps use (:func:`multislice.timings.step_deadline`).
+  Source: kfp-kubernetes 2.17 ``add_node_selector``, ``set_timeout``. The run's
   Kubernetes service account is given when the run is created
   (:mod:`multislice.submit`), not in the YAML.
 * ``vertex``: Vertex AI Pipelines. One YAML document, the PipelineSpec only:
@@ -18,24 +19,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from multislice import timings
+
+if TYPE_CHECKING:
+    from multislice.config import RunSpec
+
 TARGETS = ("kfp", "vertex")
-
-
-def _default_timeouts() -> dict[str, int]:
-    from multislice.steps import launch, train, verify_checkpoint
-
-    return {
-        "plan": 600,
-        "provision": 3600,  # GKE creates TPU node pools in minutes to tens of minutes
-        "launch": launch.STARTUP_TIMEOUT_SECONDS + 300,
-        "train": int(train.TRAIN_TIMEOUT_SECONDS) + 600,
-        "verify_checkpoint": verify_checkpoint.VERIFY_TIMEOUT_SECONDS + 300,
-        "cleanup": 900,
-    }
 
 
 @dataclass(frozen=True)
@@ -46,27 +39,27 @@ class KubernetesConfig:
         node_selector: Node labels the component pods must match (e.g.
             ``{"cloud.google.com/gke-nodepool": "pipelines-cpu"}``, to keep them
             off TPU nodes); empty for none.
-        timeouts: Seconds, per step name (``plan``, ``provision``, ``admit``,
-            ``launch``, ``train``, ``verify_checkpoint``, ``cleanup``), after
-            which Kubernetes stops the component pod. A step not named has no
-            timeout: by default ``admit`` (a Workload may wait in its queue for
-            capacity as long as the queue allows) and ``preflight`` (it may
-            AOT-compile several candidate configs, each up to
-            ``multislice.preflight.COMPILE_TIMEOUT_SECONDS``). The defaults are
-            each step's own wait limit plus a margin.
+        timeouts: Seconds, per step name (:data:`multislice.timings.STEPS`), after
+            which Kubernetes stops the component pod; a step not named gets
+            :func:`multislice.timings.step_deadline` of the run spec: its longest
+            wait plus a margin, so a pod is never stopped while its step still
+            waits for something that would end in an actionable message.
     """
 
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    timeouts: Mapping[str, int] = field(default_factory=_default_timeouts)
+    timeouts: Mapping[str, int] = field(default_factory=dict)
 
-    def apply(self, task: Any, step: str) -> None:
-        """Set the node selector and the step's timeout on a pipeline task (a ``kfp.dsl.PipelineTask``)."""
+    def deadlines(self, spec: RunSpec) -> dict[str, int]:
+        """Every step's pod deadline for a run spec, seconds: ``timeouts`` where given, else the spec's."""
+        return {step: int(self.timeouts.get(step, timings.step_deadline(spec, step))) for step in timings.STEPS}
+
+    def apply(self, task: Any, step: str, spec: RunSpec) -> None:
+        """Set the node selector and the step's deadline on a pipeline task (a ``kfp.dsl.PipelineTask``)."""
         from kfp import kubernetes
 
         for key, value in sorted(self.node_selector.items()):
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
-        if step in self.timeouts:
-            kubernetes.set_timeout(task, int(self.timeouts[step]))
+        kubernetes.set_timeout(task, self.deadlines(spec)[step])
 
 
 def check_target(target: str) -> str:

@@ -31,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from multislice.backends.base import CompileSession
 from multislice.config import RunSpec, Stage
 from multislice.plan import make_plan, resolve_degrees
-from multislice.preflight import AotSession, CompileTimeout, memory, request_for, stage_report
+from multislice.preflight import CompileTimeout, memory, request_for, stage_report
+from multislice.reports import PreflightReport
 
 #: Remat policies the planner tries, from least memory (most recompute) to most.
 REMAT_CHOICES = ("full", "save_qkv_proj", "save_dot_except_mlp", "minimal")
@@ -70,12 +72,12 @@ class Candidate:
     tokens_per_step_per_chip: float
     changes: list[str] = field(default_factory=list)
     distance: int = 0
-    report: dict[str, Any] | None = None
+    report: PreflightReport | None = None
 
     @property
     def verdict(self) -> str | None:
         """``fits``, ``does_not_fit``, ``error``, or None when not compiled."""
-        return self.report["verdict"] if self.report else None
+        return self.report.verdict if self.report else None
 
     def describe(self) -> str:
         """The knobs in one line."""
@@ -99,7 +101,7 @@ class Candidate:
             "tokens_per_step_per_chip": self.tokens_per_step_per_chip,
             "estimate": self.estimate.as_dict(),
             "verdict": self.verdict,
-            "report": self.report,
+            "report": self.report.to_dict() if self.report else None,
             "stage": self.stage.model_dump(mode="json", exclude_none=True),
         }
 
@@ -319,7 +321,7 @@ class SearchResult:
 def search(
     spec: RunSpec,
     stage: Stage,
-    session: AotSession,
+    session: CompileSession,
     *,
     num_slices: int | None = None,
     max_slices: int = 8,
@@ -328,6 +330,7 @@ def search(
     want: int = 3,
     budget_seconds: float = 540.0,
     nearest: bool = False,
+    compile_timeout: float = float("inf"),
     on_progress: Callable[[str], None] = print,
 ) -> SearchResult:
     """Find up to ``want`` AOT-verified fitting configs for ``stage``.
@@ -349,6 +352,7 @@ def search(
         want: Fitting configs to verify before stopping.
         budget_seconds: Wall-clock budget for compiling, seconds.
         nearest: Order by fewest changes from ``stage`` first (preflight's alternative).
+        compile_timeout: The most one compile may take, seconds (within the budget).
         on_progress: Called with one line per compile.
 
     Returns:
@@ -385,20 +389,18 @@ def search(
                 break
             plan = make_plan(spec.with_stages(candidate.stage).model_copy(update={"num_slices": slices}))
             try:
-                compiled = session.compile(request_for(plan, plan.stages[0]), timeout=remaining)
+                compiled = session.compile(request_for(plan, plan.stages[0]), timeout=min(remaining, compile_timeout))
             except CompileTimeout:
                 result.exhausted = False
                 on_progress(f"  stopped: {candidate.describe()} (its compile outran the {budget_seconds:.0f} s budget)")
                 break
             candidate.report = stage_report(plan, plan.stages[0], compiled)
             result.tried.append(candidate)
-            hbm = candidate.report.get("bytes_per_chip", {}).get("total") or candidate.report.get(
-                "required_bytes_per_chip"
-            )
+            hbm = candidate.report.used_bytes_per_chip
             on_progress(
                 f"  {candidate.verdict}: {candidate.describe()} "
                 f"({memory_gib(hbm)} per chip, estimated {memory_gib(candidate.estimate.estimate_bytes)}; "
-                f"{candidate.report['compile_seconds']} s{' cached' if candidate.report['cached'] else ''})"
+                f"{candidate.report.compile_seconds} s{' cached' if candidate.report.cached else ''})"
             )
             if candidate.verdict == "fits":
                 fits_here.append(candidate)

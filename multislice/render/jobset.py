@@ -1,6 +1,6 @@
 """Render the multislice JobSet of a stage (``jobset.x-k8s.io/v1alpha2``).
 
-The TPU flavour follows GKE's multislice guide
+The TPU variant follows GKE's multislice guide
 (https://cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice) and
 what xpk renders (AI-Hypercomputer/xpk ``src/xpk/commands/workload.py``):
 
@@ -20,7 +20,7 @@ what xpk renders (AI-Hypercomputer/xpk ``src/xpk/commands/workload.py``):
   ``PodFailurePolicy`` and the JobSet fails at once, since restarting a
   deterministic error only burns TPU hours. xpk uses the same split.
 
-The CPU flavour is the same JobSet for CPU nodes (or the local backend): no TPU
+The CPU variant is the same JobSet for CPU nodes (or the local backend): no TPU
 selectors or limits, no exclusive placement, and the environment MaxText's
 multi-process CPU path reads, passed through the downward API as xpk does for
 CPU workloads (``src/xpk/core/docker_resources.py``, ``get_cpu_env``):
@@ -36,10 +36,10 @@ CRD sees the object as the API server stores it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from multislice import names, tpu
-from multislice.plan import Flavour, Plan, StagePlan, worker_command
+from multislice import maxtext, names, tpu
+from multislice.plan import Plan, StagePlan
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
@@ -47,8 +47,12 @@ API_VERSION = "jobset.x-k8s.io/v1alpha2"
 #: xpk's convention) and 129-255 (killed by a signal: 128 + signal number).
 RESTARTABLE_EXIT_CODES: tuple[int, ...] = (42, *range(129, 256))
 
-#: MaxText's fixed JAX coordinator port on CPU (``maxtext/utils/max_utils.py``).
-JAX_COORDINATOR_PORT = 1234
+#: Which pods a JobSet is rendered for: ``tpu`` (GKE TPU node pools) or ``cpu`` (CPU nodes, and the
+#: local backend's processes). The name is MaxText's own key (``hardware=cpu``); not a Kueue ResourceFlavor.
+Hardware = Literal["tpu", "cpu"]
+
+#: Module run by every training pod (trainer image).
+WORKER_MODULE = "multislice.trainer.worker"
 
 
 def run_labels(plan: Plan, pipeline_run_id: str, stage: StagePlan | None = None) -> dict[str, str]:
@@ -77,33 +81,59 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def cpu_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
-    """Environment of a CPU-flavour pod: MaxText's multi-process CPU variables.
+    """Environment of a CPU pod: MaxText's multi-process CPU variables.
 
     ``$(VAR)`` references are expanded by the kubelet (and the local backend)
     from variables defined earlier in the list.
     """
-    hosts = plan.slice["hosts"]
+    hosts = plan.slice.hosts
     return [
         _field_env("JOBSET_NAME", f"metadata.annotations['{names.JOBSET_NAME_KEY}']"),
         _field_env("REPLICATED_JOB_NAME", f"metadata.annotations['{names.REPLICATED_JOB_NAME_KEY}']"),
-        _field_env("JOB_INDEX", f"metadata.annotations['{names.JOB_INDEX_KEY}']"),
-        _field_env("JOB_COMPLETION_INDEX", f"metadata.annotations['{names.JOB_COMPLETION_INDEX_KEY}']"),
-        {"name": "PROCESSES_IN_JOB", "value": str(hosts)},
-        {"name": "JAX_PROCESS_COUNT", "value": str(hosts * plan.spec.num_slices)},
-        {"name": "JAX_COORDINATOR_ADDRESS", "value": "$(JOBSET_NAME)-$(REPLICATED_JOB_NAME)-0-0.$(JOBSET_NAME)"},
+        _field_env(maxtext.ENV_JOB_INDEX, f"metadata.annotations['{names.JOB_INDEX_KEY}']"),
+        _field_env(maxtext.ENV_JOB_COMPLETION_INDEX, f"metadata.annotations['{names.JOB_COMPLETION_INDEX_KEY}']"),
+        {"name": maxtext.ENV_PROCESSES_IN_JOB, "value": str(hosts)},
+        {"name": maxtext.ENV_PROCESS_COUNT, "value": str(hosts * plan.spec.num_slices)},
+        {"name": maxtext.ENV_COORDINATOR_ADDRESS, "value": "$(JOBSET_NAME)-$(REPLICATED_JOB_NAME)-0-0.$(JOBSET_NAME)"},
         {"name": "JAX_PLATFORMS", "value": "cpu"},
         # One CPU device per chip of the emulated host.
-        {"name": "XLA_FLAGS", "value": f"--xla_force_host_platform_device_count={plan.slice['chips_per_host']}"},
+        {"name": "XLA_FLAGS", "value": f"--xla_force_host_platform_device_count={plan.slice.chips_per_host}"},
     ]
 
 
-def render_jobset(plan: Plan, stage: StagePlan, *, flavour: Flavour, pipeline_run_id: str) -> dict[str, Any]:
+def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[list[str], list[str]]:
+    """Container ``command`` and ``args`` of a training pod.
+
+    On TPU, MaxText runs as on GKE. On CPU this adds what
+    MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
+    ``num_slices`` so it builds a DCN mesh) and the worker's
+    ``--emulate-slices`` option, and leaves out the
+    persistent compilation cache (``jax_cache_dir=`` empty; leaving the key out would
+    give MaxText's default, ``~/jax_cache``, shared by every run): JAX writes cache entries
+    from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
+    each process compiles its own executable under its own key, so after a
+    JobSet restart process 0 would load its step from the cache while the
+    others compile for tens of seconds, and JAX's CPU collectives (Gloo) give
+    up after 30 s waiting for them (``Gloo context initialization failed:
+    DEADLINE_EXCEEDED``, seen here in the killed-worker test).
+    """
+    command = ["python", "-m", WORKER_MODULE]
+    args = []
+    maxtext_args = list(stage.maxtext_args)
+    if hardware == "cpu":
+        args += ["--emulate-slices"]
+        maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
+        maxtext_args += ["jax_cache_dir=", "hardware=cpu", f"num_slices={plan.spec.num_slices}"]
+    return command, [*args, "--", *maxtext_args]
+
+
+def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_run_id: str) -> dict[str, Any]:
     """The JobSet that trains one stage.
 
     Args:
         plan: The validated plan.
         stage: The stage to render.
-        flavour: ``tpu`` for GKE TPU node pools, ``cpu`` for CPU nodes and the local backend.
+        hardware: ``tpu`` for GKE TPU node pools, ``cpu`` for CPU nodes and the local backend.
         pipeline_run_id: The KFP run id, put in the ``pipeline/runid`` label.
 
     Returns:
@@ -113,8 +143,8 @@ def render_jobset(plan: Plan, stage: StagePlan, *, flavour: Flavour, pipeline_ru
         ValueError: ``pipeline_run_id`` is not a valid label value.
     """
     spec = plan.spec
-    hosts = plan.slice["hosts"]
-    command, args = worker_command(plan, stage, flavour)
+    hosts = plan.slice.hosts
+    command, args = worker_command(plan, stage, hardware)
     labels = run_labels(plan, pipeline_run_id, stage)
     container: dict[str, Any] = {
         "name": names.TRAINER_CONTAINER,
@@ -131,23 +161,25 @@ def render_jobset(plan: Plan, stage: StagePlan, *, flavour: Flavour, pipeline_ru
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     annotations: dict[str, str] = {}
-    if flavour == "tpu":
+    if hardware == "tpu":
         annotations[names.EXCLUSIVE_TOPOLOGY_ANNOTATION] = tpu.NODEPOOL_LABEL
         container["ports"] = [
             {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
             {"containerPort": 8080, "name": "megascale", "protocol": "TCP"},
         ]
-        container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice["chips_per_host"]}}
+        container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
         # The trainer's ServiceAccount (multislice.render.rbac): no API rights; Workload Identity for gs:// output.
         pod_spec["serviceAccountName"] = spec.service_accounts.trainer
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
         pod_spec["nodeSelector"] = {
-            tpu.ACCELERATOR_LABEL: plan.slice["gke_accelerator"],
-            tpu.TOPOLOGY_LABEL: plan.slice["topology"],
+            tpu.ACCELERATOR_LABEL: plan.slice.gke_accelerator,
+            tpu.TOPOLOGY_LABEL: plan.slice.topology,
         }
     else:
-        container["ports"] = [{"containerPort": JAX_COORDINATOR_PORT, "name": "jax-coordinator", "protocol": "TCP"}]
+        container["ports"] = [
+            {"containerPort": maxtext.CPU_COORDINATOR_PORT, "name": "jax-coordinator", "protocol": "TCP"}
+        ]
         container["env"] = cpu_env(plan, stage)
 
     metadata: dict[str, Any] = {

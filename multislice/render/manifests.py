@@ -1,8 +1,8 @@
 """Every manifest of a plan, validated, for ``multislice render`` and the golden files.
 
 xpk's ``--dry-run`` / ``--output-manifest-file`` counterpart: the Kueue
-objects a cluster needs once, and each stage's JobSet in the TPU flavour (what
-runs on GKE) and the CPU flavour (what the local backend runs). For the
+objects a cluster needs once, and each stage's JobSet for TPU (what runs on
+GKE) and for CPU (what the local backend runs). For the
 ``gke`` backend also the RBAC objects (:mod:`multislice.render.rbac`) and the node
 pool plan: the GKE API requests provision would send to create the run's TPU
 node pools (:func:`multislice.backends.gke.nodepool.node_pool_plan`), written under
@@ -36,7 +36,7 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     """File name -> object for every Kubernetes manifest of the plan, each validated.
 
     Kueue objects (``kueue-<kind>-<name>.yaml``), each stage's JobSet in both
-    flavours (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
+    hardware variants (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
     RBAC objects (``rbac-<kind>-<name>.yaml``).
 
     Raises:
@@ -46,9 +46,9 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     for obj in kueue.render_kueue_objects(plan):
         out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
     for stage in plan.stages:
-        for flavour in ("tpu", "cpu"):
-            out[f"jobset-{stage.name}.{flavour}.yaml"] = jobset.render_jobset(
-                plan, stage, flavour=flavour, pipeline_run_id=pipeline_run_id
+        for hardware in ("tpu", "cpu"):
+            out[f"jobset-{stage.name}.{hardware}.yaml"] = jobset.render_jobset(
+                plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id
             )
     if plan.spec.backend == "gke":
         for obj in rbac.render_rbac_objects(plan):

@@ -33,13 +33,14 @@ import jsonschema
 import yaml
 
 from multislice import names
+from multislice.errors import InputError
 
 CRDS_DIR = Path(__file__).resolve().parents[1] / "crds"
 
 _LABEL_KEY_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
-class ManifestInvalid(ValueError):
+class ManifestInvalid(InputError, ValueError):
     """A rendered object does not validate; ``problems`` lists ``path: message`` strings."""
 
     def __init__(self, obj: dict[str, Any], problems: list[str]):

@@ -1,22 +1,26 @@
 """The pipeline's steps, one module each, named as in the pipeline graph.
 
-plan -> provision -> for each stage: admit -> launch -> train -> verify_checkpoint;
+plan -> preflight -> provision -> for each stage: admit -> launch -> train -> verify_checkpoint;
 cleanup runs last whatever happened (exit handler).
 
-Each step is a plain function over JSON-able values, called by a thin KFP
-component in ``components/`` (and directly by tests). A step prints progress
-lines as ``[<step> <stage>] message`` and writes its report as JSON under the
-run directory, ``<run_dir>/reports/<stage>/<step>.json``, which is what the
-CLI's summary reads.
+Each step is a plain function called by a thin KFP component in
+``components/`` (and directly by tests and the CLI). A step renders and
+checks what is common, acts through a backend (:mod:`multislice.backends`;
+it never asks which one), prints progress lines as ``[<step> <stage>]
+message`` and writes its typed report (:mod:`multislice.reports`) to the run
+directory, ``<run_dir>/reports/[<stage>/]<step>.json``, local or ``gs://``.
+A step takes ``backend=`` to act through a given backend (tests hand in one
+bound to an emulated API); by default it builds the plan's
+(:func:`multislice.backends.backend_for`).
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
+from multislice import reports
+from multislice.backends import Backend, backend_for
 from multislice.plan import Plan, StagePlan
 
 
@@ -27,51 +31,17 @@ def say(step: str, message: str, stage: str | None = None) -> None:
     sys.stdout.flush()
 
 
-def is_local_path(path: str) -> bool:
-    """True unless the path is a URL such as ``gs://``."""
-    return "://" not in path
+def teller(step: str, stage: StagePlan | None = None) -> Callable[[str], None]:
+    """A progress callback printing as :func:`say` does for ``step`` (and ``stage``)."""
+    return lambda message: say(step, message, stage.name if stage else None)
 
 
-def report_path(plan: Plan, step: str, stage: StagePlan | None = None) -> Path:
-    """Where a step's report goes: ``<run_dir>/reports/[<stage>/]<step>.json``."""
-    base = Path(plan.run_dir) / "reports"
-    return (base / stage.name if stage else base) / f"{step}.json"
-
-
-def write_report(plan: Plan, step: str, report: dict[str, Any], stage: StagePlan | None = None) -> dict[str, Any]:
-    """Write a step's report under the run directory (local runs) and return it."""
-    if is_local_path(plan.run_dir):
-        path = report_path(plan, step, stage)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+def write_report[R: reports.StepReport](plan: Plan, report: R, stage: StagePlan | None = None) -> R:
+    """Write a step's report to ``<run_dir>/reports/[<stage>/]`` (local or ``gs://``) and return it."""
+    reports.write(plan, report, stage)
     return report
 
 
-def latest_committed_step(checkpoint_dir: str) -> int | None:
-    """Newest checkpoint step that Orbax committed, for a local directory; None if none.
-
-    A committed step is a directory named by the step number holding
-    ``commit_success.txt`` (Orbax renames its temporary directory into place
-    and writes the marker on commit).
-    """
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return None
-    steps = [int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "commit_success.txt").is_file()]
-    return max(steps) if steps else None
-
-
-def gke_api(plan: Plan, step: str, stage: StagePlan | None = None, kube: Any = None, timings: Any = None) -> Any:
-    """The GKE backend's API client for a step: ``kube`` when given (tests), else one from ``plan.spec.cluster``.
-
-    Raises:
-        multislice.backends.gke.access.ClusterAccessError: the cluster cannot be reached as configured.
-    """
-    if kube is not None:
-        return kube
-    from multislice.backends import backend_for
-
-    return backend_for(
-        "gke", plan.run_dir, cluster=plan.spec.cluster, namespace=plan.spec.namespace, timings=timings,
-        say=lambda message: say(step, message, stage.name if stage else None),
-    )  # fmt: skip
+def backend_of(plan: Plan, backend: Backend | None, step: str, stage: StagePlan | None = None) -> Backend:
+    """``backend`` when given, else the plan's (API retry notices print as the step's lines)."""
+    return backend if backend is not None else backend_for(plan, say=teller(step, stage))

@@ -2,54 +2,49 @@
 
 Runs after plan and before provision, so no node pool is asked for and no TPU
 hour is spent on a config that cannot work. For each stage it writes a report
-(:func:`multislice.preflight.stage_report`: verdict, bytes per chip, HBM per
+(:class:`multislice.reports.PreflightReport`: verdict, bytes per chip, HBM per
 chip, headroom, compile seconds, model FLOPs, cost estimate, the exact MaxText
 arguments) to ``reports/<stage>/preflight.json``. When a stage does not fit,
 the planner looks for the nearest config that does (fewest changes, AOT-verified)
 and the step fails with the numbers and that alternative. A pipeline parameter
 (``skip_preflight``) skips it.
 
-The compiles run where MaxText and libtpu are: on the local backend a process
-of this machine's trainer environment (``.venvs/trainer``); on GKE one Job of
-the trainer image per compile, on a CPU node (:mod:`multislice.backends.gke.aot`).
+The compiles run where the backend runs trainer-image work
+(:meth:`multislice.backends.base.Backend.aot_session`): a trainer-environment
+process of this machine (local), or one Job of the trainer image per compile
+on a CPU node (GKE). The CLI compiles on this machine whatever the profile's
+backend (``multislice preflight``), unless told ``--on-cluster``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from multislice.backends import Backend
+from multislice.delivery import artifacts
 from multislice.plan import Plan, StagePlan
-from multislice.preflight import (
-    AotSession,
-    PreflightFailed,
-    check_stages,
-    default_cache_dir,
-    planner,
-    summary_line,
-    work_dir_for,
-)
-from multislice.steps import gke_api, is_local_path, report_path, say, write_report
-
-#: Seconds the nearest-alternative search may spend compiling.
-ALTERNATIVE_BUDGET_SECONDS = 600
+from multislice.preflight import PreflightFailed, check_stages, default_cache_dir, planner, summary_line
+from multislice.reports import PreflightReport, report_path
+from multislice.steps import backend_of, say, teller, write_report
 
 
-def alternative_message(plan: Plan, report: dict[str, Any], session: AotSession) -> tuple[str, dict | None]:
+def alternative_message(
+    plan: Plan, report: PreflightReport, session, budget_seconds: float, timeout: float
+) -> tuple[str, dict | None]:
     """Search the nearest fitting config to a stage that does not fit; returns (message, candidate data)."""
     spec = plan.spec
-    stage = spec.stage(report["stage"])
+    stage = spec.stage(report.stage)
     found = planner.search(
         spec,
         stage,
         session,
         want=1,
         nearest=True,
-        budget_seconds=ALTERNATIVE_BUDGET_SECONDS,
+        budget_seconds=budget_seconds,
+        compile_timeout=timeout,
         on_progress=lambda line: say("preflight", f"alternative search: {line}", stage.name),
     )
     if found.fitting:
         best = found.fitting[0]
-        hbm = best.report["bytes_per_chip"]["total"]
+        hbm = best.report.bytes_per_chip.total
         return (
             f"nearest fitting alternative (AOT-verified, {hbm / 2**30:.2f} GiB per chip): "
             + "; ".join(best.changes)
@@ -60,67 +55,71 @@ def alternative_message(plan: Plan, report: dict[str, Any], session: AotSession)
     return f"no fitting alternative found ({why}); run `multislice plan` for a wider search", None
 
 
-def session_for(plan: Plan, pipeline_run_id: str, kube: Any = None, timings: Any = None):
-    """Where the compiles run: a trainer-environment process (local), or Jobs of the trainer image (gke)."""
-    if plan.spec.backend == "gke":
-        from multislice.backends.gke.aot import JobAotSession
-
-        api = gke_api(plan, "preflight", None, kube, timings)
-        return JobAotSession(api, plan, default_cache_dir(plan), pipeline_run_id, lambda m: say("preflight", m))
-    return AotSession(default_cache_dir(plan), work_dir_for(plan))
-
-
 def run(
     plan: Plan,
     stages: list[StagePlan] | None = None,
     pipeline_run_id: str = "manual",
     *,
-    kube: Any = None,
-    timings: Any = None,
-) -> dict[str, Any]:
+    backend: Backend | None = None,
+    cache_dir: str | None = None,
+    write_reports: bool = True,
+) -> dict[str, PreflightReport]:
     """Check every stage of the plan (or ``stages``); returns ``{stage name: report}``.
 
-    ``pipeline_run_id`` labels the GKE Jobs (cleanup deletes them with the run's
-    other objects); ``kube`` and ``timings`` are for tests of the GKE path.
+    Args:
+        plan: The plan.
+        stages: The stages to check; default all of the plan's.
+        pipeline_run_id: Labels the compile Jobs on GKE (cleanup deletes them with the run's other objects).
+        backend: Where the compiles run (:meth:`~multislice.backends.base.Backend.aot_session`); default the plan's.
+        cache_dir: The verdict cache (local or ``gs://``); default :func:`multislice.preflight.default_cache_dir`.
+        write_reports: Write each stage's report to the run directory (the CLI, which is no run, does not).
 
     Raises:
         multislice.preflight.PreflightFailed: a stage does not fit, or MaxText rejected its config.
         multislice.preflight.PreflightError: the compile could not run.
-        multislice.backends.local.TrainerEnvMissing: no trainer environment.
+        multislice.backends.local.TrainerEnvMissing: (local) no trainer environment.
     """
     stages = stages if stages is not None else plan.stages
     if plan.spec.preflight.skip:
         say("preflight", "skipped (skip_preflight=true): no AOT check of HBM use before provision")
-        return {s.name: write_report(plan, "preflight", {"stage": s.name, "verdict": "skipped"}, s) for s in stages}
-    cache = default_cache_dir(plan)
+        return {s.name: write_report(plan, PreflightReport(stage=s.name, verdict="skipped"), s) for s in stages}
+    backend = backend_of(plan, backend, "preflight")
+    cache = cache_dir or default_cache_dir(plan)
+    timings = backend.timings
     say(
         "preflight",
         f"AOT-compiling {len(stages)} stage(s) for {plan.spec.num_slices} x {plan.spec.tpu_type} "
-        f"({plan.spec.slice_type.maxtext_topology} x {plan.spec.num_slices}); verdict cache {cache}",
+        f"({plan.spec.slice_type.maxtext_topology} x {plan.spec.num_slices}) on the {backend.name} backend; "
+        f"verdict cache {cache}",
     )
-    with session_for(plan, pipeline_run_id, kube, timings) as session:
-        reports = check_stages(plan, stages, session, on_report=lambda r: say("preflight", summary_line(r), r["stage"]))
-        failed = [r for r in reports if r["verdict"] != "fits"]
-        problems = []
-        for report in failed:
-            line = f"stage {report['stage']}: {summary_line(report)}"
-            if report["verdict"] == "does_not_fit" and plan.spec.preflight.suggest_alternative:
-                message, alternative = alternative_message(plan, report, session)
-                report["alternative"] = alternative
-                line += f"\n    {message}"
-            problems.append(line)
+    with backend.aot_session(plan, cache, pipeline_run_id, teller("preflight")) as session:
+        found = check_stages(
+            plan, stages, session, timings.compile_timeout,
+            on_report=lambda r: say("preflight", summary_line(r), r.stage),
+        )  # fmt: skip
+        reports, problems = [], []
+        for report in found:
+            if report.verdict != "fits":
+                line = f"stage {report.stage}: {summary_line(report)}"
+                if report.verdict == "does_not_fit" and plan.spec.preflight.suggest_alternative:
+                    message, alternative = alternative_message(
+                        plan, report, session, timings.alternative_budget, timings.compile_timeout
+                    )
+                    report = report.model_copy(update={"alternative": alternative})
+                    line += f"\n    {message}"
+                problems.append(line)
+            reports.append(report)
     by_name = {s.name: s for s in stages}
-    for report in reports:
-        write_report(plan, "preflight", report, by_name[report["stage"]])
+    for report in reports if write_reports else []:
+        write_report(plan, report, by_name[report.stage])
     if problems:
         raise PreflightFailed(
-            "preflight: not every stage fits in HBM, so nothing was provisioned:\n  "
-            + "\n  ".join(problems)
-            + "\nChange the stage (per_device_batch_size, remat_policy, ici/dcn, maxtext_overrides) and rerun, "
-            "or set skip_preflight=true to provision anyway.",
+            "preflight: not every stage fits in HBM, so nothing was provisioned:\n  " + "\n  ".join(problems),
             reports,
+            "change the stage (per_device_batch_size, remat_policy, ici/dcn, maxtext_overrides) and rerun, "
+            "or set skip_preflight=true to provision anyway",
         )
-    return {r["stage"]: r for r in reports}
+    return {r.stage: r for r in reports}
 
 
 #: Columns of the HBM table in the pipelines UI: key -> header.
@@ -141,36 +140,34 @@ PAGE_COLUMNS = {
 }
 
 
-def result_page(plan: Plan, reports: list[dict[str, Any]]) -> str:
+def result_page(plan: Plan, reports: list[PreflightReport]) -> str:
     """An HTML page with a table of HBM use per stage (GiB per chip) for the pipelines UI.
 
-    Also written to ``<run_dir>/reports/<stage>/preflight.html`` for a local run directory.
+    Also written to ``<run_dir>/reports/<stage>/preflight.html`` for each stage.
     """
-    from multislice.delivery import artifacts
 
     def gib(value: float | None) -> float | None:
         return None if value is None else round(value / 2**30, 2)
 
     rows = []
     for r in reports:
-        used = r.get("bytes_per_chip", {})
-        cost = r.get("cost") or {}
-        target = r.get("target", {})
+        used = r.bytes_per_chip
+        cost = r.cost
         rows.append(
             {
-                "stage": r["stage"],
-                "verdict": r["verdict"],
-                "target": f"{target.get('num_slices')} x {target.get('tpu_type')}" if target else "",
-                "hbm_gib": gib(used.get("total") or r.get("required_bytes_per_chip")),
-                "usable_gib": gib(r.get("hbm_bytes_per_chip")),
-                "headroom_gib": gib(r.get("headroom_bytes_per_chip")),
-                "argument_gib": gib(used.get("argument")),
-                "temp_gib": gib(used.get("temp")),
-                "host_gib": gib((used.get("host_argument", 0) + used.get("host_temp", 0)) if used else None),
-                "compile_seconds": r.get("compile_seconds"),
-                "cached": r.get("cached"),
-                "chip_hours": cost.get("chip_hours"),
-                "cost": f"{cost['estimated_cost']:,.2f} {cost['currency']}" if cost.get("price_per_chip_hour") else "",
+                "stage": r.stage,
+                "verdict": r.verdict,
+                "target": f"{r.target.num_slices} x {r.target.tpu_type}" if r.target else "",
+                "hbm_gib": gib(r.used_bytes_per_chip),
+                "usable_gib": gib(r.hbm_bytes_per_chip),
+                "headroom_gib": gib(r.headroom_bytes_per_chip),
+                "argument_gib": gib(used.argument) if used else None,
+                "temp_gib": gib(used.temp) if used else None,
+                "host_gib": gib(used.host_argument + used.host_temp) if used else None,
+                "compile_seconds": r.compile_seconds,
+                "cached": r.cached,
+                "chip_hours": cost.chip_hours if cost else None,
+                "cost": f"{cost.estimated_cost:,.2f} {cost.currency}" if cost and cost.price_per_chip_hour else "",
             }
         )
     note = (
@@ -179,7 +176,6 @@ def result_page(plan: Plan, reports: list[dict[str, Any]]) -> str:
         "price per chip-hour from the profile.</p>"
     )
     page = artifacts.html_page("preflight: HBM per chip", note + artifacts.html_table(rows, PAGE_COLUMNS))
-    if is_local_path(plan.run_dir):
-        for r in reports:
-            artifacts.write_text(report_path(plan, "preflight", plan.stage(r["stage"])).with_suffix(".html"), page)
+    for r in reports:
+        artifacts.write_text(report_path(plan, "preflight.html", r.stage), page)
     return page

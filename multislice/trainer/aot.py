@@ -54,6 +54,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from multislice import storage
+
 #: MaxText arguments that do not change the compiled train step's memory: left out of the cache key
 #: and replaced by local scratch values for the compile.
 KEY_EXCLUDED_ARGS = frozenset(
@@ -161,34 +163,17 @@ def cache_key(compile_topology: str, num_slices: int, maxtext_args: list[str], f
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _path(location: str):
-    if "://" in location:
-        from etils import epath  # Orbax's path library; reads and writes gs://
-
-        return epath.Path(location)
-    return Path(location)
-
-
 def cache_read(cache_dir: str, key: str) -> dict[str, Any] | None:
-    """The cached result for ``key``, or None."""
-    path = _path(cache_dir) / f"{key}.json"
+    """The cached result for ``key`` (local or ``gs://`` cache), or None."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, OSError, ValueError):
+        return storage.read_json(storage.join(cache_dir, f"{key}.json"))
+    except (OSError, ValueError):
         return None
 
 
 def cache_write(cache_dir: str, key: str, result: dict[str, Any]) -> None:
-    """Store a result (written to a temporary name, then renamed, for local paths)."""
-    base = _path(cache_dir)
-    base.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=1)
-    if isinstance(base, Path):
-        tmp = base / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        tmp.replace(base / f"{key}.json")
-    else:
-        (base / f"{key}.json").write_text(text)
+    """Store a result (a reader that meets a half-written entry takes it as a miss)."""
+    storage.write_text(storage.join(cache_dir, f"{key}.json"), json.dumps(result, indent=1))
 
 
 def compile_args(maxtext_args: list[str], compile_topology: str, num_slices: int, scratch: str) -> list[str]:

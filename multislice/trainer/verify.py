@@ -39,6 +39,28 @@ from typing import Any
 from multislice.maxtext import TRAIN_MODULE
 
 DEFAULT_SAMPLE_BYTES = 256 * 1024**2
+#: This module, as the trainer image runs it.
+MODULE = "multislice.trainer.verify"
+
+
+def command(checkpoint_dir: str, expected_step: int, maxtext_args: list[str], python: str = "python") -> list[str]:
+    """The verifier's command line for a stage (an argument list, never a shell string)."""
+    return [
+        python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--expected-step", str(expected_step),
+        "--", *maxtext_args,
+    ]  # fmt: skip
+
+
+def parse_report(output: str) -> dict[str, Any] | None:
+    """The JSON report :func:`main` prints last: the last top-level ``{`` ... ``}`` block of ``output``, or None."""
+    lines = output.splitlines()
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].rstrip() == "{":
+            try:
+                return json.loads("\n".join(lines[start:]))
+            except json.JSONDecodeError:
+                return None
+    return None
 
 
 def checkpoint_path(text: str) -> Any:

@@ -2,14 +2,14 @@
 
 Usage (the container command of the JobSet)::
 
-    python -m multislice.trainer.worker [--emulate-slices] [--metrics-file PATH] -- key=value ...
+    python -m multislice.trainer.worker [--emulate-slices] -- key=value ...
 
 The ``key=value`` arguments go to ``maxtext.trainers.pre_train.train`` after
-MaxText's ``base.yml``. With ``--emulate-slices`` (CPU flavour) the processes of
+MaxText's ``base.yml``. With ``--emulate-slices`` (CPU pods) the processes of
 each JobSet child Job form one DCN granule (see
-:mod:`multislice.trainer.emulated_slices`). ``--metrics-file`` makes the
-leader process (JAX process 0) write MaxText's per-step metrics as JSON lines;
-other processes write none, so the file is not interleaved.
+:mod:`multislice.trainer.emulated_slices`). MaxText's per-step lines
+(``completed step: N, ... loss: L``) in the leader's log are what the train
+step reads, on every backend.
 
 The process index comes from the environment MaxText's CPU path reads
 (``JOB_INDEX * PROCESSES_IN_JOB + JOB_COMPLETION_INDEX``); on TPU it is 0
@@ -23,13 +23,20 @@ import os
 import sys
 from pathlib import Path
 
-from multislice.maxtext import TRAIN_MODULE
+from multislice.maxtext import (
+    ENV_JOB_COMPLETION_INDEX,
+    ENV_JOB_INDEX,
+    ENV_PROCESS_COUNT,
+    ENV_PROCESSES_IN_JOB,
+    TRAIN_MODULE,
+)
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
     """JAX process index as MaxText computes it on CPU, or 0 when the variables are absent."""
     try:
-        return int(env["JOB_INDEX"]) * int(env["PROCESSES_IN_JOB"]) + int(env["JOB_COMPLETION_INDEX"])
+        slice_index, hosts = int(env[ENV_JOB_INDEX]), int(env[ENV_PROCESSES_IN_JOB])
+        return slice_index * hosts + int(env[ENV_JOB_COMPLETION_INDEX])
     except KeyError:
         return 0
 
@@ -43,7 +50,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, maxtext_args = [], argv
     parser = argparse.ArgumentParser(prog="python -m multislice.trainer.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--emulate-slices", action="store_true", help="group each child Job's processes into a slice")
-    parser.add_argument("--metrics-file", help="JSON-lines metrics file written by the leader process")
     options = parser.parse_args(own)
     bad = [a for a in maxtext_args if "=" not in a]
     if bad:
@@ -55,12 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run MaxText training with this pod's arguments; exits with MaxText's status."""
     options, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
     process_index = process_index_from_env()
-    if options.metrics_file and process_index == 0:
-        Path(options.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-        maxtext_args.append(f"metrics_file={options.metrics_file}")
     print(
-        f"multislice worker: process {process_index} (slice {os.environ.get('JOB_INDEX', '?')}, "
-        f"host {os.environ.get('JOB_COMPLETION_INDEX', '?')}) of {os.environ.get('JAX_PROCESS_COUNT', '?')}",
+        f"multislice worker: process {process_index} (slice {os.environ.get(ENV_JOB_INDEX, '?')}, "
+        f"host {os.environ.get(ENV_JOB_COMPLETION_INDEX, '?')}) of {os.environ.get(ENV_PROCESS_COUNT, '?')}",
         flush=True,
     )
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         from multislice.trainer import emulated_slices
 
         axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
-        with emulated_slices.install(int(os.environ["PROCESSES_IN_JOB"]), axis_names):
+        with emulated_slices.install(int(os.environ[ENV_PROCESSES_IN_JOB]), axis_names):
             app.run(train.main, argv=argv_for_maxtext)
     else:
         app.run(train.main, argv=argv_for_maxtext)

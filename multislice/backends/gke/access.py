@@ -26,12 +26,13 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from multislice.config import ClusterSpec
+from multislice.errors import InputError
 
 #: OAuth scope of GKE's Kubernetes API tokens (as ``gcloud`` requests them).
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
-class ClusterAccessError(RuntimeError):
+class ClusterAccessError(InputError):
     """The Kubernetes API of the cluster cannot be reached as configured; the message says what to fix."""
 
 

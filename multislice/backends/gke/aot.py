@@ -21,7 +21,8 @@ from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
 from multislice.plan import Plan
-from multislice.preflight import COMPILE_TIMEOUT_SECONDS, RESULT_PREFIX, PreflightError
+from multislice.preflight import RESULT_PREFIX, CompileTimeout, PreflightError
+from multislice.render.trainer_job import render_trainer_job
 
 #: What one compile asks of a CPU node: a 70B-class compile peaked at about 4 GiB resident here.
 RESOURCES = {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
@@ -38,7 +39,7 @@ def render_job(plan: Plan, request: dict[str, Any], cache_dir: str | None, pipel
     command = ["python", "-m", "multislice.trainer.aot", "--request-json", json.dumps(request)]
     if cache_dir:
         command += ["--cache-dir", cache_dir]
-    return jobs.render_trainer_job(
+    return render_trainer_job(
         plan, job_name(plan, request), command, pipeline_run_id,
         env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, resources=RESOURCES,
     )  # fmt: skip
@@ -80,17 +81,20 @@ class JobAotSession:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def compile(self, request: dict[str, Any], timeout: float = COMPILE_TIMEOUT_SECONDS) -> dict[str, Any]:
+    def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Run one request as a Job and return its result.
 
         Raises:
             PreflightError: the Job left no result line (the message quotes its events and log tail).
-            TimeoutError: the Job did not finish within ``timeout`` seconds.
+            CompileTimeout: the Job did not finish within ``timeout`` seconds.
         """
         body = render_job(self.plan, request, self.cache_dir, self.pipeline_run_id)
-        state, log, pod = jobs.run_job(
-            self.kube, body, timeout=timeout, on_progress=self.on_progress, what="AOT compile Job"
-        )
+        try:
+            state, log, pod = jobs.run_job(
+                self.kube, body, timeout=timeout, on_progress=self.on_progress, what="AOT compile Job"
+            )
+        except TimeoutError as error:
+            raise CompileTimeout(str(error), "raise timeouts.compile, or check the Job's pod events") from None
         result = parse_result(log)
         if result is None:
             detail = pod_state.events(self.kube, pod) if pod else "no pod found"

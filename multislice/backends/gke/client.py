@@ -13,7 +13,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from multislice.backends.gke import DEFAULT_TIMINGS, Timings, retry
+from multislice.backends.gke import retry
+from multislice.timings import DEFAULTS, Timings
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -36,7 +37,7 @@ class Kube:
         self,
         api: k8s.ApiClient,
         namespace: str,
-        timings: Timings = DEFAULT_TIMINGS,
+        timings: Timings = DEFAULTS["gke"],
         say: Callable[[str], None] | None = None,
     ):
         self.api = api

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION, Kube
+from multislice.errors import InputError
 
 #: CRD name -> the version this project needs served.
 REQUIRED_CRDS: dict[str, str] = {
@@ -45,7 +46,7 @@ KUEUE_RESOURCES: dict[str, tuple[str, bool]] = {
 }
 
 
-class CrdsMissing(RuntimeError):
+class CrdsMissing(InputError):
     """A CRD the run needs is not installed or does not serve the needed version; the message says what to install."""
 
 

@@ -22,12 +22,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from multislice import names
+from multislice.backends.base import WorkloadConflict
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
 
 SPEC_HASH_ANNOTATION = "multislice-pipelines/spec-hash"
 
 
-class JobSetConflict(RuntimeError):
+class JobSetConflict(WorkloadConflict):
     """A JobSet of that name exists with another spec (or is being deleted); the message says what to do."""
 
 

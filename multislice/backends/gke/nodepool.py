@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from multislice import config
+from multislice.errors import InputError
 
 if TYPE_CHECKING:
     from google.cloud import container_v1
@@ -54,7 +55,7 @@ CLUSTER_BUSY = re.compile(r"please wait and try again|concurrent operations", re
 USABLE = ("RUNNING", "RUNNING_WITH_ERROR", "RECONCILING")
 
 
-class NodePoolError(RuntimeError):
+class NodePoolError(InputError):
     """A node pool could not be ensured; the message says what is wrong and what to do."""
 
 
@@ -374,6 +375,7 @@ def ensure_node_pools(
     *,
     on_progress: Callable[[str], None] = print,
     poll_seconds: float = 10.0,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Make sure the plan's TPU node pools exist on its GKE cluster: one per slice.
 
@@ -397,6 +399,8 @@ def ensure_node_pools(
             Application Default Credentials.
         on_progress: Called with one line per step and per operation status change.
         poll_seconds: Seconds between ``get_operation`` polls.
+        deadline: ``time.monotonic()`` past which no operation is waited for any longer (the
+            provision step's ``timeouts.provision``); None for only the per-operation timeout.
 
     Returns:
         ``{"cluster": "projects/P/locations/L/clusters/C", "manage": bool,
@@ -473,12 +477,16 @@ def ensure_node_pools(
     report: list[dict[str, Any]] = []
     location_path = parent.rsplit("/clusters/", 1)[0]
 
+    def operation_timeout() -> float:
+        left = float("inf") if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return min(spec.node_pools.operation_timeout_seconds, left)
+
     def finish(entry: dict[str, Any]) -> None:
         waited = _wait(
             client,
             f"{location_path}/operations/{entry['operation']}",
             entry["name"],
-            deadline_seconds=spec.node_pools.operation_timeout_seconds,
+            deadline_seconds=operation_timeout(),
             poll_seconds=poll_seconds,
             on_progress=on_progress,
             created=[e["name"] for e in report if e["action"] == "created"],
@@ -505,7 +513,7 @@ def ensure_node_pools(
                 # "Operation ... is currently creating a node pool ... Please wait and try again once it is done",
                 # or 429 "... hits the concurrent operations quota").
                 unfinished = [e for e in report if e["action"] == "created" and "seconds" not in e]
-                waited_out = time.monotonic() - busy_since > spec.node_pools.operation_timeout_seconds
+                waited_out = time.monotonic() - busy_since > operation_timeout()
                 if not CLUSTER_BUSY.search(_message(error)) or (waited_out and not unfinished):
                     raise _api_error(error, f"creating node pool {name}", parent) from error
                 on_progress(
@@ -591,7 +599,8 @@ def _wait(
         if elapsed > deadline_seconds:
             raise NodePoolOperationFailed(
                 f"node pool {pool}: {operation} still {op.status.name} after {deadline_seconds:.0f} s "
-                "(node_pools.operation_timeout_seconds); it goes on in GKE. Watch it with gcloud container "
+                "(node_pools.operation_timeout_seconds, or what timeouts.provision left); it goes on in GKE. "
+                "Watch it with gcloud container "
                 f"operations describe {operation.rsplit('/', 1)[1]} --location={operation.split('/')[3]}, then "
                 "rerun provision, which adopts the pool"
             )

@@ -20,11 +20,13 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from multislice.errors import RunFailed
+
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, http.client.HTTPException, TimeoutError)
 
 
-class ApiUnavailable(RuntimeError):
+class ApiUnavailable(RunFailed):
     """The Kubernetes API kept failing past the retry deadline; the message has the last error."""
 
 

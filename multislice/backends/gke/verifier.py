@@ -12,17 +12,19 @@ conditions ``Complete`` and ``Failed``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
+from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
+from multislice.render.trainer_job import render_trainer_job
+from multislice.trainer import verify
 
 
-class VerifierJobFailed(RuntimeError):
+class VerifierJobFailed(RunFailed):
     """The verifier Job did not produce a report; the message has its state, events and log tail."""
 
 
@@ -33,25 +35,8 @@ def job_name(stage: StagePlan) -> str:
 
 def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
     """The verifier Job (batch/v1): one pod, no retries, the trainer image, CPU only."""
-    command = [
-        "python", "-m", "multislice.trainer.verify",
-        "--checkpoint-dir", stage.checkpoint_dir,
-        "--expected-step", str(stage.final_step),
-        "--", *stage.maxtext_args,
-    ]  # fmt: skip
-    return jobs.render_trainer_job(plan, job_name(stage), command, pipeline_run_id, stage=stage)
-
-
-def parse_report(log: str) -> dict[str, Any] | None:
-    """The verifier's JSON report: the last top-level ``{`` ... ``}`` block of the log, or None."""
-    lines = log.splitlines()
-    for start in range(len(lines) - 1, -1, -1):
-        if lines[start].rstrip() == "{":
-            try:
-                return json.loads("\n".join(lines[start:]))
-            except json.JSONDecodeError:
-                return None
-    return None
+    command = verify.command(stage.checkpoint_dir, stage.final_step, list(stage.maxtext_args))
+    return render_trainer_job(plan, job_name(stage), command, pipeline_run_id, stage=stage)
 
 
 def run(
@@ -73,12 +58,13 @@ def run(
     body = render_job(plan, stage, pipeline_run_id)
     state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what="verifier Job")
     name = body["metadata"]["name"]
-    report = parse_report(log)
+    report = verify.parse_report(log)
     if report is None:
         detail = pod_state.events(kube, pod) if pod is not None else "no pod found"
         raise VerifierJobFailed(
             f"verifier Job {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
-            + "\n".join(log.splitlines()[-20:])
+            + "\n".join(log.splitlines()[-20:]),
+            "read the events above; check the trainer image and that its ServiceAccount may read the checkpoints",
         )
     report["job"] = name
     return report

@@ -18,12 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from multislice.backends.base import AdmissionTimeout
 from multislice.backends.gke import jobset
 from multislice.backends.gke.client import Kube
-
-
-class AdmissionTimeout(RuntimeError):
-    """Kueue did not admit the Workload in time; the message has the last pending reason."""
 
 
 def owned_by(workload: dict[str, Any], js: dict[str, Any]) -> bool:
@@ -112,7 +109,7 @@ def wait_admitted(
             last_reason, last_report = reason, now
         if now - started > timeout:
             raise AdmissionTimeout(
-                f"JobSet {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {reason}. "
-                "Raise the ClusterQueue's quota or free capacity, or wait longer (admit timeout)"
+                f"JobSet {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {reason}",
+                "raise the ClusterQueue's quota or free capacity, or wait longer (timeouts.admit)",
             )
         time.sleep(kube.timings.poll_seconds)

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multislice import names
+from multislice.errors import InputError
 
 LOCALHOST = "127.0.0.1"
 _FIELD_PATH = re.compile(r"^metadata\.(annotations|labels)\['(?P<key>[^']+)'\]$")
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)|\$\$")
 
 
-class UnsupportedManifest(ValueError):
+class UnsupportedManifest(InputError, ValueError):
     """The local backend cannot run this JobSet as written; the message says which field."""
 
 

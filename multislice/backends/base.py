@@ -1,0 +1,266 @@
+"""The backend interface: everything that differs between where a run's workloads run.
+
+In the spirit of kubeflow/sdk's ``RuntimeBackend``
+(``kubeflow/trainer/backends/base.py``): one abstract class, one
+implementation per place, and steps that never ask which one they have.
+:class:`~multislice.backends.local.LocalBackend` runs each pod of a JobSet as a
+process of this machine; :class:`~multislice.backends.gke.GkeBackend` acts on a
+GKE cluster through the Kubernetes API (JobSet, Kueue) and the GKE API (node
+pools). A step (:mod:`multislice.steps`) renders what is common, calls these
+methods, and builds its report from what they return.
+
+A workload is what trains one stage: today a JobSet, rendered by
+:meth:`Backend.workload_manifest`. Another launcher (a KubeRay RayCluster) or
+an elastic resize (the same stage relaunched on fewer slices) is another
+manifest through the same methods: :meth:`submit` a manifest,
+:meth:`wait_admitted`, :meth:`wait_running`, :meth:`follow`, :meth:`delete`.
+
+Every wait takes its limits from :attr:`Backend.timings`
+(:mod:`multislice.timings`), the same values the compiled pipeline's pod
+deadlines come from. Every method that waits reports progress through a
+``tell`` callback (one line each), so the step decides how lines look.
+Run storage is the same for every backend: :mod:`multislice.storage`
+(``etils.epath``, local paths and ``gs://``).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from multislice.errors import InputError, RunFailed
+from multislice.plan import Plan, StagePlan
+from multislice.render import jobset
+from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.timings import Timings
+
+#: A progress callback: one human-readable line.
+Tell = Callable[[str], None]
+
+
+class LaunchFailed(RunFailed):
+    """A stage's pods did not all start: the workload ended first, a pod cannot pull its image or
+    crash-loops, a pod stayed Unschedulable, or placement is not one slice per node pool."""
+
+
+class TrainingFailed(RunFailed):
+    """A stage's training failed, was cancelled or its workload was deleted; the message has the
+    reason, each failed pod's exit code and its last log lines."""
+
+
+class AdmissionTimeout(RunFailed):
+    """Kueue did not admit a stage's workload in time; the message has the last pending reason."""
+
+
+class WorkloadConflict(InputError):
+    """A workload of that name exists with another spec (another run): nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What :meth:`Backend.submit` did.
+
+    Attributes:
+        name: The workload's name.
+        adopted: The workload existed with the same spec (a retried step) and was taken over, not created.
+        uid: Its API uid (GKE), or None.
+    """
+
+    name: str
+    adopted: bool
+    uid: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A workload's admission by Kueue (or, on the local backend, by nothing: at once).
+
+    Attributes:
+        cluster_queue: The ClusterQueue that admitted it.
+        flavors: ResourceFlavors assigned.
+        wait_seconds: From the start of the wait to admission.
+        workload: The Kueue Workload's name (GKE).
+        note: What this backend does and does not do at admission.
+    """
+
+    cluster_queue: str | None
+    flavors: list[str]
+    wait_seconds: float
+    workload: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Running:
+    """Every pod of a workload running: pod name -> placement, the node pools it spans, and a note."""
+
+    placement: dict[str, PodPlacement]
+    node_pools: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a followed workload ended.
+
+    Attributes:
+        phase: ``Completed`` or ``Failed``.
+        restarts: JobSet restarts during training.
+        leader_logs: What was followed: each attempt's leader log (files locally, pod names on GKE).
+    """
+
+    phase: str
+    restarts: int
+    leader_logs: list[str]
+
+
+class CompileSession(Protocol):
+    """Where preflight's AOT compiles run: a trainer-environment process, or Jobs of the trainer image.
+
+    A context manager; :meth:`compile` answers one request of
+    :func:`multislice.preflight.request_for` with the result dict of
+    :mod:`multislice.trainer.aot`.
+    """
+
+    def __enter__(self) -> CompileSession: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]: ...
+
+
+class Backend(abc.ABC):
+    """Where a run's workloads run. Subclasses: ``local`` and ``gke``.
+
+    Attributes:
+        name: ``local`` or ``gke`` (the run spec's ``backend``).
+        hardware: The pod variant its workloads are rendered for: ``cpu`` or ``tpu``.
+        timings: The waits (:func:`multislice.timings.timings_for`).
+    """
+
+    name: ClassVar[str]
+    hardware: ClassVar[jobset.Hardware]
+
+    def __init__(self, timings: Timings):
+        self.timings = timings
+
+    @classmethod
+    @abc.abstractmethod
+    def where_logs_are(cls, plan: Plan) -> str:
+        """Where a user reads the pods' logs of a run on this backend (one line)."""
+
+    # -- capacity ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
+        """Make sure capacity (node pools) and the queueing objects (validated ``kueue_objects``) exist.
+
+        Raises:
+            multislice.errors.UserError: capacity is missing or mismatched (the message says what to change).
+        """
+
+    # -- a stage's workload -------------------------------------------------
+
+    def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+        """The workload that trains ``stage``: its multislice JobSet for this backend's hardware.
+
+        Raises:
+            ValueError: ``pipeline_run_id`` is not a valid label value.
+        """
+        return jobset.render_jobset(plan, stage, hardware=self.hardware, pipeline_run_id=pipeline_run_id)
+
+    @abc.abstractmethod
+    def submit(self, manifest: dict[str, Any]) -> Submission:
+        """Create the workload, or adopt an existing one of the same name and spec (a retried step).
+
+        Raises:
+            multislice.render.schema.ManifestInvalid: it fails CRD validation.
+            WorkloadConflict: the name is taken by another spec.
+        """
+
+    @abc.abstractmethod
+    def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
+        """Wait until the stage's workload is admitted (``timings.admit_timeout``).
+
+        Raises:
+            AdmissionTimeout: not admitted in time (the message has the last pending reason).
+        """
+
+    @abc.abstractmethod
+    def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
+        """Wait until every pod of every slice runs (``timings.launch_timeout``); where they run.
+
+        Raises:
+            LaunchFailed: they cannot all start (the message quotes the pods' state and events).
+            TimeoutError: not all running in time.
+        """
+
+    @abc.abstractmethod
+    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+        """Follow the stage's workload to its end (``timings.train_timeout``).
+
+        Calls ``on_line`` with each line of the leader's log (slice 0, host 0),
+        across restart attempts and in order, and ``tell`` with what happens to
+        the workload (restarts, evictions).
+
+        Raises:
+            TrainingFailed: the workload was deleted, or not admitted again after an eviction in time.
+            TimeoutError: still running after ``timings.train_timeout``.
+        """
+
+    @abc.abstractmethod
+    def failure_report(self, name: str) -> str:
+        """Why a workload failed: its reason, each failed pod's exit code and last log lines."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> bool:
+        """Delete a workload and stop its pods; False when there was none."""
+
+    @abc.abstractmethod
+    def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
+        """Delete what one pipeline run left unfinished; returns ``(deleted, kept completed)``."""
+
+    # -- work in the trainer image ------------------------------------------
+
+    @abc.abstractmethod
+    def aot_session(self, plan: Plan, cache_dir: str | None, pipeline_run_id: str, tell: Tell) -> CompileSession:
+        """Where this backend runs preflight's AOT compiles."""
+
+    @abc.abstractmethod
+    def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
+        """Run the checkpoint verifier on the stage's checkpoint directory; its report.
+
+        Raises:
+            multislice.errors.RunFailed: the verifier left no report.
+        """
+
+    # -- cancellation -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def deleting_on_cancel(self, name: str, tell: Tell) -> Iterator[None]:
+        """Within this context a SIGTERM (the pipeline run was cancelled) deletes workload ``name``.
+
+        Raises:
+            TrainingFailed: on SIGTERM, after the workload was deleted.
+        """
+
+        def cancel(signum: int, frame: Any) -> None:
+            raise _Cancelled()
+
+        previous = signal.signal(signal.SIGTERM, cancel)
+        try:
+            yield
+        except _Cancelled:
+            tell(f"cancelled: deleting {name}")
+            self.delete(name)
+            raise TrainingFailed(f"cancelled; {name} deleted") from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Cancelled(BaseException):
+    """SIGTERM arrived (BaseException: it must not be caught by a wait's ``except Exception``)."""

@@ -1,0 +1,322 @@
+"""The GKE backend: a run's workloads on a GKE cluster.
+
+Capacity through the GKE API (:mod:`.nodepool`); JobSets, Kueue Workloads,
+pods, logs and Jobs through the Kubernetes API (:class:`.client.Kube`, every
+call retried by :mod:`.retry`). Sources of the fields read are named in each
+module. What the tests' emulated API does not model (RBAC, admission
+webhooks, controllers, the scheduler) is listed in ``docs/testing.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from multislice import names
+from multislice.backends.base import (
+    Admission,
+    Backend,
+    CompileSession,
+    Finished,
+    LaunchFailed,
+    Running,
+    Submission,
+    Tell,
+    TrainingFailed,
+)
+from multislice.backends.gke import access, cluster, jobset, logs, nodepool, pods, verifier, watch, workload
+from multislice.backends.gke.aot import JobAotSession
+from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
+from multislice.config import ClusterSpec
+from multislice.plan import Plan, StagePlan
+from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.timings import DEFAULTS, Timings
+
+#: Last lines of a failed pod's log quoted in a failure report.
+TAIL_LINES = 25
+
+
+class GkeBackend(Backend):
+    """Acts on a GKE cluster through its Kubernetes API (``kube``) and the GKE API (node pools).
+
+    Args:
+        kube: The API client bound to the run's namespace; its ``timings`` are this backend's waits.
+    """
+
+    name = "gke"
+    hardware = "tpu"
+
+    def __init__(self, kube: Kube):
+        super().__init__(kube.timings)
+        self.kube = kube
+
+    @classmethod
+    def connect(
+        cls,
+        cluster: ClusterSpec,
+        namespace: str,
+        timings: Timings | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> GkeBackend:
+        """Reach the cluster as ``cluster.access`` says (:mod:`.access`).
+
+        Args:
+            say: Where API retry notices go (one line each).
+
+        Raises:
+            access.ClusterAccessError: the cluster cannot be reached as configured.
+        """
+        return cls(Kube(access.api_client(cluster), namespace, timings or DEFAULTS["gke"], say))
+
+    @classmethod
+    def where_logs_are(cls, plan: Plan) -> str:
+        """``kubectl logs`` of a stage's JobSet pods (the leader: slice 0, host 0)."""
+        return (
+            f"kubectl logs -n {plan.spec.namespace} -l {names.JOBSET_NAME_KEY}=<jobset> -c {names.TRAINER_CONTAINER} "
+            "(cluster logging keeps them after the pods go)"
+        )
+
+    # -- capacity ---------------------------------------------------------
+
+    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
+        """TPU node pools (:func:`.nodepool.ensure_node_pools`), the CRDs served, the Kueue objects applied.
+
+        The LocalQueue is always applied (server-side apply, fixed field manager); the
+        cluster-scoped objects only with ``service_accounts.kueue_cluster_objects``, else
+        RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
+
+        Raises:
+            cluster.CrdsMissing: JobSet or Kueue not installed at the needed versions.
+            nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
+        """
+        pools = nodepool.ensure_node_pools(
+            plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
+        )
+        crds = cluster.check_crds(self.kube)
+        tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
+        applied, left = [], []
+        for obj in kueue_objects:
+            name = f"{obj['kind']}/{obj['metadata']['name']}"
+            if "namespace" not in obj["metadata"] and not plan.spec.service_accounts.kueue_cluster_objects:
+                left.append(name)
+                continue
+            stored = cluster.server_side_apply(self.kube, obj)
+            applied.append(name)
+            version = stored.get("metadata", {}).get("resourceVersion")
+            tell(f"applied {name} (field manager {FIELD_MANAGER}, resourceVersion {version})")
+        if left:
+            tell(
+                "not applied (cluster-scoped, service_accounts.kueue_cluster_objects is false; a cluster admin "
+                f"applies them from `multislice render`): {', '.join(left)}"
+            )
+        return ProvisionReport(
+            backend=self.name,
+            node_pools=list(pools.get("node_pools", [])),
+            crds=crds,
+            kueue_objects=applied,
+            kueue_objects_left_to_admin=left,
+            field_manager=FIELD_MANAGER,
+            namespace=self.kube.namespace,
+        )
+
+    # -- a stage's workload -------------------------------------------------
+
+    def submit(self, manifest: dict[str, Any]) -> Submission:
+        """Create the JobSet with its spec-hash annotation, or adopt it when the hash matches (:mod:`.jobset`)."""
+        created, adopted = jobset.create_or_adopt(self.kube, manifest)
+        return Submission(name=manifest["metadata"]["name"], adopted=adopted, uid=created["metadata"].get("uid"))
+
+    def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
+        """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""
+        admitted, waited = workload.wait_admitted(
+            self.kube, stage.jobset, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell
+        )
+        where = workload.admission(admitted)
+        return Admission(
+            cluster_queue=where["cluster_queue"],
+            flavors=where["flavors"],
+            wait_seconds=round(waited, 2),
+            workload=admitted["metadata"]["name"],
+        )
+
+    def _pod_line(self, pod: Any, cause: str) -> str:
+        events = pods.events(self.kube, pod.metadata.name)
+        return f"pod {pod.metadata.name} (slice {pods.slice_index(pod)}, host {pods.host_index(pod)}) {cause}" + (
+            f"; its events:\n{events}" if events else ""
+        )
+
+    def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
+        """Wait for every pod of the current attempt to run; check one slice per node pool.
+
+        Fails at once on image pulls and crash loops; on pods Unschedulable past
+        ``timings.unschedulable_grace``, quoting their events.
+        """
+        timings = self.timings
+        expected = plan.spec.num_slices * plan.slice.hosts
+        started = time.monotonic()
+        unschedulable_since: dict[str, float] = {}
+        last_report = 0.0
+        while True:
+            js = self.kube.get_jobset(stage.jobset)
+            if js is None:
+                raise LaunchFailed(f"JobSet {stage.jobset} was deleted before all its pods ran")
+            state = jobset.phase(js)
+            if state == "Failed":
+                raise LaunchFailed(f"JobSet {stage.jobset} failed before all its pods ran: {jobset.describe(js)}")
+            current = pods.list_pods(self.kube, stage.jobset, jobset.restarts(js))
+            now = time.monotonic()
+            for pod in current:
+                problem = pods.waiting_problem(pod)
+                if problem:
+                    raise LaunchFailed(
+                        self._pod_line(pod, f"cannot start: {problem}"),
+                        f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
+                        "(Artifact Registry reader role for the node service account)",
+                    )
+                message = pods.unschedulable(pod)
+                if message is None:
+                    unschedulable_since.pop(pod.metadata.name, None)
+                    continue
+                since = unschedulable_since.setdefault(pod.metadata.name, now)
+                if now - since > timings.unschedulable_grace:
+                    raise LaunchFailed(
+                        self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
+                        f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
+                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready",
+                    )
+            running = [p for p in current if p.status.phase == "Running"]
+            if state == "Completed" or (state == "Running" and len(running) == expected):
+                break
+            if now - last_report >= timings.report_seconds:
+                waiting = sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
+                tell(f"{len(running)}/{expected} pods Running; JobSet {state}; others: {waiting}")
+                last_report = now
+            if now - started > timings.launch_timeout:
+                raise TimeoutError(
+                    f"JobSet {stage.jobset}: {len(running)}/{expected} pods Running after "
+                    f"{timings.launch_timeout:.0f} s"
+                )
+            time.sleep(timings.poll_seconds)
+        where = pods.placement(self.kube, running)
+        problems = pods.exclusive_placement_problems(where) if state != "Completed" else []
+        if problems:
+            raise LaunchFailed(
+                f"JobSet {stage.jobset} is not placed one slice per node pool: {'; '.join(problems)}",
+                "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
+            )
+        placement = {name: PodPlacement(**info) for name, info in where.items()}
+        return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
+
+    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+        """Watch the JobSet (re-listing after 410 Gone) and follow its leader's log across restarts.
+
+        Tells restarts and Kueue evictions (the JobSet suspended again) while it
+        waits to be admitted again, up to ``timings.readmit_timeout``.
+        """
+        timings = self.timings
+        follower = logs.LeaderLog(self.kube, stage.jobset, lambda pod, line: on_line(line), timings.poll_seconds)
+        follower.start()
+        started = time.monotonic()
+        seen_restarts, suspended_since, final = 0, None, None
+        try:
+            events = watch.follow(
+                self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
+                self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
+                what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
+            )  # fmt: skip
+            for kind, js in events:
+                if kind == watch.IDLE:
+                    js = self.kube.get_jobset(stage.jobset)
+                    if js is None:
+                        kind = "DELETED"
+                if kind == "DELETED":
+                    raise TrainingFailed(f"JobSet {stage.jobset} was deleted during training")
+                state = jobset.phase(js)
+                if jobset.restarts(js) != seen_restarts:
+                    seen_restarts = jobset.restarts(js)
+                    count = f"{seen_restarts}/{plan.spec.max_restarts}"
+                    tell(f"JobSet restarted ({count} restarts); following the new leader")
+                if state == "Suspended":
+                    if suspended_since is None:
+                        suspended_since = time.monotonic()
+                        found = workload.find(self.kube, js)
+                        reason = workload.pending_reason(found, stage.jobset, plan.spec.queue)
+                        tell(f"JobSet suspended by Kueue ({reason}); waiting to be admitted again")
+                    elif time.monotonic() - suspended_since > timings.readmit_timeout:
+                        raise TrainingFailed(
+                            f"JobSet {stage.jobset} evicted and not admitted again within "
+                            f"{timings.readmit_timeout:.0f} s",
+                            "free capacity in the ClusterQueue, or raise timeouts.readmit",
+                        )
+                elif suspended_since is not None:
+                    tell(f"JobSet admitted again after {time.monotonic() - suspended_since:.0f} s; training resumes")
+                    suspended_since = None
+                if state in ("Completed", "Failed"):
+                    final = js
+                    break
+        finally:
+            follower.stop()
+        if final is None:
+            raise TimeoutError(f"JobSet {stage.jobset} still running after {timings.train_timeout:.0f} s")
+        follower.join(timeout=timings.poll_seconds * 4 + 5)
+        follower.catch_up()
+        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed)
+
+    def failure_report(self, name: str) -> str:
+        """The JobSet's conditions and restarts, then each failed pod's exit code and last log lines."""
+        js = self.kube.get_jobset(name)
+        if js is None:
+            return f"JobSet {name} does not exist"
+        lines = [f"JobSet {name} {jobset.describe(js)}"]
+        for pod in pods.list_pods(self.kube, name):
+            code = pods.exit_code(pod)
+            if pod.status.phase == "Failed" or code not in (None, 0):
+                lines.append(
+                    f"pod {pod.metadata.name} (slice {pods.slice_index(pod)}, host {pods.host_index(pod)}, attempt "
+                    f"{pods.attempt(pod)}) exit code {code}; last log lines:"
+                )
+                lines.append(logs.tail(self.kube, pod.metadata.name, TAIL_LINES))
+        return "\n".join(lines)
+
+    def delete(self, name: str) -> bool:
+        """Delete the JobSet with foreground propagation (its Jobs and pods go first)."""
+        return jobset.delete(self.kube, name)
+
+    def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
+        """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles)."""
+        kube = self.kube
+        selector = jobset.run_selector(pipeline_run_id)
+        deleted, kept = [], []
+        for js in kube.list_jobsets(selector):
+            name, state = js["metadata"]["name"], jobset.phase(js)
+            if state == "Completed":
+                kept.append(name)
+                continue
+            if jobset.delete(kube, name):
+                deleted.append(f"JobSet {name} ({state})")
+        found = kube.call(kube.batch.list_namespaced_job, kube.namespace, label_selector=selector, what="list Jobs")
+        for job in found.items:
+            finished = any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
+            owned = any(ref.kind == "JobSet" for ref in job.metadata.owner_references or [])
+            if finished or owned:  # a JobSet's Jobs go with their JobSet
+                continue
+            kube.call(
+                kube.batch.delete_namespaced_job, job.metadata.name, kube.namespace, propagation_policy="Foreground",
+                what=f"delete Job {job.metadata.name}",
+            )  # fmt: skip
+            deleted.append(f"Job {job.metadata.name}")
+        return deleted, kept
+
+    # -- work in the trainer image ------------------------------------------
+
+    def aot_session(self, plan: Plan, cache_dir: str | None, pipeline_run_id: str, tell: Tell) -> CompileSession:
+        """One Job of the trainer image per compile, on a CPU node (:mod:`.aot`)."""
+        return JobAotSession(self.kube, plan, cache_dir, pipeline_run_id, tell)
+
+    def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
+        """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet."""
+        js = self.kube.get_jobset(stage.jobset) or {}
+        run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
+        found = verifier.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+        return VerificationReport.model_validate(found)

@@ -1,0 +1,113 @@
+"""Preflight's AOT compiles on this machine: one trainer-environment process answers a stream of requests.
+
+The process runs :mod:`multislice.trainer.aot` (MaxText's own
+``train_compile`` path with libtpu's topology description; no TPU is needed),
+so MaxText and JAX are imported once however many configs the planner tries.
+Requests go in on its stdin as JSON lines; results come back as JSON lines in
+a results file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from multislice.backends.local.environment import trainer_env, trainer_process_env
+from multislice.preflight import AOT_MODULE, CompileTimeout, PreflightError
+
+
+class AotSession:
+    """A trainer-environment process that AOT-compiles requests one at a time.
+
+    Use as a context manager. :meth:`compile` sends one request and waits for
+    its result (a dict, see :mod:`multislice.trainer.aot`); the process starts
+    with the first request and ends when the context does.
+
+    Args:
+        cache_dir: Verdict cache (path or ``gs://``), or None for no cache.
+        work_dir: Where the process's results file and MaxText scratch go.
+        env_dir: The trainer environment (default :func:`trainer_env`).
+
+    Raises:
+        multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
+    """
+
+    def __init__(self, cache_dir: str | None, work_dir: str | Path, env_dir: Path | None = None):
+        self.env_dir = env_dir or trainer_env()
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.results = self.work_dir / "aot-results.jsonl"
+        self.log = self.work_dir / "aot.log"
+        self.cache_dir = cache_dir
+        self.process: subprocess.Popen | None = None
+        self._read = 0
+
+    def __enter__(self) -> AotSession:
+        return self  # the trainer process starts with the first compile: a search that prunes everything starts none
+
+    def _start(self) -> None:
+        self.results.unlink(missing_ok=True)
+        self._read = 0
+        command = [str(self.env_dir / "bin" / "python"), "-m", AOT_MODULE, "--results", str(self.results)]
+        command += ["--scratch", str(self.work_dir / "scratch")]
+        if self.cache_dir:
+            command += ["--cache-dir", self.cache_dir]
+        env = trainer_process_env(self.env_dir)
+        env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the trainer process (its stdin closes; it exits after the current request)."""
+        if self.process and self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=30)
+            except (subprocess.TimeoutExpired, OSError):
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its result.
+
+        Raises:
+            CompileTimeout: no result within ``timeout`` seconds; the process was stopped, and
+                the next call starts a new one.
+            PreflightError: the trainer process died.
+        """
+        if self.process is None:
+            self._start()
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.results.read_text(encoding="utf-8").splitlines() if self.results.exists() else []
+            if len(lines) > self._read:
+                self._read += 1
+                return json.loads(lines[self._read - 1])
+            if self.process.poll() is not None:
+                raise PreflightError(
+                    f"the AOT compile process exited with status {self.process.returncode} before answering "
+                    f"{request.get('name')!r}; its log ({self.log}) ends:\n{_tail(self.log)}"
+                )
+            time.sleep(0.2)
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+        raise CompileTimeout(f"no AOT verdict for {request.get('name')!r} within {timeout:.0f} s; log: {self.log}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,264 @@
+"""The local backend: a run's workloads as processes of this machine.
+
+Each pod of a stage's (CPU) JobSet is a process of the trainer environment,
+run by a detached supervisor (:mod:`.jobsets`, :mod:`.supervisor`); preflight's
+compiles (:mod:`.aot`) and the checkpoint verifier (:mod:`.verifier`) are
+processes too. What it models and what it does not:
+
+- kept: JobSet validation against its CRD, create-or-adopt by manifest,
+  child Jobs and pods as the JobSet and Job controllers name them, failure
+  policy and restarts, deletion stopping every process;
+- not modelled: node pools, scheduling and placement (every pod runs here),
+  Kueue (a JobSet is admitted when created), images (the trainer environment
+  stands in for the trainer image), and more than one JobSet at a time
+  (MaxText's CPU coordinator port is fixed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multislice import maxtext, names, storage
+from multislice.backends.base import (
+    Admission,
+    Backend,
+    CompileSession,
+    Finished,
+    LaunchFailed,
+    Running,
+    Submission,
+    Tell,
+    TrainingFailed,
+)
+from multislice.backends.local import environment, verifier
+from multislice.backends.local.aot import AotSession
+from multislice.backends.local.environment import InsufficientCapacity
+from multislice.backends.local.jobsets import LocalJobSets
+from multislice.backends.local.state import JobSetState
+from multislice.plan import Plan, StagePlan
+from multislice.preflight import work_dir_for
+from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.timings import DEFAULTS, Timings
+
+#: Last lines of a failed pod's log quoted in a failure report.
+TAIL_LINES = 25
+
+
+def _all_running(state: JobSetState) -> bool:
+    return state.phase == "Running" and bool(state.pods) and all(p.phase == "Running" for p in state.pods)
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+class LocalBackend(Backend):
+    """Runs a run's CPU JobSets, compiles and verifier on this machine.
+
+    Args:
+        run_dir: The run directory (a local path); JobSet state and pod logs go under ``run_dir/jobsets``.
+        timings: The waits (default :data:`multislice.timings.DEFAULTS` ``["local"]``).
+    """
+
+    name = "local"
+    hardware = "cpu"
+
+    def __init__(self, run_dir: str | Path, timings: Timings | None = None):
+        super().__init__(timings or DEFAULTS["local"])
+        self.run_dir = str(run_dir)
+        self.jobsets = LocalJobSets(run_dir)
+
+    @classmethod
+    def where_logs_are(cls, plan: Plan) -> str:
+        """Each pod's log per restart attempt, in the JobSet's state directory."""
+        return f"{plan.run_dir}/jobsets/<jobset>/pods/<pod>.attempt-<N>.log"
+
+    # -- capacity ---------------------------------------------------------
+
+    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
+        """Check this machine can host the emulated slices; write (not apply) the Kueue objects.
+
+        Raises:
+            environment.TrainerEnvMissing: no trainer environment.
+            InsufficientCapacity: not enough memory for the processes, or the coordinator port is taken.
+        """
+        spec = plan.spec
+        manifest = storage.join(plan.run_dir, "manifests", "kueue.yaml")
+        storage.write_text(manifest, yaml.safe_dump_all(kueue_objects, sort_keys=False))
+        env = environment.trainer_env()
+        versions = environment.trainer_versions(env)
+        processes = spec.num_slices * plan.slice.hosts
+        needed = processes * environment.BYTES_PER_PROCESS
+        available = environment.available_memory_bytes()
+        if available < needed:
+            raise InsufficientCapacity(
+                f"{processes} trainer processes ({spec.num_slices} slices x {plan.slice.hosts} hosts) need about "
+                f"{needed / 2**30:.0f} GiB of memory; {available / 2**30:.1f} GiB is available",
+                "lower num_slices, or use a TPU type with fewer hosts per slice",
+            )
+        if environment.port_in_use(maxtext.CPU_COORDINATOR_PORT):
+            raise InsufficientCapacity(
+                f"port {maxtext.CPU_COORDINATOR_PORT} (MaxText's CPU JAX coordinator) is in use on this machine",
+                "stop the process holding it (another local run?) and retry",
+            )
+        note = (
+            "local backend: no node pools are created and no Kueue objects are applied; this machine hosts "
+            f"{spec.num_slices} emulated {plan.slice.name} slices as {processes} processes with "
+            f"{plan.slice.chips_per_host} CPU devices each (one per chip)"
+        )
+        tell(note)
+        tell(f"trainer environment {env}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        applied = [f"{o['kind']}/{o['metadata']['name']}" for o in kueue_objects]
+        tell(f"Kueue objects rendered and validated (not applied): {', '.join(applied)}")
+        return ProvisionReport(
+            backend=self.name,
+            note=note,
+            kueue_objects=applied,
+            kueue_manifest=manifest,
+            capacity={
+                "processes": processes,
+                "devices": plan.total_chips,
+                "cpu_cores": os.cpu_count(),
+                "memory_needed_bytes": needed,
+                "memory_available_bytes": available,
+            },
+            trainer_env=str(env),
+            trainer_versions=versions,
+        )
+
+    # -- a stage's workload -------------------------------------------------
+
+    def submit(self, manifest: dict[str, Any]) -> Submission:
+        """Create the JobSet (its supervisor starts the pods), or adopt an identical one."""
+        name = manifest["metadata"]["name"]
+        before = self.jobsets.get_jobset(name)
+        state = self.jobsets.create_jobset(manifest, start_timeout=self.timings.admit_timeout)
+        adopted = before is not None and before.phase != "Deleted" and before.created_at == state.created_at
+        return Submission(name=name, adopted=adopted)
+
+    def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
+        """At once: there is no Kueue here; a created JobSet runs."""
+        if self.jobsets.get_jobset(stage.jobset) is None:
+            raise TrainingFailed(f"JobSet {stage.jobset} does not exist on the local backend")
+        return Admission(
+            cluster_queue=plan.spec.cluster_queue,
+            flavors=[plan.slice.flavor_name],
+            wait_seconds=0.0,
+            note="local backend: no Kueue; a JobSet is admitted as soon as it is created",
+        )
+
+    def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
+        """Wait for every pod process of the JobSet to start; pod -> slice, host, process id."""
+        state = self.jobsets.wait(
+            stage.jobset, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
+        )
+        if state.phase != "Completed" and not _all_running(state):  # Completed: finished before we looked
+            exits = ", ".join(f"{p.hostname} exit {p.exit_code}" for p in state.pods if p.exit_code is not None)
+            raise LaunchFailed(
+                f"JobSet {stage.jobset} is {state.phase} ({state.reason}: {state.message}) before all pods ran; "
+                f"{exits}",
+                f"read the pods' logs under {self.jobsets.state_dir(stage.jobset) / 'pods'}",
+            )
+        placement = {
+            p.hostname: PodPlacement(slice=p.job_index, host=p.completion_index, node="localhost", pid=p.pid)
+            for p in state.pods
+        }
+        expected, slices = plan.spec.num_slices * plan.slice.hosts, {p.slice for p in placement.values()}
+        if len(placement) != expected or len(slices) != plan.spec.num_slices:
+            raise LaunchFailed(
+                f"JobSet {stage.jobset} runs {len(placement)} pods in {len(slices)} slices; the plan has "
+                f"{plan.spec.num_slices} slices x {plan.slice.hosts} hosts",
+                "render the JobSet (`multislice render`) and compare its replicas and parallelism with the plan",
+            )
+        return Running(
+            placement=placement,
+            note="local backend: every pod is a process on this machine; a slice is the set of processes of one "
+            "child Job",
+        )
+
+    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+        """Poll the JobSet's state and pass on each new line of every attempt's leader log, in order."""
+        name = stage.jobset
+        read: dict[int, int] = {}  # attempt -> bytes of its leader log passed on
+        events_seen = 0
+        deadline = time.monotonic() + self.timings.train_timeout
+        while True:
+            state = self.jobsets.get_jobset(name)
+            if state is None or state.phase == "Deleted":
+                raise TrainingFailed(f"JobSet {name} was deleted during training")
+            for event in state.events[events_seen:]:
+                tell(f"JobSet event {event.reason}: {event.message}")
+            events_seen = len(state.events)
+            for attempt in range(state.restarts + 1):
+                read[attempt] = self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0),
+                                              on_line, final=state.terminal or attempt < state.restarts)  # fmt: skip
+            if state.terminal:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s")
+            time.sleep(self.timings.poll_seconds)
+        logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
+        return Finished(phase=state.phase, restarts=state.restarts, leader_logs=logs)
+
+    @staticmethod
+    def _pass_on(path: Path, offset: int, on_line: Callable[[str], None], final: bool) -> int:
+        """Pass on the complete lines of ``path`` after ``offset`` (the last partial one too when ``final``)."""
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return offset
+        end = len(chunk) if final else chunk.rfind(b"\n") + 1
+        for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
+            on_line(line)
+        return offset + end
+
+    def failure_report(self, name: str) -> str:
+        """The JobSet's reason and restarts, then each failed pod's exit code and last log lines."""
+        state = self.jobsets.get_jobset(name)
+        if state is None:
+            return f"JobSet {name} does not exist"
+        lines = [f"JobSet {name} {state.phase}: {state.reason}: {state.message} (restarts: {state.restarts})"]
+        for pod in state.pods:
+            if pod.phase == "Failed" or pod.exit_code not in (None, 0):
+                lines.append(
+                    f"pod {pod.hostname} (slice {pod.job_index}, host {pod.completion_index}) exit code "
+                    f"{pod.exit_code}; last log lines ({pod.log}):"
+                )
+                lines.append(_tail(Path(pod.log)))
+        return "\n".join(lines)
+
+    def delete(self, name: str) -> bool:
+        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none."""
+        return self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout) is not None
+
+    def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
+        """Delete the pipeline run's JobSets that have not completed; completed ones are kept."""
+        deleted, kept = [], []
+        for state in self.jobsets.list_jobsets({names.LABEL_PIPELINE_RUN_ID: pipeline_run_id}):
+            if state.phase == "Completed":
+                kept.append(state.name)
+                continue
+            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout)
+            deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase if final else 'gone'})")
+        return deleted, kept
+
+    # -- work in the trainer environment --------------------------------------
+
+    def aot_session(self, plan: Plan, cache_dir: str | None, pipeline_run_id: str, tell: Tell) -> CompileSession:
+        """A trainer-environment process of this machine (:class:`.aot.AotSession`)."""
+        return AotSession(cache_dir, work_dir_for(plan))
+
+    def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
+        """The verifier as a trainer-environment process (:func:`.verifier.run`)."""
+        return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]

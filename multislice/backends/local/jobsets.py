@@ -1,0 +1,274 @@
+"""The local backend's JobSet API: CPU JobSets run on this machine, one process per pod.
+
+What the Kubernetes API plus the JobSet and Job controllers are to the GKE
+backend, :class:`LocalJobSets` is to the local one.
+
+Each JobSet gets a state directory ``<run_dir>/jobsets/<name>/`` and a
+detached supervisor process (:mod:`.supervisor`) that runs its pods in the
+trainer environment and keeps ``state.json`` current, so that the pipeline
+step that creates a JobSet and the steps that later watch it need not be the
+same process.
+
+Kubernetes semantics kept: a JobSet is validated against the JobSet CRD
+before it is created; creating a name that exists is AlreadyExists unless it
+is the same manifest (then the existing JobSet is adopted: a retried step
+does not start a second copy); a deleted JobSet stops every pod it started.
+Not modelled: scheduling, node pools and Kueue (there is one machine; every
+JobSet is admitted on creation), and one JobSet runs at a time, because
+MaxText's CPU path uses a fixed coordinator port
+(:data:`multislice.maxtext.CPU_COORDINATOR_PORT`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multislice import maxtext, names
+from multislice.backends.base import WorkloadConflict
+from multislice.backends.local.environment import port_in_use, trainer_env
+from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
+from multislice.backends.local.state import JobSetState, read_state, write_state
+from multislice.errors import InputError
+from multislice.render import schema
+
+
+class AlreadyExists(WorkloadConflict):
+    """A JobSet of that name exists with another manifest; nothing was changed."""
+
+
+class PortBusy(InputError):
+    """MaxText's CPU coordinator port is taken on this machine (another local JobSet or process)."""
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True when a process with this pid exists and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalJobSets:
+    """Creates, watches and deletes JobSets of one run on this machine.
+
+    Args:
+        run_dir: The run directory (``<output_dir>/<run_name>``); JobSet state
+            lives under ``run_dir/jobsets``.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.jobsets_dir = self.run_dir / "jobsets"
+
+    def state_dir(self, name: str) -> Path:
+        """State directory of a JobSet."""
+        return self.jobsets_dir / name
+
+    # -- create ---------------------------------------------------------
+
+    def create_jobset(self, manifest: dict[str, Any], start_timeout: float = 60) -> JobSetState:
+        """Create a JobSet and start its supervisor, or adopt an identical existing one.
+
+        Raises:
+            multislice.render.schema.ManifestInvalid: the manifest fails CRD validation.
+            UnsupportedManifest: a field the local backend cannot honour.
+            AlreadyExists: a JobSet of that name exists with another manifest.
+            TrainerEnvMissing: no trainer environment.
+        """
+        schema.validate(manifest)
+        self._check_supported(manifest)
+        env = trainer_env()
+        name = manifest["metadata"]["name"]
+        state_dir = self.state_dir(name)
+        existing = self.get_jobset(name)
+        if existing is not None:
+            old = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
+            if old == manifest:
+                return existing
+            if existing.phase != "Deleted":
+                raise AlreadyExists(
+                    f"JobSet {name} already exists ({existing.phase}, pipeline run "
+                    f"{existing.labels.get(names.LABEL_PIPELINE_RUN_ID, '?')}) with a different spec; nothing was "
+                    f"changed (its state is in {state_dir})",
+                    "choose another run_name, or delete that JobSet first",
+                )
+            state_dir.rename(state_dir.with_name(f"{name}.deleted-{int(existing.finished_at or time.time())}"))
+        running = [s for s in self.list_jobsets() if not s.terminal]
+        if running or port_in_use(maxtext.CPU_COORDINATOR_PORT):
+            holder = f"JobSet {running[0].name}" if running else "another process"
+            raise PortBusy(
+                f"cannot start JobSet {name}: {holder} holds MaxText's CPU coordinator port "
+                f"{maxtext.CPU_COORDINATOR_PORT}; the local backend runs one JobSet at a time",
+                "wait for it to finish, or delete it",
+            )
+        state_dir.mkdir(parents=True)
+        (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+        state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
+        state.event("Created", f"JobSet {name} created on the local backend")
+        write_state(state_dir, state)
+        with open(state_dir / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "multislice.backends.local.supervisor", str(state_dir), str(env)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=state_dir,
+            )
+        deadline = time.monotonic() + start_timeout
+        while (current := read_state(state_dir)) is not None and current.phase == "Pending":
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = (state_dir / "supervisor.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+                raise RuntimeError(f"the local supervisor of JobSet {name} did not start its pods:\n{log}")
+            time.sleep(0.1)
+        return current
+
+    @staticmethod
+    def _check_supported(manifest: dict[str, Any]) -> None:
+        for rj in manifest["spec"]["replicatedJobs"]:
+            job = rj["template"]["spec"]
+            if job.get("backoffLimit", 6) != 0:
+                raise UnsupportedManifest(
+                    f"replicatedJobs[{rj['name']}].template.spec.backoffLimit must be 0 on the local backend "
+                    "(multislice JobSets use 0: any pod failure fails its Job)"
+                )
+            for rule in job.get("podFailurePolicy", {}).get("rules", []):
+                if rule.get("action") not in ("FailJob", "Count"):
+                    raise UnsupportedManifest(f"podFailurePolicy action {rule.get('action')} is not supported locally")
+        for rule in manifest["spec"].get("failurePolicy", {}).get("rules", []):
+            if rule["action"] not in ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"):
+                raise UnsupportedManifest(f"failurePolicy action {rule['action']} is not supported locally")
+        expand_jobset(manifest)  # raises UnsupportedManifest for env it cannot resolve
+
+    # -- read -----------------------------------------------------------
+
+    def get_jobset(self, name: str) -> JobSetState | None:
+        """Current state of a JobSet, or None if it does not exist.
+
+        A JobSet whose supervisor died without reaching a terminal phase is
+        reported Failed with reason SupervisorLost.
+        """
+        state = read_state(self.state_dir(name))
+        if state is None or state.terminal:
+            return state
+        if state.supervisor_pid and not pid_alive(state.supervisor_pid):
+            state = read_state(self.state_dir(name))  # it may have finished between the two reads
+            if state is not None and not state.terminal:
+                state.phase = "Failed"
+                state.reason = "SupervisorLost"
+                log = self.state_dir(name) / "supervisor.log"
+                state.message = f"the local supervisor (pid {state.supervisor_pid}) is gone; see {log}"
+        return state
+
+    def list_jobsets(self, labels: dict[str, str] | None = None) -> list[JobSetState]:
+        """JobSets of this run whose labels include ``labels``."""
+        found = []
+        if not self.jobsets_dir.is_dir():
+            return found
+        for state_dir in sorted(self.jobsets_dir.iterdir()):
+            if not (state_dir / "state.json").exists() or ".deleted-" in state_dir.name:
+                continue
+            state = self.get_jobset(state_dir.name)
+            if state and all(state.labels.get(k) == v for k, v in (labels or {}).items()):
+                found.append(state)
+        return found
+
+    def wait(
+        self,
+        name: str,
+        predicate: Callable[[JobSetState], bool],
+        timeout: float,
+        poll: float = 0.5,
+        on_poll: Callable[[JobSetState], None] | None = None,
+    ) -> JobSetState:
+        """Poll a JobSet until ``predicate`` holds or it turns terminal.
+
+        Returns:
+            The state that satisfied the predicate, or the terminal state.
+
+        Raises:
+            TimeoutError: neither happened within ``timeout`` seconds.
+            KeyError: the JobSet does not exist.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.get_jobset(name)
+            if state is None:
+                raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
+            if on_poll:
+                on_poll(state)
+            if predicate(state) or state.terminal:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JobSet {name} still {state.phase} after {timeout:.0f} s")
+            time.sleep(poll)
+
+    def pod_log(self, name: str, job_index: int = 0, completion_index: int = 0, attempt: int | None = None) -> Path:
+        """Log file of a pod (the leader by default) at an attempt (the latest by default)."""
+        state = self.get_jobset(name)
+        if attempt is None:
+            attempt = state.restarts if state else 0
+        hostname = names.pod_hostname(name, job_index, completion_index)
+        return self.state_dir(name) / "pods" / f"{hostname}.attempt-{attempt}.log"
+
+    # -- delete ---------------------------------------------------------
+
+    def delete_jobset(self, name: str, timeout: float = 60) -> JobSetState | None:
+        """Delete a JobSet: stop its supervisor and every pod. Its state and logs stay on disk.
+
+        A deleted JobSet's name can be created again (the old state directory is
+        kept, renamed ``<name>.deleted-<time>``).
+
+        Returns:
+            The final state (phase Deleted), or None if it does not exist.
+        """
+        state = self.get_jobset(name)
+        if state is None or state.phase == "Deleted":
+            return state
+        if state.terminal and state.reason != "SupervisorLost":
+            # Finished: no process is left; record the deletion so the name can be reused.
+            state.event("Deleted", f"deleted after it {state.phase.lower()} ({state.reason})")
+            state.phase = "Deleted"
+            state.finished_at = state.finished_at or time.time()
+            write_state(self.state_dir(name), state)
+            return state
+        if pid_alive(state.supervisor_pid):
+            os.kill(state.supervisor_pid, signal.SIGTERM)
+            try:
+                return self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
+            except TimeoutError:
+                pass
+        # The supervisor is gone or stuck: stop what it started ourselves.
+        for pod in state.pods:
+            if pod.phase == "Running" and pod.pid:
+                try:
+                    os.killpg(pod.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if state.supervisor_pid and pid_alive(state.supervisor_pid):
+            os.kill(state.supervisor_pid, signal.SIGKILL)
+        state.phase = "Deleted"
+        state.reason = "Deleted"
+        state.message = "deleted; its supervisor was gone or did not stop, so its pods were killed directly"
+        state.finished_at = time.time()
+        state.event("Deleted", state.message)
+        write_state(self.state_dir(name), state)
+        return state

@@ -1,0 +1,327 @@
+"""Step reports: typed records of what each step did, written to the run directory and read back by attribute.
+
+Each step returns one of these and writes it as JSON to
+``<run_dir>/reports/[<stage>/]<step>.json`` through :mod:`multislice.storage`
+(a local path or ``gs://``, the same code). KFP components hand them on as
+plain dicts (:meth:`StepReport.to_dict`; a component output must be JSON)
+and the next component reads them back with ``model_validate``. The CLI's
+summary, the UI pages, :func:`multislice.delivery.results.read_run` and the
+exit handler's notification read them from the run directory.
+
+Units are in the field names: ``_bytes`` (bytes), ``_seconds`` (seconds),
+``_per_chip`` (one TPU chip), ``_per_device`` (one JAX device: a chip, or a
+CPU device standing in for one on the local backend).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from multislice import storage
+from multislice.plan import Plan, StagePlan
+
+
+class StepReport(BaseModel):
+    """Base of the step reports: strict fields (a misspelt one is an error), JSON-able."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: The step's name; the report file is ``<step>.json`` (``verification.json`` for verify_checkpoint).
+    step: ClassVar[str] = ""
+    #: The report's file name under ``reports/[<stage>/]``.
+    file_name: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (what a KFP component returns)."""
+        return self.model_dump(mode="json")
+
+
+def report_path(plan: Plan | str, file_name: str, stage: StagePlan | str | None = None) -> str:
+    """``<run_dir>/reports/[<stage>/]<file_name>`` (a local path or ``gs://`` URL) of a plan or a run directory."""
+    run_dir = plan.run_dir if isinstance(plan, Plan) else plan
+    name = stage.name if isinstance(stage, StagePlan) else stage
+    return storage.join(run_dir, "reports", *([name] if name else []), file_name)
+
+
+def write(plan: Plan, report: StepReport, stage: StagePlan | None = None) -> StepReport:
+    """Write a report to the run directory (local or ``gs://``) and return it."""
+    storage.write_json(report_path(plan, report.file_name, stage), report.to_dict())
+    return report
+
+
+def read(kind: type[StepReport], plan: Plan, stage: StagePlan | str | None = None) -> StepReport | None:
+    """A step's report from the run directory, or None when the step has not written one."""
+    data = storage.read_json(report_path(plan, kind.file_name, stage))
+    return None if data is None else kind.model_validate(data)
+
+
+class PlanReport(StepReport):
+    """plan: the validated, resolved run (:class:`multislice.plan.Plan`)."""
+
+    step: ClassVar[str] = "plan"
+    file_name: ClassVar[str] = "plan.json"
+    plan: Plan
+
+
+class HbmUse(BaseModel):
+    """XLA's ``CompiledMemoryStats`` of one AOT compile, bytes per chip.
+
+    ``total`` = argument + output + temp + generated_code - alias (what sits in HBM);
+    ``host_*`` is what host offloading keeps in host memory instead.
+    """
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    generated_code: int
+    host_argument: int = 0
+    host_output: int = 0
+    host_alias: int = 0
+    host_temp: int = 0
+    host_generated_code: int = 0
+    total: int
+
+
+class PreflightTarget(BaseModel):
+    """What a stage was compiled for: ``num_slices`` x ``tpu_type`` (``compile_topology`` in MaxText's names)."""
+
+    tpu_type: str
+    compile_topology: str
+    num_slices: int
+    chips: int
+
+
+class CostEstimate(BaseModel):
+    """Chip-hours and price of a stage's steps, from MaxText's model FLOPs (:func:`.preflight.cost_estimate`)."""
+
+    assumed_mfu: float
+    peak_bf16_flops_per_chip: float
+    estimated_step_seconds: float
+    steps: int
+    chips: int
+    chip_hours: float
+    price_per_chip_hour: float
+    currency: str
+    price_source: str
+    estimated_cost: float
+
+
+class PreflightReport(StepReport):
+    """preflight: one stage's AOT-compile verdict (:func:`multislice.preflight.stage_report`).
+
+    Attributes:
+        verdict: ``fits``, ``does_not_fit``, ``error`` (MaxText rejected the config, or no verdict) or ``skipped``.
+        hbm_bytes_per_chip: HBM XLA lets a program use per chip (the compiler's "available").
+        bytes_per_chip: What the stage uses, when it fits.
+        required_bytes_per_chip: What the compiler says it needs, when it does not fit.
+        headroom_bytes_per_chip: ``hbm_bytes_per_chip`` minus use (negative when it does not fit).
+        alternative: The planner's nearest fitting config when the stage does not fit (its ``as_dict``).
+    """
+
+    step: ClassVar[str] = "preflight"
+    file_name: ClassVar[str] = "preflight.json"
+    stage: str
+    verdict: Literal["fits", "does_not_fit", "error", "skipped"]
+    target: PreflightTarget | None = None
+    units: str = "bytes per chip (GiB = 2**30 bytes; XLA's 'G')"
+    hbm_bytes_per_chip: int | None = None
+    bytes_per_chip: HbmUse | None = None
+    required_bytes_per_chip: int | None = None
+    headroom_bytes_per_chip: int | None = None
+    compile_seconds: float | None = None
+    cached: bool = False
+    model_tflops_per_step_per_device: float | None = None
+    tokens_per_step_per_device: float | None = None
+    mesh: Any = None
+    versions: dict[str, str] | None = None
+    maxtext_args: list[str] = Field(default_factory=list)
+    compiler_message: str | None = None
+    error: str | None = None
+    cost: CostEstimate | None = None
+    alternative: dict[str, Any] | None = None
+
+    @property
+    def used_bytes_per_chip(self) -> int | None:
+        """HBM per chip the stage uses (fits) or needs (does not fit), bytes."""
+        return self.bytes_per_chip.total if self.bytes_per_chip else self.required_bytes_per_chip
+
+
+class ProvisionReport(StepReport):
+    """provision: capacity and queueing objects for the run.
+
+    Attributes:
+        backend: ``local`` or ``gke``.
+        node_pools: The TPU node pools, one per slice (GKE: created, adopted or checked).
+        kueue_objects: Kueue objects applied (GKE) or rendered and validated but not applied (local).
+        kueue_objects_left_to_admin: Cluster-scoped Kueue objects a cluster admin applies (GKE).
+        kueue_manifest: Where the rendered Kueue objects were written in the run directory.
+        crds: CRD name -> versions the cluster serves (GKE).
+        capacity: What this machine offers the emulated slices (local).
+        trainer_versions: Package -> version in the trainer environment (local).
+    """
+
+    step: ClassVar[str] = "provision"
+    file_name: ClassVar[str] = "provision.json"
+    backend: str
+    note: str = ""
+    node_pools: list[dict[str, Any]] = Field(default_factory=list)
+    kueue_objects: list[str] = Field(default_factory=list)
+    kueue_objects_left_to_admin: list[str] = Field(default_factory=list)
+    kueue_manifest: str | None = None
+    crds: dict[str, list[str]] | None = None
+    field_manager: str | None = None
+    namespace: str | None = None
+    capacity: dict[str, Any] | None = None
+    trainer_env: str | None = None
+    trainer_versions: dict[str, str] = Field(default_factory=dict)
+
+
+class AdmitReport(StepReport):
+    """admit: the stage's workload created (or adopted) and admitted by Kueue; or skipped.
+
+    Attributes:
+        skipped: The stage's final checkpoint already existed (a rerun): nothing was created.
+        adopted: A workload of this name and spec existed (a retried step) and was taken over.
+        flavors: Kueue ResourceFlavors assigned.
+        wait_seconds: From submission to admission.
+        workload: The Kueue Workload's name (GKE).
+        manifest: Where the submitted manifest was written in the run directory.
+    """
+
+    step: ClassVar[str] = "admit"
+    file_name: ClassVar[str] = "admit.json"
+    jobset: str
+    skipped: bool = False
+    reason: str = ""
+    admitted: bool = False
+    adopted: bool = False
+    local_queue: str | None = None
+    cluster_queue: str | None = None
+    flavors: list[str] = Field(default_factory=list)
+    wait_seconds: float = 0.0
+    workload: str | None = None
+    uid: str | None = None
+    manifest: str | None = None
+    note: str = ""
+
+
+class PodPlacement(BaseModel):
+    """Where one pod runs: its slice (child Job index), host (completion index), node and node pool."""
+
+    slice: int
+    host: int
+    node: str | None = None
+    node_pool: str | None = None
+    pid: int | None = None
+
+
+class LaunchReport(StepReport):
+    """launch: every pod of every slice running, and where (pod name -> placement)."""
+
+    step: ClassVar[str] = "launch"
+    file_name: ClassVar[str] = "launch.json"
+    jobset: str
+    skipped: bool = False
+    pods: int = 0
+    startup_seconds: float = 0.0
+    placement: dict[str, PodPlacement] = Field(default_factory=dict)
+    node_pools: list[str] = Field(default_factory=list)
+    note: str = ""
+
+
+class TrainReport(StepReport):
+    """train: what the stage's training did, from MaxText's per-step lines (:class:`multislice.metrics.TrainSummary`).
+
+    Attributes:
+        steps_trained: Distinct steps with metrics.
+        restarts: JobSet restarts during training.
+        wall_seconds: From following the training to its end.
+        step_time_seconds: Mean step time over steady steps.
+        metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
+        leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
+    """
+
+    step: ClassVar[str] = "train"
+    file_name: ClassVar[str] = "train.json"
+    jobset: str
+    skipped: bool = False
+    steps_trained: int | None = None
+    restarts: int | None = None
+    wall_seconds: float | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    first_loss: float | None = None
+    final_loss: float | None = None
+    step_time_seconds: float | None = None
+    tokens_per_second_per_device: float | None = None
+    tflops_per_second_per_device: float | None = None
+    records: int | None = None
+    metrics_file: str | None = None
+    leader_logs: list[str] = Field(default_factory=list)
+
+
+class Check(BaseModel):
+    """One check of the checkpoint verifier."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+class VerificationReport(StepReport):
+    """verify_checkpoint: the checkpoint verifier's report (``multislice/trainer/verify.py``).
+
+    Written by the trainer image, read here: fields it adds later are ignored, not refused.
+
+    Attributes:
+        verdict: ``PASS``, ``FAIL`` or ``ERROR`` (the verifier could not run; ``error`` says why).
+        written_mesh: Mesh axis -> size the checkpoint's arrays were sharded over when written.
+        job: The verifier's Job (GKE); ``report_file``: its report file (local).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    step: ClassVar[str] = "verify_checkpoint"
+    file_name: ClassVar[str] = "verification.json"
+    verdict: Literal["PASS", "FAIL", "ERROR"]
+    checks: list[Check] = Field(default_factory=list)
+    checkpoint_dir: str | None = None
+    expected_step: int | None = None
+    all_steps: list[int] = Field(default_factory=list)
+    latest_step: int | None = None
+    parameter_count: int | None = None
+    expected_parameter_count: int | None = None
+    written_mesh: dict[str, int] | str | None = None
+    state_step: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+    job: str | None = None
+    report_file: str | None = None
+
+    @property
+    def failed_checks(self) -> list[Check]:
+        """The checks that did not pass."""
+        return [c for c in self.checks if not c.passed]
+
+
+class CleanupReport(StepReport):
+    """cleanup (exit handler): what was deleted and kept, and the notification sent.
+
+    Attributes:
+        deleted: Objects deleted (workloads not completed, and their Jobs).
+        kept: Completed workloads, left alone.
+        error: Why nothing could be deleted (e.g. the cluster could not be reached).
+        notified: True when the webhook took the post, else its error; None when no webhook is set.
+        failed_step: The step that failed, when the run failed.
+    """
+
+    step: ClassVar[str] = "cleanup"
+    file_name: ClassVar[str] = "cleanup.json"
+    pipeline_status: str = ""
+    deleted: list[str] = Field(default_factory=list)
+    kept: list[str] = Field(default_factory=list)
+    error: str | None = None
+    notified: bool | str | None = None
+    failed_step: str | None = None

@@ -1,0 +1,149 @@
+"""One source of timeouts: what each step waits for, and the pod deadline the compiled pipeline gives it.
+
+A backend waits with its :class:`Timings` (:data:`DEFAULTS` per backend, with
+the profile's ``timeouts`` section on top: :func:`timings_for`). The compiled
+pipeline's pod deadlines (kfp-kubernetes ``set_timeout``, i.e. the pod's
+``activeDeadlineSeconds``) come from the same values (:func:`step_deadline`):
+a step's deadline is its longest wait (:meth:`Timings.longest_wait`) plus
+:data:`START_MARGIN_SECONDS` and one API retry deadline, on whichever backend
+waits longest, since ``backend`` is a run-time parameter. So a pod is never
+stopped while its step still has a wait left that would end in an actionable
+message (e.g. launch's "Unschedulable ... check node pools" after
+``unschedulable_grace``).
+
+All values are seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multislice.config import RunSpec
+
+#: The pipeline's steps, in graph order (the names of their components).
+STEPS = ("plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "cleanup")
+#: Time a step's pod needs besides its waits: start, imports, planning, writing reports.
+START_MARGIN_SECONDS = 300
+#: How long the exit handler's webhook POST may take (:mod:`multislice.delivery.notify`).
+NOTIFY_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Intervals and deadlines of the steps' waits, seconds.
+
+    Attributes:
+        poll_seconds: Between two reads of an object's (or a local JobSet's) status while waiting.
+        report_seconds: Between two "still waiting" progress lines.
+        watch_seconds: Server-side timeout of one watch request (``timeoutSeconds``); re-opened after it.
+        api_deadline: How long one API call is retried (429, 5xx, connection resets).
+        backoff_initial: First retry delay; doubled after each failure ...
+        backoff_max: ... up to this cap.
+        provision_timeout: How long provision may wait in all (node pool operations on GKE).
+        admit_timeout: How long admit waits for Kueue to admit the Workload.
+        launch_timeout: How long launch waits for every pod to run.
+        unschedulable_grace: How long a pod may stay Unschedulable before launch fails (within launch_timeout).
+        train_timeout: How long train follows a JobSet before giving up.
+        readmit_timeout: How long train waits for an evicted Workload to be admitted again (within train_timeout).
+        verify_timeout: How long the checkpoint verifier may run.
+        compile_timeout: How long one AOT compile may run (preflight).
+        alternative_budget: How long preflight may search for a fitting alternative to a stage that does not fit.
+        delete_timeout: How long deleting a workload may wait for its processes to stop (local backend).
+    """
+
+    poll_seconds: float = 5.0
+    report_seconds: float = 60.0
+    watch_seconds: int = 60
+    api_deadline: float = 300.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+    provision_timeout: float = 2 * 3600.0
+    admit_timeout: float = 6 * 3600.0
+    launch_timeout: float = 1800.0
+    unschedulable_grace: float = 600.0
+    train_timeout: float = 7 * 24 * 3600.0
+    readmit_timeout: float = 6 * 3600.0
+    verify_timeout: float = 1800.0
+    compile_timeout: float = 1200.0
+    alternative_budget: float = 600.0
+    delete_timeout: float = 60.0
+
+    def longest_wait(self, step: str) -> float:
+        """The longest a step waits (on others: the API, Kueue, pods, a compile), seconds.
+
+        ``preflight``: one stage's compile plus the alternative search (one task per stage);
+        ``cleanup``: deleting what is left (two lists and their deletes, each retried for at
+        most ``api_deadline``) plus the webhook post.
+
+        Raises:
+            KeyError: not a step of the pipeline.
+        """
+        waits = {
+            "plan": 0.0,
+            "preflight": self.compile_timeout + self.alternative_budget,
+            "provision": self.provision_timeout,
+            "admit": self.admit_timeout,
+            "launch": self.launch_timeout,
+            "train": self.train_timeout,
+            "verify_checkpoint": self.verify_timeout,
+            "cleanup": self.delete_timeout + 4 * self.api_deadline + NOTIFY_SECONDS,
+        }
+        return waits[step]
+
+    def deadline(self, step: str) -> int:
+        """The pod deadline for a step: its longest wait + one API retry deadline + the start margin, seconds."""
+        return math.ceil(self.longest_wait(step) + self.api_deadline + START_MARGIN_SECONDS)
+
+
+#: Each backend's waits. Local: no API and no Kueue, processes of this machine polled often;
+#: a local train of the tiny models takes minutes, so 6 h means something is stuck.
+DEFAULTS: dict[str, Timings] = {
+    "local": Timings(
+        poll_seconds=0.5,
+        report_seconds=60.0,
+        watch_seconds=1,
+        api_deadline=10.0,
+        backoff_initial=0.1,
+        backoff_max=1.0,
+        provision_timeout=120.0,
+        admit_timeout=120.0,
+        launch_timeout=300.0,
+        unschedulable_grace=300.0,
+        train_timeout=6 * 3600.0,
+        readmit_timeout=300.0,
+    ),  # fmt: skip
+    "gke": Timings(),
+}
+
+#: ``timeouts`` fields of a profile -> the :class:`Timings` field each sets.
+SPEC_FIELDS = {
+    "provision": "provision_timeout",
+    "admit": "admit_timeout",
+    "launch": "launch_timeout",
+    "unschedulable_grace": "unschedulable_grace",
+    "train": "train_timeout",
+    "readmit": "readmit_timeout",
+    "verify": "verify_timeout",
+    "compile": "compile_timeout",
+    "alternative_search": "alternative_budget",
+}
+
+
+def timings_for(spec: RunSpec, backend: str | None = None) -> Timings:
+    """The waits of a run on a backend (default the spec's): the backend's defaults, then the profile's ``timeouts``."""
+    base = DEFAULTS[backend or spec.backend]
+    changes = {SPEC_FIELDS[key]: value for key, value in spec.timeouts.model_dump().items() if value is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def step_deadline(spec: RunSpec, step: str) -> int:
+    """The pod deadline of ``step`` in the compiled pipeline: the largest over the backends, seconds.
+
+    ``backend`` is a pipeline parameter, so the YAML compiled for a local
+    profile may be run with ``backend=gke``; the deadline must cover both.
+    """
+    return max(timings_for(spec, backend).deadline(step) for backend in DEFAULTS)

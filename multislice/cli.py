@@ -231,10 +231,10 @@ def _find_plan(checkpoint_dir: str) -> tuple[Plan, str]:
     run_dir, _, stage_name = stage_dir.rpartition("/")
     found = storage.read_json(reports.report_path(run_dir, reports.PlanReport.file_name, stage_name))
     if found is None:
-        raise config.ConfigError(
-            [("PATH", f"no plan report of stage {stage_name!r} in {run_dir}/reports; give --profile and --stage "
-                      "(and the --set values of the run)")]
-        )  # fmt: skip
+        raise InputError(
+            f"no plan report of stage {stage_name!r} in {run_dir}/reports",
+            "give --profile and --stage (and the --set values of the run)",
+        )
     return reports.PlanReport.model_validate(found).plan, stage_name
 
 
@@ -245,10 +245,10 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     path = args.path.rstrip("/")
     checkpoint_dir = path if path.endswith("/checkpoints") or path == "checkpoints" else f"{path}/checkpoints"
     if not storage.path(checkpoint_dir).is_dir():
-        raise config.ConfigError(
-            [("PATH", f"no checkpoint directory at {checkpoint_dir}; give a stage's directory "
-                      "(<output_dir>/<run_name>/<stage>) or its checkpoints directory")]
-        )  # fmt: skip
+        raise InputError(
+            f"no checkpoint directory at {checkpoint_dir}",
+            "give a stage's directory (<output_dir>/<run_name>/<stage>) or its checkpoints directory",
+        )
     if args.profile:
         profile, overrides = _profile_and_overrides(args)
         plan = make_plan(config.load_spec(profile, overrides))

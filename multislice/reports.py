@@ -34,8 +34,20 @@ class StepReport(BaseModel):
     file_name: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (what a KFP component returns)."""
-        return self.model_dump(mode="json")
+        """Plain JSON data (what a KFP component returns), without null values at any depth.
+
+        kfp.local refuses a ``None`` inside a dict output ("Value must be one of the following
+        types: str, int, float, bool, dict, and list"); a field left out reads back as its default.
+        """
+        return _without_none(self.model_dump(mode="json"))
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def report_path(plan: Plan | str, file_name: str, stage: StagePlan | str | None = None) -> str:

@@ -1,9 +1,10 @@
-"""Golden files: rendered manifests and compiled pipelines, per profile.
+"""Golden files: rendered manifests and compiled pipelines per profile, and the CLI's transcripts.
 
 ``make goldens`` (``python -m tests.golden``) regenerates them; the tests in
-``tests/test_manifests.py`` and ``tests/test_pipeline.py`` fail when the
-rendering differs, so every change to what users apply or upload shows up in
-review as a diff of these files.
+``tests/test_manifests.py``, ``tests/test_pipeline.py`` and
+``tests/test_cli_transcripts.py`` fail when the output differs, so every
+change to what users apply, upload or read shows up in review as a diff of
+these files.
 """
 
 from __future__ import annotations
@@ -63,4 +64,114 @@ def regenerate() -> list[Path]:
             pipeline = GOLDEN_DIR / profile / name
             pipeline.write_text(compiled_pipeline(profile, target), encoding="utf-8")
             written.append(pipeline)
+    CLI_DIR.mkdir(exist_ok=True)
+    for name in CLI_COMMANDS:
+        cli_golden(name).write_text(cli_transcript(name), encoding="utf-8")
+        written.append(cli_golden(name))
     return written
+
+
+# ---------------------------------------------------------------------------
+# CLI transcripts: what a user sees, as xpk keeps its recipes/*.md.
+
+CLI_DIR = GOLDEN_DIR / "cli"
+ROOT = GOLDEN_DIR.parents[1]
+#: Transcript name -> the CLI's arguments. ``{out}`` and ``{cache}`` are scratch directories, shown as
+#: ``<OUT>`` and ``<CACHE>``. No cloud credentials and no kubeconfig are to be found (see :func:`_env`).
+CLI_COMMANDS: dict[str, list[str]] = {
+    "render": ["render", "--profile", "gke-v6e-16x2", "--output", "{out}/manifests"],
+    "compile": ["compile", "--profile", "gke-v6e-16x2", "--target", "vertex", "--output", "{out}/pipeline.yaml"],
+    "preflight-does-not-fit": [
+        "preflight", "--profile", "gke-v6e-16x2", "--stage", "seed-llama3-70b", "--no-alternative",
+        "--cache-dir", "{cache}",
+    ],
+    "bad-config": ["render", "--profile", "local", "--output", "{out}", "--set", "stages.0.ici.fsdp=8"],
+    "unknown-profile": ["compile", "--profile", "gke-v6e-16", "--output", "{out}/pipeline.yaml"],
+    "missing-checkpoint": ["verify-checkpoint", "{out}/runs/llama3-multislice/llama3-8b"],
+    "no-credentials": ["preflight", "--profile", "gke-v6e-16x2", "--on-cluster"],
+    "unreachable-cluster": [
+        "preflight", "--profile", "gke-v6e-16x2", "--on-cluster", "--set", "cluster.access=kubeconfig",
+    ],
+}  # fmt: skip
+
+#: The seed 70B command's verdict on 2 x v6e-16 as the compiler gave it here (libtpu 0.0.52;
+#: tests/data/oom_messages.json): what the transcript's verdict cache holds, so the transcript shows the
+#: CLI's output without a 30 s compile.
+SEED_VERDICT_MESSAGE = "v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command)"
+
+
+def _env(home: Path) -> dict[str, str]:
+    """This process's environment without any way to cloud credentials or a cluster."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "CLOUDSDK_", "KUBECONFIG"))}
+    return {
+        **env,
+        "PYTHONUNBUFFERED": "1",
+        "HOME": str(home),  # no ~/.kube/config, no ~/.config/gcloud credentials
+        "GOOGLE_APPLICATION_CREDENTIALS": str(home / "no-such-key.json"),
+        "KUBECONFIG": str(home / "no-such-kubeconfig"),
+        "CLOUDSDK_CONFIG": str(home / "gcloud"),
+    }
+
+
+def seed_verdict_cache(cache: Path) -> None:
+    """Store the recorded verdict of the seed 70B stage under its cache key (the trainer environment's versions)."""
+    import json
+    import subprocess
+
+    from multislice.backends.local import trainer_env, trainer_process_env
+    from multislice.preflight import request_for
+    from multislice.trainer import aot
+
+    env = trainer_env()
+    code = "import json; from multislice.trainer import aot; print(json.dumps(aot.versions()))"
+    found = json.loads(
+        subprocess.run(
+            [str(env / "bin" / "python"), "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=trainer_process_env(env),
+        ).stdout  # fmt: skip
+    )
+    spec = config.load_profile("gke-v6e-16x2")
+    plan = make_plan(config.load_spec(config.spec_to_data(spec.with_stages(spec.stage("seed-llama3-70b")))))
+    request = request_for(plan, plan.stages[0])
+    messages = json.loads((GOLDEN_DIR.parent / "data" / "oom_messages.json").read_text())["messages"]
+    result = {
+        "verdict": "does_not_fit", "oom": aot.parse_oom(messages[SEED_VERDICT_MESSAGE]), "compile_seconds": 13.6,
+        "model_tflops_per_step_per_device": 3548.09, "tokens_per_step_per_device": 8192.0, "versions": found,
+        "maxtext_args": request["maxtext_args"],
+    }  # fmt: skip
+    key = aot.cache_key(request["compile_topology"], request["num_slices"], request["maxtext_args"], found)
+    aot.cache_write(str(cache), key, result)
+
+
+def cli_transcript(name: str) -> str:
+    """Run ``multislice`` with the arguments of ``name`` and return what it printed, as a transcript.
+
+    Both streams, in order, then the exit status; scratch paths replaced by ``<OUT>`` and ``<CACHE>``.
+    """
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, cache, home = Path(tmp) / "out", Path(tmp) / "cache", Path(tmp) / "home"
+        for directory in (out, home):
+            directory.mkdir()
+        if name == "preflight-does-not-fit":
+            seed_verdict_cache(cache)
+        argv = [a.format(out=out, cache=cache) for a in CLI_COMMANDS[name]]
+        done = subprocess.run(
+            [sys.executable, "-m", "multislice.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, cwd=ROOT, env=_env(home), timeout=600,
+        )  # fmt: skip
+        text = done.stdout.replace(str(out), "<OUT>").replace(str(cache), "<CACHE>").replace(str(home), "<HOME>")
+        shown = " ".join(a.replace(str(out), "<OUT>").replace(str(cache), "<CACHE>") for a in argv)
+        return f"$ multislice {shown}\n{text}(exit {done.returncode})\n"
+
+
+def cli_golden(name: str) -> Path:
+    """The golden transcript file of a CLI command."""
+    return CLI_DIR / f"{name}.txt"

@@ -45,8 +45,8 @@ def cluster_path(cluster: ClusterSpec) -> str:
     missing = [f"cluster.{f}" for f in ("project", "location", "name") if not getattr(cluster, f)]
     if missing:
         raise ClusterAccessError(
-            f"{', '.join(missing)} not set: access gke needs the cluster's project, location and name "
-            "(set them in the profile, or use access in-cluster / kubeconfig)"
+            f"{', '.join(missing)} not set: access gke needs the cluster's project, location and name",
+            "set them in the profile's cluster section, or use cluster.access in-cluster or kubeconfig",
         )
     return f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}"
 
@@ -61,8 +61,9 @@ def _google_credentials(credentials: Any | None) -> Any:
         found, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
     except DefaultCredentialsError as error:
         raise ClusterAccessError(
-            f"no Google Cloud credentials for access gke ({error}); run the component with a service account "
-            "(Vertex AI Pipelines: the pipeline job's service_account) or use access in-cluster"
+            f"no Google Cloud credentials for cluster.access gke ({error})",
+            "run `gcloud auth application-default login` (or give the pipeline job a service account on Vertex AI "
+            "Pipelines), or use cluster.access in-cluster or kubeconfig",
         ) from error
     return found
 
@@ -96,16 +97,17 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
         found = container.get_cluster(name=name)
     except gexc.NotFound as error:
         raise ClusterAccessError(
-            f"GKE cluster {name} not found ({error.message}); check cluster.project, cluster.location "
-            "(the cluster's region or zone) and cluster.name"
+            f"GKE cluster {name} not found ({error.message})",
+            "check cluster.project, cluster.location (the cluster's region or zone) and cluster.name",
         ) from error
     except gexc.PermissionDenied as error:
         raise ClusterAccessError(
-            f"not allowed to read GKE cluster {name} ({error.message}); grant the component's service account "
-            "container.clusters.get (roles/container.clusterViewer) on the project"
+            f"not allowed to read GKE cluster {name} ({error.message})",
+            "grant the caller's service account container.clusters.get (roles/container.clusterViewer) on the "
+            "project",
         ) from error
     if not found.endpoint:
-        raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name}); retry later")
+        raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name})", "retry later")
     configuration = k8s.Configuration()
     configuration.host = f"https://{found.endpoint}"
     ca = found.master_auth.cluster_ca_certificate
@@ -136,8 +138,9 @@ def api_client(cluster: ClusterSpec, *, container: Any | None = None, credential
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException as error:
             raise ClusterAccessError(
-                f"access in-cluster, but this process is not in a Kubernetes pod with a ServiceAccount ({error}); "
-                "use access gke (Vertex AI Pipelines) or kubeconfig"
+                f"cluster.access in-cluster, but this process is not in a Kubernetes pod with a ServiceAccount "
+                f"({error})",
+                "use cluster.access gke (Vertex AI Pipelines, or a machine with gcloud credentials) or kubeconfig",
             ) from error
         return k8s.ApiClient(configuration)
     if cluster.access == "kubeconfig":
@@ -145,7 +148,7 @@ def api_client(cluster: ClusterSpec, *, container: Any | None = None, credential
             return k8s_config.new_client_from_config(context=cluster.kubeconfig_context)
         except (k8s_config.ConfigException, FileNotFoundError) as error:
             raise ClusterAccessError(
-                f"access kubeconfig: cannot load context {cluster.kubeconfig_context or '(current)'} ({error}); "
-                "check KUBECONFIG and cluster.kubeconfig_context"
+                f"access kubeconfig: cannot load context {cluster.kubeconfig_context or '(current)'} ({error})",
+                "check KUBECONFIG (or ~/.kube/config) and cluster.kubeconfig_context",
             ) from error
     return k8s.ApiClient(gke_configuration(cluster, container=container, credentials=credentials))

@@ -1,0 +1,48 @@
+"""Typed step reports: what a KFP component hands the next one, and what a run directory holds."""
+
+import pytest
+
+from multislice import config, reports
+from multislice.plan import make_plan
+
+
+def nulls(value, path="") -> list[str]:
+    """Paths of every None in plain data."""
+    if value is None:
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in nulls(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in nulls(v, f"{path}[{i}]")]
+    return []
+
+
+SAMPLES = [
+    reports.AdmitReport(jobset="r-s", workload=None, uid=None),
+    reports.LaunchReport(jobset="r-s", placement={"p": reports.PodPlacement(slice=0, host=1, node=None)}),
+    reports.TrainReport(jobset="r-s", skipped=True),
+    reports.ProvisionReport(backend="gke", node_pools=[{"name": "tpu-0", "reservation": None}]),
+    reports.PreflightReport(stage="s", verdict="error", error="x", alternative={"report": {"cost": None}}),
+    reports.VerificationReport(verdict="PASS", written_mesh=None),
+    reports.CleanupReport(error=None, notified=None),
+]
+
+
+@pytest.mark.parametrize("report", SAMPLES, ids=lambda r: type(r).__name__)
+def test_a_report_as_a_component_output_has_no_null_and_reads_back_the_same(report):
+    # kfp.local refuses a None inside a dict output ("Value must be one of the following types").
+    data = report.to_dict()
+    assert nulls(data) == []
+    again = type(report).model_validate(data)
+    assert again.to_dict() == data
+
+
+def test_reports_are_written_to_and_read_from_the_run_directory(tmp_path):
+    plan = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "r"}))
+    stage = plan.stages[0]
+    written = reports.write(plan, reports.AdmitReport(jobset=stage.jobset, admitted=True), stage)
+    assert (tmp_path / "r" / "reports" / stage.name / "admit.json").is_file()
+    assert reports.read(reports.AdmitReport, plan, stage) == written
+    assert reports.read(reports.TrainReport, plan, stage) is None
+    with pytest.raises(ValueError, match="jobset"):
+        reports.AdmitReport.model_validate({"skipped": False})  # a misspelt or missing field is an error

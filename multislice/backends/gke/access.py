@@ -103,8 +103,7 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
     except gexc.PermissionDenied as error:
         raise ClusterAccessError(
             f"not allowed to read GKE cluster {name} ({error.message})",
-            "grant the caller's service account container.clusters.get (roles/container.clusterViewer) on the "
-            "project",
+            "grant the caller's service account container.clusters.get (roles/container.clusterViewer) on the project",
         ) from error
     if not found.endpoint:
         raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name})", "retry later")

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from multislice import config
 from tests.conftest import ROOT
@@ -153,3 +154,23 @@ def test_cli_rejects_bad_config_and_starts_nothing(tmp_path, override, field):
     assert done.returncode == 2, done.stderr
     assert field in done.stderr and "nothing was created or started" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_model_presets_are_files_over_which_a_stage_sets_its_own_keys():
+    spec = config.load_profile("local")
+    tiny = yaml.safe_load((config.PROFILES_DIR / "models" / "llama3-tiny.yaml").read_text())
+    eight, seventy = (s.model for s in spec.stages)
+    assert eight.decoder_block == seventy.decoder_block == tiny["decoder_block"] == "llama2"
+    assert (eight.num_decoder_layers, seventy.num_decoder_layers) == (2, 4)  # the stage's key wins
+    assert "about 3.7M parameters" in seventy.label
+    deeper = config.load_profile("local", {"stages.1.model.num_decoder_layers": 6})
+    assert deeper.stages[1].model.num_decoder_layers == 6 and deeper.stages[1].model.emb_dim == 256
+    # The loaded spec holds the dims, not the preset's name: a compiled pipeline needs no preset file.
+    assert "preset" not in config.spec_to_data(spec)["stages"][0]["model"]
+    assert config.load_spec(config.spec_to_data(spec)) == spec
+
+
+def test_an_unknown_model_preset_names_the_known_ones():
+    with pytest.raises(config.ConfigError, match=r"stages\[0\] \(tiny-8b-recipe\).model.preset: no model preset "
+                                                 r"'llama9'; known presets: llama3-tiny"):  # fmt: skip
+        config.load_profile("local", {"stages.0.model.preset": "llama9"})

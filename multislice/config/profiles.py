@@ -1,4 +1,11 @@
-"""Profiles: reading ``configs/<profile>.yaml``, applying overrides, validating into a :class:`RunSpec`."""
+"""Profiles: reading ``configs/<profile>.yaml``, applying overrides and model presets, validating into a :class:`RunSpec`.
+
+A stage's ``model`` may name a preset, as MaxText's ``configs/models/<name>.yml``
+does for its models: ``model: {preset: llama3-tiny, num_decoder_layers: 4}``
+takes ``configs/models/llama3-tiny.yaml`` and the given keys on top. Presets
+are expanded when the spec is loaded, so the spec (and the compiled pipeline
+that embeds it) holds the full dims and needs no preset file at run time.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,50 @@ from multislice.errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: Where ``--profile NAME`` looks for ``NAME.yaml``.
 PROFILES_DIR = PROJECT_ROOT / "configs"
+#: Where a stage's ``model: {preset: NAME}`` looks for ``NAME.yaml``.
+PRESETS_DIR = PROFILES_DIR / "models"
+
+
+def known_presets() -> list[str]:
+    """Names of the model presets in :data:`PRESETS_DIR`."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def expand_presets(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of profile data whose stages' ``model: {preset: NAME, ...}`` hold the preset's keys, the given on top.
+
+    Raises:
+        ConfigError: an unknown preset (naming the known ones), or a preset file that is not a mapping.
+    """
+    result = dict(data)
+    issues: list[tuple[str, str]] = []
+    for key in ("stages", "example_stages"):
+        stages = data.get(key)
+        if not isinstance(stages, list):
+            continue
+        result[key] = []
+        for index, stage in enumerate(stages):
+            model = stage.get("model") if isinstance(stage, Mapping) else None
+            if not isinstance(model, Mapping) or "preset" not in model:
+                result[key].append(stage)
+                continue
+            where = f"{key}[{index}] ({stage.get('name', '')}).model.preset"
+            name = str(model["preset"])
+            path = PRESETS_DIR / f"{name}.yaml"
+            if not path.is_file():
+                issues.append((where, f"no model preset {name!r}; known presets: {', '.join(known_presets())}"))
+                result[key].append(stage)
+                continue
+            preset = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if not isinstance(preset, Mapping):
+                issues.append((where, f"{path} does not hold a mapping of model fields"))
+                result[key].append(stage)
+                continue
+            given = {k: v for k, v in model.items() if k != "preset"}
+            result[key].append({**stage, "model": {**preset, **given}})
+    if issues:
+        raise ConfigError(issues)
+    return result
 
 
 def _format_loc(loc: tuple[Any, ...], data: Mapping[str, Any]) -> str:
@@ -41,7 +92,7 @@ def _pydantic_issues(error: ValidationError, data: Mapping[str, Any]) -> list[tu
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field; check its spelling against the README's config reference"
+            message = "unknown field; check its spelling (the fields are in multislice/config/models.py)"
         elif err["type"] == "missing":
             message = "required field is missing"
         issues.append((_format_loc(loc, data), message))
@@ -49,7 +100,7 @@ def _pydantic_issues(error: ValidationError, data: Mapping[str, Any]) -> list[tu
 
 
 def load_spec(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunSpec:
-    """Validate a run spec given as plain data (a parsed profile), after overrides.
+    """Validate a run spec given as plain data (a parsed profile), after overrides and model presets.
 
     Args:
         data: The profile's content.
@@ -61,7 +112,7 @@ def load_spec(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = Non
     Raises:
         ConfigError: listing every bad field with its fix. Nothing is created.
     """
-    merged = apply_overrides(data, overrides or {})
+    merged = expand_presets(apply_overrides(data, overrides or {}))
     try:
         spec = RunSpec.model_validate(merged)
     except ValidationError as error:

@@ -1,4 +1,4 @@
-"""Profiles: reading ``configs/<profile>.yaml``, applying overrides and model presets, validating into a :class:`RunSpec`.
+"""Profiles: reading ``configs/<profile>.yaml``, applying overrides and model presets, validating a :class:`RunSpec`.
 
 A stage's ``model`` may name a preset, as MaxText's ``configs/models/<name>.yml``
 does for its models: ``model: {preset: llama3-tiny, num_decoder_layers: 4}``

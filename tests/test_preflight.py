@@ -1,6 +1,8 @@
 """Preflight: reading XLA's verdicts, the verdict cache, stage reports and costs, and one real AOT compile."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +13,8 @@ from multislice.backends.local.aot import AotSession
 from multislice.plan import make_plan
 from multislice.steps import preflight as step
 from multislice.trainer import aot
+from tests.conftest import ROOT
+from tests.golden import no_cloud_env
 
 DATA = Path(__file__).with_name("data")
 GIB = 2**30
@@ -151,18 +155,29 @@ def test_cli_names_a_stage_that_is_not_there():
 
 
 @pytest.mark.aot
-def test_real_aot_compile_of_the_seed_70b_command_does_not_fit_and_is_then_cached(tmp_path):
+def test_the_readme_example_compiles_here_without_credentials_and_a_rerun_is_cached(tmp_path):
+    """``multislice preflight --profile gke-v6e-16x2 --stage seed-llama3-70b``: a real AOT compile on this machine."""
+    home, cache, report = tmp_path / "home", tmp_path / "cache", tmp_path / "report.json"
+    home.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2", "--stage", "seed-llama3-70b",
+         "--no-alternative", "--cache-dir", str(cache), "--report", str(report)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=no_cloud_env(home), timeout=1500,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stdout, done.stdout[-3000:]
+    assert "on the local backend" in done.stdout
+    assert "[preflight seed-llama3-70b] does not fit on 2 x v6e-16: needs " in done.stdout
+    [first] = json.loads(report.read_text())["stages"]
+    assert first["verdict"] == "does_not_fit" and not first["cached"]
+    assert 45 * GIB < first["required_bytes_per_chip"] < 55 * GIB  # measured here: 49.82 GiB
+    assert first["model_tflops_per_step_per_device"] > 3000  # MaxText's count: 3548 TFLOP per chip per step
     plan = gke_plan("seed-llama3-70b")
     request = preflight.request_for(plan, plan.stages[0])
-    with AotSession(str(tmp_path / "cache"), tmp_path / "work") as session:
-        first = preflight.stage_report(plan, plan.stages[0], session.compile(request, timeout=1200))
-        again = session.compile(request, timeout=1200)
-    assert first.verdict == "does_not_fit" and not first.cached
-    assert 45 * GIB < first.required_bytes_per_chip < 55 * GIB  # measured here: 49.82 GiB
-    assert first.hbm_bytes_per_chip == plan.spec.slice_type.usable_hbm_bytes_per_chip
-    assert first.model_tflops_per_step_per_device > 3000  # MaxText's count: 3548 TFLOP per chip per step
-    assert again["cached"] and again["verdict"] == "does_not_fit"
-    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    with AotSession(str(cache), tmp_path / "work") as session:
+        again = preflight.stage_report(plan, plan.stages[0], session.compile(request, timeout=60))
+    assert again.cached and again.verdict == "does_not_fit"
+    assert again.hbm_bytes_per_chip == plan.spec.slice_type.usable_hbm_bytes_per_chip
+    assert len(list(cache.glob("*.json"))) == 1
 
 
 @pytest.mark.aot

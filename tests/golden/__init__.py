@@ -77,7 +77,7 @@ def regenerate() -> list[Path]:
 CLI_DIR = GOLDEN_DIR / "cli"
 ROOT = GOLDEN_DIR.parents[1]
 #: Transcript name -> the CLI's arguments. ``{out}`` and ``{cache}`` are scratch directories, shown as
-#: ``<OUT>`` and ``<CACHE>``. No cloud credentials and no kubeconfig are to be found (see :func:`_env`).
+#: ``<OUT>`` and ``<CACHE>``. No cloud credentials and no kubeconfig are to be found (see :func:`no_cloud_env`).
 CLI_COMMANDS: dict[str, list[str]] = {
     "render": ["render", "--profile", "gke-v6e-16x2", "--output", "{out}/manifests"],
     "compile": ["compile", "--profile", "gke-v6e-16x2", "--target", "vertex", "--output", "{out}/pipeline.yaml"],
@@ -100,7 +100,7 @@ CLI_COMMANDS: dict[str, list[str]] = {
 SEED_VERDICT_MESSAGE = "v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command)"
 
 
-def _env(home: Path) -> dict[str, str]:
+def no_cloud_env(home: Path) -> dict[str, str]:
     """This process's environment without any way to cloud credentials or a cluster."""
     import os
 
@@ -165,7 +165,7 @@ def cli_transcript(name: str) -> str:
         argv = [a.format(out=out, cache=cache) for a in CLI_COMMANDS[name]]
         done = subprocess.run(
             [sys.executable, "-m", "multislice.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, cwd=ROOT, env=_env(home), timeout=600,
+            text=True, cwd=ROOT, env=no_cloud_env(home), timeout=600,
         )  # fmt: skip
         text = done.stdout.replace(str(out), "<OUT>").replace(str(cache), "<CACHE>").replace(str(home), "<HOME>")
         shown = " ".join(a.replace(str(out), "<OUT>").replace(str(cache), "<CACHE>") for a in argv)

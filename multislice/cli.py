@@ -148,10 +148,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     outcome = "FAILED" if failure else "SUCCEEDED"
     print("\n".join(summary_lines(plan, time.monotonic() - started, outcome, run_dir)))
     if failure:
-        errors = [line.strip() for line in tee.lines if ERROR_LINE.match(line)]
+        errors = [i for i, line in enumerate(tee.lines) if ERROR_LINE.match(line)]
         print(f"\nFAILED: {failure}", file=sys.stderr)
         if errors:
-            print(f"cause: {errors[-1]}", file=sys.stderr)
+            print(f"cause: {tee.lines[errors[-1]].strip()}", file=sys.stderr)
+            after = tee.lines[errors[-1] + 1].strip() if errors[-1] + 1 < len(tee.lines) else ""
+            if after.startswith("fix: "):
+                print(after, file=sys.stderr)
         print(f"see {run_dir / 'pipeline.log'}", file=sys.stderr)
         return 1
     return 0
@@ -235,7 +238,7 @@ def _find_plan(checkpoint_dir: str) -> tuple[Plan, str]:
             f"no plan report of stage {stage_name!r} in {run_dir}/reports",
             "give --profile and --stage (and the --set values of the run)",
         )
-    return reports.PlanReport.model_validate(found).plan, stage_name
+    return reports.parse(reports.PlanReport, found).plan, stage_name
 
 
 def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
@@ -255,8 +258,12 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
         stage_name = args.stage or plan.stages[0].name
     else:
         plan, stage_name = _find_plan(checkpoint_dir)
+    try:
+        stage = plan.stage(stage_name)
+    except KeyError as error:
+        raise config.ConfigError([("--stage", str(error).strip("'\""))]) from None
     wait = timings.timings_for(plan.spec, "local").verify_timeout
-    status, report = verifier.run(plan.stage(stage_name), checkpoint_dir, wait)
+    status, report = verifier.run(stage, checkpoint_dir, wait)
     _write_json(args.report, report.to_dict())
     for check in report.checks:
         print(f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}")
@@ -554,8 +561,6 @@ def expected_error(error: BaseException) -> UserError | None:
 def report_error(error: UserError) -> int:
     """Print an expected error as ``error: <cause>`` and ``fix: <what to do>``; returns its exit status."""
     print(f"error: {error}", file=sys.stderr)
-    if error.fix:
-        print(f"fix: {error.fix}", file=sys.stderr)
     return error.exit_code
 
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """An expected error. ``str(error)`` is the cause; ``fix`` is what to do ('' when the cause says it).
+    """An expected error: ``message`` is the cause, ``fix`` what to do ('' when the cause says it).
+
+    ``str(error)`` is both, the fix on its own ``fix:`` line, so a pipeline task's
+    log (which prints the exception) shows what to do as well as the CLI does.
 
     Attributes:
+        message: What went wrong, naming the field, object or path.
         fix: One line: what the user should change or run.
         exit_code: The CLI's exit status for it.
     """
@@ -23,7 +27,11 @@ class UserError(Exception):
 
     def __init__(self, message: str, fix: str = ""):
         super().__init__(message)
+        self.message = message
         self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\nfix: {self.fix}" if self.fix else self.message
 
 
 class InputError(UserError):

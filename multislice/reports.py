@@ -63,10 +63,20 @@ def write(plan: Plan, report: StepReport, stage: StagePlan | None = None) -> Ste
     return report
 
 
-def read(kind: type[StepReport], plan: Plan, stage: StagePlan | str | None = None) -> StepReport | None:
-    """A step's report from the run directory, or None when the step has not written one."""
+def parse[R: StepReport](kind: type[R], data: dict[str, Any]) -> R:
+    """A report read back from a run directory: fields this version does not know are left out.
+
+    A run directory outlives an upgrade (a rerun under the same run name, a
+    schedule that continues one run), so an older report's retired fields must
+    not make it unreadable; what the report must hold is still checked.
+    """
+    return kind.model_validate({key: value for key, value in data.items() if key in kind.model_fields})
+
+
+def read[R: StepReport](kind: type[R], plan: Plan, stage: StagePlan | str | None = None) -> R | None:
+    """A step's report from the run directory (:func:`parse`), or None when the step has not written one."""
     data = storage.read_json(report_path(plan, kind.file_name, stage))
-    return None if data is None else kind.model_validate(data)
+    return None if data is None else parse(kind, data)
 
 
 class PlanReport(StepReport):
@@ -291,7 +301,7 @@ class VerificationReport(StepReport):
     Attributes:
         verdict: ``PASS``, ``FAIL`` or ``ERROR`` (the verifier could not run; ``error`` says why).
         written_mesh: Mesh axis -> size the checkpoint's arrays were sharded over when written.
-        job: The verifier's Job (GKE); ``report_file``: its report file (local).
+        job: The verifier's Job (GKE).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -310,7 +320,6 @@ class VerificationReport(StepReport):
     seconds: float | None = None
     error: str | None = None
     job: str | None = None
-    report_file: str | None = None
 
     @property
     def failed_checks(self) -> list[Check]:

@@ -59,9 +59,8 @@ def test_gke_access_to_a_missing_cluster_names_the_fields_to_check(served):
         << {"error": {"code": 404, "message": "Not found: tpu-cluster.", "status": "NOT_FOUND"}}
     )
     credentials = Credentials(token="t")
-    with pytest.raises(
-        access.ClusterAccessError, match=r"GKE cluster projects/proj/.*tpu-cluster not found .*check cluster.project"
-    ):
+    missing = r"(?s)GKE cluster projects/proj/.*tpu-cluster not found .*fix: check cluster.project"
+    with pytest.raises(access.ClusterAccessError, match=missing):
         access.api_client(CLUSTER, container=container_client(served, credentials), credentials=credentials)
 
 

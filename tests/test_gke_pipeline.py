@@ -14,7 +14,7 @@ def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
     path = compile_pipeline(config.read_profile("gke-v6e-16x2"), str(tmp_path / "p.yaml"))
     spec = next(yaml.safe_load_all(open(path)))  # the kfp target: the PipelineSpec, then its platform config
     parameters = spec["root"]["inputDefinitions"]["parameters"]
-    assert parameters["backend"]["defaultValue"] == "gke"  # each step dispatches on plan.spec.backend
+    assert parameters["backend"]["defaultValue"] == "gke"  # each step acts through the backend the plan names
     executors = spec["deploymentSpec"]["executors"]
     sources = "\n".join(" ".join(e["container"]["command"]) for e in executors.values())
     for step in STEPS:

@@ -1,6 +1,9 @@
 """Failure notification: the exit handler posts the final status, failed step and error to a loopback webhook."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 from multislice import config
 from multislice.delivery import notify
@@ -16,7 +19,8 @@ def _run_dir_with_reports(tmp_path, done):
     for stage, name in done:
         path = reports / stage / f"{name}.json" if stage else reports / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan if name == "plan" else {}))
+        verdict = {"preflight": "fits", "verification": "PASS"}.get(name)
+        path.write_text(json.dumps(plan if name == "plan" else {"verdict": verdict} if verdict else {}))
     return str(tmp_path / "nightly"), [s.name for s in spec.stages]
 
 
@@ -32,8 +36,18 @@ def test_failed_step_from_local_reports(tmp_path):
     assert notify.failed_step_from_reports(run_dir) == "provision"
     _run_dir_with_reports(tmp_path, [(None, "provision"), (s1, "admit"), (s1, "launch")])
     assert notify.failed_step_from_reports(run_dir) == f"train {s1}"
-    _run_dir_with_reports(tmp_path, [(s1, "train"), (s1, "verification")])
+    _run_dir_with_reports(tmp_path, [(s1, "train")])
+    Path(run_dir, "reports", s1, "verification.json").write_text(json.dumps({"verdict": "FAIL"}))
+    assert notify.failed_step_from_reports(run_dir) == f"verify_checkpoint {s1}"  # written before its FAIL raised
+    Path(run_dir, "reports", s1, "verification.json").write_text(json.dumps({"verdict": "PASS"}))
     assert notify.failed_step_from_reports(run_dir) == f"admit {s2}"
+
+
+def test_a_stage_that_does_not_fit_is_the_failed_step(tmp_path):
+    run_dir, (s1, s2) = _run_dir_with_reports(tmp_path, [(s1, "plan") for s1 in ("tiny-8b-recipe", "tiny-70b-recipe")])
+    for stage, verdict in ((s1, "fits"), (s2, "does_not_fit")):  # preflight writes every report, then raises
+        Path(run_dir, "reports", stage, "preflight.json").write_text(json.dumps({"verdict": verdict}))
+    assert notify.failed_step_from_reports(run_dir) == f"preflight {s2}"
 
 
 def test_failed_step_from_the_orchestrator_message(tmp_path):
@@ -82,3 +96,25 @@ def test_a_failing_webhook_does_not_fail_cleanup(tmp_path):
 def test_no_webhook_no_post(tmp_path):
     result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED")
     assert result.notified is None
+
+
+class _ApiDown:
+    """A backend whose API keeps failing while cleanup lists what the run left."""
+
+    def cleanup(self, pipeline_run_id, tell):
+        from multislice.backends.gke.retry import ApiUnavailable
+
+        raise ApiUnavailable("list JobSets kept failing for 300 s, last with HTTP 503", "check the API server")
+
+
+def test_cleanup_notifies_even_when_the_api_is_down_then_fails(tmp_path):
+    from multislice.backends.gke.retry import ApiUnavailable
+
+    with FakeServer() as hook:
+        with pytest.raises(ApiUnavailable, match="HTTP 503"):
+            cleanup.run("gke", str(tmp_path), "nightly", "x", "FAILED", backend=_ApiDown(),
+                        notify_webhook_url=f"{hook.url}/hook")  # fmt: skip
+        [posted] = hook.state.hooks
+    assert posted["status"] == "FAILED"
+    written = json.loads((tmp_path / "nightly" / "reports" / "cleanup.json").read_text())
+    assert "HTTP 503" in written["error"] and written["notified"] is True

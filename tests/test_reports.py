@@ -1,5 +1,7 @@
 """Typed step reports: what a KFP component hands the next one, and what a run directory holds."""
 
+import json
+
 import pytest
 
 from multislice import config, reports
@@ -46,3 +48,7 @@ def test_reports_are_written_to_and_read_from_the_run_directory(tmp_path):
     assert reports.read(reports.TrainReport, plan, stage) is None
     with pytest.raises(ValueError, match="jobset"):
         reports.AdmitReport.model_validate({"skipped": False})  # a misspelt or missing field is an error
+    # A report an older version wrote, with fields since retired, still reads back.
+    older = {"jobset": stage.jobset, "skipped": False, "steps_recorded": 20, "leader_log": "/x", "steps_trained": 20}
+    (tmp_path / "r" / "reports" / stage.name / "train.json").write_text(json.dumps(older))
+    assert reports.read(reports.TrainReport, plan, stage).steps_trained == 20

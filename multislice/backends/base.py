@@ -60,6 +60,14 @@ class WorkloadConflict(InputError):
     """A workload of that name exists with another spec (another run): nothing was changed."""
 
 
+class WorkloadDeleted(RunFailed):
+    """A stage's workload was deleted (by a user, or another run's cleanup) while a step waited on it."""
+
+
+class VerifierTimeout(RunFailed):
+    """The checkpoint verifier ran past ``timings.verify_timeout``; it was stopped."""
+
+
 @dataclass(frozen=True)
 class Submission:
     """What :meth:`Backend.submit` did.
@@ -188,6 +196,7 @@ class Backend(abc.ABC):
 
         Raises:
             AdmissionTimeout: not admitted in time (the message has the last pending reason).
+            WorkloadDeleted: the workload was deleted while waiting.
         """
 
     @abc.abstractmethod
@@ -195,8 +204,9 @@ class Backend(abc.ABC):
         """Wait until every pod of every slice runs (``timings.launch_timeout``); where they run.
 
         Raises:
-            LaunchFailed: they cannot all start (the message quotes the pods' state and events).
-            TimeoutError: not all running in time.
+            LaunchFailed: they cannot all start (the message quotes the pods' state and events), or not all
+                run within ``timings.launch_timeout``.
+            WorkloadDeleted: the workload was deleted while waiting.
         """
 
     @abc.abstractmethod
@@ -208,8 +218,9 @@ class Backend(abc.ABC):
         the workload (restarts, evictions).
 
         Raises:
-            TrainingFailed: the workload was deleted, or not admitted again after an eviction in time.
-            TimeoutError: still running after ``timings.train_timeout``.
+            TrainingFailed: not admitted again after an eviction in time, or still running after
+                ``timings.train_timeout``.
+            WorkloadDeleted: the workload was deleted during training.
         """
 
     @abc.abstractmethod
@@ -235,6 +246,7 @@ class Backend(abc.ABC):
         """Run the checkpoint verifier on the stage's checkpoint directory; its report.
 
         Raises:
+            VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
             multislice.errors.RunFailed: the verifier left no report.
         """
 

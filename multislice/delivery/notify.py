@@ -34,15 +34,28 @@ AFTER_PROVISION = (
     ("admit", "admit.json"), ("launch", "launch.json"), ("train", "train.json"),
     ("verify_checkpoint", "verification.json"),
 )  # fmt: skip
+#: Reports written even when their step fails (then before it raises): file -> the verdicts of a step that passed.
+PASSING_VERDICTS = {"preflight.json": ("fits", "skipped"), "verification.json": ("PASS",)}
 POST_TIMEOUT_SECONDS = 10.0
 _FAILED_TASKS = re.compile(r"failed tasks are: \[([^\]]*)\]")
 
 
-def failed_step_from_reports(run_dir: str) -> str | None:
-    """The first step without a report in a run directory (``<step> <stage>`` or ``provision``); None if none.
+def _done(path: Any) -> bool:
+    """The step behind a report file finished: the report exists and, where it has a verdict, a passing one."""
+    if not path.exists():
+        return False
+    passing = PASSING_VERDICTS.get(path.name)
+    return passing is None or json.loads(path.read_text()).get("verdict") in passing
 
-    Reads ``<run_dir>/reports`` (local or ``gs://``); stages are ordered as in
-    their plan report (``reports/<stage>/plan.json``).
+
+def failed_step_from_reports(run_dir: str) -> str | None:
+    """The first step that did not finish, from a run directory's reports; None if every step did.
+
+    Returns ``<step> <stage>`` or ``provision``. Reads ``<run_dir>/reports``
+    (local or ``gs://``); stages are ordered as in their plan report
+    (``reports/<stage>/plan.json``). A preflight report that is not ``fits``
+    (or ``skipped``) and a verification that is not ``PASS`` count as failed
+    steps: both are written before their step raises.
     """
     reports = storage.path(run_dir) / "reports"
     stages: list[str] = []
@@ -56,13 +69,13 @@ def failed_step_from_reports(run_dir: str) -> str | None:
         return "plan"
     for stage in stages:
         for step, file_name in BEFORE_PROVISION:
-            if not (reports / stage / file_name).exists():
+            if not _done(reports / stage / file_name):
                 return f"{step} {stage}"
     if not (reports / "provision.json").exists():
         return "provision"
     for stage in stages:
         for step, file_name in AFTER_PROVISION:
-            if not (reports / stage / file_name).exists():
+            if not _done(reports / stage / file_name):
                 return f"{step} {stage}"
     return None
 

@@ -14,7 +14,7 @@ through :mod:`multislice.storage` (``gs://`` by gcsfs, which honours
 from __future__ import annotations
 
 from multislice import identity, storage
-from multislice.reports import StepReport, TrainReport, VerificationReport, report_path
+from multislice.reports import StepReport, TrainReport, VerificationReport, parse, report_path
 
 #: The reports :func:`read_run` returns per stage: key -> report type.
 STAGE_REPORTS: dict[str, type[StepReport]] = {"train": TrainReport, "verification": VerificationReport}
@@ -39,5 +39,5 @@ def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, dic
         for key, kind in STAGE_REPORTS.items():
             data = storage.read_json(report_path(run_dir, kind.file_name, stage))
             if data is not None:
-                results[stage][key] = kind.model_validate(data)
+                results[stage][key] = parse(kind, data)
     return results

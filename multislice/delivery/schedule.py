@@ -16,7 +16,7 @@ month day-of-week`` (numbers, ``*``, ranges ``a-b``, lists ``a,b``, steps
 
 Each scheduled run gets its own run name: the schedule sends
 ``unique_run_name=true``, and the plan step appends the pipeline run's ID to
-``run_name`` (:func:`multislice.config.parameters.unique_run_name`), so two runs
+``run_name`` (:func:`multislice.identity.unique_run_name`), so two runs
 never write the same checkpoints. ``continue_run=True`` instead keeps one
 fixed run name for every run of the schedule: each run resumes the same
 run's checkpoints (MaxText restores the latest step; a stage whose final

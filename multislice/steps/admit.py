@@ -67,9 +67,8 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         if submitted.adopted:
             raise
         backend.delete(stage.jobset)
-        raise AdmissionTimeout(
-            f"{error}; JobSet {stage.jobset} (created by this step) was deleted", error.fix
-        ) from None
+        deleted = f"; JobSet {stage.jobset} (created by this step) was deleted"
+        raise AdmissionTimeout(error.message + deleted, error.fix) from None
     report = AdmitReport(
         jobset=stage.jobset,
         admitted=True,

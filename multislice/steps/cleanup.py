@@ -56,7 +56,8 @@ def run(
         cannot be reached is reported (``error``), not raised: nothing is deleted then.
 
     Raises:
-        multislice.backends.gke.retry.ApiUnavailable: (GKE) the API kept failing; the run's objects may remain.
+        multislice.backends.gke.retry.ApiUnavailable: (GKE) the API kept failing; the run's objects may remain
+            (raised after the notification and the report, which say so).
     """
     identity = run_identity(run_name, output_dir, unique_run_name_from=pipeline_run_id if unique_run_name else "")
     tell = teller("cleanup")
@@ -67,13 +68,18 @@ def run(
         )
     except (UserError, ValueError) as error:
         tell(f"cannot reach the {backend_name} backend, so nothing was deleted: {error}")
-        report.error = str(error)
-    else:
-        report.deleted, report.kept = backend.cleanup(pipeline_run_id, tell)
-        tell(
-            f"pipeline {pipeline_status or 'finished'}; pipeline run {pipeline_run_id}: deleted "
-            f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
-        )
+        backend, report.error = None, str(error)
+    failed: UserError | None = None
+    if backend is not None:
+        try:
+            report.deleted, report.kept = backend.cleanup(pipeline_run_id, tell)
+        except UserError as error:  # the API kept failing: notify first, then fail the exit handler
+            failed, report.error = error, str(error)
+        else:
+            tell(
+                f"pipeline {pipeline_status or 'finished'}; pipeline run {pipeline_run_id}: deleted "
+                f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
+            )
     if notify_webhook_url:
         state = pipeline_status or "UNKNOWN"
         step = notify.failed_step(error_message, identity.run_dir) if state != "SUCCEEDED" else None
@@ -81,8 +87,11 @@ def run(
         problem = notify.post(notify_webhook_url, payload)
         say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
         report.notified, report.failed_step = (True if problem is None else problem), step
-    try:
-        storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
-    except Exception as error:  # noqa: BLE001 - the exit handler's own report is best effort
-        tell(f"report not written to {identity.run_dir}: {error}")
+    if output_dir:  # without one (planning failed on it) there is no run directory to write to
+        try:
+            storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
+        except Exception as error:  # noqa: BLE001 - the exit handler's own report is best effort
+            tell(f"report not written to {identity.run_dir}: {error}")
+    if failed is not None:
+        raise failed
     return report

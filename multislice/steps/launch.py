@@ -31,8 +31,9 @@ def run(
     component); a stage admit skipped is passed through.
 
     Raises:
-        multislice.backends.base.LaunchFailed: the pods cannot all start (the message says why and what to check).
-        TimeoutError: not all running within ``timings.launch_timeout``.
+        multislice.backends.base.LaunchFailed: the pods cannot all start, or not within ``timings.launch_timeout``
+            (the message says why and what to check).
+        multislice.backends.base.WorkloadDeleted: the workload was deleted while waiting.
     """
     stage = plan.stage(stage_name)
     admitted = AdmitReport.model_validate(admitted)

@@ -47,8 +47,9 @@ def run(
     component); a stage admit skipped is passed through.
 
     Raises:
-        multislice.backends.base.TrainingFailed: the workload failed, was deleted or the run was cancelled.
-        TimeoutError: still running after ``timings.train_timeout``.
+        multislice.backends.base.TrainingFailed: the workload failed, the run was cancelled, or it still ran after
+            ``timings.train_timeout``.
+        multislice.backends.base.WorkloadDeleted: the workload was deleted during training.
     """
     stage = plan.stage(stage_name)
     admitted = AdmitReport.model_validate(admitted)

@@ -24,6 +24,8 @@ from multislice.backends.base import (
     Submission,
     Tell,
     TrainingFailed,
+    VerifierTimeout,
+    WorkloadDeleted,
 )
 from multislice.backends.gke import access, cluster, jobset, logs, nodepool, pods, verifier, watch, workload
 from multislice.backends.gke.aot import JobAotSession
@@ -35,6 +37,11 @@ from multislice.timings import DEFAULTS, Timings
 
 #: Last lines of a failed pod's log quoted in a failure report.
 TAIL_LINES = 25
+
+
+def waiting_states(current: list[Any], running: list[Any]) -> list[str]:
+    """Why the pods not yet Running wait: their Unschedulable messages, else their phases."""
+    return sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
 
 
 class GkeBackend(Backend):
@@ -160,7 +167,7 @@ class GkeBackend(Backend):
         while True:
             js = self.kube.get_jobset(stage.jobset)
             if js is None:
-                raise LaunchFailed(f"JobSet {stage.jobset} was deleted before all its pods ran")
+                raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted before all its pods ran")
             state = jobset.phase(js)
             if state == "Failed":
                 raise LaunchFailed(f"JobSet {stage.jobset} failed before all its pods ran: {jobset.describe(js)}")
@@ -189,13 +196,14 @@ class GkeBackend(Backend):
             if state == "Completed" or (state == "Running" and len(running) == expected):
                 break
             if now - last_report >= timings.report_seconds:
-                waiting = sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
-                tell(f"{len(running)}/{expected} pods Running; JobSet {state}; others: {waiting}")
+                others = waiting_states(current, running)
+                tell(f"{len(running)}/{expected} pods Running; JobSet {state}; others: {others}")
                 last_report = now
             if now - started > timings.launch_timeout:
-                raise TimeoutError(
+                raise LaunchFailed(
                     f"JobSet {stage.jobset}: {len(running)}/{expected} pods Running after "
-                    f"{timings.launch_timeout:.0f} s"
+                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(current, running)}",
+                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
                 )
             time.sleep(timings.poll_seconds)
         where = pods.placement(self.kube, running)
@@ -231,7 +239,7 @@ class GkeBackend(Backend):
                     if js is None:
                         kind = "DELETED"
                 if kind == "DELETED":
-                    raise TrainingFailed(f"JobSet {stage.jobset} was deleted during training")
+                    raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted during training")
                 state = jobset.phase(js)
                 if jobset.restarts(js) != seen_restarts:
                     seen_restarts = jobset.restarts(js)
@@ -258,7 +266,10 @@ class GkeBackend(Backend):
         finally:
             follower.stop()
         if final is None:
-            raise TimeoutError(f"JobSet {stage.jobset} still running after {timings.train_timeout:.0f} s")
+            raise TrainingFailed(
+                f"JobSet {stage.jobset} still running after {timings.train_timeout:.0f} s",
+                "raise timeouts.train if the stage needs longer",
+            )
         follower.join(timeout=timings.poll_seconds * 4 + 5)
         follower.catch_up()
         return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed)
@@ -318,5 +329,10 @@ class GkeBackend(Backend):
         """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet."""
         js = self.kube.get_jobset(stage.jobset) or {}
         run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
-        found = verifier.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+        try:
+            found = verifier.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+        except TimeoutError as error:
+            raise VerifierTimeout(
+                f"{error}; the Job was deleted", "raise timeouts.verify if the checkpoint is that large"
+            ) from None
         return VerificationReport.model_validate(found)

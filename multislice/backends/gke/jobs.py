@@ -45,7 +45,7 @@ def run_job(
         no pod was found), and the pod's name or None.
 
     Raises:
-        TimeoutError: not finished within ``timeout`` seconds.
+        TimeoutError: not finished within ``timeout`` seconds (the Job was deleted, so nothing runs on).
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
     body = jobsets.with_spec_hash(body)
@@ -71,6 +71,10 @@ def run_job(
         if state:
             break
         if time.monotonic() > deadline:
+            kube.call(
+                kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
+                what=f"delete Job {name}",
+            )  # fmt: skip
             raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
         time.sleep(kube.timings.poll_seconds)
     found = kube.call(

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multislice.backends.base import AdmissionTimeout
+from multislice.backends.base import AdmissionTimeout, WorkloadDeleted
 from multislice.backends.gke import jobset
 from multislice.backends.gke.client import Kube
 
@@ -91,14 +91,14 @@ def wait_admitted(
 
     Raises:
         AdmissionTimeout: not admitted within ``timeout`` seconds (message: the last reason).
-        KeyError: the JobSet disappeared while waiting.
+        WorkloadDeleted: the JobSet disappeared while waiting.
     """
     started = time.monotonic()
     last_reason, last_report = None, 0.0
     while True:
         js = kube.get_jobset(js_name)
         if js is None:
-            raise KeyError(f"JobSet {kube.namespace}/{js_name} was deleted while waiting for admission")
+            raise WorkloadDeleted(f"JobSet {kube.namespace}/{js_name} was deleted while waiting for admission")
         workload = find(kube, js)
         if admitted(workload):
             return workload, time.monotonic() - started

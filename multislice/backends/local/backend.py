@@ -22,9 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from multislice import maxtext, names, storage
+from multislice import maxtext, names
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -35,6 +33,7 @@ from multislice.backends.base import (
     Submission,
     Tell,
     TrainingFailed,
+    WorkloadDeleted,
 )
 from multislice.backends.local import environment, verifier
 from multislice.backends.local.aot import AotSession
@@ -92,8 +91,6 @@ class LocalBackend(Backend):
             InsufficientCapacity: not enough memory for the processes, or the coordinator port is taken.
         """
         spec = plan.spec
-        manifest = storage.join(plan.run_dir, "manifests", "kueue.yaml")
-        storage.write_text(manifest, yaml.safe_dump_all(kueue_objects, sort_keys=False))
         env = environment.trainer_env()
         versions = environment.trainer_versions(env)
         processes = spec.num_slices * plan.slice.hosts
@@ -123,7 +120,6 @@ class LocalBackend(Backend):
             backend=self.name,
             note=note,
             kueue_objects=applied,
-            kueue_manifest=manifest,
             capacity={
                 "processes": processes,
                 "devices": plan.total_chips,
@@ -141,14 +137,14 @@ class LocalBackend(Backend):
         """Create the JobSet (its supervisor starts the pods), or adopt an identical one."""
         name = manifest["metadata"]["name"]
         before = self.jobsets.get_jobset(name)
-        state = self.jobsets.create_jobset(manifest, start_timeout=self.timings.admit_timeout)
+        state = self.jobsets.create_jobset(manifest)
         adopted = before is not None and before.phase != "Deleted" and before.created_at == state.created_at
         return Submission(name=name, adopted=adopted)
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """At once: there is no Kueue here; a created JobSet runs."""
         if self.jobsets.get_jobset(stage.jobset) is None:
-            raise TrainingFailed(f"JobSet {stage.jobset} does not exist on the local backend")
+            raise WorkloadDeleted(f"JobSet {stage.jobset} does not exist on the local backend", "rerun the stage")
         return Admission(
             cluster_queue=plan.spec.cluster_queue,
             flavors=[plan.slice.flavor_name],
@@ -158,9 +154,14 @@ class LocalBackend(Backend):
 
     def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
         """Wait for every pod process of the JobSet to start; pod -> slice, host, process id."""
-        state = self.jobsets.wait(
-            stage.jobset, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
-        )
+        try:
+            state = self.jobsets.wait(
+                stage.jobset, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
+            )
+        except KeyError:
+            raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted before all its pods ran") from None
+        except TimeoutError as error:
+            raise LaunchFailed(str(error), "read the pods' logs; raise timeouts.launch if start-up is slow") from None
         if state.phase != "Completed" and not _all_running(state):  # Completed: finished before we looked
             exits = ", ".join(f"{p.hostname} exit {p.exit_code}" for p in state.pods if p.exit_code is not None)
             raise LaunchFailed(
@@ -194,7 +195,7 @@ class LocalBackend(Backend):
         while True:
             state = self.jobsets.get_jobset(name)
             if state is None or state.phase == "Deleted":
-                raise TrainingFailed(f"JobSet {name} was deleted during training")
+                raise WorkloadDeleted(f"JobSet {name} was deleted during training")
             for event in state.events[events_seen:]:
                 tell(f"JobSet event {event.reason}: {event.message}")
             events_seen = len(state.events)
@@ -204,7 +205,10 @@ class LocalBackend(Backend):
             if state.terminal:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s")
+                raise TrainingFailed(
+                    f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s",
+                    "raise timeouts.train if the stage needs longer",
+                )
             time.sleep(self.timings.poll_seconds)
         logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
         return Finished(phase=state.phase, restarts=state.restarts, leader_logs=logs)
@@ -239,8 +243,12 @@ class LocalBackend(Backend):
         return "\n".join(lines)
 
     def delete(self, name: str) -> bool:
-        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none."""
-        return self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout) is not None
+        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop."""
+        state = self.jobsets.get_jobset(name)
+        if state is None or state.phase == "Deleted":
+            return False
+        self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
+        return True
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the pipeline run's JobSets that have not completed; completed ones are kept."""
@@ -261,4 +269,4 @@ class LocalBackend(Backend):
 
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """The verifier as a trainer-environment process (:func:`.verifier.run`)."""
-        return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]
+        return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]  # raises VerifierTimeout

@@ -101,7 +101,7 @@ class LocalJobSets:
         existing = self.get_jobset(name)
         if existing is not None:
             old = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
-            if old == manifest:
+            if old == manifest and existing.phase != "Deleted":
                 return existing
             if existing.phase != "Deleted":
                 raise AlreadyExists(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 
+from multislice.backends.base import VerifierTimeout
 from multislice.backends.local.environment import trainer_env, trainer_process_env
 from multislice.errors import RunFailed
 from multislice.plan import StagePlan
@@ -28,12 +29,18 @@ def run(stage: StagePlan, checkpoint_dir: str, timeout: float) -> tuple[int, Ver
 
     Raises:
         VerifierFailed: no report in its output.
-        subprocess.TimeoutExpired: it ran past ``timeout`` seconds.
+        VerifierTimeout: it ran past ``timeout`` seconds (it was stopped).
         multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
     """
     env = trainer_env()
     argv = verify.command(checkpoint_dir, stage.final_step, list(stage.maxtext_args), str(env / "bin" / "python"))
-    done = subprocess.run(argv, capture_output=True, text=True, env=trainer_process_env(env), timeout=timeout)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=trainer_process_env(env), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise VerifierTimeout(
+            f"the checkpoint verifier of {checkpoint_dir} ran past {timeout:.0f} s and was stopped",
+            "raise timeouts.verify if the checkpoint is that large",
+        ) from None
     found = verify.parse_report(done.stdout)
     if found is None:
         raise VerifierFailed(

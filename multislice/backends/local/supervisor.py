@@ -125,6 +125,8 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             "HOSTNAME": pod.hostname,
         }
+        if os.environ.get("PYTHONPATH"):  # a source checkout run with PYTHONPATH: pods run the same code
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         env.update(pod.env)
         return env
 

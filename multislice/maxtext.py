@@ -117,9 +117,15 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
 # MaxText's multi-process CPU path (``maxtext/utils/max_utils.py``, ``initialize_jax_for_cpu``): the
 # coordinator is process 0 at a fixed port, and each process finds its place from these variables,
 # which xpk sets for CPU workloads through the downward API (``src/xpk/core/docker_resources.py``).
+# MaxText skips its own initialisation when ``jax.distributed`` is already initialised
+# (``maybe_initialize_jax_distributed_system``), so our worker initialises it first, at the port
+# ``JAX_COORDINATOR_PORT`` names: on a cluster every pod has its own network namespace and MaxText's
+# port is kept; the local backend gives each JobSet attempt a free port of this machine instead.
 
-#: The JAX coordinator port on CPU: ``coordinator_ip_address + ":1234"``.
+#: MaxText's JAX coordinator port on CPU: ``coordinator_ip_address + ":1234"``.
 CPU_COORDINATOR_PORT = 1234
+#: The coordinator's port, read by our worker (not by MaxText); :data:`CPU_COORDINATOR_PORT` when unset.
+ENV_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
 #: The DNS name (or address) of process 0, the coordinator.
 ENV_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 #: The child Job (slice) index of the process: ``process_index = JOB_INDEX * PROCESSES_IN_JOB + ...``

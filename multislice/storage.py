@@ -6,7 +6,8 @@ step, ``multislice.delivery.results.read_run``) goes through
 ``etils.epath.Path``, the path library MaxText and Orbax use for the same
 directories: a local path is a ``pathlib`` path, a ``gs://`` URL goes
 through gcsfs (fsspec), which honours ``STORAGE_EMULATOR_HOST`` (the tests
-point it at a loopback emulator). Nothing here branches on where a path is.
+point it at a loopback emulator). Only :func:`write_text` branches on where a
+path is (a local file is written whole by a rename; an object upload is whole).
 
 Source of the committed-checkpoint rule: Orbax
 ``orbax/checkpoint/_src/path/temporary_paths.py`` (``is_path_finalized``): a
@@ -17,6 +18,8 @@ file, written last).
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from typing import Any
 
 from etils import epath
@@ -49,10 +52,25 @@ def read_text(location: str | epath.PathLike) -> str | None:
 
 
 def write_text(location: str | epath.PathLike, text: str) -> epath.Path:
-    """Write ``text`` (UTF-8), creating parent directories; returns the path."""
+    """Write ``text`` (UTF-8), creating parent directories; returns the path.
+
+    Readers never see a partial file: a local file is written beside its
+    target and renamed over it (``os.replace`` is atomic on POSIX), and a
+    Cloud Storage object appears whole when its upload finishes. Runs that
+    share a directory (the preflight verdict cache) can write at once.
+    """
     target = path(location)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    if is_remote(target):
+        target.write_text(text, encoding="utf-8")
+        return target
+    scratch = target.with_name(f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        os.replace(scratch, target)
+    finally:
+        if scratch.exists():
+            scratch.unlink()
     return target
 
 

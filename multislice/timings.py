@@ -53,6 +53,10 @@ class Timings:
         compile_timeout: How long one AOT compile may run (preflight).
         alternative_budget: How long preflight may search for a fitting alternative to a stage that does not fit.
         delete_timeout: How long deleting a workload may wait for its processes to stop (local backend).
+        collectives_timeout: CPU pods' ``jax.distributed`` timeouts (every process joining, heartbeats,
+            shutdown): the worker passes it to ``jax.distributed.initialize``. JAX's defaults (300 s to
+            join, 100 s of missed heartbeats) are tight for processes that import MaxText and compile
+            side by side on a loaded 2-core machine.
     """
 
     poll_seconds: float = 5.0
@@ -71,6 +75,7 @@ class Timings:
     compile_timeout: float = 1200.0
     alternative_budget: float = 600.0
     delete_timeout: float = 60.0
+    collectives_timeout: float = 300.0
 
     def longest_wait(self, step: str) -> float:
         """The longest a step waits (on others: the API, Kueue, pods, a compile), seconds.
@@ -115,6 +120,7 @@ DEFAULTS: dict[str, Timings] = {
         unschedulable_grace=300.0,
         train_timeout=6 * 3600.0,
         readmit_timeout=300.0,
+        collectives_timeout=900.0,
     ),  # fmt: skip
     "gke": Timings(),
 }
@@ -130,6 +136,7 @@ SPEC_FIELDS = {
     "verify": "verify_timeout",
     "compile": "compile_timeout",
     "alternative_search": "alternative_budget",
+    "collectives": "collectives_timeout",
 }
 
 

@@ -56,19 +56,54 @@ class LocalRun:
     plan: Plan
 
 
+#: The run beside the shared end-to-end run: the same profile, pipeline and output directory
+#: (so the same preflight cache), another run name, fewer steps.
+TWIN_SETTINGS = {"run_name": "e2e-twin", "stage1_steps": 6, "stage2_steps": 6}
+
+
+def _start_run(settings: dict[str, object], output: Path) -> subprocess.Popen:
+    """Start ``multislice run``, its output to files beside the output directory (a full pipe would stall it)."""
+    sets = [arg for key, value in {**settings, "output_dir": output}.items() for arg in ("--set", f"{key}={value}")]
+    logs = output.parent / f"{settings['run_name']}.cli"
+    with open(f"{logs}.stdout", "w") as stdout, open(f"{logs}.stderr", "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "multislice.cli", "run", "--profile", "local", *sets],
+            stdout=stdout, stderr=stderr, text=True, cwd=ROOT,
+        )  # fmt: skip
+
+
+def _finish_run(proc: subprocess.Popen, settings: dict[str, object], output: Path, started: float) -> LocalRun:
+    try:
+        proc.wait(timeout=2400)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    logs = output.parent / f"{settings['run_name']}.cli"
+    stdout, stderr = (Path(f"{logs}.{name}").read_text() for name in ("stdout", "stderr"))
+    spec = config.load_profile("local", {**settings, "output_dir": str(output)})
+    return LocalRun(proc.returncode, stdout, stderr, time.monotonic() - started, make_plan(spec))
+
+
 @pytest.fixture(scope="session")
-def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
-    """Run the local profile end to end through the CLI, as ``make run`` does (a few minutes)."""
+def local_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalRun, LocalRun]:
+    """Two ``multislice run --profile local`` at once, as ``make run`` does, in one output directory.
+
+    The first (run name ``e2e``, 20 steps a stage) is what most end-to-end
+    tests read; the second (:data:`TWIN_SETTINGS`) runs beside it from start to
+    end, so any number of local runs sharing a machine is tested by every CI
+    run without a run of its own.
+    """
     output = tmp_path_factory.mktemp("e2e-output")
-    run_name = "e2e"
+    settings = {"run_name": "e2e"}
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local",
-         "--set", f"run_name={run_name}", "--set", f"output_dir={output}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=1800,
-    )  # fmt: skip
-    spec = config.load_profile("local", {"run_name": run_name, "output_dir": str(output)})
-    return LocalRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started, make_plan(spec))
+    main, twin = _start_run(settings, output), _start_run(TWIN_SETTINGS, output)
+    return _finish_run(main, settings, output, started), _finish_run(twin, TWIN_SETTINGS, output, started)
+
+
+@pytest.fixture(scope="session")
+def local_run(local_runs: tuple[LocalRun, LocalRun]) -> LocalRun:
+    """The shared end-to-end run (``e2e``): the whole pipeline through the CLI, as ``make run`` does."""
+    return local_runs[0]
 
 
 @pytest.fixture

@@ -59,6 +59,18 @@ def test_run_leaves_no_process_behind(local_run):
         assert not any(pid_alive(p.pid) for p in state.pods)
 
 
+def test_two_local_runs_at_once_both_train_and_verify(local_runs):
+    """The shared run and its twin started together in one output directory: no port or cache clash."""
+    for run in local_runs:
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert f"run {run.plan.spec.run_name}: SUCCEEDED" in run.stdout
+        assert run.stdout.count("verification  PASS") == 2
+        for state in LocalJobSets(run.plan.run_dir).list_jobsets():
+            assert (state.phase, state.restarts) == ("Completed", 0)
+            assert [e.reason for e in state.events].count("CoordinatorPort") == 1  # a free port, not 1234
+    assert "trained       6/6 steps" in local_runs[1].stdout
+
+
 def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(tmp_path):
     spec = config.load_profile("local", {"run_name": "restart", "output_dir": str(tmp_path), "max_restarts": 1})
     plan = make_plan(spec)

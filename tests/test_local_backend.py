@@ -76,6 +76,68 @@ def test_pods_run_with_their_environment_and_complete(tmp_path):
     assert "pod (1, 1) attempt 0 coordinator 127.0.0.1 processes 4" in log
 
 
+COORDINATED_POD = """
+import os, socket, sys, time
+from pathlib import Path
+who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
+address = (os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_COORDINATOR_PORT"]))
+release = Path(sys.argv[1])
+if who == (0, 0):  # the coordinator: listen on the port, answer each host, leave once released
+    server = socket.create_server(address)
+    print("coordinator listening on", address[1], flush=True)
+    server.settimeout(0.2)
+    answered = 0
+    while answered < int(os.environ["JAX_PROCESS_COUNT"]) - 1 or not release.exists():
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        conn.sendall(b"ok"); conn.close(); answered += 1
+else:  # a host: reach this JobSet's coordinator
+    while True:
+        try:
+            with socket.create_connection(address, timeout=1) as conn:
+                assert conn.recv(2) == b"ok"
+            break
+        except OSError:
+            time.sleep(0.1)
+    print("reached the coordinator at", address[1], flush=True)
+"""
+
+
+def test_jobsets_of_two_runs_run_at_once_each_with_its_own_coordinator_port(tmp_path):
+    release = tmp_path / "release"
+    started = []
+    for run_name in ("run-one", "run-two"):
+        plan, obj = scripted_jobset(tmp_path, "unused", run_name=run_name)
+        container = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+        container["command"], container["args"] = ["python", "-c", COORDINATED_POD], [str(release)]
+        backend = LocalJobSets(plan.run_dir)
+        started.append((backend, backend.create_jobset(obj)))
+
+    def leader_says_listening(backend, state):
+        return backend.wait(
+            state.name,
+            lambda s: "coordinator listening on" in backend.pod_log(s.name).read_text(),
+            timeout=120,
+            poll=0.1,
+        )
+
+    running = [leader_says_listening(backend, state) for backend, state in started]
+    assert [s.phase for s in running] == ["Running", "Running"]  # both hold their coordinators now
+    ports = []
+    for (backend, _), state in zip(started, running, strict=True):
+        port = backend.pod_log(state.name).read_text().split("listening on ")[1].split()[0]
+        assert [e.message for e in state.events if e.reason == "CoordinatorPort"][-1].endswith(f":{port}")
+        ports.append(port)
+    assert ports[0] != ports[1]
+    release.touch()
+    for backend, state in started:
+        done = finish(backend, state.name)
+        assert (done.phase, done.restarts) == ("Completed", 0), done.events
+        assert "reached the coordinator" in backend.pod_log(state.name, 1, 1).read_text()
+
+
 def test_killed_pod_restarts_the_whole_jobset(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "kill-first-attempt")
     backend = LocalJobSets(plan.run_dir)

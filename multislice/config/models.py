@@ -463,6 +463,9 @@ class TimeoutsSpec(_Strict):
     verify: float | None = Field(None, gt=0, description="The checkpoint verifier.")
     compile: float | None = Field(None, gt=0, description="One AOT compile in preflight.")
     alternative_search: float | None = Field(None, gt=0, description="Preflight's search for a fitting alternative.")
+    collectives: float | None = Field(
+        None, gt=0, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."
+    )
 
     @model_validator(mode="after")
     def _within(self) -> TimeoutsSpec:

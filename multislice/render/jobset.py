@@ -27,7 +27,9 @@ CPU workloads (``src/xpk/core/docker_resources.py``, ``get_cpu_env``):
 ``JOB_INDEX`` and ``JOB_COMPLETION_INDEX`` from pod annotations,
 ``PROCESSES_IN_JOB`` = hosts per slice, ``JAX_PROCESS_COUNT`` = all hosts, and
 ``JAX_COORDINATOR_ADDRESS`` = the DNS name of pod 0 of slice 0,
-``<jobset>-slice-0-0.<subdomain>``.
+``<jobset>-slice-0-0.<subdomain>``, and ``JAX_COORDINATOR_PORT`` (ours: the
+worker initialises ``jax.distributed`` itself at that port, MaxText's 1234 on a
+cluster; the local backend sets a free port per JobSet attempt).
 
 Fields that JobSet's defaulting webhook would fill (rule names, completion
 mode, network) are rendered explicitly so that offline validation against the
@@ -40,6 +42,7 @@ from typing import Any, Literal
 
 from multislice import maxtext, names, tpu
 from multislice.plan import Plan, StagePlan
+from multislice.timings import timings_for
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
@@ -95,6 +98,7 @@ def cpu_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
         {"name": maxtext.ENV_PROCESSES_IN_JOB, "value": str(hosts)},
         {"name": maxtext.ENV_PROCESS_COUNT, "value": str(hosts * plan.spec.num_slices)},
         {"name": maxtext.ENV_COORDINATOR_ADDRESS, "value": "$(JOBSET_NAME)-$(REPLICATED_JOB_NAME)-0-0.$(JOBSET_NAME)"},
+        {"name": maxtext.ENV_COORDINATOR_PORT, "value": str(maxtext.CPU_COORDINATOR_PORT)},
         {"name": "JAX_PLATFORMS", "value": "cpu"},
         # One CPU device per chip of the emulated host.
         {"name": "XLA_FLAGS", "value": f"--xla_force_host_platform_device_count={plan.slice.chips_per_host}"},
@@ -106,8 +110,9 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
 
     On TPU, MaxText runs as on GKE. On CPU this adds what
     MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
-    ``num_slices`` so it builds a DCN mesh) and the worker's
-    ``--emulate-slices`` option, and leaves out the
+    ``num_slices`` so it builds a DCN mesh), the worker's
+    ``--emulate-slices`` option and its ``--distributed-timeout`` (the profile's
+    ``timeouts.collectives``, :mod:`multislice.timings`), and leaves out the
     persistent compilation cache (``jax_cache_dir=`` empty; leaving the key out would
     give MaxText's default, ``~/jax_cache``, shared by every run): JAX writes cache entries
     from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
@@ -121,7 +126,7 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     args = []
     maxtext_args = list(stage.maxtext_args)
     if hardware == "cpu":
-        args += ["--emulate-slices"]
+        args += ["--emulate-slices", f"--distributed-timeout={timings_for(plan.spec).collectives_timeout:g}"]
         maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
         maxtext_args += ["jax_cache_dir=", "hardware=cpu", f"num_slices={plan.spec.num_slices}"]
     return command, [*args, "--", *maxtext_args]

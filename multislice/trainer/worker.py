@@ -14,6 +14,14 @@ step reads, on every backend.
 The process index comes from the environment MaxText's CPU path reads
 (``JOB_INDEX * PROCESSES_IN_JOB + JOB_COMPLETION_INDEX``); on TPU it is 0
 here, and MaxText finds the real one itself.
+
+On CPU (``--emulate-slices``) the worker initialises ``jax.distributed``
+itself before MaxText starts, at ``JAX_COORDINATOR_ADDRESS`` and the port in
+``JAX_COORDINATOR_PORT`` (MaxText's own CPU path always uses port 1234,
+``maxtext/utils/max_utils.py``, ``initialize_jax_for_cpu``, and skips its
+initialisation when JAX's is done: ``maybe_initialize_jax_distributed_system``).
+So the local backend can give each JobSet a free port and any number of local
+runs share one machine.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ import sys
 from pathlib import Path
 
 from multislice.maxtext import (
+    CPU_COORDINATOR_PORT,
+    ENV_COORDINATOR_ADDRESS,
+    ENV_COORDINATOR_PORT,
     ENV_JOB_COMPLETION_INDEX,
     ENV_JOB_INDEX,
     ENV_PROCESS_COUNT,
@@ -41,6 +52,41 @@ def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> in
         return 0
 
 
+def coordinator_address(env: dict[str, str] | os._Environ = os.environ) -> str:
+    """``host:port`` of the JAX coordinator (process 0) for CPU pods.
+
+    Raises:
+        KeyError: ``JAX_COORDINATOR_ADDRESS`` is not set.
+        ValueError: ``JAX_COORDINATOR_PORT`` is not a port number (1-65535).
+    """
+    port = int(env.get(ENV_COORDINATOR_PORT) or CPU_COORDINATOR_PORT)
+    if not 0 < port < 65536:
+        raise ValueError(f"{ENV_COORDINATOR_PORT}={port} is not a TCP port")
+    return f"{env[ENV_COORDINATOR_ADDRESS]}:{port}"
+
+
+def initialize_cpu_distributed(timeout_seconds: int, env: dict[str, str] | os._Environ = os.environ) -> None:
+    """Initialise ``jax.distributed`` for this CPU process as MaxText's CPU path would, at our port.
+
+    Same process id and count as ``initialize_jax_for_cpu``; ``timeout_seconds``
+    bounds joining, missed heartbeats and shutdown. A single process (no
+    ``JAX_PROCESS_COUNT`` above 1) initialises nothing.
+    """
+    count = int(env.get(ENV_PROCESS_COUNT) or 1)
+    if count <= 1:
+        return
+    import jax
+
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address(env),
+        num_processes=count,
+        process_id=process_index_from_env(env),
+        initialization_timeout=timeout_seconds,
+        heartbeat_timeout_seconds=timeout_seconds,
+        shutdown_timeout_seconds=timeout_seconds,
+    )
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split the worker's own options from the MaxText ``key=value`` arguments after ``--``."""
     if "--" in argv:
@@ -50,6 +96,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, maxtext_args = [], argv
     parser = argparse.ArgumentParser(prog="python -m multislice.trainer.worker", description=__doc__.split("\n")[0])
     parser.add_argument("--emulate-slices", action="store_true", help="group each child Job's processes into a slice")
+    parser.add_argument(
+        "--distributed-timeout",
+        type=float,
+        default=300.0,
+        help="CPU: jax.distributed timeouts (joining, heartbeats, shutdown), seconds",
+    )
     options = parser.parse_args(own)
     bad = [a for a in maxtext_args if "=" not in a]
     if bad:
@@ -66,6 +118,10 @@ def main(argv: list[str] | None = None) -> None:
         f"host {os.environ.get(ENV_JOB_COMPLETION_INDEX, '?')}) of {os.environ.get(ENV_PROCESS_COUNT, '?')}",
         flush=True,
     )
+
+    if options.emulate_slices:  # before anything of MaxText's can start a JAX backend
+        initialize_cpu_distributed(max(1, round(options.distributed_timeout)))
+        print(f"multislice worker: jax.distributed initialised (coordinator {coordinator_address()})", flush=True)
 
     import yaml
     from absl import app

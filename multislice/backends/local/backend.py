@@ -10,8 +10,8 @@ processes too. What it models and what it does not:
   policy and restarts, deletion stopping every process;
 - not modelled: node pools, scheduling and placement (every pod runs here),
   Kueue (a JobSet is admitted when created), images (the trainer environment
-  stands in for the trainer image), and more than one JobSet at a time
-  (MaxText's CPU coordinator port is fixed).
+  stands in for the trainer image), and pod network namespaces (each JobSet
+  attempt gets a free coordinator port of this machine instead).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import maxtext, names
+from multislice import names
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -88,7 +88,7 @@ class LocalBackend(Backend):
 
         Raises:
             environment.TrainerEnvMissing: no trainer environment.
-            InsufficientCapacity: not enough memory for the processes, or the coordinator port is taken.
+            InsufficientCapacity: not enough memory for the processes.
         """
         spec = plan.spec
         env = environment.trainer_env()
@@ -101,11 +101,6 @@ class LocalBackend(Backend):
                 f"{processes} trainer processes ({spec.num_slices} slices x {plan.slice.hosts} hosts) need about "
                 f"{needed / 2**30:.0f} GiB of memory; {available / 2**30:.1f} GiB is available",
                 "lower num_slices, or use a TPU type with fewer hosts per slice",
-            )
-        if environment.port_in_use(maxtext.CPU_COORDINATOR_PORT):
-            raise InsufficientCapacity(
-                f"port {maxtext.CPU_COORDINATOR_PORT} (MaxText's CPU JAX coordinator) is in use on this machine",
-                "stop the process holding it (another local run?) and retry",
             )
         note = (
             "local backend: no node pools are created and no Kueue objects are applied; this machine hosts "

@@ -1,4 +1,4 @@
-"""What the local backend needs of this machine: the trainer environment, memory, and a free coordinator port.
+"""What the local backend needs of this machine: the trainer environment, memory, and free coordinator ports.
 
 The local backend runs every pod, AOT compile and verifier as a process of
 the trainer environment (``.venvs/trainer``, MaxText with JAX), which
@@ -78,8 +78,14 @@ def available_memory_bytes() -> int:
     raise RuntimeError("MemAvailable not found in /proc/meminfo")
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something listens on ``host:port`` (TCP)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` that nothing listens on now, chosen by the kernel (bind to port 0).
+
+    The port is released before it is returned, so another process could take
+    it before the caller binds it: the kernel hands out ephemeral ports in
+    turn, which makes that rare, and a coordinator that cannot bind fails its
+    pod, which the JobSet's failure policy restarts with a new port.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -14,9 +14,10 @@ before it is created; creating a name that exists is AlreadyExists unless it
 is the same manifest (then the existing JobSet is adopted: a retried step
 does not start a second copy); a deleted JobSet stops every pod it started.
 Not modelled: scheduling, node pools and Kueue (there is one machine; every
-JobSet is admitted on creation), and one JobSet runs at a time, because
-MaxText's CPU path uses a fixed coordinator port
-(:data:`multislice.maxtext.CPU_COORDINATOR_PORT`).
+JobSet is admitted on creation), and pod network namespaces: all pods share
+this machine's ports, so each JobSet attempt gets a free JAX coordinator port
+(:mod:`.supervisor`) in place of MaxText's fixed 1234, and any number of
+JobSets (and runs) can run at once.
 """
 
 from __future__ import annotations
@@ -32,21 +33,16 @@ from typing import Any
 
 import yaml
 
-from multislice import maxtext, names
+from multislice import names
 from multislice.backends.base import WorkloadConflict
-from multislice.backends.local.environment import port_in_use, trainer_env
+from multislice.backends.local.environment import trainer_env
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
 from multislice.backends.local.state import JobSetState, read_state, write_state
-from multislice.errors import InputError
 from multislice.render import schema
 
 
 class AlreadyExists(WorkloadConflict):
     """A JobSet of that name exists with another manifest; nothing was changed."""
-
-
-class PortBusy(InputError):
-    """MaxText's CPU coordinator port is taken on this machine (another local JobSet or process)."""
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -111,14 +107,6 @@ class LocalJobSets:
                     "choose another run_name, or delete that JobSet first",
                 )
             state_dir.rename(state_dir.with_name(f"{name}.deleted-{int(existing.finished_at or time.time())}"))
-        running = [s for s in self.list_jobsets() if not s.terminal]
-        if running or port_in_use(maxtext.CPU_COORDINATOR_PORT):
-            holder = f"JobSet {running[0].name}" if running else "another process"
-            raise PortBusy(
-                f"cannot start JobSet {name}: {holder} holds MaxText's CPU coordinator port "
-                f"{maxtext.CPU_COORDINATOR_PORT}; the local backend runs one JobSet at a time",
-                "wait for it to finish, or delete it",
-            )
         state_dir.mkdir(parents=True)
         (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
         state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))

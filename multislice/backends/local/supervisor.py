@@ -9,7 +9,10 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
 
 - starts every pod of the current restart attempt (see :mod:`.pods`), each a
   process group of its own running the container command in the trainer
-  environment, logging to ``pods/<hostname>.attempt-<N>.log``;
+  environment, logging to ``pods/<hostname>.attempt-<N>.log``; the pods of an
+  attempt share this machine's network, so where they name a JAX coordinator
+  port (``JAX_COORDINATOR_PORT``) they get a free port of this machine instead,
+  as pods in a network namespace of their own would have theirs;
 - on the first pod failure, finds the Job failure reason as the Job
   controller would (a matching ``podFailurePolicy`` FailJob rule gives
   ``PodFailurePolicy``; otherwise, with ``backoffLimit: 0``,
@@ -41,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from multislice import maxtext
+from multislice.backends.local.environment import free_port
 from multislice.backends.local.pods import LocalPod, expand_jobset
 from multislice.backends.local.state import JobSetState, PodState, read_state, write_state
 
@@ -141,6 +146,11 @@ class Supervisor:
         self.procs.clear()
         self.pods = {p.hostname: p for p in expand_jobset(self.manifest, restart_attempt=attempt)}
         self.state.pods = []
+        if any(maxtext.ENV_COORDINATOR_PORT in pod.env for pod in self.pods.values()):
+            port = str(free_port())
+            for pod in self.pods.values():
+                pod.env[maxtext.ENV_COORDINATOR_PORT] = port
+            self.state.event("CoordinatorPort", f"attempt {attempt}: JAX coordinator on 127.0.0.1:{port}")
         for pod in self.pods.values():
             log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
             with open(log_path, "ab") as log:

@@ -205,6 +205,26 @@ def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_pat
     assert not any(pid_alive(p.pid) for p in state.pods)
 
 
+def test_a_new_supervisor_takes_over_a_lost_one_and_starts_the_next_attempt(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "sleep", max_restarts=0)
+    backend = LocalJobSets(plan.run_dir)
+    name = obj["metadata"]["name"]
+    first = backend.create_jobset(obj)
+    os.kill(first.supervisor_pid, signal.SIGKILL)
+    lost = backend.wait(name, lambda s: s.reason == "SupervisorLost", timeout=60, poll=0.1)
+    assert lost.phase == "Failed"
+
+    taken = backend.take_over(name)
+
+    assert taken.phase == "Running" and taken.supervisor_pid != first.supervisor_pid
+    assert (taken.restarts, taken.restarts_count_towards_max) == (1, 0)  # not counted against maxRestarts: 0
+    assert not any(pid_alive(p.pid) for p in first.pods)  # the old attempt's pods were stopped
+    assert all(pid_alive(p.pid) and p.attempt == 1 for p in taken.pods)
+    assert "SupervisorRestarted" in [e.reason for e in taken.events]
+    assert backend.delete_jobset(name).phase == "Deleted"
+    assert not any(pid_alive(p.pid) for p in taken.pods)
+
+
 def test_cleanup_deletes_only_this_runs_unfinished_jobsets(tmp_path):
     plan_a, mine = scripted_jobset(tmp_path, "sleep", run_name="mine", run_id="run-a")
     plan_b, theirs = scripted_jobset(tmp_path, "sleep", run_name="theirs", run_id="run-b")

@@ -60,6 +60,10 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
 
 
+#: How many times one train step replaces a lost local supervisor before it fails the stage.
+MAX_TAKEOVERS = 3
+
+
 class LocalBackend(Backend):
     """Runs a run's CPU JobSets, compiles and verifier on this machine.
 
@@ -182,15 +186,24 @@ class LocalBackend(Backend):
         )
 
     def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
-        """Poll the JobSet's state and pass on each new line of every attempt's leader log, in order."""
+        """Poll the JobSet's state and pass on each new line of every attempt's leader log, in order.
+
+        A lost supervisor is replaced (:meth:`LocalJobSets.take_over`), as a
+        cluster restarts a JobSet controller, at most :data:`MAX_TAKEOVERS` times.
+        """
         name = stage.jobset
         read: dict[int, int] = {}  # attempt -> bytes of its leader log passed on
         events_seen = 0
+        takeovers = 0
         deadline = time.monotonic() + self.timings.train_timeout
         while True:
             state = self.jobsets.get_jobset(name)
             if state is None or state.phase == "Deleted":
                 raise WorkloadDeleted(f"JobSet {name} was deleted during training")
+            if state.reason == "SupervisorLost" and takeovers < MAX_TAKEOVERS:
+                takeovers += 1
+                tell(f"JobSet {name}: {state.message}; starting a new supervisor ({takeovers} of {MAX_TAKEOVERS})")
+                state = self.jobsets.take_over(name)
             for event in state.events[events_seen:]:
                 tell(f"JobSet event {event.reason}: {event.message}")
             events_seen = len(state.events)

@@ -112,6 +112,36 @@ class LocalJobSets:
         state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
         state.event("Created", f"JobSet {name} created on the local backend")
         write_state(state_dir, state)
+        return self._start_supervisor(name, env, lambda s: s.phase != "Pending", start_timeout)
+
+    def take_over(self, name: str, start_timeout: float = 60) -> JobSetState:
+        """Start a new supervisor for a JobSet whose supervisor was lost (reported ``SupervisorLost``).
+
+        What a restarted JobSet controller does on a cluster, for the local
+        backend: the new supervisor stops whatever its predecessor's pods left
+        running and starts a new attempt, which resumes from the latest
+        checkpoint as any restart does; the restart does not count towards
+        ``maxRestarts`` (the workload did not fail). See :mod:`.supervisor`.
+
+        Raises:
+            KeyError: no such JobSet.
+            RuntimeError: the new supervisor did not start its pods within ``start_timeout`` seconds.
+        """
+        lost = self.get_jobset(name)
+        if lost is None:
+            raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
+        if lost.reason != "SupervisorLost":
+            return lost
+        previous = lost.supervisor_pid
+        return self._start_supervisor(
+            name, trainer_env(), lambda s: s.supervisor_pid != previous and s.phase != "Pending", start_timeout
+        )
+
+    def _start_supervisor(
+        self, name: str, env: Path, started: Callable[[JobSetState], bool], start_timeout: float
+    ) -> JobSetState:
+        """Start the detached supervisor of a JobSet and wait until ``started`` holds for its state."""
+        state_dir = self.state_dir(name)
         with open(state_dir / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "multislice.backends.local.supervisor", str(state_dir), str(env)],
@@ -122,7 +152,7 @@ class LocalJobSets:
                 cwd=state_dir,
             )
         deadline = time.monotonic() + start_timeout
-        while (current := read_state(state_dir)) is not None and current.phase == "Pending":
+        while (current := read_state(state_dir)) is not None and not (started(current) or current.terminal):
             if proc.poll() is not None or time.monotonic() > deadline:
                 log = (state_dir / "supervisor.log").read_text(encoding="utf-8", errors="replace")[-2000:]
                 raise RuntimeError(f"the local supervisor of JobSet {name} did not start its pods:\n{log}")

@@ -28,7 +28,11 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   SIGKILL after the pod's ``terminationGracePeriodSeconds``.
 
 It never leaves a pod process behind: whatever ends the supervisor's loop,
-its ``finally`` stops the pods it started.
+its ``finally`` stops the pods it started. A supervisor started for a JobSet
+whose state already lists pods is taking over from a lost one
+(:meth:`.jobsets.LocalJobSets.take_over`): it kills what is left of the old
+attempt's process groups and starts the next attempt, as a restart that does
+not count towards ``maxRestarts``.
 """
 
 from __future__ import annotations
@@ -266,6 +270,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_delete)
         signal.signal(signal.SIGINT, self._on_delete)
         try:
+            if self.state.pods:
+                self.take_over()
             self.start_attempt()
             while True:
                 if self.deleting:
@@ -294,6 +300,20 @@ class Supervisor:
                     and self.procs[pod_state.hostname].poll() is None
                 ):
                     _signal_group(pod_state.pid, signal.SIGKILL)
+
+    def take_over(self) -> None:
+        """Stop what a lost supervisor's pods left running and count the next attempt as a restart."""
+        left = [p for p in self.state.pods if p.phase == "Running"]
+        for pod_state in left:
+            _signal_group(pod_state.pid, signal.SIGKILL)
+            pod_state.phase = "Failed"
+            pod_state.finished_at = time.time()
+        self.state.restarts += 1
+        self.state.event(
+            "SupervisorRestarted",
+            f"the previous supervisor was lost; {len(left)} pods of attempt {self.state.restarts - 1} stopped; "
+            f"restart {self.state.restarts} (not counted towards maxRestarts)",
+        )
 
     def _on_delete(self, signum: int, frame: Any) -> None:
         self.deleting = True

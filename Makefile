@@ -26,12 +26,14 @@ IMAGE_REPO ?= multislice
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 PUSH ?=
 
-.PHONY: help env run test test-fast lint compile render goldens lock images clean
+.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
 	@echo "make test     install and run the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without the end-to-end MaxText runs and AOT compiles"
+	@echo "make test-under-load  the whole suite beside two busy processes, timed (benchmarks/under_load.py)"
+	@echo "make soak     the kill-soak benchmark: 10 worker kills and a supervisor kill in a 60-step stage"
 	@echo "make compile  write build/pipelines/<profile>.yaml for every profile in configs/"
 	@echo "make render   write every manifest of PROFILE to build/manifests/PROFILE"
 	@echo "make goldens  regenerate the golden manifests and compiled pipelines under tests/golden"
@@ -65,6 +67,12 @@ test: env lint
 
 test-fast: env
 	$(PIPELINE_PY) -m pytest -m "not e2e and not aot" $(PYTEST_ARGS)
+
+test-under-load: env
+	$(PIPELINE_PY) -m benchmarks.under_load --busy 2 -- $(MAKE) test
+
+soak: env
+	$(PIPELINE_PY) -m benchmarks.kill_soak
 
 lint: $(VENVS)/pipeline/.installed
 	$(VENVS)/pipeline/bin/ruff check .

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if not options.skip_baseline:
         plan, stage = stage_plan(output, "soak-baseline", options.steps, max_restarts=0)
         baseline_seconds, report = train_and_time(plan, stage, "soak-baseline")
-        step_seconds = [r["seconds"] for r in metrics.read_records(stage.metrics_file)][1:]
+        step_seconds = [r["perf/step_time_seconds"] for r in metrics.read_records(stage.metrics_file)][1:]
         result["baseline"] = {
             "seconds": round(baseline_seconds, 1),
             "steps_trained": report.steps_trained,

@@ -510,6 +510,11 @@ class PreflightSpec(_Strict):
         True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
     )
 
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.output_dir_problem(value), value)
+
 
 class CostSpec(_Strict):
     """Inputs of the cost estimate in the preflight report; no price is looked up on the network.

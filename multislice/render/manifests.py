@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from multislice.backends.gke import nodepool
 from multislice.plan import Plan
 from multislice.render import jobset, kueue, rbac, schema
 
@@ -70,6 +69,8 @@ def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
     """
     files = {name: to_yaml(obj) for name, obj in render_all(plan, pipeline_run_id).items()}
     if plan.spec.backend == "gke":
+        from multislice.backends.gke import nodepool  # the GKE client libraries, only where needed
+
         files[NODE_POOL_PLAN] = json.dumps(nodepool.node_pool_plan(plan), indent=2) + "\n"
     return files
 

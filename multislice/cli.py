@@ -567,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("path", help="a stage's checkpoint directory (<output>/<run>/<stage>/checkpoints)")
     with_profile(verify, required=False)
     verify.add_argument("--stage", help="stage name (with --profile)")
-    verify.add_argument("--report", help="also write the JSON report here")
+    verify.add_argument("--report", help="also write the JSON report here (a .json file)")
     verify.set_defaults(func=cmd_verify_checkpoint)
     _add_delivery_commands(sub, with_profile)
     return parser

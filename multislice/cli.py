@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import re
 import sys
 import time
@@ -35,11 +36,45 @@ def _profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], di
     return config.read_profile(args.profile), config.parse_set_arguments(args.set or [])
 
 
+def _check_output(option: str, value: str, *, directory: bool, suffixes: tuple[str, ...] = ()) -> Path:
+    """The local path an option names for writing, checked before anything is read or written.
+
+    Refused: an empty path, a control character, a path under ``/proc``, ``/sys`` or ``/dev``, an existing
+    path of the wrong kind (a file for a directory, or the reverse), a parent that is a file, and for a
+    file a name not ending in one of ``suffixes``.
+
+    Raises:
+        InputError: naming the option and what to give instead.
+    """
+    what = "directory" if directory else "file"
+    fix = f"give {option} a writable {what} path" + (f" ending in {' or '.join(suffixes)}" if suffixes else "")
+    if not value.strip():
+        raise InputError(f"{option} is empty (it would write into the current directory)", fix)
+    if problem := config.values.control_problem(value):
+        raise InputError(f"{option}: {problem}", fix)
+    if suffixes and not value.endswith(suffixes):
+        raise InputError(f"{option} {value!r} does not end in {' or '.join(suffixes)}", fix)
+    path = Path(os.path.abspath(value))
+    for root in config.values.FORBIDDEN_LOCAL_ROOTS:
+        if path == Path(root) or Path(root) in path.parents:
+            raise InputError(f"{option} {value!r} is under {root}, a pseudo file system, not storage", fix)
+    try:
+        if path.exists() and path.is_dir() != directory:
+            raise InputError(f"{option} {value!r} is an existing {'file' if directory else 'directory'}", fix)
+        blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    except OSError as error:
+        raise InputError(f"{option} {value!r} cannot be inspected: {error.strerror}", fix) from None
+    if blocking is not None:
+        raise InputError(f"{option} {value!r} is under {blocking}, which is a file, not a directory", fix)
+    return path
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet for TPU and CPU and,
     for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
     from multislice.render import manifests
 
+    _check_output("--output", args.output, directory=True)
     profile, overrides = _profile_and_overrides(args)
     plan = make_plan(config.load_spec(profile, overrides))
     written = manifests.write_manifests(plan, Path(args.output), pipeline_run_id=args.pipeline_run_id)
@@ -59,18 +94,42 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile the profile's pipeline to YAML (overrides become the parameters' defaults)."""
     from pipelines.multislice_training import compile_pipeline
 
+    _check_output("--output", args.output, directory=False, suffixes=(".yaml", ".yml"))
+    if args.base_image and (problem := config.values.image_problem(args.base_image)):
+        raise InputError(f"--base-image: {problem}", "give a container image reference")
     profile, overrides = _profile_and_overrides(args)
     data = config.spec_to_data(config.load_spec(profile, overrides))
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     kubernetes = None
     if args.node_selector:
         from multislice.delivery.targets import KubernetesConfig
 
-        selector = config.parse_set_arguments(args.node_selector)
-        kubernetes = KubernetesConfig(node_selector={str(k): str(v) for k, v in selector.items()})
+        selector = _node_selector(args.node_selector)
+        kubernetes = KubernetesConfig(node_selector=selector)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     compile_pipeline(data, args.output, args.base_image, target=args.target, kubernetes=kubernetes)
     print(f"pipeline for profile {args.profile} compiled for {args.target} to {args.output}")
     return 0
+
+
+def _node_selector(pairs: list[str]) -> dict[str, str]:
+    """``--node-selector KEY=VALUE`` pairs as a node selector: Kubernetes label keys and values, as written.
+
+    Raises:
+        ConfigError: a pair without ``=``, or a key or value that is not a valid label key or value.
+    """
+    selector: dict[str, str] = {}
+    issues = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        problem = (
+            f"{pair!r} is not KEY=VALUE" if not sep else config.values.label_key_problem(key)
+        ) or config.values.label_value_problem(value)
+        if problem:
+            issues.append(("--node-selector", f"{problem}; e.g. --node-selector cloud.google.com/gke-nodepool=cpu"))
+        selector[key] = value
+    if issues:
+        raise config.ConfigError(issues)
+    return selector
 
 
 class _ProgressTee(io.TextIOBase):
@@ -245,6 +304,12 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment, this machine)."""
     from multislice.backends.local import verifier
 
+    if problem := config.values.control_problem(args.path) or (
+        args.path.startswith("gs://") and config.values.gcs_path_problem(args.path)
+    ):
+        raise InputError(f"checkpoint path: {problem}", "give a stage's directory or its checkpoints directory")
+    if args.report:
+        _check_output("--report", args.report, directory=False, suffixes=(".json",))
     path = args.path.rstrip("/")
     checkpoint_dir = path if path.endswith("/checkpoints") or path == "checkpoints" else f"{path}/checkpoints"
     if not storage.path(checkpoint_dir).is_dir():
@@ -502,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("path", help="a stage's checkpoint directory (<output>/<run>/<stage>/checkpoints)")
     with_profile(verify, required=False)
     verify.add_argument("--stage", help="stage name (with --profile)")
-    verify.add_argument("--report", help="also write the JSON report here")
+    verify.add_argument("--report", help="also write the JSON report here (a .json file)")
     verify.set_defaults(func=cmd_verify_checkpoint)
     _add_delivery_commands(sub, with_profile)
     return parser
@@ -540,7 +605,8 @@ def expected_error(error: BaseException) -> UserError | None:
 
     Covers what the delivery commands meet outside this package: no Google Cloud
     credentials (google-auth), a Google Cloud API refusal (google-api-core), and a
-    KFP endpoint that cannot be reached or refuses (urllib3, kfp_server_api).
+    KFP endpoint that cannot be reached or refuses (urllib3, kfp_server_api), and a path
+    this machine cannot read or write (an ``OSError`` naming its file).
     """
     from google.api_core.exceptions import GoogleAPICallError
     from google.auth.exceptions import DefaultCredentialsError
@@ -555,6 +621,10 @@ def expected_error(error: BaseException) -> UserError | None:
         return RunFailed(f"the Google Cloud API refused: {error}", "check the project, location and your IAM roles")
     if isinstance(error, Urllib3Error) or type(error).__name__ == "ApiException":
         return InputError(f"the endpoint did not answer as expected: {error}", "check --host and that it is reachable")
+    if isinstance(error, OSError) and error.filename is not None:
+        return InputError(
+            f"cannot use {error.filename}: {error.strerror or error}", "check the path and its permissions"
+        )
     return None
 
 

@@ -9,6 +9,15 @@ checks every one against the installed MaxText in the trainer environment.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jsonschema
+
 MAXTEXT_VERSION = "0.2.5"
 
 #: Module whose ``main`` trains (``maxtext/trainers/pre_train/train.py``).
@@ -136,3 +145,64 @@ ENV_JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 ENV_PROCESSES_IN_JOB = "PROCESSES_IN_JOB"
 #: Processes in all.
 ENV_PROCESS_COUNT = "JAX_PROCESS_COUNT"
+
+
+#: MaxText's config schema, extracted from the installed MaxText by :mod:`multislice.trainer.maxtext_schema`
+#: (every key of ``MaxTextConfig`` in ``maxtext/configs/types.py`` with its JSON Schema, and the activation
+#: names of ``maxtext/layers/linears.py``); ``tests/test_trainer_env.py`` checks it matches the installed MaxText.
+CONFIG_SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "maxtext_config_schema.json"
+
+
+@functools.cache
+def config_schema() -> dict[str, Any]:
+    """The committed MaxText config schema (:data:`CONFIG_SCHEMA_FILE`) as data."""
+    return json.loads(CONFIG_SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def decoder_blocks() -> tuple[str, ...]:
+    """``DecoderBlockType`` values (``maxtext/common/common_types.py``): what ``decoder_block`` accepts."""
+    return tuple(config_schema()["fields"]["decoder_block"]["enum"])
+
+
+def activations() -> tuple[str, ...]:
+    """Names ``mlp_activations`` accepts: ``linear``, ``sqrtsoftplus`` or a ``jax.nn`` function."""
+    return tuple(config_schema()["activations"])
+
+
+@functools.cache
+def _key_validator(key: str) -> jsonschema.Draft202012Validator:
+    import jsonschema  # the pipeline environment's; the trainer environment never validates overrides
+
+    return jsonschema.Draft202012Validator(config_schema()["fields"][key])
+
+
+def override_problem(key: str, value: Any) -> str | None:
+    """Why MaxText would refuse ``key=value`` on its command line, or None.
+
+    The key must be a field of MaxText's ``MaxTextConfig`` (``extra="forbid"``) and the value valid
+    for its type, enum and bounds. A string value is also tried as MaxText's command line would read it
+    (a YAML scalar or list, as OmegaConf does), so ``"true"`` passes for a boolean key.
+    """
+    import jsonschema
+    import yaml
+
+    fields = config_schema()["fields"]
+    if key not in fields:
+        close = difflib.get_close_matches(key, fields, n=3, cutoff=0.75)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        return (
+            f"MaxText {MAXTEXT_VERSION} has no config key {key!r} (it would refuse it when the pod starts); "
+            f"{hint}see maxtext/configs/base.yml for its keys"
+        )
+    validator = _key_validator(key)
+    candidates = [value]
+    if isinstance(value, str):
+        try:
+            candidates.append(yaml.safe_load(value))
+        except yaml.YAMLError:
+            pass
+    if any(validator.is_valid(candidate) for candidate in candidates):
+        return None
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    detail = error.message if error else "not valid for its type"
+    return f"{key}={value!r} is not a value MaxText {MAXTEXT_VERSION} accepts: {detail}"

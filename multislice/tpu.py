@@ -267,7 +267,7 @@ def parse_tpu_type(name: str) -> SliceType:
         UnknownTpuType: the name is not a known generation and size; the
             message lists the valid sizes of that generation.
     """
-    match = _NAME.match(name.strip().lower())
+    match = _NAME.fullmatch(name.strip().lower())
     generation = None
     if match:
         prefix = match.group("prefix")

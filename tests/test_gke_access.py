@@ -20,8 +20,8 @@ from multislice.config import ClusterSpec
 from tests.kube_cluster import Served
 
 CA_PEM = b"-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
-CLUSTER = ClusterSpec(project="proj", location="us-east5", name="tpu-cluster", access="gke")
-PATH = "/v1/projects/proj/locations/us-east5/clusters/tpu-cluster"
+CLUSTER = ClusterSpec(project="my-proj", location="us-east5", name="tpu-cluster", access="gke")
+PATH = "/v1/projects/my-proj/locations/us-east5/clusters/tpu-cluster"
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_gke_access_to_a_missing_cluster_names_the_fields_to_check(served):
         << {"error": {"code": 404, "message": "Not found: tpu-cluster.", "status": "NOT_FOUND"}}
     )
     credentials = Credentials(token="t")
-    missing = r"(?s)GKE cluster projects/proj/.*tpu-cluster not found .*fix: check cluster.project"
+    missing = r"(?s)GKE cluster projects/my-proj/.*tpu-cluster not found .*fix: check cluster.project"
     with pytest.raises(access.ClusterAccessError, match=missing):
         access.api_client(CLUSTER, container=container_client(served, credentials), credentials=credentials)
 

@@ -21,5 +21,5 @@ def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
         assert f"from multislice.steps import {step}" in sources, step
     cleanup = next(t for t in spec["root"]["dag"]["tasks"].values() if t["componentRef"]["name"].endswith("cleanup"))
     cluster = cleanup["inputs"]["parameters"]["cluster"]["runtimeValue"]["constant"]
-    assert cluster == {"project": "YOUR_PROJECT", "location": "us-east5", "name": "YOUR_CLUSTER", "access": "gke"}
+    assert cluster == {"project": "your-project", "location": "us-east5", "name": "your-cluster", "access": "gke"}
     assert cleanup["inputs"]["parameters"]["namespace"] == {"componentInputParameter": "namespace"}

@@ -160,12 +160,12 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
     }  # fmt: skip
     # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
     node_pools = json.loads((tmp_path / manifests.NODE_POOL_PLAN).read_text())
-    assert node_pools["cluster"] == "projects/YOUR_PROJECT/locations/us-east5/clusters/YOUR_CLUSTER"
+    assert node_pools["cluster"] == "projects/your-project/locations/us-east5/clusters/your-cluster"
     assert [p["name"] for p in node_pools["node_pools"]] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
     request = node_pools["node_pools"][0]["request"]
     assert request["method"] == "POST"
     assert request["uri"] == (
-        "https://container.googleapis.com/v1/projects/YOUR_PROJECT/locations/us-east5/clusters/YOUR_CLUSTER/nodePools"
+        "https://container.googleapis.com/v1/projects/your-project/locations/us-east5/clusters/your-cluster/nodePools"
     )
     # Every field is a real NodePool field of the GKE API (the client's own parser rejects unknown ones).
     for pool in node_pools["node_pools"]:

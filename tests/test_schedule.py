@@ -203,7 +203,7 @@ def test_vertex_schedule_sent_and_managed(fake):
 
 def test_cli_schedule_create_prints_next_runs(fake, capsys):
     status = cli.main(["schedule", "create", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,
-                       "--cron", "0 4 * * sun", "--set", "output_dir=gs://b/r"])  # fmt: skip
+                       "--cron", "0 4 * * sun", "--set", "output_dir=gs://bucket/r"])  # fmt: skip
     out = capsys.readouterr().out
     assert status == 0 and "cron '0 0 4 * * sun'" in out and "next runs: " in out
     assert cli.main(["schedule", "create", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,

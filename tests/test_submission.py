@@ -153,7 +153,7 @@ def test_submit_to_kfp_uploads_then_versions_then_runs(fake):
 def test_runs_get_unique_names_unless_given(fake):
     where = submission.KfpTarget(host=fake.url)
     with mock.patch.object(submission, "default_run_name", side_effect=["llama3-multislice-a", "llama3-multislice-b"]):
-        names = [multislice.submit(PROFILE, {"output_dir": "gs://b/r"}, target="kfp", kfp=where).run_name
+        names = [multislice.submit(PROFILE, {"output_dir": "gs://bucket/r"}, target="kfp", kfp=where).run_name
                  for _ in range(2)]  # fmt: skip
     assert names == ["llama3-multislice-a", "llama3-multislice-b"]
     stamp = submission.default_run_name("base")
@@ -162,7 +162,7 @@ def test_runs_get_unique_names_unless_given(fake):
 
 def test_cli_submit_kfp(fake, capsys):
     status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
-                       "run_name=cli-run", "--set", "output_dir=gs://b/r", "--set", "max_restarts=1"])  # fmt: skip
+                       "run_name=cli-run", "--set", "output_dir=gs://bucket/r", "--set", "max_restarts=1"])  # fmt: skip
     assert status == 0, capsys.readouterr().err
     [run] = fake.state.sent("POST", "/runs")
     assert run.body["runtime_config"]["parameters"]["max_restarts"] == 1

@@ -45,6 +45,17 @@ def test_maxtext_facts_match_the_installed_maxtext(trainer_python):
         assert yml["mlp_activations"] == ["silu", "linear"] and not yml.get("logits_via_embedding", False), name
 
 
+def test_committed_maxtext_config_schema_matches_the_installed_maxtext(trainer_python):
+    # multislice/data/maxtext_config_schema.json is what validates maxtext_overrides in the pipeline environment.
+    script = "import sys; from multislice.trainer import maxtext_schema; sys.stdout.write(maxtext_schema.render())"
+    done = run_in_trainer(trainer_python, script)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == maxtext.CONFIG_SCHEMA_FILE.read_text(encoding="utf-8"), (
+        "regenerate it: PYTHONPATH=$PWD .venvs/trainer/bin/python -m multislice.trainer.maxtext_schema "
+        "> multislice/data/maxtext_config_schema.json"
+    )
+
+
 FAKE_DEVICES = """
 import json, sys
 import numpy as np

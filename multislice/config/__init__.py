@@ -9,9 +9,11 @@ names each bad field and how to fix it.
 Modules: :mod:`.models` (the pydantic models and their per-field checks),
 :mod:`.checks` (checks across fields), :mod:`.profiles` (profile files, model
 presets, loading), :mod:`.overrides` (``--set`` and parameters applied to a
-profile), :mod:`.parameters` (the pipeline's parameters and where each lands).
+profile), :mod:`.parameters` (the pipeline's parameters and where each lands),
+:mod:`.values` (single values: images, GCP names, Cloud Storage paths, output directories).
 """
 
+from multislice.config import values
 from multislice.config.checks import cross_field_issues
 from multislice.config.models import (
     ZONE,
@@ -44,5 +46,5 @@ __all__ = [
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
     "TimeoutsSpec",
     "apply_overrides", "cross_field_issues", "load_profile", "load_spec", "parse_set_arguments", "profile_path",
-    "read_profile", "spec_to_data",
+    "read_profile", "spec_to_data", "values",
 ]  # fmt: skip

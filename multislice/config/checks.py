@@ -21,7 +21,7 @@ def _describe(degrees: dict[str, int]) -> str:
 
 
 def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
-    """Checks that need several fields: parallelism vs slice shape, name lengths, uniqueness.
+    """Checks that need several fields: parallelism vs slice shape, whole global batches, name lengths, uniqueness.
 
     Returns ``(field, message)`` pairs; empty when the spec is consistent.
     """
@@ -75,6 +75,16 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                         f"because the other axes multiply to {fixed}, which does not divide {target}",
                     )
                 )
+        chips = shape.chips * spec.num_slices
+        global_batch = stage.per_device_batch_size * chips
+        if not math.isclose(global_batch, round(global_batch), rel_tol=1e-9) or round(global_batch) < 1:
+            issues.append(
+                (
+                    f"{where}.per_device_batch_size",
+                    f"per_device_batch_size {stage.per_device_batch_size:g} x {chips} chips gives a global batch of "
+                    f"{global_batch:g} sequences, not a whole number; use a multiple of 1/{chips}",
+                )
+            )
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (

@@ -13,13 +13,32 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from multislice import maxtext, names, tpu
+from multislice.config import values
+from multislice.config.values import INT32_MAX, INT32_MIN
 
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
+#: Most steps a stage may train: MaxText counts steps in an int32 (JAX's default integer).
+MAX_STEPS = INT32_MAX
+#: Longest sequence a stage may train, tokens (2^20): far beyond any MaxText model's context, and a
+#: bound that keeps ``per_device_batch_size * max_target_length`` representable.
+MAX_TARGET_LENGTH = 2**20
+#: Largest per-device batch, sequences per chip per step (2^16): no accelerator holds more.
+MAX_PER_DEVICE_BATCH = 2**16
+#: Largest model dimension (embedding, heads, layers, MLP, vocabulary): int32.
+MAX_DIM = INT32_MAX
+
+
+def _value_check(problem: str | None, value: Any) -> Any:
+    if problem:
+        raise ValueError(problem)
+    return value
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float field is finite (.inf and .nan are refused).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -35,18 +54,39 @@ class ModelSpec(_Strict):
     name: str | None = Field(None, description="MaxText model_name, e.g. llama3-8b.")
     description: str = ""
     decoder_block: str | None = None
-    emb_dim: int | None = Field(None, gt=0)
-    num_query_heads: int | None = Field(None, gt=0)
-    num_kv_heads: int | None = Field(None, gt=0)
-    num_decoder_layers: int | None = Field(None, gt=0)
-    mlp_dim: int | None = Field(None, gt=0)
-    head_dim: int | None = Field(None, gt=0)
-    vocab_size: int | None = Field(None, gt=0)
+    emb_dim: int | None = Field(None, gt=0, le=MAX_DIM)
+    num_query_heads: int | None = Field(None, gt=0, le=MAX_DIM)
+    num_kv_heads: int | None = Field(None, gt=0, le=MAX_DIM)
+    num_decoder_layers: int | None = Field(None, gt=0, le=MAX_DIM)
+    mlp_dim: int | None = Field(None, gt=0, le=MAX_DIM)
+    head_dim: int | None = Field(None, gt=0, le=MAX_DIM)
+    vocab_size: int | None = Field(None, gt=0, le=MAX_DIM)
     mlp_activations: tuple[str, ...] | None = None
-    rope_max_timescale: int | None = Field(None, gt=0)
+    rope_max_timescale: int | None = Field(None, gt=0, le=MAX_DIM)
     normalization_layer_epsilon: float | None = Field(None, gt=0)
     logits_via_embedding: bool | None = None
     enable_dropout: bool | None = None
+
+    @field_validator("decoder_block")
+    @classmethod
+    def _decoder_block(cls, value: str | None) -> str | None:
+        if value is not None and value not in maxtext.decoder_blocks():
+            raise ValueError(
+                f"unknown decoder_block {value!r}; MaxText {maxtext.MAXTEXT_VERSION}'s are "
+                f"{', '.join(maxtext.decoder_blocks())} (DecoderBlockType)"
+            )
+        return value
+
+    @field_validator("mlp_activations")
+    @classmethod
+    def _activations(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        unknown = [a for a in value or () if a not in maxtext.activations()]
+        if unknown:
+            raise ValueError(
+                f"unknown activation {unknown[0]!r}; MaxText accepts linear, sqrtsoftplus or a jax.nn "
+                f"function: {', '.join(maxtext.activations())}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _name_or_dims(self) -> ModelSpec:
@@ -126,20 +166,25 @@ class Stage(_Strict):
     name: str = Field(description="DNS-1035 label; part of the JobSet name.")
     description: str = ""
     model: ModelSpec
-    steps: int = Field(gt=0, description="Training steps (MaxText steps).")
-    per_device_batch_size: float = Field(gt=0, description="Sequences per chip per step.")
-    max_target_length: int = Field(gt=0, description="Sequence length, tokens.")
+    steps: int = Field(gt=0, le=MAX_STEPS, description="Training steps (MaxText steps), at most 2^31-1.")
+    per_device_batch_size: float = Field(
+        gt=0,
+        le=MAX_PER_DEVICE_BATCH,
+        description="Sequences per chip per step: finite, > 0, at most 2^16, and such that the global batch "
+        "(times chips times slices) is a whole number.",
+    )
+    max_target_length: int = Field(gt=0, le=MAX_TARGET_LENGTH, description="Sequence length, tokens, at most 2^20.")
     ici: dict[str, int] = Field(default_factory=dict)
     dcn: dict[str, int] = Field(default_factory=dict)
     remat_policy: str = "full"
-    checkpoint_period: int = Field(gt=0, description="Steps between checkpoints.")
+    checkpoint_period: int = Field(gt=0, le=MAX_STEPS, description="Steps between checkpoints.")
     dataset_type: Literal["synthetic"] = "synthetic"
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
     def _dns(cls, value: str) -> str:
-        if not names.DNS1035_LABEL.match(value):
+        if not names.DNS1035_LABEL.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', starting with a letter"
             )
@@ -170,6 +215,13 @@ class Stage(_Strict):
             raise ValueError(
                 f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
             )
+        for key, item in value.items():
+            texts = [v for v in (item if isinstance(item, list) else [item]) if isinstance(v, str)]
+            problem = maxtext.override_problem(key, item) or next(
+                filter(None, map(values.control_problem, texts)), None
+            )
+            if problem:
+                raise ValueError(f"maxtext_overrides.{key}: {problem}")
         return value
 
     def full_ici(self) -> dict[str, int]:
@@ -186,6 +238,11 @@ class Images(_Strict):
 
     trainer: str = Field(min_length=1)
     pipeline: str = Field(min_length=1)
+
+    @field_validator("trainer", "pipeline")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        return _value_check(values.image_problem(value), value)
 
 
 class ClusterSpec(_Strict):
@@ -206,6 +263,26 @@ class ClusterSpec(_Strict):
     name: str | None = Field(None, description="GKE cluster name.")
     access: Literal["in-cluster", "kubeconfig", "gke"] = "gke"
     kubeconfig_context: str | None = Field(None, description="kubeconfig context (access: kubeconfig).")
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.gcp_project_problem(value), value)
+
+    @field_validator("location")
+    @classmethod
+    def _location(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.gcp_location_problem(value), value)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.gke_cluster_problem(value), value)
+
+    @field_validator("kubeconfig_context")
+    @classmethod
+    def _context(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.control_problem(value), value)
 
 
 #: GKE limits node pool names to 40 characters: lower-case letters, digits and '-', starting with a letter
@@ -236,7 +313,7 @@ class AdditionalNodeNetwork(_Strict):
     @field_validator("network", "subnetwork")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _RESOURCE_NAME.match(value.rsplit("/", 1)[-1]):
+        if not _RESOURCE_NAME.fullmatch(value.rsplit("/", 1)[-1]):
             raise ValueError(f"{value!r} is not a Compute Engine resource name (lower-case letters, digits, '-')")
         return value
 
@@ -282,7 +359,7 @@ class NodePoolSpec(_Strict):
     @classmethod
     def _prefix(cls, value: str | None) -> str | None:
         # Room for "-<slice index>" with up to 3 digits.
-        if value is not None and (not _NODE_POOL_NAME.match(value) or len(value) > NODE_POOL_NAME_MAX_LENGTH - 4):
+        if value is not None and (not _NODE_POOL_NAME.fullmatch(value) or len(value) > NODE_POOL_NAME_MAX_LENGTH - 4):
             raise ValueError(
                 f"{value!r} cannot prefix a GKE node pool name: use lower-case letters, digits and '-', "
                 f"starting with a letter, at most {NODE_POOL_NAME_MAX_LENGTH - 4} characters"
@@ -292,7 +369,7 @@ class NodePoolSpec(_Strict):
     @field_validator("zone")
     @classmethod
     def _zone(cls, value: str | None) -> str | None:
-        if value is not None and not ZONE.match(value):
+        if value is not None and not ZONE.fullmatch(value):
             raise ValueError(f"{value!r} is not a Compute Engine zone; use one like us-east5-b")
         return value
 
@@ -308,7 +385,7 @@ class NodePoolSpec(_Strict):
                 f"reservation {self.reservation!r} is set but provisioning is {self.provisioning!r}; set "
                 "node_pools.provisioning: reservation, or remove node_pools.reservation"
             )
-        if self.reservation and not _RESERVATION.match(self.reservation):
+        if self.reservation and not _RESERVATION.fullmatch(self.reservation):
             raise ValueError(
                 f"reservation {self.reservation!r} is not a reservation name; use NAME, "
                 "projects/PROJECT/reservations/NAME or .../reservationBlocks/BLOCK"
@@ -327,7 +404,7 @@ class NodePoolSpec(_Strict):
             for key, what in (("project", "project ID"), ("location", "region or zone"), ("name", "name"))
             if not getattr(cluster, key)
         ]
-        if cluster.location and not self.zone and not ZONE.match(cluster.location):
+        if cluster.location and not self.zone and not ZONE.fullmatch(cluster.location):
             issues.append(
                 (
                     "node_pools.zone",
@@ -336,7 +413,7 @@ class NodePoolSpec(_Strict):
                     f"e.g. {cluster.location}-b",
                 )
             )
-        region = cluster.location.rsplit("-", 1)[0] if cluster.location and ZONE.match(cluster.location) else None
+        region = cluster.location.rsplit("-", 1)[0] if cluster.location and ZONE.fullmatch(cluster.location) else None
         region = region or cluster.location
         if region and self.zone and not self.zone.startswith(region + "-"):
             issues.append(
@@ -389,14 +466,14 @@ class ServiceAccountsSpec(_Strict):
     @field_validator("pipeline", "trainer")
     @classmethod
     def _account(cls, value: str) -> str:
-        if not names.DNS1123_SUBDOMAIN.match(value) or len(value) > 253:
+        if not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > 253:
             raise ValueError(f"{value!r} is not a ServiceAccount name (lower-case DNS-1123 subdomain)")
         return value
 
     @field_validator("pipeline_namespace")
     @classmethod
     def _namespace(cls, value: str | None) -> str | None:
-        if value is not None and (not names.DNS1123_LABEL.match(value) or len(value) > names.MAX_LABEL_LENGTH):
+        if value is not None and (not names.DNS1123_LABEL.fullmatch(value) or len(value) > names.MAX_LABEL_LENGTH):
             raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label, at most 63 characters)")
         return value
 
@@ -412,7 +489,7 @@ class ServiceAccountsSpec(_Strict):
     @field_validator("pipeline_gcp_service_account", "trainer_gcp_service_account")
     @classmethod
     def _gcp_account(cls, value: str | None) -> str | None:
-        if value is not None and not _GCP_SERVICE_ACCOUNT.match(value):
+        if value is not None and not _GCP_SERVICE_ACCOUNT.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a Google service account email; use NAME@PROJECT.iam.gserviceaccount.com"
             )
@@ -432,6 +509,11 @@ class PreflightSpec(_Strict):
     suggest_alternative: bool = Field(
         True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
     )
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, value: str | None) -> str | None:
+        return value if value is None else _value_check(values.output_dir_problem(value), value)
 
 
 class CostSpec(_Strict):
@@ -493,10 +575,12 @@ class RunSpec(_Strict):
     queue: str = Field("multislice-queue", description="Kueue LocalQueue the JobSets are submitted to.")
     cluster_queue: str = Field("multislice-cluster-queue", description="Kueue ClusterQueue behind the LocalQueue.")
     priority: str = Field("default-priority", description="Kueue WorkloadPriorityClass name.")
-    priority_value: int = Field(100, description="Value of that WorkloadPriorityClass.")
+    priority_value: int = Field(
+        100, ge=INT32_MIN, le=INT32_MAX, description="Value of that WorkloadPriorityClass (an int32)."
+    )
     tpu_type: str
-    num_slices: int = Field(gt=0)
-    max_restarts: int = Field(2, ge=0, description="JobSet failurePolicy.maxRestarts.")
+    num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
+    max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
@@ -520,17 +604,22 @@ class RunSpec(_Strict):
     @field_validator("notify_webhook_url")
     @classmethod
     def _webhook(cls, value: str) -> str:
-        if value and not re.match(r"^https?://[^\s/]+", value):
+        if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
             raise ValueError(
                 f"{value!r} is not an http(s) URL: give the webhook's full URL, e.g. "
                 "https://hooks.slack.com/services/..., or '' for no notification"
             )
         return value
 
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, value: str) -> str:
+        return _value_check(values.output_dir_problem(value), value)
+
     @field_validator("run_name")
     @classmethod
     def _run_name(cls, value: str) -> str:
-        if not names.DNS1035_LABEL.match(value):
+        if not names.DNS1035_LABEL.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', "
                 "starting with a letter and ending with a letter or digit"
@@ -540,14 +629,14 @@ class RunSpec(_Strict):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
-        if not names.DNS1123_LABEL.match(value) or len(value) > names.MAX_LABEL_LENGTH:
+        if not names.DNS1123_LABEL.fullmatch(value) or len(value) > names.MAX_LABEL_LENGTH:
             raise ValueError(f"{value!r} is not a valid namespace name (DNS-1123 label, at most 63 characters)")
         return value
 
     @field_validator("queue", "cluster_queue", "priority")
     @classmethod
     def _object_name(cls, value: str) -> str:
-        if not names.DNS1123_SUBDOMAIN.match(value) or len(value) > names.MAX_LABEL_LENGTH:
+        if not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > names.MAX_LABEL_LENGTH:
             raise ValueError(
                 f"{value!r} is not a valid Kueue object name (lower-case DNS-1123, at most 63 "
                 "characters, since it is also a label value)"

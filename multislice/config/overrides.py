@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,21 +16,36 @@ from multislice.errors import ConfigError
 def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
     """Parse ``key=value`` strings (CLI ``--set``); values are YAML scalars or lists.
 
+    Where the key names a string field (``output_dir``, ``images.trainer``, ``stages.0.name``...), the
+    value is taken as written (``output_dir=2024-01-01`` stays a string, not a YAML date). A value YAML
+    reads as a date or a mapping is kept as written too. ``null`` (or ``~``) unsets an optional field.
+
     Raises:
-        ConfigError: a pair without ``=``.
+        ConfigError: a pair without ``=``, or ``null`` for a field that needs a value.
     """
     out: dict[str, Any] = {}
+    issues: list[tuple[str, str]] = []
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError([("--set", f"{pair!r} is not key=value, e.g. --set run_name=my-run")])
+        kind = parameters.field_kind(parameters.path_for(key))
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
             value = raw
-        if isinstance(value, (dict,)) or value is None:
+        if value is None:
+            if kind is not None and not kind.optional:
+                issues.append((key, f"--set {key}={raw}: {key} cannot be null; give a value"))
+                continue
+            if kind is None:
+                value = raw
+        elif (kind is not None and kind.string) or isinstance(value, (dict, datetime.date)):
             value = raw
-        out[key.strip()] = value
+        out[key] = value
+    if issues:
+        raise ConfigError(issues)
     return out
 
 

@@ -61,7 +61,7 @@ def path_for(key: str) -> str:
     """Dotted spec path for a parameter name; other keys are taken as paths already."""
     if key in _BY_NAME:
         return _BY_NAME[key].path
-    match = _STAGE_PARAM.match(key)
+    match = _STAGE_PARAM.fullmatch(key)
     if match and match.group("field") in {f for f, _, _ in STAGE_FIELDS}:
         return f"stages.{int(match.group('n')) - 1}.{match.group('field')}"
     return key
@@ -80,3 +80,54 @@ def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+@dataclass(frozen=True)
+class FieldKind:
+    """What a run spec field holds, as far as reading a ``--set`` value needs: text, and whether it may be unset."""
+
+    string: bool
+    optional: bool
+
+
+def field_kind(path: str) -> FieldKind | None:
+    """The kind of the run spec field at dotted ``path`` (stages by index or name), or None when unknown.
+
+    Read from the pydantic models' annotations (:mod:`multislice.config.models`).
+    """
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    from multislice.config.models import RunSpec, Stage
+
+    model: Any = RunSpec
+    parts = path.split(".")
+    index = 0
+    annotation: Any = None
+    while index < len(parts):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(parts[index])
+        if field is None:
+            return None
+        annotation = field.annotation
+        index += 1
+        if parts[index - 1] in ("stages", "example_stages"):
+            if index == len(parts):
+                return None
+            index += 1  # the stage's index or name
+            model = Stage
+            continue
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        model = (
+            args[0]
+            if len(args) == 1 and typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            else annotation
+        )
+    args = typing.get_args(annotation)
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    optional = union and type(None) in args
+    string = annotation is str or (union and set(args) <= {str, type(None)})
+    return FieldKind(string=string, optional=optional)

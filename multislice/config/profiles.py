@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from multislice.config.checks import cross_field_issues
 from multislice.config.models import RunSpec
 from multislice.config.overrides import apply_overrides
+from multislice.config.values import expansion_issues
 from multislice.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,74 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROFILES_DIR = PROJECT_ROOT / "configs"
 #: Where a stage's ``model: {preset: NAME}`` looks for ``NAME.yaml``.
 PRESETS_DIR = PROFILES_DIR / "models"
+#: Largest profile (or model preset) file read, bytes: larger ones are refused before parsing, so a
+#: mistaken or hostile file cannot hold the CLI for minutes (a real profile is a few KiB).
+MAX_PROFILE_BYTES = 1024 * 1024
+
+
+def _where(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def parse_yaml_mapping(text: bytes | str, source: str) -> dict[str, Any]:
+    """Parse one YAML document holding a mapping with PyYAML's safe loader (no Python tags).
+
+    Args:
+        text: The file's bytes (UTF-8) or text.
+        source: What to name in errors (the file's path).
+
+    Raises:
+        ConfigError: naming ``source`` and, for a syntax error, the line: text over
+            :data:`MAX_PROFILE_BYTES`, not UTF-8, a NUL or other unreadable character, a YAML
+            error (tabs, unclosed quotes or brackets, unhashable keys, a ``!!python/...`` tag),
+            several documents, or a document that is not a mapping.
+    """
+    fix = "fix the YAML (see the line named), or give another --profile"
+    if len(text) > MAX_PROFILE_BYTES:
+        raise ConfigError(
+            [("profile", f"{source} is {len(text):,} bytes, over the {MAX_PROFILE_BYTES:,} a profile may have; "
+                         "a profile is a few KiB: give the right file")]
+        )  # fmt: skip
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigError(
+                [("profile", f"{source} is not UTF-8 text (byte {error.start}: {error.reason}); save it as UTF-8")]
+            ) from None
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError([("profile", f"{source} is not valid YAML{_where(error)}: {problem}; {fix}")]) from None
+    except (ValueError, OverflowError, RecursionError) as error:
+        raise ConfigError([("profile", f"{source} holds a value YAML cannot read ({error}); {fix}")]) from None
+    documents = [d for d in documents if d is not None] or [None]
+    if len(documents) > 1:
+        raise ConfigError(
+            [("profile", f"{source} holds {len(documents)} YAML documents; a profile is one mapping: remove the '---'")]
+        )
+    if not isinstance(documents[0], dict):
+        raise ConfigError(
+            [("profile", f"{source} does not hold a mapping of fields (it holds {type(documents[0]).__name__}); "
+                         "a profile is `run_name: ...`, `stages: [...]` and so on")]
+        )  # fmt: skip
+    return documents[0]
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """:func:`parse_yaml_mapping` of a file, read at most :data:`MAX_PROFILE_BYTES` + 1 bytes.
+
+    Raises:
+        ConfigError: as :func:`parse_yaml_mapping`, or the file cannot be read.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PROFILE_BYTES + 1)
+    except OSError as error:
+        raise ConfigError([("profile", f"cannot read {path}: {error.strerror}; give a readable YAML file")]) from None
+    return parse_yaml_mapping(data, str(path))
 
 
 def known_presets() -> list[str]:
@@ -54,13 +123,14 @@ def expand_presets(data: Mapping[str, Any]) -> dict[str, Any]:
             where = f"{key}[{index}] ({stage.get('name', '')}).model.preset"
             name = str(model["preset"])
             path = PRESETS_DIR / f"{name}.yaml"
-            if not path.is_file():
+            if "/" in name or name.startswith(".") or not path.is_file():
                 issues.append((where, f"no model preset {name!r}; known presets: {', '.join(known_presets())}"))
                 result[key].append(stage)
                 continue
-            preset = yaml.safe_load(path.read_text(encoding="utf-8"))
-            if not isinstance(preset, Mapping):
-                issues.append((where, f"{path} does not hold a mapping of model fields"))
+            try:
+                preset = read_yaml_mapping(path)
+            except ConfigError as error:
+                issues.append((where, f"model preset {name!r}: {error.issues[0][1]}"))
                 result[key].append(stage)
                 continue
             given = {k: v for k, v in model.items() if k != "preset"}
@@ -113,6 +183,9 @@ def load_spec(data: Mapping[str, Any], overrides: Mapping[str, Any] | None = Non
         ConfigError: listing every bad field with its fix. Nothing is created.
     """
     merged = expand_presets(apply_overrides(data, overrides or {}))
+    expanded = list(expansion_issues(merged))
+    if expanded:
+        raise ConfigError(expanded)
     try:
         spec = RunSpec.model_validate(merged)
     except ValidationError as error:
@@ -129,12 +202,17 @@ def profile_path(profile: str) -> Path:
     Raises:
         ConfigError: no such profile; the message lists those in ``configs/``.
     """
+    if not profile or "\x00" in profile or len(profile) > 4096:
+        raise ConfigError([("profile", f"{profile[:80]!r} is not a profile name or path; give e.g. --profile local")])
     candidate = Path(profile)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return candidate
-    named = PROFILES_DIR / f"{profile}.yaml"
-    if named.is_file():
-        return named
+    try:
+        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+            return candidate
+        named = PROFILES_DIR / f"{profile}.yaml"
+        if "/" not in profile and named.is_file():
+            return named
+    except OSError:
+        pass
     known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
     raise ConfigError(
         [("profile", f"no profile {profile!r}; known profiles: {', '.join(known)}, or a path to a .yaml file")]
@@ -142,12 +220,12 @@ def profile_path(profile: str) -> Path:
 
 
 def read_profile(profile: str) -> dict[str, Any]:
-    """The raw content of a profile (not yet validated)."""
-    with open(profile_path(profile), encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
-    if not isinstance(data, dict):
-        raise ConfigError([("profile", f"{profile_path(profile)} does not hold a mapping")])
-    return data
+    """The raw content of a profile (not yet validated).
+
+    Raises:
+        ConfigError: no such profile, or a file that is not one YAML mapping (:func:`parse_yaml_mapping`).
+    """
+    return read_yaml_mapping(profile_path(profile))
 
 
 def load_profile(profile: str, overrides: Mapping[str, Any] | None = None) -> RunSpec:

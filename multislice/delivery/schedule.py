@@ -42,12 +42,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from multislice import config
+from multislice import config, identity
 from multislice.config import ConfigError
 from multislice.delivery import submission
 from multislice.delivery.submission import KfpTarget, VertexTarget
 
 _FIELD = re.compile(r"^[0-9A-Za-z*/,\-]+$")
+#: Characters of the pipeline run's id each scheduled run appends to run_name
+#: (:func:`multislice.identity.unique_run_name`).
+SUFFIX_CHARACTERS = 8
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
 
 
@@ -82,7 +85,7 @@ class Cron:
                           "goes in --timezone")]
             )  # fmt: skip
         for name, value in zip(FIELD_NAMES, fields, strict=True):
-            if not _FIELD.match(value):
+            if not _FIELD.fullmatch(value):
                 raise ConfigError([("cron", f"{name} field {value!r}: use numbers, *, a-b, a,b, */n or names")])
         normal = " ".join(fields)
         if not croniter.is_valid(normal):
@@ -154,12 +157,31 @@ def schedule_parameters(
     With it: ``unique_run_name=false`` and ``run_name`` fixed.
 
     Raises:
-        ConfigError: as :func:`multislice.delivery.submission.prepare`.
+        ConfigError: as :func:`multislice.delivery.submission.prepare`, and (without ``continue_run``)
+            a run name that is too long once each run's suffix is appended.
     """
     values = dict(values or {})
     values.setdefault("run_name", str(profile.get("run_name", "run")))
     values["unique_run_name"] = not continue_run
-    return submission.prepare(profile, values, target)
+    prepared = submission.prepare(profile, values, target)
+    if not continue_run:
+        # Each run's plan step appends "-<8 characters of its run id>": check the name every run will have.
+        suffixed = identity.unique_run_name(str(values["run_name"]), "0" * SUFFIX_CHARACTERS)
+        try:
+            config.load_spec(profile, {**values, "run_name": suffixed, "unique_run_name": False})
+        except ConfigError as error:
+            issues = [
+                (
+                    field,
+                    f"every scheduled run appends '-' and {SUFFIX_CHARACTERS} characters of its run id "
+                    f"(as {suffixed!r}): {message}"
+                    if field == "run_name"
+                    else message,
+                )
+                for field, message in error.issues
+            ]
+            raise ConfigError(issues) from None
+    return prepared
 
 
 def create(

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from multislice import maxtext, names, tpu
+from multislice.errors import ConfigError
 from multislice.plan import Plan, StagePlan
 from multislice.timings import timings_for
 
@@ -62,12 +63,17 @@ def run_labels(plan: Plan, pipeline_run_id: str, stage: StagePlan | None = None)
     """Labels naming the pipeline run (and stage) that owns an object.
 
     Raises:
-        ValueError: ``pipeline_run_id`` is not a valid label value.
+        multislice.errors.ConfigError: ``pipeline_run_id`` is not a valid label value (also a ValueError).
     """
-    if not names.LABEL_VALUE.match(pipeline_run_id) or len(pipeline_run_id) > names.MAX_LABEL_LENGTH:
-        raise ValueError(
-            f"pipeline run id {pipeline_run_id!r} is not a valid Kubernetes label value "
-            "(at most 63 characters: letters, digits, '-', '_', '.')"
+    if not names.LABEL_VALUE.fullmatch(pipeline_run_id) or len(pipeline_run_id) > names.MAX_LABEL_LENGTH:
+        raise ConfigError(
+            [
+                (
+                    "pipeline run id",
+                    f"{pipeline_run_id[:80]!r} is not a valid Kubernetes label value; give at most 63 letters, "
+                    "digits, '-', '_' or '.', alphanumeric at both ends (--pipeline-run-id)",
+                )
+            ]
         )
     labels = {
         names.LABEL_MANAGED_BY: names.MANAGED_BY,

@@ -183,9 +183,9 @@ def check_cel(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> CelReport:
 
 def _label_key_problem(key: str) -> str | None:
     prefix, _, name = key.rpartition("/")
-    if prefix and (not names.DNS1123_SUBDOMAIN.match(prefix) or len(prefix) > 253):
+    if prefix and (not names.DNS1123_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253):
         return f"label key {key!r}: prefix must be a DNS-1123 subdomain"
-    if not name or len(name) > 63 or not _LABEL_KEY_NAME.match(name):
+    if not name or len(name) > 63 or not _LABEL_KEY_NAME.fullmatch(name):
         return f"label key {key!r}: name part must be 1-63 alphanumeric, '-', '_' or '.' characters"
     return None
 
@@ -196,9 +196,9 @@ def _metadata_problems(obj: dict[str, Any], namespaced: bool) -> list[str]:
     if not isinstance(meta, dict):
         return ["metadata: missing"]
     name = meta.get("name", "")
-    if not names.DNS1123_SUBDOMAIN.match(name) or len(name) > 253:
+    if not names.DNS1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
         problems.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain")
-    if obj.get("kind") == "JobSet" and not (names.DNS1035_LABEL.match(name) and len(name) <= 63):
+    if obj.get("kind") == "JobSet" and not (names.DNS1035_LABEL.fullmatch(name) and len(name) <= 63):
         problems.append(f"metadata.name: JobSet name {name!r} must be a DNS-1035 label (it names a Service)")
     if namespaced and not meta.get("namespace"):
         problems.append("metadata.namespace: a namespaced object needs a namespace")
@@ -207,7 +207,7 @@ def _metadata_problems(obj: dict[str, Any], namespaced: bool) -> list[str]:
     for key, value in (meta.get("labels") or {}).items():
         if problem := _label_key_problem(key):
             problems.append(f"metadata.labels: {problem}")
-        if not isinstance(value, str) or len(value) > 63 or not names.LABEL_VALUE.match(value):
+        if not isinstance(value, str) or len(value) > 63 or not names.LABEL_VALUE.fullmatch(value):
             problems.append(f"metadata.labels[{key}]: {value!r} is not a valid label value")
     for key, value in (meta.get("annotations") or {}).items():
         if problem := _label_key_problem(key):

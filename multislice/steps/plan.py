@@ -12,6 +12,7 @@ from typing import Any
 from multislice import config
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
+from multislice.render import manifests
 from multislice.reports import PlanReport
 from multislice.steps import say, write_report
 
@@ -32,6 +33,8 @@ def run(
 
     Raises:
         multislice.config.ConfigError: naming every bad field and its fix.
+        multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
+            by the API server; checked here, before preflight and provision.
     """
     parameters = dict(parameters)
     unique = parameters.get("unique_run_name", profile.get("unique_run_name"))
@@ -43,6 +46,9 @@ def run(
     parameters.update(run_name=identity.run_name, output_dir=identity.output_dir)
     spec = config.load_spec(profile, parameters)
     plan = make_plan(spec)
+    # Every manifest the run will submit, validated against its CRD (or API fields) now, before
+    # preflight and provision ask for anything.
+    manifests.render_all(plan, pipeline_run_id or "manual")
     say(
         "plan",
         f"run {spec.run_name}: {spec.num_slices} x {spec.tpu_type} ({plan.total_chips} chips), "

@@ -79,7 +79,7 @@ def _resolve_env(container: dict[str, Any], labels: dict[str, str], annotations:
             env[name] = expand_vars(str(item["value"]), env)
             continue
         ref = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
-        match = _FIELD_PATH.match(ref)
+        match = _FIELD_PATH.fullmatch(ref)
         if not match:
             raise UnsupportedManifest(
                 f"env {name}: the local backend resolves only fieldRef metadata.annotations['...'] and "

@@ -1,0 +1,437 @@
+"""Hostile input never ends in a traceback, and an invalid value is refused before anything is created.
+
+Property-based (hypothesis) cases through the CLI, driven in-process
+(:func:`multislice.cli.main`): profile files, ``--set`` values, the pipeline's
+typed parameters and CLI paths. Each must exit 2 naming the field and the fix,
+with nothing written, or be accepted when the value is valid. Explicit
+regression tests follow for each class of input QA found accepted or crashing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from multislice import cli, config, names
+from multislice.config import parameters, values
+from multislice.errors import UserError
+
+
+def cases(count: int) -> settings:
+    """``count`` generated cases, reproducible (derandomized), with no deadline: slow machines pass too."""
+    return settings(
+        max_examples=count,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+    )
+
+
+LOCAL = config.read_profile("local")
+
+#: Pieces QA's corpus combined: control characters, expansion syntaxes, traversal, YAML specials.
+FRAGMENTS = [
+    "\n", "\t", "\r", "\x00", "\x7f", " ", "$(JOBSET_NAME)", "${oc.env:HOME}", "$$", "../../other-project", "..", "/",
+    ":", "@", "%", "'", '"', "[", "]", "{", "}", "*", "&a", "!!python/object:os.system", ".inf", "-.inf", ".nan",
+    "1e308", "1e12", "null", "~", "2024-01-01", "0x10", "1_000", "true", "-1", "0", "2147483648", "9" * 30, "A", "a",
+    "é", "\u202e", "gs://", "gs://goog-bucket", "/proc/self", "x" * 70, "-", "_", ".", "llama2", "silu",
+]  # fmt: skip
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``multislice ARGV`` in this process: (exit status, stdout, stderr). Any exception escaping is a failure."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exit_:  # argparse's own usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_refused(code: int, err: str, *fields: str) -> None:
+    """Exit 2 with ``error:``, one of ``fields`` named, a fix, and no traceback."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.startswith("error: "), err
+    assert "fix:" in err or "invalid run spec" in err, err
+    if fields:
+        assert any(field in err for field in fields), (fields, err)
+
+
+def assert_refused_or_accepted(code: int, err: str, out_dir: Path, *fields: str) -> None:
+    assert "Traceback" not in err
+    assert code in (0, 2), err
+    if code == 2:
+        assert_refused(code, err, *fields)
+        assert not out_dir.exists(), f"{out_dir} was created for a refused input"
+    else:
+        assert any(out_dir.iterdir())
+
+
+text_values = st.one_of(
+    st.sampled_from(FRAGMENTS),
+    st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=4).map("".join),
+    st.text(max_size=40),
+    st.from_regex(r"[a-z][-a-z0-9]{0,20}[a-z0-9]", fullmatch=True),
+    st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=3).map(lambda p: "run-" + "".join(p)),
+)
+number_values = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, 2, 4, 2**31 - 1, 2**31, 2**63, 2**64, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.5, 0.25, 0.1, 1e308, 1e-308, 1e12, 3.0]),
+)
+
+
+def _cli_value(value: object) -> str:
+    return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+
+
+# ---------------------------------------------------------------- profile files
+
+
+def _mutated_profile(data: dict, key: str, value: object) -> str:
+    return yaml.safe_dump({**data, key: value}, sort_keys=False)
+
+
+profile_texts = st.one_of(
+    st.binary(max_size=300),
+    st.text(max_size=300),
+    st.lists(st.sampled_from(FRAGMENTS + ["run_name: x\n", "stages:\n", "  - ", "---\n", "\t"]), max_size=20).map(
+        "".join
+    ),
+    st.tuples(st.sampled_from(sorted(LOCAL)), st.one_of(text_values, number_values)).map(
+        lambda kv: _mutated_profile(LOCAL, *kv)
+    ),
+    st.tuples(st.integers(0, 2000), st.sampled_from(FRAGMENTS)).map(
+        lambda cut: (lambda text: text[: cut[0]] + cut[1] + text[cut[0] :])(yaml.safe_dump(LOCAL, sort_keys=False))
+    ),
+)
+
+
+@cases(280)
+@given(content=profile_texts)
+def test_any_profile_file_is_refused_or_rendered(tmp_path_factory, content):
+    tmp = tmp_path_factory.mktemp("profile")
+    path = tmp / "profile.yaml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp / "out"))
+    assert_refused_or_accepted(code, err, tmp / "out")
+
+
+# ---------------------------------------------------------------- --set values
+
+NAME_FIELDS = {
+    "run_name": names.DNS1035_LABEL,
+    "namespace": names.DNS1123_LABEL,
+    "queue": names.DNS1123_SUBDOMAIN,
+    "cluster_queue": names.DNS1123_SUBDOMAIN,
+    "priority": names.DNS1123_SUBDOMAIN,
+    "stages.0.name": names.DNS1035_LABEL,
+}
+OTHER_FIELDS = [
+    "num_slices", "stage1_steps", "stage1_per_device_batch_size", "stages.0.max_target_length", "priority_value",
+    "max_restarts", "output_dir", "trainer_image", "images.pipeline", "cluster.project", "cluster.location",
+    "cluster.name", "stages.0.model.decoder_block", "stages.0.checkpoint_period", "notify_webhook_url",
+    "stages.0.maxtext_overrides.weight_dtype", "stages.0.maxtext_overrides.optimizer_memory_host_offload",
+    "stages.0.maxtext_overrides.no_such_maxtext_key", "stages.0.model.mlp_activations", "tpu_type", "backend",
+]  # fmt: skip
+
+
+@cases(380)
+@given(
+    key=st.sampled_from(sorted(NAME_FIELDS) + OTHER_FIELDS),
+    value=st.one_of(text_values, number_values),
+)
+def test_any_set_value_is_refused_or_valid(tmp_path_factory, key, value):
+    tmp = tmp_path_factory.mktemp("set")
+    raw = _cli_value(value)
+    assume("\x00" not in raw)  # argv cannot hold NUL; profile files and parameters carry it instead
+    code, _, err = run_cli("render", "--profile", "local", "--set", f"{key}={raw}", "--output", str(tmp / "out"))
+    path = parameters.path_for(key)
+    last = path.rsplit(".", 1)[-1]
+    assert_refused_or_accepted(code, err, tmp / "out", key, path, last, "--set")
+    if code == 0 and key in NAME_FIELDS:
+        assert NAME_FIELDS[key].fullmatch(raw) and len(raw) <= 63, raw
+    if code == 0 and isinstance(value, str):
+        assert "$(" not in raw and "${" not in raw and not re.search(r"[\x00-\x1f\x7f]", raw), raw
+
+
+# ---------------------------------------------------------------- pipeline parameters
+
+
+def _parameter_values(kind: type) -> st.SearchStrategy:
+    if kind is bool:
+        return st.booleans()
+    if kind is int:
+        return st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([1, 2, 2**31 - 1, 2**31, 2**63]))
+    if kind is float:
+        return st.one_of(st.floats(), st.sampled_from([0.5, 1.0, 2.0, 1e308, float("inf")]))
+    return st.one_of(text_values, st.text(max_size=30))
+
+
+PARAMETERS = [(p.name, p.type) for p in parameters.RUN_PARAMETERS] + [
+    (parameters.stage_parameter_name(0, field), kind) for field, kind, _ in parameters.STAGE_FIELDS
+]
+parameter_sets = st.lists(
+    st.sampled_from(PARAMETERS).flatmap(lambda p: st.tuples(st.just(p[0]), _parameter_values(p[1]))),
+    min_size=1,
+    max_size=3,
+).map(dict)
+
+
+@cases(200)
+@given(given_parameters=parameter_sets)
+def test_any_pipeline_parameters_are_refused_or_planned(given_parameters):
+    from multislice.plan import make_plan
+    from multislice.render import manifests
+
+    try:
+        spec = config.load_spec(LOCAL, given_parameters)
+        plan = make_plan(spec)
+        manifests.render_all(plan, "manual")
+    except UserError as error:
+        assert error.exit_code == 2
+        fields = [parameters.path_for(k).rsplit(".", 1)[-1] for k in given_parameters] + list(given_parameters)
+        assert any(field in str(error) for field in fields) or "stages[" in str(error), str(error)
+        return
+    for key, value in given_parameters.items():
+        if isinstance(value, str):
+            assert "$(" not in value and "${" not in value and not re.search(r"[\x00-\x1f\x7f]", value), (key, value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert abs(value) <= values.INT32_MAX, (key, value)
+
+
+# ---------------------------------------------------------------- CLI paths
+
+path_parts = st.sampled_from(["", "a", "out", "x.yaml", "x.yml", "x.json", "..", ".", "\n", " ", "file.txt"])
+
+
+@cases(180)
+@given(
+    root=st.sampled_from(["TMP", "TMP/file.txt", "/proc", "/sys/kernel", "/dev", ""]),
+    parts=st.lists(path_parts, max_size=3),
+    command=st.sampled_from(["render", "compile", "verify-checkpoint"]),
+)
+def test_any_output_path_is_refused_or_used(tmp_path_factory, root, parts, command):
+    tmp = tmp_path_factory.mktemp("paths")
+    (tmp / "file.txt").write_text("not a directory\n")
+    target = "/".join([root.replace("TMP", str(tmp)), *parts]) if root or parts else ""
+    before = _tree(tmp)
+    if command == "render":
+        code, _, err = run_cli("render", "--profile", "local", "--set", "run_name=bad\n", "--output", target)
+        assert_refused(code, err, "--output", "run_name")
+    elif command == "compile":
+        # An invalid spec as well, so that a usable path is refused for the spec, never compiled (fast).
+        code, _, err = run_cli("compile", "--profile", "local", "--set", "num_slices=0", "--output", target)
+        assert_refused(code, err, "--output", "num_slices")
+    else:
+        code, _, err = run_cli("verify-checkpoint", target, "--report", str(tmp / "file.txt" / "r.json"))
+        assert_refused(code, err, "checkpoint", "--report")
+    assert _tree(tmp) == before
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+# ---------------------------------------------------------------- regressions: malformed profile files
+
+MALFORMED = {
+    "tabs": b"run_name: x\n\tbackend: local\n",
+    "unclosed quote": b"run_name: 'x\nbackend: local\n",
+    "unclosed bracket": b"run_name: x\nstages: [\n",
+    "multiple documents": b"run_name: x\n---\nrun_name: y\n",
+    "unhashable key": b"? [a, b]\n: 1\n",
+    "non-UTF-8": b"run_name: \xff\xfe\n",
+    "NUL": b"run_name: x\x00\n",
+    "python tag": b"run_name: !!python/object/apply:os.system ['true']\n",
+    "not a mapping": b"- a\n- b\n",
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_profile_is_refused_naming_the_file(tmp_path, name):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(MALFORMED[name])
+    code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp_path / "out"))
+    assert_refused(code, err, str(path))
+    assert not (tmp_path / "out").exists()
+    if name in ("tabs", "unclosed quote", "unclosed bracket"):
+        assert re.search(r"line \d+", err), err
+
+
+def test_a_huge_profile_is_refused_by_size_before_parsing(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_bytes(b"[" * (config.profiles.MAX_PROFILE_BYTES + 10))  # parsing this would recurse, not refuse
+    code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp_path / "out"))
+    assert_refused(code, err, str(path))
+    assert f"{config.profiles.MAX_PROFILE_BYTES:,}" in err
+
+
+# ---------------------------------------------------------------- regressions: values QA found accepted
+
+REFUSED_SETS = {
+    "namespace=default\n": "namespace",
+    "queue=multislice-queue\n": "queue",
+    "cluster_queue=q\n": "cluster_queue",
+    "priority=p\n": "priority",
+    "stages.0.name=tiny\n": "name",
+    "run_name=demo\n": "run_name",
+    "run_name=null": "run_name",
+    "num_slices=2147483648": "num_slices",
+    "stage1_steps=9223372036854775808": "steps",
+    "stage1_per_device_batch_size=.inf": "per_device_batch_size",
+    "stage1_per_device_batch_size=1e308": "per_device_batch_size",
+    "stage1_per_device_batch_size=0.3": "per_device_batch_size",  # x 8 chips = 2.4 sequences
+    "stages.0.max_target_length=1e12": "max_target_length",
+    "stages.0.max_target_length=1000000000000": "max_target_length",
+    "stages.0.model.decoder_block=llama9": "decoder_block",
+    "stages.0.model.mlp_activations=[silu, lineer]": "mlp_activations",
+    "stages.0.maxtext_overrides.optimizer_memroy_host_offload=true": "optimizer_memroy_host_offload",
+    "stages.0.maxtext_overrides.weight_dtype=bf16": "weight_dtype",
+    "priority_value=2147483648": "priority_value",
+    "output_dir=$(JOBSET_NAME)": "output_dir",
+    "output_dir=${oc.env:HOME}/x": "output_dir",
+    "stages.0.maxtext_overrides.profiler=$(HOME)": "profiler",
+    "trainer_image=UPPER/Case:1": "trainer",
+    "trainer_image=img:tag with space": "trainer",
+    "output_dir=gs://Bad_Bucket!/x": "output_dir",
+    "output_dir=gs://bucket/../other": "output_dir",
+    "output_dir=gs://googbucket/x": "output_dir",
+    "output_dir=/proc/self/x": "output_dir",
+    "cluster.project=../../other-project": "project",
+    "cluster.name=Cluster_1": "name",
+    "cluster.location=us-east5/../x": "location",
+    "notify_webhook_url=https://hooks.example.com/a\nb": "notify_webhook_url",
+}
+
+
+@pytest.mark.parametrize("pair", sorted(REFUSED_SETS))
+def test_invalid_value_is_refused_naming_its_field(tmp_path, pair):
+    code, _, err = run_cli("render", "--profile", "local", "--set", pair, "--output", str(tmp_path / "out"))
+    assert_refused(code, err, REFUSED_SETS[pair])
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_maxtext_key_suggests_the_close_one(tmp_path):
+    pair = "stages.0.maxtext_overrides.optimizer_memroy_host_offload=true"
+    code, _, err = run_cli("render", "--profile", "local", "--set", pair, "--output", str(tmp_path / "out"))
+    assert_refused(code, err, "did you mean optimizer_memory_host_offload")
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    code, _, err = run_cli("render", "--profile", "local", "--set", f"output_dir={tmp_path / 'f'}", "--output", "o")
+    assert_refused(code, err, "output_dir")
+
+
+def test_output_dir_that_reads_as_a_date_is_a_string(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = config.load_profile("local", config.parse_set_arguments(["output_dir=2024-01-01", "num_slices=2"]))
+    assert spec.output_dir == "2024-01-01" and spec.num_slices == 2
+    code, _, err = run_cli("render", "--profile", "local", "--set", "output_dir=2024-01-01", "--output", "out")
+    assert code == 0, err
+
+
+def test_valid_values_are_still_accepted(tmp_path):
+    code, _, err = run_cli(
+        "render", "--profile", "local", "--output", str(tmp_path / "out"),
+        "--set", "stages.0.maxtext_overrides.weight_dtype=bfloat16", "--set", "stage1_per_device_batch_size=0.25",
+        "--set", "trainer_image=us-docker.pkg.dev/my-project/images/maxtext:0.2.5@sha256:" + "a" * 64,
+        "--set", "stages.0.model.mlp_activations=[gelu, linear]",
+    )  # fmt: skip
+    assert code == 0, err
+
+
+# ---------------------------------------------------------------- regressions: CLI paths
+
+
+def test_render_into_a_file_or_proc_or_nowhere_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for output in (str(tmp_path / "file"), str(tmp_path / "file" / "sub"), "/proc/self/out", "", " "):
+        code, _, err = run_cli("render", "--profile", "local", "--output", output)
+        assert_refused(code, err, "--output")
+    assert _tree(tmp_path) == ["file"]
+
+
+def test_compile_output_must_be_a_yaml_file(tmp_path):
+    for output in (str(tmp_path / "pipeline.json"), str(tmp_path), str(tmp_path / "p")):
+        code, _, err = run_cli("compile", "--profile", "local", "--output", output)
+        assert_refused(code, err, "--output")
+    assert _tree(tmp_path) == []
+
+
+def test_compile_refuses_bad_node_selectors_and_images(tmp_path):
+    out = str(tmp_path / "p.yaml")
+    for extra in (["--node-selector", "bad key=x"], ["--node-selector", "pool=a\nb"], ["--base-image", "Bad Image"]):
+        code, _, err = run_cli("compile", "--profile", "local", "--output", out, *extra)
+        assert_refused(code, err, "--node-selector", "--base-image")
+    assert _tree(tmp_path) == []
+
+
+def test_invalid_pipeline_run_id_is_refused_and_nothing_is_written(tmp_path):
+    code, _, err = run_cli("render", "--profile", "local", "--pipeline-run-id", "a b", "--output", str(tmp_path / "o"))
+    assert_refused(code, err, "pipeline run id")
+    assert not (tmp_path / "o").exists()
+
+
+def test_verify_checkpoint_refuses_hostile_paths(tmp_path):
+    for path in ("a\nb", "gs://Bad!/x", "gs://bucket/../x", str(tmp_path / "none")):
+        code, _, err = run_cli("verify-checkpoint", path)
+        assert_refused(code, err, "checkpoint")
+
+
+# ---------------------------------------------------------------- regressions: schedule and plan
+
+
+def test_a_schedule_checks_the_run_name_with_each_run_suffix():
+    from multislice.delivery import schedule
+
+    gke = config.read_profile("gke-v6e-16x2")
+    longest = names.max_jobset_name_length(2, 4) - max(len(s["name"]) for s in gke["stages"]) - 1
+    fits_alone = "r" * (longest - 3)  # fits without the suffix, not with "-" + 8 characters
+    config.load_spec(gke, {"run_name": fits_alone})
+    with pytest.raises(config.ConfigError) as refused:
+        schedule.schedule_parameters(gke, {"run_name": fits_alone}, "vertex", continue_run=False)
+    assert "every scheduled run appends" in str(refused.value)
+    schedule.schedule_parameters(gke, {"run_name": fits_alone}, "vertex", continue_run=True)
+
+
+def test_plan_validates_manifests_against_their_crds_before_preflight(tmp_path, monkeypatch):
+    from multislice.render import jobset, schema
+    from multislice.steps import plan as plan_step
+
+    render = jobset.render_jobset
+
+    def broken(*args, **kwargs):
+        obj = render(*args, **kwargs)
+        obj["spec"]["replicatedJobs"][0]["replicas"] = "many"
+        return obj
+
+    monkeypatch.setattr(jobset, "render_jobset", broken)
+    with pytest.raises(schema.ManifestInvalid) as refused:
+        plan_step.run(LOCAL, {"output_dir": str(tmp_path)})
+    assert "replicas" in str(refused.value)
+    assert not any(tmp_path.iterdir())  # not even the plan report
+
+
+def test_maxtext_schema_file_names_its_source():
+    from multislice import maxtext
+
+    schema = maxtext.config_schema()
+    assert schema["maxtext_version"] == maxtext.MAXTEXT_VERSION
+    assert "optimizer_memory_host_offload" in schema["fields"] and "llama2" in maxtext.decoder_blocks()
+    assert {"silu", "linear", "gelu"} <= set(maxtext.activations())
+    assert os.path.getsize(maxtext.CONFIG_SCHEMA_FILE) < 1_000_000

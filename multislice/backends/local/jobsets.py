@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from multislice import maxtext, names
+from multislice import cancel, maxtext, names
 from multislice.backends.base import WorkloadConflict
 from multislice.backends.local.environment import port_in_use, trainer_env
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
@@ -64,6 +64,23 @@ def pid_alive(pid: int | None) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+#: File of a JobSet's state directory holding its supervisor's pid, written by the creator as it starts it.
+PID_FILE = "supervisor.pid"
+
+
+def _write_pid(state_dir: Path, pid: int) -> None:
+    tmp = state_dir / f"{PID_FILE}.tmp"
+    tmp.write_text(str(pid), encoding="ascii")
+    os.replace(tmp, state_dir / PID_FILE)
+
+
+def _read_pid(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / PID_FILE).read_text(encoding="ascii"))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 class LocalJobSets:
@@ -119,20 +136,22 @@ class LocalJobSets:
                 f"{maxtext.CPU_COORDINATOR_PORT}; the local backend runs one JobSet at a time",
                 "wait for it to finish, or delete it",
             )
-        state_dir.mkdir(parents=True)
-        (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
-        state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
-        state.event("Created", f"JobSet {name} created on the local backend")
-        write_state(state_dir, state)
-        with open(state_dir / "supervisor.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "multislice.backends.local.supervisor", str(state_dir), str(env)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=state_dir,
-            )
+        with cancel.shielded():  # a signal cannot split creating the JobSet and recording its supervisor
+            state_dir.mkdir(parents=True)
+            (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
+            state.event("Created", f"JobSet {name} created on the local backend")
+            write_state(state_dir, state)
+            with open(state_dir / "supervisor.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "multislice.backends.local.supervisor", str(state_dir), str(env)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=state_dir,
+                )
+                _write_pid(state_dir, proc.pid)
         deadline = time.monotonic() + start_timeout
         while (current := read_state(state_dir)) is not None and current.phase == "Pending":
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -169,6 +188,7 @@ class LocalJobSets:
         state = read_state(self.state_dir(name))
         if state is None or state.terminal:
             return state
+        state.supervisor_pid = state.supervisor_pid or _read_pid(self.state_dir(name))
         if state.supervisor_pid and not pid_alive(state.supervisor_pid):
             state = read_state(self.state_dir(name))  # it may have finished between the two reads
             if state is not None and not state.terminal:
@@ -253,9 +273,13 @@ class LocalJobSets:
         if pid_alive(state.supervisor_pid):
             os.kill(state.supervisor_pid, signal.SIGTERM)
             try:
-                return self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
+                final = self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
             except TimeoutError:
                 pass
+            else:
+                if final.reason != "SupervisorLost":
+                    return final
+                state = final  # it died before it stopped anything (SIGTERM before its handler): as below
         # The supervisor is gone or stuck: stop what it started ourselves.
         for pod in state.pods:
             if pod.phase == "Running" and pod.pid:

@@ -20,6 +20,10 @@ def cleanup(
 
     ``cluster`` is the profile's cluster reference (project, location, name, access): no credentials.
     """
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("cleanup:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.steps import cleanup as step
 
     report = step.run(

@@ -24,6 +24,10 @@ def plan(
     per_device_batch_size: float,
 ) -> str:
     """Returns the validated plan as JSON; fails with every bad field named."""
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("plan:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.steps import plan as step
 
     parameters = {

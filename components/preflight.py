@@ -10,6 +10,10 @@ def preflight(plan: str, stage: str, pipeline_run_id: str, hbm: Output[HTML]) ->
 
     ``hbm``: an HTML table of the stage's HBM use per chip, for the pipelines UI.
     """
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("preflight:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.plan import Plan
     from multislice.steps import preflight as step
 

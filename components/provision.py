@@ -5,6 +5,10 @@ from components import make
 
 def provision(plan: str) -> dict:
     """Returns the provision report."""
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("provision:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.plan import Plan
     from multislice.steps import provision as step
 

@@ -12,6 +12,10 @@ def train(
 
     ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary.
     """
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("train:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.plan import Plan
     from multislice.steps import train as step
 

@@ -7,6 +7,10 @@ from components import make
 
 def verify_checkpoint(plan: str, stage: str, pipeline_run_id: str, verification: Output[Markdown]) -> dict:
     """Returns the verifier's report; fails unless its verdict is PASS. ``verification``: the report as Markdown."""
+    from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
+
+    cancel.point("verify_checkpoint:entry")  # a signal before install ends the process: nothing was created yet
+    cancel.install()
     from multislice.delivery import artifacts
     from multislice.plan import Plan
     from multislice.steps import verify_checkpoint as step

@@ -336,6 +336,68 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     return status
 
 
+def _run_spec_of(run_dir: str) -> dict[str, Any] | None:
+    """The run spec (as data) a run directory's plan reports hold, or None when it has none."""
+    base = storage.path(storage.join(run_dir, "reports"))
+    if not base.is_dir():
+        return None
+    for found in [base / reports.PlanReport.file_name, *sorted(base.glob(f"*/{reports.PlanReport.file_name}"))]:
+        data = storage.read_json(str(found))
+        if data is not None:
+            return config.spec_to_data(reports.parse(reports.PlanReport, data).plan.spec)
+    return None
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    """Remove what a crashed or cancelled run left: its unfinished JobSets (local: their supervisors and pods).
+
+    The run is found as the pipeline's cleanup step finds it: ``<output_dir>/<run_name>``, with
+    ``output_dir`` from ``--output-dir``, else the profile's. Its backend, namespace and cluster come
+    from ``--profile``, else from the run's plan report, else local. Locally every JobSet of the run
+    directory that is still going is deleted; on GKE, what carries the run's name label
+    (``multislice-pipelines/run-name``; with ``--pipeline-run-id``, that run's id as well), as the
+    cleanup step deletes by the run id: JobSets not Completed and unfinished Jobs.
+    """
+    from multislice import names
+
+    if not names.DNS1035_LABEL.match(args.run or ""):
+        raise InputError(
+            f"--run {args.run!r} is not a run name (a DNS-1035 label: lower-case letters, digits and '-', "
+            "starting with a letter)",
+            "give the run_name of the run to clean up, e.g. --run e2e (the last path part of its run directory)",
+        )
+    spec: dict[str, Any] | None = None
+    if args.profile:
+        profile, overrides = _profile_and_overrides(args)
+        spec = config.spec_to_data(config.load_spec(profile, {**overrides, "run_name": args.run}))
+    output_dir = args.output_dir or (spec or {}).get("output_dir")
+    if not output_dir:
+        raise InputError("--output-dir is missing", "give --output-dir (the run's output_dir) or --profile")
+    found = identity.run_identity(args.run, output_dir)
+    spec = spec or _run_spec_of(found.run_dir)
+    backend_name = (spec or {}).get("backend", "local")
+    if backend_name == "local" and not storage.path(found.run_dir).is_dir():
+        raise InputError(
+            f"--run {args.run}: no run directory {found.run_dir}",
+            "check --run and --output-dir (runs are <output_dir>/<run_name>)",
+        )
+    backend = backends.create(
+        backend_name, run_dir=found.run_dir, namespace=(spec or {}).get("namespace", "default"),
+        cluster=(spec or {}).get("cluster"), say=print,
+    )  # fmt: skip
+    labels = {names.LABEL_RUN_NAME: args.run}
+    if args.pipeline_run_id:
+        labels[names.LABEL_PIPELINE_RUN_ID] = args.pipeline_run_id
+    if backend_name == "local" and not args.pipeline_run_id:
+        labels = {}  # every JobSet of the run directory is this run's
+    removed = backend.delete_matching(labels, lambda line: None)
+    for line in removed:
+        print(f"removed {line}")
+    if not removed:
+        print(f"run {args.run} ({backend_name}, {found.run_dir}): nothing left")
+    return 0
+
+
 def _preflight_plan(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> tuple[Plan, list]:
     """The plan to check and its stages: the profile's, or the one ``--stage`` names (example stages too)."""
     profile, overrides = _profile_and_overrides(args)
@@ -569,6 +631,13 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--stage", help="stage name (with --profile)")
     verify.add_argument("--report", help="also write the JSON report here (a .json file)")
     verify.set_defaults(func=cmd_verify_checkpoint)
+
+    clean = sub.add_parser("cleanup", help="remove what a crashed or cancelled run left (its JobSets and pods)")
+    clean.add_argument("--run", required=True, help="the run's run_name")
+    clean.add_argument("--output-dir", help="the run's output_dir (default: the profile's)")
+    with_profile(clean, required=False)
+    clean.add_argument("--pipeline-run-id", help="only what this pipeline run created (its pipeline/runid label)")
+    clean.set_defaults(func=cmd_cleanup)
     _add_delivery_commands(sub, with_profile)
     return parser
 

@@ -14,7 +14,7 @@ from tests.golden import CLI_COMMANDS, cli_golden, cli_transcript
 #: Transcript -> the exit status it must end with.
 EXIT = {
     "render": 0, "compile": 0, "preflight-does-not-fit": 1, "bad-config": 2, "unknown-profile": 2,
-    "missing-checkpoint": 2, "no-credentials": 2, "unreachable-cluster": 2,
+    "missing-checkpoint": 2, "cleanup-unknown-run": 2, "no-credentials": 2, "unreachable-cluster": 2,
 }  # fmt: skip
 
 

@@ -9,16 +9,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from multislice import config
+from multislice import cancel, config
 from multislice.backends.local import AlreadyExists, LocalJobSets, pid_alive
 from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
 from multislice.plan import make_plan
 from multislice.render import jobset
-from multislice.steps import cleanup
+from multislice.steps import cleanup, train
+from tests.test_cancel import wait_gone
 
 POD = """
 import os, signal, sys, time
@@ -27,7 +27,9 @@ who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
 print("pod", who, "attempt", attempt, "coordinator", os.environ["JAX_COORDINATOR_ADDRESS"],
       "processes", os.environ["JAX_PROCESS_COUNT"], flush=True)
 mode = sys.argv[1]
-if mode == "sleep":
+if mode == "step-then-sleep" or (mode == "sleep-first-attempt" and attempt > 0):
+    print("completed step: 0, seconds: 0.100, loss: 5.000", flush=True)
+if mode in ("sleep", "step-then-sleep") or (mode == "sleep-first-attempt" and attempt == 0):
     time.sleep(600)
 if who == (1, 0):
     if mode == "kill-first-attempt" and attempt == 0:
@@ -184,8 +186,7 @@ def test_delete_stops_every_process_and_frees_the_name(tmp_path):
         backend.create_jobset(other)
     deleted = backend.delete_jobset(name)
     assert deleted.phase == "Deleted"
-    time.sleep(0.2)
-    assert not any(pid_alive(pid) for pid in pids)
+    assert not wait_gone(set(pids), timeout=60)
     backend.create_jobset(other)  # a deleted name can be created again; the old state is kept aside
     assert any(p.name.startswith(f"{name}.deleted-") for p in backend.jobsets_dir.iterdir())
     backend.delete_jobset(name)
@@ -197,12 +198,10 @@ def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_pat
     name = obj["metadata"]["name"]
     state = backend.create_jobset(obj)
     os.kill(backend.get_jobset(name).supervisor_pid, signal.SIGKILL)
-    time.sleep(0.3)
-    lost = backend.get_jobset(name)
+    lost = backend.wait(name, lambda s: s.reason == "SupervisorLost", timeout=60, poll=0.1)
     assert (lost.phase, lost.reason) == ("Failed", "SupervisorLost")
     backend.delete_jobset(name)
-    time.sleep(0.2)
-    assert not any(pid_alive(p.pid) for p in state.pods)
+    assert not wait_gone({p.pid for p in state.pods}, timeout=60)
 
 
 def test_a_new_supervisor_takes_over_a_lost_one_and_starts_the_next_attempt(tmp_path):
@@ -275,23 +274,69 @@ def test_failure_policy_rules_match_in_order():
 
 
 def test_cancelled_train_step_deletes_its_jobset(tmp_path):
-    """SIGTERM to the train step (a cancelled pipeline run) deletes the JobSet; no pod survives."""
+    """SIGTERM to the train step (a cancelled pipeline run) while it follows the leader's log deletes the JobSet.
+
+    Event-driven: the step stops at its ``train:following`` cancel point (the first step line it read) and
+    announces it on a FIFO; only then does the test signal it.
+    """
     plan, obj = scripted_jobset(tmp_path, "sleep")
+    pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    pod["args"] = ["step-then-sleep"]
     backend = LocalJobSets(plan.run_dir)
     state = backend.create_jobset(obj)
     (tmp_path / "plan.json").write_text(plan.to_json())
+    fifo = tmp_path / "cancel.fifo"
+    os.mkfifo(fifo)
     script = (
         "import sys; from pathlib import Path; from multislice.plan import Plan; from multislice.steps import train\n"
         "train.run(Plan.from_json(Path(sys.argv[1]).read_text()), sys.argv[2], {'jobset': sys.argv[3]})\n"
     )
+    env = {**os.environ, cancel.ENV_POINT: "train:following", cancel.ENV_FIFO: str(fifo)}
     step = subprocess.Popen(
         [sys.executable, "-c", script, str(tmp_path / "plan.json"), plan.stages[0].name, plan.stages[0].jobset],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
-    time.sleep(3)
+    with open(fifo, encoding="utf-8") as announced:  # returns once the step is at the point
+        assert announced.read().strip() == "train:following"
     step.send_signal(signal.SIGTERM)
-    output, _ = step.communicate(timeout=60)
+    output, _ = step.communicate(timeout=120)
     assert step.returncode != 0
-    assert f"cancelled: deleting {plan.stages[0].jobset}" in output and "TrainingFailed" in output
+    assert f"cancelled (SIGTERM): deleting {plan.stages[0].jobset}" in output and "TrainingFailed" in output
     assert backend.get_jobset(obj["metadata"]["name"]).phase == "Deleted"
-    assert not any(pid_alive(p.pid) for p in state.pods)
+    assert not wait_gone({p.pid for p in state.pods} | {state.supervisor_pid}, timeout=60)
+
+
+def test_a_sigkilled_supervisors_pods_die_with_it_and_the_train_step_starts_a_new_one(tmp_path):
+    """PR_SET_PDEATHSIG: SIGKILL the supervisor (a kill soak) and every pod goes with it; the train step
+    sees it lost, starts a new supervisor (as a cluster restarts its JobSet controller) and follows the
+    next attempt to the end."""
+    plan, obj = scripted_jobset(tmp_path, "sleep-first-attempt", max_restarts=0)
+    backend = LocalJobSets(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    pods = {p.pid for p in state.pods}
+    assert pods and all(pid_alive(pid) for pid in pods)
+    supervisor = backend.get_jobset(name).supervisor_pid
+    os.kill(supervisor, signal.SIGKILL)
+    assert not wait_gone(pods | {supervisor}, timeout=60)  # the kernel killed the pods: nobody else did
+    lost = backend.get_jobset(name)
+    assert (lost.phase, lost.reason) == ("Failed", "SupervisorLost")
+
+    report = train.run(plan, plan.stages[0].name, {"jobset": name})
+
+    assert report.restarts == 1
+    done = backend.get_jobset(name)
+    assert (done.phase, done.restarts, done.restarts_count_towards_max) == ("Completed", 1, 0)
+    assert "SupervisorRestarted" in [e.reason for e in done.events]
+
+
+def test_cleanup_marks_a_jobset_with_a_lost_supervisor_deleted(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "sleep")
+    backend = LocalJobSets(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    os.kill(state.supervisor_pid, signal.SIGKILL)
+    assert not wait_gone({p.pid for p in state.pods} | {state.supervisor_pid}, timeout=60)
+    report = cleanup.run("local", str(tmp_path), "unit", "run-a", "FAILED")
+    assert report.deleted == [f"JobSet {name} (Failed -> Deleted)"]
+    assert backend.get_jobset(name).phase == "Deleted"

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from multislice import cancel
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
@@ -250,29 +250,39 @@ class Backend(abc.ABC):
             multislice.errors.RunFailed: the verifier left no report.
         """
 
+    @abc.abstractmethod
+    def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
+        """Delete every workload (and unfinished trainer-image Job) whose labels include ``labels``.
+
+        What a cancelled step calls: it finds what the step created by the
+        run's and stage's labels (:func:`multislice.render.jobset.run_labels`),
+        not by a name held in memory, so a signal between "created" and "the
+        step knows it" leaks nothing. Completed workloads are kept.
+
+        Returns:
+            One line per thing deleted.
+        """
+
     # -- cancellation -------------------------------------------------------
 
     @contextlib.contextmanager
-    def deleting_on_cancel(self, name: str, tell: Tell) -> Iterator[None]:
-        """Within this context a SIGTERM (the pipeline run was cancelled) deletes workload ``name``.
+    def deleting_on_cancel(self, name: str, tell: Tell, labels: dict[str, str] | None = None) -> Iterator[None]:
+        """Within this context SIGTERM or SIGINT (the run was cancelled) deletes workload ``name``.
+
+        With ``labels``, every unfinished workload carrying them is deleted
+        (:meth:`delete_matching`), else ``name``. Further signals during the
+        deletion are ignored (:mod:`multislice.cancel`).
 
         Raises:
-            TrainingFailed: on SIGTERM, after the workload was deleted.
+            TrainingFailed: on SIGTERM or SIGINT, after the workload was deleted.
         """
-
-        def cancel(signum: int, frame: Any) -> None:
-            raise _Cancelled()
-
-        previous = signal.signal(signal.SIGTERM, cancel)
-        try:
-            yield
-        except _Cancelled:
-            tell(f"cancelled: deleting {name}")
-            self.delete(name)
-            raise TrainingFailed(f"cancelled; {name} deleted") from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-
-
-class _Cancelled(BaseException):
-    """SIGTERM arrived (BaseException: it must not be caught by a wait's ``except Exception``)."""
+        with cancel.handling():
+            try:
+                yield
+            except cancel.Cancelled as why:
+                tell(f"cancelled ({why.signame}): deleting {name}")
+                if labels:
+                    self.delete_matching(labels, tell)
+                else:
+                    self.delete(name)
+                raise TrainingFailed(f"cancelled; {name} deleted") from None

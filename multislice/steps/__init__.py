@@ -12,15 +12,25 @@ directory, ``<run_dir>/reports/[<stage>/]<step>.json``, local or ``gs://``.
 A step takes ``backend=`` to act through a given backend (tests hand in one
 bound to an emulated API); by default it builds the plan's
 (:func:`multislice.backends.backend_for`).
+
+Every step is cancel-safe (:mod:`multislice.cancel`): its component installs
+the SIGTERM/SIGINT handler before it imports anything else, the step runs
+inside :func:`cancellable`, and a cancelled step removes what it may have
+created, found by the run's and stage's labels (a JobSet, a trainer-image
+Job), before it ends; its child processes (AOT compile, verifier) are stopped
+on the way out and die with it if it is SIGKILLed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from multislice import reports
+from multislice import cancel, names, reports
 from multislice.backends import Backend, backend_for
+from multislice.errors import UserError
 from multislice.plan import Plan, StagePlan
 
 
@@ -45,3 +55,67 @@ def write_report[R: reports.StepReport](plan: Plan, report: R, stage: StagePlan 
 def backend_of(plan: Plan, backend: Backend | None, step: str, stage: StagePlan | None = None) -> Backend:
     """``backend`` when given, else the plan's (API retry notices print as the step's lines)."""
     return backend if backend is not None else backend_for(plan, say=teller(step, stage))
+
+
+class Removal:
+    """What a cancelled step removes: every unfinished workload carrying ``labels``, through ``backend``.
+
+    The step sets ``backend`` once it has one; before that it has created nothing.
+    With ``labels`` None the step creates nothing a signal could leak (its child
+    processes are stopped by the ``with`` blocks they run in).
+    """
+
+    def __init__(self, labels: dict[str, str] | None):
+        self.labels = labels
+        self.backend: Backend | None = None
+        self.remove: Callable[[], list[str]] | None = None  # instead of labels (cleanup: the whole run)
+
+
+def stage_labels(plan: Plan, stage: StagePlan, pipeline_run_id: str | None = None) -> dict[str, str]:
+    """Labels every workload of ``stage`` of this run carries (and, when known, of this pipeline run)."""
+    labels = {names.LABEL_RUN_NAME: plan.spec.run_name, names.LABEL_STAGE: stage.name}
+    if pipeline_run_id:
+        labels[names.LABEL_PIPELINE_RUN_ID] = pipeline_run_id
+    return labels
+
+
+@contextlib.contextmanager
+def cancellable(
+    step: str,
+    stage: StagePlan | None = None,
+    labels: dict[str, str] | None = None,
+    plan: Plan | None = None,
+    remove: Callable[[], list[str]] | None = None,
+) -> Iterator[Removal]:
+    """Run a step's body so that SIGTERM or SIGINT at any instant leaves nothing behind.
+
+    Within it the signals raise :class:`multislice.cancel.Cancelled`; the step's
+    child processes stop as the ``with`` blocks they run in unwind, then every
+    unfinished workload with ``labels`` is deleted (through the step's backend,
+    or, before it has one, the plan's: a stage's JobSet may predate the step),
+    or ``remove`` (the cleanup step: the whole run) is called instead; further
+    signals are ignored meanwhile, and the ``Cancelled`` goes on (a KFP task
+    ends failed; the CLI exits 130).
+
+    Raises:
+        multislice.cancel.Cancelled: the step was cancelled (after the removal).
+    """
+    removal = Removal(labels)
+    removal.remove = remove
+    tell = teller(step, stage)
+    with cancel.handling():
+        try:
+            cancel.point(f"{step}:start")
+            yield removal
+        except cancel.Cancelled as why:
+            removed: list[Any] = []
+            if removal.remove is not None:
+                removed = removal.remove()
+            elif removal.labels and (removal.backend is not None or plan is not None):
+                try:
+                    backend = removal.backend or backend_for(plan, say=tell)
+                    removed = backend.delete_matching(removal.labels, tell)
+                except UserError as error:  # e.g. the cluster cannot be reached: say so, stay cancelled
+                    tell(f"cancelled, but what it created could not be removed: {error}")
+            tell(f"cancelled ({why.signame}): removed {', '.join(removed) if removed else 'nothing left running'}")
+            raise

@@ -16,13 +16,13 @@ stage's later steps pass it through, so the rerun resumes where work was lost.
 
 from __future__ import annotations
 
-from multislice import storage
+from multislice import cancel, storage
 from multislice.backends import Backend
 from multislice.backends.base import AdmissionTimeout
 from multislice.plan import Plan, StagePlan
 from multislice.render import manifests, schema
 from multislice.reports import AdmitReport
-from multislice.steps import backend_of, say, teller, write_report
+from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
 
 def already_trained(stage: StagePlan) -> bool:
@@ -39,53 +39,58 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         multislice.backends.base.AdmissionTimeout: not admitted in time (a workload this step created is deleted).
     """
     stage = plan.stage(stage_name)
-    backend = backend_of(plan, backend, "admit", stage)
-    manifest = backend.workload_manifest(plan, stage, pipeline_run_id)
-    schema.validate(manifest)
-    written = storage.join(plan.run_dir, "manifests", f"{stage.jobset}.{backend.hardware}.yaml")
-    storage.write_text(written, manifests.to_yaml(manifest))
-    if already_trained(stage):
+    with cancellable("admit", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
+        removal.backend = backend = backend_of(plan, backend, "admit", stage)
+        manifest = backend.workload_manifest(plan, stage, pipeline_run_id)
+        schema.validate(manifest)
+        written = storage.join(plan.run_dir, "manifests", f"{stage.jobset}.{backend.hardware}.yaml")
+        storage.write_text(written, manifests.to_yaml(manifest))
+        if already_trained(stage):
+            say(
+                "admit",
+                f"final checkpoint {stage.final_step} already exists in {stage.checkpoint_dir}; "
+                "not training this stage again",
+                stage.name,
+            )
+            report = AdmitReport(jobset=stage.jobset, skipped=True, reason="final checkpoint exists", manifest=written)
+            return write_report(plan, report, stage)
+        cancel.point("admit:before-create")
+        submitted = backend.submit(manifest)
+        cancel.point("admit:created")
         say(
             "admit",
-            f"final checkpoint {stage.final_step} already exists in {stage.checkpoint_dir}; "
-            "not training this stage again",
+            f"JobSet {plan.spec.namespace}/{stage.jobset} "
+            + ("exists with this spec (a retried step): adopted" if submitted.adopted else "created")
+            + f"; queue {plan.spec.queue}, priority {plan.spec.priority}",
             stage.name,
         )
-        report = AdmitReport(jobset=stage.jobset, skipped=True, reason="final checkpoint exists", manifest=written)
+        cancel.point("admit:waiting")
+        try:
+            admission = backend.wait_admitted(plan, stage, teller("admit", stage))
+        except AdmissionTimeout as error:
+            if submitted.adopted:
+                raise
+            backend.delete(stage.jobset)
+            deleted = f"; JobSet {stage.jobset} (created by this step) was deleted"
+            raise AdmissionTimeout(error.message + deleted, error.fix) from None
+        report = AdmitReport(
+            jobset=stage.jobset,
+            admitted=True,
+            adopted=submitted.adopted,
+            local_queue=plan.spec.queue,
+            cluster_queue=admission.cluster_queue,
+            flavors=admission.flavors,
+            wait_seconds=admission.wait_seconds,
+            workload=admission.workload,
+            uid=submitted.uid,
+            manifest=written,
+            note=admission.note,
+        )
+        cancel.point("admit:report")
+        say(
+            "admit",
+            f"admitted by ClusterQueue {admission.cluster_queue} (flavors {', '.join(admission.flavors) or 'none'}) "
+            f"after {admission.wait_seconds:.1f} s" + (f"; {admission.note}" if admission.note else ""),
+            stage.name,
+        )
         return write_report(plan, report, stage)
-    submitted = backend.submit(manifest)
-    say(
-        "admit",
-        f"JobSet {plan.spec.namespace}/{stage.jobset} "
-        + ("exists with this spec (a retried step): adopted" if submitted.adopted else "created")
-        + f"; queue {plan.spec.queue}, priority {plan.spec.priority}",
-        stage.name,
-    )
-    try:
-        admission = backend.wait_admitted(plan, stage, teller("admit", stage))
-    except AdmissionTimeout as error:
-        if submitted.adopted:
-            raise
-        backend.delete(stage.jobset)
-        deleted = f"; JobSet {stage.jobset} (created by this step) was deleted"
-        raise AdmissionTimeout(error.message + deleted, error.fix) from None
-    report = AdmitReport(
-        jobset=stage.jobset,
-        admitted=True,
-        adopted=submitted.adopted,
-        local_queue=plan.spec.queue,
-        cluster_queue=admission.cluster_queue,
-        flavors=admission.flavors,
-        wait_seconds=admission.wait_seconds,
-        workload=admission.workload,
-        uid=submitted.uid,
-        manifest=written,
-        note=admission.note,
-    )
-    say(
-        "admit",
-        f"admitted by ClusterQueue {admission.cluster_queue} (flavors {', '.join(admission.flavors) or 'none'}) "
-        f"after {admission.wait_seconds:.1f} s" + (f"; {admission.note}" if admission.note else ""),
-        stage.name,
-    )
-    return write_report(plan, report, stage)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import backends, storage
+from multislice import backends, cancel, storage
 from multislice.backends import Backend
 from multislice.delivery import notify
 from multislice.errors import UserError
 from multislice.identity import run_identity
 from multislice.reports import CleanupReport, report_path
-from multislice.steps import say, teller
+from multislice.steps import cancellable, say, teller
 
 
 def run(
@@ -62,36 +62,50 @@ def run(
     identity = run_identity(run_name, output_dir, unique_run_name_from=pipeline_run_id if unique_run_name else "")
     tell = teller("cleanup")
     report = CleanupReport(pipeline_status=pipeline_status)
-    try:
-        backend = backend or backends.create(
-            backend_name, run_dir=identity.run_dir, namespace=namespace, cluster=cluster, say=tell
-        )
-    except (UserError, ValueError) as error:
-        tell(f"cannot reach the {backend_name} backend, so nothing was deleted: {error}")
-        backend, report.error = None, str(error)
-    failed: UserError | None = None
-    if backend is not None:
+    given = backend
+
+    def remove_all() -> list[str]:  # cancelled: what this step was to delete goes all the same
         try:
-            report.deleted, report.kept = backend.cleanup(pipeline_run_id, tell)
-        except UserError as error:  # the API kept failing: notify first, then fail the exit handler
-            failed, report.error = error, str(error)
-        else:
-            tell(
-                f"pipeline {pipeline_status or 'finished'}; pipeline run {pipeline_run_id}: deleted "
-                f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
+            found = given or backends.create(
+                backend_name, run_dir=identity.run_dir, namespace=namespace, cluster=cluster, say=tell
             )
-    if notify_webhook_url:
-        state = pipeline_status or "UNKNOWN"
-        step = notify.failed_step(error_message, identity.run_dir) if state != "SUCCEEDED" else None
-        payload = notify.status_payload(identity.run_name, state, error_message, step, pipeline_job)
-        problem = notify.post(notify_webhook_url, payload)
-        say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
-        report.notified, report.failed_step = (True if problem is None else problem), step
-    if output_dir:  # without one (planning failed on it) there is no run directory to write to
+            return found.cleanup(pipeline_run_id, tell)[0]
+        except (UserError, ValueError) as error:
+            tell(f"cannot reach the {backend_name} backend, so nothing was deleted: {error}")
+            return []
+
+    with cancellable("cleanup", remove=remove_all):
         try:
-            storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
-        except Exception as error:  # noqa: BLE001 - the exit handler's own report is best effort
-            tell(f"report not written to {identity.run_dir}: {error}")
-    if failed is not None:
-        raise failed
-    return report
+            backend = backend or backends.create(
+                backend_name, run_dir=identity.run_dir, namespace=namespace, cluster=cluster, say=tell
+            )
+        except (UserError, ValueError) as error:
+            tell(f"cannot reach the {backend_name} backend, so nothing was deleted: {error}")
+            backend, report.error = None, str(error)
+        failed: UserError | None = None
+        if backend is not None:
+            cancel.point("cleanup:deleting")
+            try:
+                report.deleted, report.kept = backend.cleanup(pipeline_run_id, tell)
+            except UserError as error:  # the API kept failing: notify first, then fail the exit handler
+                failed, report.error = error, str(error)
+            else:
+                tell(
+                    f"pipeline {pipeline_status or 'finished'}; pipeline run {pipeline_run_id}: deleted "
+                    f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
+                )
+        if notify_webhook_url:
+            state = pipeline_status or "UNKNOWN"
+            step = notify.failed_step(error_message, identity.run_dir) if state != "SUCCEEDED" else None
+            payload = notify.status_payload(identity.run_name, state, error_message, step, pipeline_job)
+            problem = notify.post(notify_webhook_url, payload)
+            say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
+            report.notified, report.failed_step = (True if problem is None else problem), step
+        if output_dir:  # without one (planning failed on it) there is no run directory to write to
+            try:
+                storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
+            except Exception as error:  # noqa: BLE001 - the exit handler's own report is best effort
+                tell(f"report not written to {identity.run_dir}: {error}")
+        if failed is not None:
+            raise failed
+        return report

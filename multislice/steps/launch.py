@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from multislice import cancel
 from multislice.backends import Backend
 from multislice.backends.base import LaunchFailed
 from multislice.plan import Plan
 from multislice.reports import AdmitReport, LaunchReport
-from multislice.steps import backend_of, say, teller, write_report
+from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
 __all__ = ["LaunchFailed", "run"]
 
@@ -39,21 +40,24 @@ def run(
     admitted = AdmitReport.model_validate(admitted)
     if admitted.skipped:
         return write_report(plan, LaunchReport(jobset=stage.jobset, skipped=True), stage)
-    backend = backend_of(plan, backend, "launch", stage)
-    started = time.monotonic()
-    running = backend.wait_running(plan, stage, teller("launch", stage))
-    report = LaunchReport(
-        jobset=stage.jobset,
-        pods=len(running.placement),
-        startup_seconds=round(time.monotonic() - started, 2),
-        placement=running.placement,
-        node_pools=running.node_pools,
-        note=running.note,
-    )
-    where = (
-        f"on node pools {', '.join(report.node_pools)}"
-        if report.node_pools
-        else f"({plan.spec.num_slices} slices x {plan.slice.hosts} hosts)"
-    )
-    say("launch", f"{report.pods} pods running {where} after {report.startup_seconds} s", stage.name)
-    return write_report(plan, report, stage)
+    with cancellable("launch", stage, stage_labels(plan, stage), plan) as removal:
+        removal.backend = backend = backend_of(plan, backend, "launch", stage)
+        cancel.point("launch:waiting")
+        started = time.monotonic()
+        running = backend.wait_running(plan, stage, teller("launch", stage))
+        report = LaunchReport(
+            jobset=stage.jobset,
+            pods=len(running.placement),
+            startup_seconds=round(time.monotonic() - started, 2),
+            placement=running.placement,
+            node_pools=running.node_pools,
+            note=running.note,
+        )
+        cancel.point("launch:report")
+        where = (
+            f"on node pools {', '.join(report.node_pools)}"
+            if report.node_pools
+            else f"({plan.spec.num_slices} slices x {plan.slice.hosts} hosts)"
+        )
+        say("launch", f"{report.pods} pods running {where} after {report.startup_seconds} s", stage.name)
+        return write_report(plan, report, stage)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import config
+from multislice import cancel, config
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.render import manifests
 from multislice.reports import PlanReport
-from multislice.steps import say, write_report
+from multislice.steps import cancellable, say, write_report
 
 
 def run(
@@ -36,30 +36,32 @@ def run(
         multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
             by the API server; checked here, before preflight and provision.
     """
-    parameters = dict(parameters)
-    unique = parameters.get("unique_run_name", profile.get("unique_run_name"))
-    identity = run_identity(
-        str(parameters.get("run_name", profile.get("run_name", ""))),
-        str(parameters.get("output_dir", profile.get("output_dir", ""))),
-        unique_run_name_from=pipeline_run_id if unique else "",
-    )
-    parameters.update(run_name=identity.run_name, output_dir=identity.output_dir)
-    spec = config.load_spec(profile, parameters)
-    plan = make_plan(spec)
-    # Every manifest the run will submit, validated against its CRD (or API fields) now, before
-    # preflight and provision ask for anything.
-    manifests.render_all(plan, pipeline_run_id or "manual")
-    say(
-        "plan",
-        f"run {spec.run_name}: {spec.num_slices} x {spec.tpu_type} ({plan.total_chips} chips), "
-        f"backend {spec.backend}, {len(plan.stages)} stages, outputs in {plan.run_dir}",
-    )
-    stages = [plan.stage(stage)] if stage else plan.stages
-    for resolved in stages:
+    with cancellable("plan"):
+        parameters = dict(parameters)
+        unique = parameters.get("unique_run_name", profile.get("unique_run_name"))
+        identity = run_identity(
+            str(parameters.get("run_name", profile.get("run_name", ""))),
+            str(parameters.get("output_dir", profile.get("output_dir", ""))),
+            unique_run_name_from=pipeline_run_id if unique else "",
+        )
+        parameters.update(run_name=identity.run_name, output_dir=identity.output_dir)
+        spec = config.load_spec(profile, parameters)
+        plan = make_plan(spec)
+        # Every manifest the run will submit, validated against its CRD (or API fields) now, before
+        # preflight and provision ask for anything.
+        manifests.render_all(plan, pipeline_run_id or "manual")
         say(
             "plan",
-            f"stage {resolved.index + 1} {resolved.name}: {resolved.model_label}; {resolved.steps} steps, "
-            f"global batch {resolved.global_batch_size:g} sequences; JobSet {resolved.jobset}",
+            f"run {spec.run_name}: {spec.num_slices} x {spec.tpu_type} ({plan.total_chips} chips), "
+            f"backend {spec.backend}, {len(plan.stages)} stages, outputs in {plan.run_dir}",
         )
-    write_report(plan, PlanReport(plan=plan), stages[0] if stage else None)
-    return plan
+        stages = [plan.stage(stage)] if stage else plan.stages
+        for resolved in stages:
+            say(
+                "plan",
+                f"stage {resolved.index + 1} {resolved.name}: {resolved.model_label}; {resolved.steps} steps, "
+                f"global batch {resolved.global_batch_size:g} sequences; JobSet {resolved.jobset}",
+            )
+        cancel.point("plan:report")
+        write_report(plan, PlanReport(plan=plan), stages[0] if stage else None)
+        return plan

@@ -18,12 +18,13 @@ backend (``multislice preflight``), unless told ``--on-cluster``.
 
 from __future__ import annotations
 
+from multislice import cancel
 from multislice.backends import Backend
 from multislice.delivery import artifacts
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import PreflightFailed, check_stages, default_cache_dir, planner, summary_line
 from multislice.reports import PreflightReport, report_path
-from multislice.steps import backend_of, say, teller, write_report
+from multislice.steps import backend_of, cancellable, say, teller, write_report
 
 
 def alternative_message(
@@ -83,43 +84,45 @@ def run(
     if plan.spec.preflight.skip:
         say("preflight", "skipped (skip_preflight=true): no AOT check of HBM use before provision")
         return {s.name: write_report(plan, PreflightReport(stage=s.name, verdict="skipped"), s) for s in stages}
-    backend = backend_of(plan, backend, "preflight")
-    cache = cache_dir or default_cache_dir(plan)
-    timings = backend.timings
-    say(
-        "preflight",
-        f"AOT-compiling {len(stages)} stage(s) for {plan.spec.num_slices} x {plan.spec.tpu_type} "
-        f"({plan.spec.slice_type.maxtext_topology} x {plan.spec.num_slices}) on the {backend.name} backend; "
-        f"verdict cache {cache}",
-    )
-    with backend.aot_session(plan, cache, pipeline_run_id, teller("preflight")) as session:
-        found = check_stages(
-            plan, stages, session, timings.compile_timeout,
-            on_report=lambda r: say("preflight", summary_line(r), r.stage),
-        )  # fmt: skip
-        reports, problems = [], []
-        for report in found:
-            if report.verdict != "fits":
-                line = f"stage {report.stage}: {summary_line(report)}"
-                if report.verdict == "does_not_fit" and plan.spec.preflight.suggest_alternative:
-                    message, alternative = alternative_message(
-                        plan, report, session, timings.alternative_budget, timings.compile_timeout
-                    )
-                    report = report.model_copy(update={"alternative": alternative})
-                    line += f"\n    {message}"
-                problems.append(line)
-            reports.append(report)
-    by_name = {s.name: s for s in stages}
-    for report in reports if write_reports else []:
-        write_report(plan, report, by_name[report.stage])
-    if problems:
-        raise PreflightFailed(
-            "preflight: not every stage fits in HBM, so nothing was provisioned:\n  " + "\n  ".join(problems),
-            reports,
-            "change the stage (per_device_batch_size, remat_policy, ici/dcn, maxtext_overrides) and rerun, "
-            "or set skip_preflight=true to provision anyway",
+    with cancellable("preflight"):
+        backend = backend_of(plan, backend, "preflight")
+        cache = cache_dir or default_cache_dir(plan)
+        timings = backend.timings
+        say(
+            "preflight",
+            f"AOT-compiling {len(stages)} stage(s) for {plan.spec.num_slices} x {plan.spec.tpu_type} "
+            f"({plan.spec.slice_type.maxtext_topology} x {plan.spec.num_slices}) on the {backend.name} backend; "
+            f"verdict cache {cache}",
         )
-    return {r.stage: r for r in reports}
+        with backend.aot_session(plan, cache, pipeline_run_id, teller("preflight")) as session:
+            found = check_stages(
+                plan, stages, session, timings.compile_timeout,
+                on_report=lambda r: say("preflight", summary_line(r), r.stage),
+            )  # fmt: skip
+            reports, problems = [], []
+            for report in found:
+                if report.verdict != "fits":
+                    line = f"stage {report.stage}: {summary_line(report)}"
+                    if report.verdict == "does_not_fit" and plan.spec.preflight.suggest_alternative:
+                        message, alternative = alternative_message(
+                            plan, report, session, timings.alternative_budget, timings.compile_timeout
+                        )
+                        report = report.model_copy(update={"alternative": alternative})
+                        line += f"\n    {message}"
+                    problems.append(line)
+                reports.append(report)
+        cancel.point("preflight:report")
+        by_name = {s.name: s for s in stages}
+        for report in reports if write_reports else []:
+            write_report(plan, report, by_name[report.stage])
+        if problems:
+            raise PreflightFailed(
+                "preflight: not every stage fits in HBM, so nothing was provisioned:\n  " + "\n  ".join(problems),
+                reports,
+                "change the stage (per_device_batch_size, remat_policy, ici/dcn, maxtext_overrides) and rerun, "
+                "or set skip_preflight=true to provision anyway",
+            )
+        return {r.stage: r for r in reports}
 
 
 #: Columns of the HBM table in the pipelines UI: key -> header.

@@ -19,12 +19,12 @@ from typing import Any
 
 import yaml
 
-from multislice import storage
+from multislice import cancel, storage
 from multislice.backends import Backend
 from multislice.plan import Plan
 from multislice.render import kueue, schema
 from multislice.reports import ProvisionReport
-from multislice.steps import backend_of, teller, write_report
+from multislice.steps import backend_of, cancellable, teller, write_report
 
 
 def kueue_objects(plan: Plan) -> list[dict[str, Any]]:
@@ -46,9 +46,12 @@ def run(plan: Plan, *, backend: Backend | None = None) -> ProvisionReport:
         multislice.errors.UserError: capacity is missing or mismatched, or the CRDs are not installed (the
             message says what to change).
     """
-    backend = backend_of(plan, backend, "provision")
-    objects = kueue_objects(plan)
-    manifest = storage.join(plan.run_dir, "manifests", "kueue.yaml")
-    storage.write_text(manifest, yaml.safe_dump_all(objects, sort_keys=False))
-    report = backend.provision(plan, objects, teller("provision"))
-    return write_report(plan, report.model_copy(update={"kueue_manifest": manifest}))
+    with cancellable("provision"):
+        backend = backend_of(plan, backend, "provision")
+        objects = kueue_objects(plan)
+        manifest = storage.join(plan.run_dir, "manifests", "kueue.yaml")
+        storage.write_text(manifest, yaml.safe_dump_all(objects, sort_keys=False))
+        cancel.point("provision:checking")
+        report = backend.provision(plan, objects, teller("provision"))
+        cancel.point("provision:report")
+        return write_report(plan, report.model_copy(update={"kueue_manifest": manifest}))

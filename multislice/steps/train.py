@@ -21,13 +21,13 @@ import re
 import time
 from typing import Any
 
-from multislice import metrics, storage
+from multislice import cancel, metrics, storage
 from multislice.backends import Backend
 from multislice.backends.base import TrainingFailed
 from multislice.delivery import artifacts
 from multislice.plan import Plan
 from multislice.reports import AdmitReport, TrainReport, report_path
-from multislice.steps import backend_of, teller, write_report
+from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
 
 __all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
 
@@ -52,51 +52,54 @@ def run(
         multislice.backends.base.WorkloadDeleted: the workload was deleted during training.
     """
     stage = plan.stage(stage_name)
-    admitted = AdmitReport.model_validate(admitted)
-    if admitted.skipped:
-        return write_report(plan, TrainReport(jobset=stage.jobset, skipped=True), stage)
-    backend = backend_of(plan, backend, "train", stage)
-    tell = teller("train", stage)
-    records: list[dict[str, Any]] = []
+    with cancellable("train", stage, stage_labels(plan, stage), plan) as removal:
+        admitted = AdmitReport.model_validate(admitted)
+        if admitted.skipped:
+            return write_report(plan, TrainReport(jobset=stage.jobset, skipped=True), stage)
+        removal.backend = backend = backend_of(plan, backend, "train", stage)
+        tell = teller("train", stage)
+        records: list[dict[str, Any]] = []
 
-    def on_line(line: str) -> None:
-        record = metrics.parse_step_line(line)
-        if record:
-            records.append(record)
-        if ECHO.search(line):
-            tell(line.split("] ", 1)[-1].strip())
+        def on_line(line: str) -> None:
+            record = metrics.parse_step_line(line)
+            if record:
+                records.append(record)
+                cancel.point("train:following")
+            if ECHO.search(line):
+                tell(line.split("] ", 1)[-1].strip())
 
-    started = time.monotonic()
-    with backend.deleting_on_cancel(stage.jobset, tell):
-        finished = backend.follow(plan, stage, on_line, tell)
-    if finished.phase != "Completed":
-        raise TrainingFailed(
-            backend.failure_report(stage.jobset),
-            "fix the cause in the log lines above, then rerun with the same run_name: training resumes from the "
-            "stage's last committed checkpoint",
+        started = time.monotonic()
+        with backend.deleting_on_cancel(stage.jobset, tell, removal.labels):
+            finished = backend.follow(plan, stage, on_line, tell)
+        if finished.phase != "Completed":
+            raise TrainingFailed(
+                backend.failure_report(stage.jobset),
+                "fix the cause in the log lines above, then rerun with the same run_name: training resumes from the "
+                "stage's last committed checkpoint",
+            )
+        if not records:
+            raise TrainingFailed(
+                f"JobSet {stage.jobset} completed, but its leader logged no MaxText step line",
+                f"read the leader's log ({', '.join(finished.leader_logs) or 'none found'})",
+            )
+        cancel.point("train:report")
+        summary = metrics.summarize(records)
+        storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
+        measured = summary.as_dict()
+        report = TrainReport(
+            jobset=stage.jobset,
+            steps_trained=measured.pop("steps_recorded"),
+            restarts=finished.restarts,
+            wall_seconds=round(time.monotonic() - started, 1),
+            **measured,
+            metrics_file=stage.metrics_file,
+            leader_logs=finished.leader_logs,
         )
-    if not records:
-        raise TrainingFailed(
-            f"JobSet {stage.jobset} completed, but its leader logged no MaxText step line",
-            f"read the leader's log ({', '.join(finished.leader_logs) or 'none found'})",
+        tell(
+            f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
+            f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts}"
         )
-    summary = metrics.summarize(records)
-    storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-    measured = summary.as_dict()
-    report = TrainReport(
-        jobset=stage.jobset,
-        steps_trained=measured.pop("steps_recorded"),
-        restarts=finished.restarts,
-        wall_seconds=round(time.monotonic() - started, 1),
-        **measured,
-        metrics_file=stage.metrics_file,
-        leader_logs=finished.leader_logs,
-    )
-    tell(
-        f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
-        f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts}"
-    )
-    return write_report(plan, report, stage)
+        return write_report(plan, report, stage)
 
 
 def result_pages(plan: Plan, stage_name: str, report: TrainReport) -> dict[str, str]:

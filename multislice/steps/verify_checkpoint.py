@@ -11,12 +11,13 @@ step, so a later stage never starts from an unverified one.
 
 from __future__ import annotations
 
+from multislice import cancel
 from multislice.backends import Backend
 from multislice.delivery import artifacts
 from multislice.errors import RunFailed
 from multislice.plan import Plan
 from multislice.reports import VerificationReport, report_path
-from multislice.steps import backend_of, say, teller, write_report
+from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
 
 class VerificationFailed(RunFailed):
@@ -35,28 +36,30 @@ def run(
         multislice.errors.RunFailed: the verifier left no report.
     """
     stage = plan.stage(stage_name)
-    backend = backend_of(plan, backend, "verify_checkpoint", stage)
-    report = backend.run_verifier(plan, stage, pipeline_run_id, teller("verify_checkpoint", stage))
-    write_report(plan, report, stage)
-    result_page(plan, stage_name, report)  # written before a FAIL raises, so a failed check has its page too
-    for check in report.checks:
-        say("verify_checkpoint", f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}", stage.name)
-    if report.verdict != "PASS":
-        failed = [f"{c.name}: {c.detail}" for c in report.failed_checks]
-        raise VerificationFailed(
-            f"checkpoint {stage.checkpoint_dir} verdict {report.verdict}: "
-            + ("; ".join(failed) or report.error or "no detail")
-            + f" (report {report_path(plan, VerificationReport.file_name, stage)})",
-            "a stage that fails verification is not followed by the next; rerun the stage (delete its "
-            "checkpoints first if they are corrupt)",
+    with cancellable("verify_checkpoint", stage, stage_labels(plan, stage), plan) as removal:
+        removal.backend = backend = backend_of(plan, backend, "verify_checkpoint", stage)
+        report = backend.run_verifier(plan, stage, pipeline_run_id, teller("verify_checkpoint", stage))
+        cancel.point("verify_checkpoint:report")
+        write_report(plan, report, stage)
+        result_page(plan, stage_name, report)  # written before a FAIL raises, so a failed check has its page too
+        for check in report.checks:
+            say("verify_checkpoint", f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}", stage.name)
+        if report.verdict != "PASS":
+            failed = [f"{c.name}: {c.detail}" for c in report.failed_checks]
+            raise VerificationFailed(
+                f"checkpoint {stage.checkpoint_dir} verdict {report.verdict}: "
+                + ("; ".join(failed) or report.error or "no detail")
+                + f" (report {report_path(plan, VerificationReport.file_name, stage)})",
+                "a stage that fails verification is not followed by the next; rerun the stage (delete its "
+                "checkpoints first if they are corrupt)",
+            )
+        say(
+            "verify_checkpoint",
+            f"PASS: step {report.latest_step}, {report.parameter_count:,} parameters, "
+            f"written with mesh {report.written_mesh}",
+            stage.name,
         )
-    say(
-        "verify_checkpoint",
-        f"PASS: step {report.latest_step}, {report.parameter_count:,} parameters, "
-        f"written with mesh {report.written_mesh}",
-        stage.name,
-    )
-    return report
+        return report
 
 
 def result_page(plan: Plan, stage_name: str, report: VerificationReport) -> str:

@@ -88,6 +88,7 @@ CLI_COMMANDS: dict[str, list[str]] = {
     "bad-config": ["render", "--profile", "local", "--output", "{out}", "--set", "stages.0.ici.fsdp=8"],
     "unknown-profile": ["compile", "--profile", "gke-v6e-16", "--output", "{out}/pipeline.yaml"],
     "missing-checkpoint": ["verify-checkpoint", "{out}/runs/llama3-multislice/llama3-8b"],
+    "cleanup-unknown-run": ["cleanup", "--run", "llama3-multislice", "--output-dir", "{out}/runs"],
     "no-credentials": ["preflight", "--profile", "gke-v6e-16x2", "--on-cluster"],
     "unreachable-cluster": [
         "preflight", "--profile", "gke-v6e-16x2", "--on-cluster", "--set", "cluster.access=kubeconfig",

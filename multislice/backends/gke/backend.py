@@ -296,8 +296,17 @@ class GkeBackend(Backend):
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles)."""
+        return self._delete_selected(jobset.run_selector(pipeline_run_id))
+
+    def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
+        """Delete the JobSets (not Completed) and unfinished Jobs carrying ``labels``, as cleanup does for a run."""
+        deleted, _ = self._delete_selected(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        for line in deleted:
+            tell(f"deleted {line}")
+        return deleted
+
+    def _delete_selected(self, selector: str) -> tuple[list[str], list[str]]:
         kube = self.kube
-        selector = jobset.run_selector(pipeline_run_id)
         deleted, kept = [], []
         for js in kube.list_jobsets(selector):
             name, state = js["metadata"]["name"], jobset.phase(js)

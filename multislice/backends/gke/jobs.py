@@ -51,6 +51,23 @@ def run_job(
     body = jobsets.with_spec_hash(body)
     name = body["metadata"]["name"]
     try:
+        return _run_job(kube, body, name, timeout, on_progress, what)
+    except KeyboardInterrupt:  # cancelled (multislice.cancel.Cancelled): the Job, created or not, goes too
+        try:
+            kube.call(
+                kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
+                what=f"delete Job {name}",
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        raise
+
+
+def _run_job(
+    kube: Kube, body: dict[str, Any], name: str, timeout: float, on_progress: Callable[[str], None], what: str
+) -> tuple[str, str, str | None]:
+    try:
         kube.call(kube.batch.create_namespaced_job, kube.namespace, body, what=f"create Job {name}")
         on_progress(f"{what} {name} created ({body['spec']['template']['spec']['containers'][0]['image']})")
     except ApiException as error:

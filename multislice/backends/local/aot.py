@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from multislice import cancel
 from multislice.backends.local.environment import trainer_env, trainer_process_env
+from multislice.cancel import die_with_parent
 from multislice.preflight import AOT_MODULE, CompileTimeout, PreflightError
 
 
@@ -59,10 +61,15 @@ class AotSession:
         env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True
-            )
+                command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
+                preexec_fn=die_with_parent(),  # a SIGKILLed step's compile process goes with it
+            )  # fmt: skip
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.process:
+            self.process.kill()  # cancelled: no waiting for the current compile
+            self.process.wait()
+            self.process = None
         self.close()
 
     def close(self) -> None:
@@ -86,6 +93,7 @@ class AotSession:
         """
         if self.process is None:
             self._start()
+            cancel.point("preflight:compiling")
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         deadline = time.monotonic() + timeout

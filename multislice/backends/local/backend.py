@@ -269,6 +269,20 @@ class LocalBackend(Backend):
             deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase if final else 'gone'})")
         return deleted, kept
 
+    def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
+        """Stop every JobSet of this run directory whose labels include ``labels`` and that is still going.
+
+        Still going: not terminal, or Failed with ``SupervisorLost`` (its pods may need killing).
+        """
+        deleted = []
+        for state in self.jobsets.list_jobsets(labels):
+            if state.terminal and state.reason != "SupervisorLost":
+                continue
+            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout)
+            deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase if final else 'gone'})")
+            tell(f"deleted {deleted[-1]}")
+        return deleted
+
     # -- work in the trainer environment --------------------------------------
 
     def aot_session(self, plan: Plan, cache_dir: str | None, pipeline_run_id: str, tell: Tell) -> CompileSession:

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from multislice import names
+from multislice import cancel, names
 from multislice.backends.base import WorkloadConflict
 from multislice.backends.local.environment import trainer_env
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
@@ -60,6 +60,23 @@ def pid_alive(pid: int | None) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+#: File of a JobSet's state directory holding its supervisor's pid, written by the creator as it starts it.
+PID_FILE = "supervisor.pid"
+
+
+def _write_pid(state_dir: Path, pid: int) -> None:
+    tmp = state_dir / f"{PID_FILE}.tmp"
+    tmp.write_text(str(pid), encoding="ascii")
+    os.replace(tmp, state_dir / PID_FILE)
+
+
+def _read_pid(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / PID_FILE).read_text(encoding="ascii"))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 class LocalJobSets:
@@ -107,12 +124,14 @@ class LocalJobSets:
                     "choose another run_name, or delete that JobSet first",
                 )
             state_dir.rename(state_dir.with_name(f"{name}.deleted-{int(existing.finished_at or time.time())}"))
-        state_dir.mkdir(parents=True)
-        (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
-        state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
-        state.event("Created", f"JobSet {name} created on the local backend")
-        write_state(state_dir, state)
-        return self._start_supervisor(name, env, lambda s: s.phase != "Pending", start_timeout)
+        with cancel.shielded():  # a signal cannot split creating the JobSet and recording its supervisor
+            state_dir.mkdir(parents=True)
+            (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+            state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
+            state.event("Created", f"JobSet {name} created on the local backend")
+            write_state(state_dir, state)
+            proc = self._spawn_supervisor(state_dir, env)
+        return self._await_supervisor(name, proc, lambda s: s.phase != "Pending", start_timeout)
 
     def take_over(self, name: str, start_timeout: float = 60) -> JobSetState:
         """Start a new supervisor for a JobSet whose supervisor was lost (reported ``SupervisorLost``).
@@ -133,15 +152,15 @@ class LocalJobSets:
         if lost.reason != "SupervisorLost":
             return lost
         previous = lost.supervisor_pid
-        return self._start_supervisor(
-            name, trainer_env(), lambda s: s.supervisor_pid != previous and s.phase != "Pending", start_timeout
+        with cancel.shielded():
+            proc = self._spawn_supervisor(self.state_dir(name), trainer_env())
+        return self._await_supervisor(
+            name, proc, lambda s: s.supervisor_pid not in (None, previous) and s.phase != "Pending", start_timeout
         )
 
-    def _start_supervisor(
-        self, name: str, env: Path, started: Callable[[JobSetState], bool], start_timeout: float
-    ) -> JobSetState:
-        """Start the detached supervisor of a JobSet and wait until ``started`` holds for its state."""
-        state_dir = self.state_dir(name)
+    @staticmethod
+    def _spawn_supervisor(state_dir: Path, env: Path) -> subprocess.Popen:
+        """Start the detached supervisor of the JobSet in ``state_dir`` and record its pid."""
         with open(state_dir / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "multislice.backends.local.supervisor", str(state_dir), str(env)],
@@ -151,6 +170,14 @@ class LocalJobSets:
                 start_new_session=True,
                 cwd=state_dir,
             )
+        _write_pid(state_dir, proc.pid)
+        return proc
+
+    def _await_supervisor(
+        self, name: str, proc: subprocess.Popen, started: Callable[[JobSetState], bool], start_timeout: float
+    ) -> JobSetState:
+        """Wait until ``started`` holds for the JobSet's state (or it is terminal)."""
+        state_dir = self.state_dir(name)
         deadline = time.monotonic() + start_timeout
         while (current := read_state(state_dir)) is not None and not (started(current) or current.terminal):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -187,6 +214,7 @@ class LocalJobSets:
         state = read_state(self.state_dir(name))
         if state is None or state.terminal:
             return state
+        state.supervisor_pid = state.supervisor_pid or _read_pid(self.state_dir(name))
         if state.supervisor_pid and not pid_alive(state.supervisor_pid):
             state = read_state(self.state_dir(name))  # it may have finished between the two reads
             if state is not None and not state.terminal:
@@ -271,9 +299,13 @@ class LocalJobSets:
         if pid_alive(state.supervisor_pid):
             os.kill(state.supervisor_pid, signal.SIGTERM)
             try:
-                return self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
+                final = self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)
             except TimeoutError:
                 pass
+            else:
+                if final.reason != "SupervisorLost":
+                    return final
+                state = final  # it died before it stopped anything (SIGTERM before its handler): as below
         # The supervisor is gone or stuck: stop what it started ourselves.
         for pod in state.pods:
             if pod.phase == "Running" and pod.pid:

@@ -25,7 +25,10 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``);
 - completes the JobSet when every pod has succeeded;
 - on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
-  SIGKILL after the pod's ``terminationGracePeriodSeconds``.
+  SIGKILL after the pod's ``terminationGracePeriodSeconds``;
+- if it is itself SIGKILLed, its pods get SIGKILL from the kernel
+  (``PR_SET_PDEATHSIG``, :func:`multislice.cancel.die_with_parent`), and the
+  steps watching the JobSet see it Failed with reason ``SupervisorLost``.
 
 It never leaves a pod process behind: whatever ends the supervisor's loop,
 its ``finally`` stops the pods it started. A supervisor started for a JobSet
@@ -52,6 +55,7 @@ from multislice import maxtext
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.pods import LocalPod, expand_jobset
 from multislice.backends.local.state import JobSetState, PodState, read_state, write_state
+from multislice.cancel import die_with_parent
 
 POLL_SECONDS = 0.25
 
@@ -166,6 +170,7 @@ class Supervisor:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent(),  # a SIGKILLed supervisor's pods die with it
                 )
             self.procs[pod.hostname] = proc
             self.state.pods.append(

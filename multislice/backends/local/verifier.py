@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import subprocess
 
+from multislice import cancel
 from multislice.backends.base import VerifierTimeout
 from multislice.backends.local.environment import trainer_env, trainer_process_env
+from multislice.cancel import die_with_parent
 from multislice.errors import RunFailed
 from multislice.plan import StagePlan
 from multislice.reports import VerificationReport
@@ -34,13 +36,23 @@ def run(stage: StagePlan, checkpoint_dir: str, timeout: float) -> tuple[int, Ver
     """
     env = trainer_env()
     argv = verify.command(checkpoint_dir, stage.final_step, list(stage.maxtext_args), str(env / "bin" / "python"))
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_process_env(env),
+        preexec_fn=die_with_parent(),  # a SIGKILLed step's verifier goes with it
+    )  # fmt: skip
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=trainer_process_env(env), timeout=timeout)
-    except subprocess.TimeoutExpired:
+        cancel.point("verify_checkpoint:verifying")
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException as error:  # a timeout, or a cancel (multislice.cancel.Cancelled): stop it first
+        process.kill()
+        process.communicate()
+        if not isinstance(error, subprocess.TimeoutExpired):
+            raise
         raise VerifierTimeout(
             f"the checkpoint verifier of {checkpoint_dir} ran past {timeout:.0f} s and was stopped",
             "raise timeouts.verify if the checkpoint is that large",
         ) from None
+    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     found = verify.parse_report(done.stdout)
     if found is None:
         raise VerifierFailed(

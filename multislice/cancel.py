@@ -1,0 +1,161 @@
+"""Cancellation: SIGTERM or SIGINT at any instant of a step, turned into an exception the step cleans up after.
+
+A cancelled pipeline run reaches a step's process as SIGTERM: on Kubernetes the
+kubelet sends the container's main process SIGTERM when its pod is deleted and
+SIGKILL once ``terminationGracePeriodSeconds`` (default 30 s) has passed
+(https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination);
+a Ctrl-C in a terminal is SIGINT to the foreground process group. A step
+calls :func:`install` (its component does, as the first statement of its body,
+before anything can be created), and both signals then raise
+:class:`Cancelled` (a ``KeyboardInterrupt``, so ``except Exception`` in a wait
+loop does not swallow it) wherever the step is. Only the first signal raises:
+while a step removes what it created, further signals are noted, not raised, so
+the removal runs to its end. :func:`shielded` marks a block a signal must not
+split (start a process, then record its id): a signal inside it is raised when
+the block ends.
+
+Processes the step starts that must not outlive it call :func:`die_with_parent`
+in the child (``preexec_fn=die_with_parent()``): Linux's ``PR_SET_PDEATHSIG`` (``prctl(2)``) sends
+them SIGKILL when the thread that started them exits, which covers the SIGKILL
+no handler can catch.
+
+Tests drive a step to a named state with :func:`point`: with
+``MULTISLICE_CANCEL_AT=<point>`` and ``MULTISLICE_CANCEL_FIFO=<fifo>`` in its
+environment, the step writes the point's name to the FIFO when it gets there
+(blocking until the test reads it) and then waits for a signal; without the
+FIFO it sends itself SIGTERM there. Unset (production), a point does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: Environment variable naming the cancel point a test wants a step stopped at.
+ENV_POINT = "MULTISLICE_CANCEL_AT"
+#: Environment variable naming the FIFO a step announces the point on.
+ENV_FIFO = "MULTISLICE_CANCEL_FIFO"
+#: The signals that cancel a step.
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
+PR_SET_PDEATHSIG = 1
+
+
+class Cancelled(KeyboardInterrupt):
+    """A step got SIGTERM or SIGINT. ``signame``: which (``SIGTERM``, ``SIGINT``)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(f"cancelled by {self.signame}")
+
+
+class _State:
+    installed = 0  # nesting depth of handling()
+    previous: dict[int, Any] = {}
+    cancelled: int | None = None  # the signal that cancelled this process, once one did
+    shield = 0
+    pending: int | None = None
+
+
+def _handler(signum: int, frame: Any) -> None:
+    if _State.cancelled is not None:
+        return  # already cancelling: let the removal finish
+    if _State.shield:
+        _State.pending = _State.pending or signum
+        return
+    _State.cancelled = signum
+    raise Cancelled(signum)
+
+
+def install() -> None:
+    """Make SIGTERM and SIGINT raise :class:`Cancelled` in this process from now on (idempotent).
+
+    For a process that runs one step (a pipeline task); code that shares its
+    process with others uses :func:`handling`. Only the main thread can install
+    signal handlers (:func:`signal.signal`).
+    """
+    if _State.installed:
+        return
+    _State.installed = 1
+    _State.previous = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
+
+
+@contextlib.contextmanager
+def handling() -> Iterator[None]:
+    """Within this context SIGTERM and SIGINT raise :class:`Cancelled`; the previous handlers come back after.
+
+    Nests (and nests inside :func:`install`): only the outermost context installs and restores.
+    """
+    outermost = not _State.installed
+    if outermost:
+        _State.previous = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
+    _State.installed += 1
+    try:
+        yield
+    finally:
+        _State.installed -= 1
+        if outermost:
+            for sig, previous in _State.previous.items():
+                signal.signal(sig, previous)
+            _State.cancelled = _State.pending = None
+
+
+def cancelled() -> bool:
+    """True once this process was cancelled (a signal raised :class:`Cancelled`)."""
+    return _State.cancelled is not None
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """A block a signal must not split: a SIGTERM or SIGINT inside it raises :class:`Cancelled` when it ends."""
+    _State.shield += 1
+    try:
+        yield
+    finally:
+        _State.shield -= 1
+        if not _State.shield and _State.pending is not None and _State.cancelled is None:
+            signum, _State.pending = _State.pending, None
+            _State.cancelled = signum
+            raise Cancelled(signum)
+
+
+def point(name: str) -> None:
+    """A named state of a step at which a test may cancel it (see the module docstring); a no-op otherwise."""
+    if os.environ.get(ENV_POINT) != name:
+        return
+    fifo = os.environ.get(ENV_FIFO)
+    if not fifo:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    with open(fifo, "w", encoding="utf-8") as announce:  # blocks until the test opens it to read
+        announce.write(name + "\n")
+    while True:  # until the test's signal arrives: it raises Cancelled here, or ends the process by default
+        signal.pause()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that must not outlive this process's calling thread: SIGKILL when it ends.
+
+    ``PR_SET_PDEATHSIG`` (Linux ``prctl(2)``): the signal is sent when the
+    thread that created the child ends, and the setting survives ``execve``.
+    A parent that died before the call is caught after it (the child was
+    reparented by then): the child then kills itself.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(127)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec

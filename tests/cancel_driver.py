@@ -1,0 +1,134 @@
+"""Runs the local pipeline's components in order, in one process, up to a given step: the cancel tests' subject.
+
+``python -m tests.cancel_driver OUTPUT_DIR STEP POD_MODE``: the plan component
+for the local profile (run ``cancel``), then what STEP needs
+before it (admit before launch, launch before train...), then STEP, each
+through its KFP component function as a pipeline task would call it (so each
+component's first statements, the cancel handler's installation, run too).
+The environment's ``MULTISLICE_CANCEL_AT`` / ``MULTISLICE_CANCEL_FIFO``
+(:func:`multislice.cancel.point`) stop it at a named state.
+
+The JobSets are the real CPU JobSets with the container command replaced by
+a tiny Python pod (no MaxText): it prints MaxText-style step lines, then
+sleeps (POD_MODE ``sleep``) or exits 0 (``done``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from components.admit import admit
+from components.cleanup import cleanup
+from components.launch import launch
+from components.plan import plan
+from components.preflight import preflight
+from components.provision import provision
+from components.train import train
+from components.verify_checkpoint import verify_checkpoint
+from multislice import cancel, config
+from multislice.backends.local import backend as local_backend
+from multislice.backends.local import environment
+from multislice.config import parameters
+
+RUN_ID = "cancel-run"
+RUN_NAME = "cancel"
+
+POD = """
+import sys, time
+for step in range(2):
+    print(f"completed step: {step}, seconds: 0.100, TFLOP/s/device: 1.000, Tokens/s/device: 10.000, "
+          f"loss: {5 - step}.000", flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(600)
+"""
+
+#: What runs before each step.
+BEFORE = {
+    "plan": [],
+    "preflight": [],
+    "provision": [],
+    "admit": [],
+    "launch": ["admit"],
+    "train": ["admit", "launch"],
+    "verify_checkpoint": ["admit", "launch", "train"],
+    "cleanup": ["admit"],
+}
+
+
+class Artifact:
+    """What a KFP ``Output[...]`` is to a component: a path (and, for Metrics, ``log_metric``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def log_metric(self, key: str, value: float) -> None:
+        print(f"metric {key} {value}")
+
+
+class Status:
+    """The fields of ``PipelineTaskFinalStatus`` the cleanup component reads."""
+
+    state = "CANCELLED"
+    error_message = ""
+    pipeline_job_resource_name = ""
+
+
+def fake_pods(mode: str) -> None:
+    """Every JobSet the local backend renders runs :data:`POD` instead of MaxText."""
+    render = local_backend.LocalBackend.workload_manifest
+
+    def workload_manifest(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        manifest = render(self, *args, **kwargs)
+        pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        pod["containers"][0]["command"] = ["python", "-c", POD]
+        pod["containers"][0]["args"] = [mode]
+        pod["terminationGracePeriodSeconds"] = 5
+        return manifest
+
+    local_backend.LocalBackend.workload_manifest = workload_manifest
+    # Not under test, and shared with other runs on this machine: free memory.
+    environment.available_memory_bytes = lambda: 1 << 40
+
+
+def main(output_dir: str, target: str, mode: str) -> None:
+    fake_pods(mode)
+    profile = config.read_profile("local")
+    spec = config.load_profile("local", {"run_name": RUN_NAME, "output_dir": output_dir})
+    values = {name: value for name, (_, value) in parameters.parameter_values(spec).items()}
+    stage = spec.stages[0].name
+    values = {k: v for k, v in values.items() if not k.startswith("stage")}
+    per_stage = {"steps": spec.stages[0].steps, "per_device_batch_size": spec.stages[0].per_device_batch_size}
+    plan_json = plan(profile, stage, **values, pipeline_run_id=RUN_ID, **per_stage)
+    if target == "plan":
+        return
+    work = f"{output_dir}/artifacts"
+    os.makedirs(work, exist_ok=True)
+    admitted: dict[str, Any] = {}
+    for step in [*BEFORE[target], target]:
+        if step == target:  # as in a fresh task process: no handler until the component installs one
+            cancel._State.installed = 0
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if step == "preflight":
+            preflight(plan_json, stage, RUN_ID, Artifact(f"{work}/hbm.html"))
+        elif step == "provision":
+            provision(plan_json)
+        elif step == "admit":
+            admitted = admit(plan_json, stage, RUN_ID)
+        elif step == "launch":
+            launch(plan_json, stage, admitted)
+        elif step == "train":
+            train(plan_json, stage, admitted, *(Artifact(f"{work}/{n}") for n in ("metrics", "curves", "summary")))
+        elif step == "verify_checkpoint":
+            verify_checkpoint(plan_json, stage, RUN_ID, Artifact(f"{work}/verification.md"))
+        elif step == "cleanup":
+            cleanup("local", output_dir, RUN_NAME, RUN_ID, "default", {}, False, "", Status())
+    print(json.dumps({"finished": target}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -78,7 +78,7 @@ LAYOUT = (
     "an Orbax CheckpointManager directory <checkpoints>/<step>/items with _METADATA, _sharding, manifest.ocdbt "
     "and array_metadatas/, holding MaxText's TrainState {params: {params: ...}, opt_state, step}"
 )
-EXPECTED_ITEM_FILES = ("_METADATA", "_sharding", "manifest.ocdbt", "commit_success.txt")
+EXPECTED_ITEM_FILES = ("_METADATA", "_sharding", "manifest.ocdbt")  # commit_success.txt: commit_markers
 #: This module, as the trainer image runs it.
 MODULE = "multislice.trainer.verify"
 

@@ -301,6 +301,13 @@ class VerificationReport(StepReport):
     Attributes:
         verdict: ``PASS``, ``FAIL`` or ``ERROR`` (the verifier could not run; ``error`` says why).
         written_mesh: Mesh axis -> size the checkpoint's arrays were sharded over when written.
+        state_step: The TrainState step recorded in the final checkpoint (its directory's step + 1).
+        array_check: What the finiteness check restored: ``mode`` (``all`` or ``sample``),
+            ``checkpoint_bytes``, ``full_check_bytes``, ``arrays``, ``restored``.
+        loss_replay: The functional check: ``checkpoint_step``, ``logged_step``, ``logged_loss``,
+            ``computed_loss``, ``tolerance`` (absolute), ``source`` (TensorBoard or metrics.jsonl).
+        final_loss: The final checkpoint's loss against the logged curve: ``expected_loss``,
+            ``computed_loss``, ``tolerance``.
         job: The verifier's Job (GKE).
     """
 
@@ -317,6 +324,9 @@ class VerificationReport(StepReport):
     expected_parameter_count: int | None = None
     written_mesh: dict[str, int] | str | None = None
     state_step: int | None = None
+    array_check: dict[str, Any] | None = None
+    loss_replay: dict[str, Any] | None = None
+    final_loss: dict[str, Any] | None = None
     seconds: float | None = None
     error: str | None = None
     job: str | None = None

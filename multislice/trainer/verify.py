@@ -1,11 +1,12 @@
-"""Checkpoint verifier: is a stage's final Orbax checkpoint complete, the right model, and sane?
+"""Checkpoint verifier: is a stage's final Orbax checkpoint complete, the right model, and the one trained?
 
 Usage (trainer environment)::
 
     python -m multislice.trainer.verify --checkpoint-dir DIR --expected-step N \
-        [--report report.json] [--sample-bytes BYTES] -- key=value ...   # the stage's MaxText arguments
+        [--report report.json] [--sample-bytes BYTES] [--full-check-bytes BYTES] [--metrics-file FILE] \
+        [--loss-rtol R] [--loss-check-flops F] -- key=value ...   # the stage's MaxText arguments
 
-Checks, each reported with its evidence:
+Checks, each reported with its evidence (a failure names the step and the array):
 
 1. ``latest_step``: the newest checkpoint step equals the expected final step
    (MaxText counts steps from 0 and saves the last one, ``steps - 1``);
@@ -13,15 +14,35 @@ Checks, each reported with its evidence:
    step and item directories, ``_CHECKPOINT_METADATA`` present, and no
    ``.orbax-checkpoint-tmp`` directory left for that step (Orbax writes to a
    temporary directory and renames it on commit);
-3. ``params_tree``: the checkpoint's parameter tree has exactly the paths,
+3. ``metadata``: the layout is the one expected (:data:`LAYOUT`): the item's tree
+   metadata (``_METADATA``) reads and holds MaxText's TrainState, ``_sharding``
+   and ``manifest.ocdbt`` are there, and ``array_metadatas/process_*`` list every array;
+4. ``recorded_step``: the TrainState ``step`` stored in the directory equals its
+   name + 1 (``maxtext/common/checkpointing.py``, ``maybe_save_checkpoint``: the
+   directory of step N holds ``state.step - 1 == N``), so a stale step renamed to
+   the final one fails (Orbax's ``_CHECKPOINT_METADATA`` does not record the step);
+5. ``params_tree``: the checkpoint's parameter tree has exactly the paths,
    shapes and dtypes of the model the MaxText arguments describe. The
    expected tree comes from MaxText's own model built from those arguments
    (``maxtext_utils.get_abstract_param``, an abstract ``jax.eval_shape``
    init), never from the checkpoint;
-4. ``parameter_count``: the count of the expected tree equals the checkpoint's;
-5. ``finite_samples``: the sampled parameter arrays (all of them when they fit
-   in ``--sample-bytes``, else evenly spaced ones that fit) restore and hold
-   only finite values.
+6. ``parameter_count``: the count of the expected tree equals the checkpoint's;
+7. ``finite_arrays``: every array (parameters, optimizer state, counters) restores
+   and holds only finite values when the checkpoint is at most
+   :data:`FULL_CHECK_BYTES` (4 GiB); a larger one has evenly spaced arrays up to
+   ``--sample-bytes`` checked. Arrays are restored in chunks of at most
+   ``--sample-bytes`` (256 MiB) or one array, which bounds the memory;
+8. ``loss_replay`` (functional): MaxText logs the loss of step S computed with the
+   parameters checkpoint S-1 holds, and with ``dataset_type=synthetic`` the batch
+   is the same at every step. The newest checkpoint S-1 whose step S was logged is
+   evaluated on that batch and must give the logged loss (TensorBoard's float32,
+   else metrics.jsonl's 3 decimals) within :data:`LOSS_RTOL` relative;
+9. ``final_loss`` (functional, on the final checkpoint, which has no logged next
+   step): its loss must continue the logged curve (:func:`loss_checks`).
+
+The loss checks restore one checkpoint's parameters at a time (memory: the
+parameters plus :data:`LOGITS_BYTES` of logits) and run only when a forward pass
+costs at most :data:`LOSS_CHECK_FLOPS`; else they are reported as skipped.
 
 The verdict is PASS when every check passes. Exit status: 0 on PASS, 1 on
 FAIL, 2 when the verifier itself could not run (the report says why).
@@ -38,7 +59,26 @@ from typing import Any
 
 from multislice.maxtext import TRAIN_MODULE
 
+#: Checkpoints up to this size (bytes, all arrays: parameters and optimizer state) have every array
+#: restored and checked; larger ones a sample of at most ``--sample-bytes`` (plus the loss replay).
+FULL_CHECK_BYTES = 4 * 1024**3
+#: Arrays are restored in chunks of at most this many bytes (or one array, if larger): the memory bound.
 DEFAULT_SAMPLE_BYTES = 256 * 1024**2
+#: Relative tolerance of the loss replay. Measured: the 16-device CPU run's float32 TensorBoard loss and
+#: this single-device replay differ by 1.1e-5 relative (7.5e-5 at loss 7.14); one training step of the
+#: local demo changes the loss by about 8e-4 relative, so a stale checkpoint lies outside it.
+LOSS_RTOL = 2e-4
+#: The loss checks run when one forward pass over the logged batch costs at most this many FLOPs
+#: (2 x parameters x tokens): about a minute on a few CPU cores at 1e11 FLOP/s; larger models are skipped.
+LOSS_CHECK_FLOPS = 1e13
+#: Logits held at once by the loss checks (the batch goes through in chunks of rows), bytes.
+LOGITS_BYTES = 256 * 1024**2
+#: What the verifier expects to find.
+LAYOUT = (
+    "an Orbax CheckpointManager directory <checkpoints>/<step>/items with _METADATA, _sharding, manifest.ocdbt "
+    "and array_metadatas/, holding MaxText's TrainState {params: {params: ...}, opt_state, step}"
+)
+EXPECTED_ITEM_FILES = ("_METADATA", "_sharding", "manifest.ocdbt")  # commit_success.txt: commit_markers
 #: This module, as the trainer image runs it.
 MODULE = "multislice.trainer.verify"
 
@@ -85,23 +125,19 @@ def _keystr(path: tuple[Any, ...]) -> str:
     return "/".join(parts)
 
 
-def expected_params(maxtext_args: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Parameter paths -> (shape, dtype) of the model the MaxText arguments describe.
+def _config(maxtext_args: list[str]) -> Any:
+    """MaxText's config of the stage, for this single CPU process.
 
-    Parallelism arguments are dropped (they do not change parameter shapes)
-    so that the model can be built on this single CPU process.
+    Parallelism arguments are dropped (they do not change parameter shapes or the loss).
     """
-    import jax
-    from flax import linen as nn
     from maxtext import configs
     from maxtext.configs import pyconfig
-    from maxtext.utils import maxtext_utils, model_creation_utils
 
     kept = [
         a for a in maxtext_args if not a.split("=", 1)[0].endswith("_parallelism") and not a.startswith("num_slices=")
     ]
     base_yml = str(Path(configs.__file__).with_name("base.yml"))
-    config = pyconfig.initialize(
+    return pyconfig.initialize(
         [
             TRAIN_MODULE,
             base_yml,
@@ -111,20 +147,22 @@ def expected_params(maxtext_args: list[str]) -> dict[str, tuple[tuple[int, ...],
             "enable_checkpointing=false",
         ]
     )
+
+
+def expected_params(maxtext_args: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Parameter paths -> (shape, dtype) of the model the MaxText arguments describe.
+
+    Built on this single CPU process (:func:`_config`).
+    """
+    import jax
+    from flax import linen as nn
+    from maxtext.utils import maxtext_utils, model_creation_utils
+
+    config = _config(maxtext_args)
     model = model_creation_utils.from_config(config)
     abstract = nn.unbox(maxtext_utils.get_abstract_param(model, config))["params"]
     flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
     return {_keystr(path): (tuple(leaf.shape), str(leaf.dtype)) for path, leaf in flat}
-
-
-def _checkpoint_params(items_dir: Path) -> tuple[dict[str, Any], Any]:
-    import jax
-    import orbax.checkpoint as ocp
-
-    tree = ocp.PyTreeCheckpointer().metadata(items_dir).item_metadata.tree
-    params = tree["params"]["params"]
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {_keystr(path): leaf for path, leaf in flat}, tree
 
 
 def _check(name: str, passed: bool, detail: str) -> dict[str, Any]:
@@ -132,7 +170,7 @@ def _check(name: str, passed: bool, detail: str) -> dict[str, Any]:
 
 
 def choose_samples(sizes: dict[str, int], budget: int) -> list[str]:
-    """Parameter paths to restore: all when they fit in ``budget`` bytes, else evenly spaced ones that fit."""
+    """Array paths to restore: all when they fit in ``budget`` bytes, else evenly spaced ones that fit."""
     paths = sorted(sizes)
     if sum(sizes.values()) <= budget:
         return paths
@@ -145,9 +183,144 @@ def choose_samples(sizes: dict[str, int], budget: int) -> list[str]:
     return chosen
 
 
-def verify(checkpoint_dir: Path, expected_step: int, maxtext_args: list[str], sample_bytes: int) -> dict[str, Any]:
-    """Run every check; returns the report (``verdict`` PASS or FAIL, ``checks``, evidence)."""
+def _error(error: BaseException) -> str:
+    """An exception as one short line for a check's detail."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}"
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+    """``path -> leaf`` of a checkpoint's tree metadata (``opt_state/0/mu/params/...``)."""
     import jax
+
+    return {_keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _nbytes(leaf: Any) -> int:
+    import numpy as np
+
+    return int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+
+
+def restore_arrays(items_dir: Any, tree: Any, wanted: list[str]) -> dict[str, Any]:
+    """Restore the arrays at ``wanted`` paths of a checkpoint item onto this process's first device.
+
+    Other leaves are skipped (``orbax.checkpoint.PLACEHOLDER``), so memory is the size of those arrays.
+
+    Returns:
+        path -> numpy array.
+
+    Raises:
+        Exception: whatever Orbax / TensorStore raise for an unreadable array.
+    """
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    keep = set(wanted)
+    item = jax.tree_util.tree_map_with_path(lambda p, leaf: leaf if _keystr(p) in keep else ocp.PLACEHOLDER, tree)
+
+    def args(leaf: Any) -> Any:
+        if leaf is ocp.PLACEHOLDER:
+            return leaf
+        return ocp.ArrayRestoreArgs(sharding=device, global_shape=leaf.shape, dtype=leaf.dtype)
+
+    restore_args = jax.tree_util.tree_map(args, item, is_leaf=lambda x: x is ocp.PLACEHOLDER)
+    restored = ocp.PyTreeCheckpointer().restore(
+        items_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args)
+    )
+    flat = jax.tree_util.tree_flatten_with_path(restored, is_leaf=lambda x: x is ocp.PLACEHOLDER)[0]
+
+    def values(leaf: Any) -> Any:
+        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+            return np.asarray(jax.random.key_data(leaf))  # a PRNG key array (nnx_aux rngs)
+        return np.asarray(leaf)
+
+    return {_keystr(p): values(leaf) for p, leaf in flat if leaf is not ocp.PLACEHOLDER and _keystr(p) in keep}
+
+
+def check_arrays(items_dir: Any, tree: Any, wanted: list[str], chunk_bytes: int) -> tuple[list[str], list[str], int]:
+    """Restore ``wanted`` arrays in chunks of at most ``chunk_bytes`` (or one array) and check they are finite.
+
+    A chunk that fails to restore is retried array by array, so an unreadable array is named.
+
+    Returns:
+        ``(unreadable, non_finite, restored)``: ``path: error`` lines, paths with NaN/Inf, arrays restored.
+    """
+    import numpy as np
+
+    leaves = _leaves(tree)
+    chunks: list[list[str]] = [[]]
+    used = 0
+    for path in wanted:
+        size = _nbytes(leaves[path])
+        if chunks[-1] and used + size > chunk_bytes:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(path)
+        used += size
+    unreadable, non_finite, restored = [], [], 0
+    for chunk in chunks:
+        try:
+            groups = [restore_arrays(items_dir, tree, chunk)]
+        except Exception:  # noqa: BLE001 - find which array is unreadable
+            groups = []
+            for path in chunk:
+                try:
+                    groups.append(restore_arrays(items_dir, tree, [path]))
+                except Exception as error:  # noqa: BLE001 - reported as the check's evidence
+                    unreadable.append(f"{path}: {_error(error)}")
+        for group in groups:
+            for path, values in group.items():
+                restored += 1
+                if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+                    bad = int((~np.isfinite(values)).sum())
+                    non_finite.append(f"{path} ({bad} of {values.size} values NaN/Inf)")
+    return unreadable, non_finite, restored
+
+
+def metadata_problems(items_dir: Any, tree: Any) -> list[str]:
+    """What is missing or inconsistent in an item's Orbax metadata files (empty when all is there).
+
+    Orbax's PyTree layout (``orbax/checkpoint/_src/handlers/base_pytree_checkpoint_handler.py``):
+    ``_METADATA`` (the tree), ``_sharding``, ``manifest.ocdbt`` (the OCDBT root) and
+    ``array_metadatas/process_<i>`` (each process's arrays, by ``param_name`` = the dotted tree path).
+    """
+    problems = [f"{name} missing in {items_dir}" for name in EXPECTED_ITEM_FILES if not (items_dir / name).exists()]
+    listed: set[str] = set()
+    metadata_dir = items_dir / "array_metadatas"
+    files = sorted(metadata_dir.glob("process_*")) if metadata_dir.is_dir() else []
+    if not files:
+        problems.append(f"no array_metadatas/process_* in {items_dir} (Orbax writes one per process)")
+    for path in files:
+        try:
+            for entry in json.loads(path.read_text())["array_metadatas"]:
+                listed.add(entry["array_metadata"]["param_name"])
+        except (ValueError, KeyError, TypeError) as error:
+            problems.append(f"{path.name} unreadable: {_error(error)}")
+    if files and tree is not None:
+        unlisted = sorted(p for p in _leaves(tree) if p.replace("/", ".") not in listed)
+        if unlisted:
+            problems.append(f"{len(unlisted)} arrays not in array_metadatas, e.g. {unlisted[:3]}")
+    return problems
+
+
+def verify(
+    checkpoint_dir: Any,
+    expected_step: int,
+    maxtext_args: list[str],
+    sample_bytes: int = DEFAULT_SAMPLE_BYTES,
+    full_check_bytes: int = FULL_CHECK_BYTES,
+    metrics_file: Any = None,
+    loss_rtol: float = LOSS_RTOL,
+    loss_flops: float = LOSS_CHECK_FLOPS,
+) -> dict[str, Any]:
+    """Run every check; returns the report (``verdict`` PASS or FAIL, ``checks``, evidence).
+
+    A damaged checkpoint is a FAIL whose check names the array and step; checks that cannot run
+    after an earlier failure (no tree to read) are reported as failed with the reason.
+    """
     import numpy as np
     import orbax.checkpoint as ocp
 
@@ -162,6 +335,7 @@ def verify(checkpoint_dir: Path, expected_step: int, maxtext_args: list[str], sa
         _check("latest_step", latest == expected_step, f"latest checkpoint step {latest}, expected {expected_step}")
     )
     if latest is None:
+        checks.append(_check("layout", False, f"no step directories in {checkpoint_dir}; expected {LAYOUT}"))
         return _finish(report, checks, started)
 
     step_dir = checkpoint_dir / str(latest)
@@ -179,12 +353,45 @@ def verify(checkpoint_dir: Path, expected_step: int, maxtext_args: list[str], sa
             not missing and not leftovers,
             "all commit markers present"
             if not missing and not leftovers
-            else f"missing {missing}; uncommitted temporary directories {leftovers}",
+            else f"step {latest}: missing {missing}; uncommitted temporary directories {leftovers}",
         )
     )
 
+    if not items_dir.is_dir():
+        found = sorted(p.name for p in step_dir.iterdir()) if step_dir.is_dir() else []
+        checks.append(
+            _check("metadata", False, f"step {latest}: no items directory (found {found}); expected {LAYOUT}")
+        )
+        return _finish(report, checks, started)
+    tree, why = _tree(items_dir)
+    problems = ([why] if why else []) + metadata_problems(items_dir, tree)
+    checks.append(
+        _check(
+            "metadata",
+            not problems,
+            f"step {latest}: tree, sharding, OCDBT manifest and array metadata of {len(_leaves(tree))} arrays present"
+            if not problems
+            else f"step {latest}: " + "; ".join(problems[:4]),
+        )
+    )
+    if tree is None:
+        return _finish(report, checks, started)
+
+    try:
+        recorded = int(restore_arrays(items_dir, tree, ["step"])["step"])
+    except Exception as error:  # noqa: BLE001 - a damaged step counter is a finding
+        recorded, detail = None, f"step {latest}: the recorded step could not be restored: {_error(error)}"
+    else:
+        detail = f"directory {latest} holds the state after step {recorded - 1} (TrainState step {recorded})" + (
+            "" if recorded == latest + 1 else f"; MaxText saves step N with TrainState step N+1: expected {latest + 1}"
+        )
+    report["state_step"] = recorded
+    checks.append(_check("recorded_step", recorded == latest + 1, detail))
+
     expected = expected_params(maxtext_args)
-    found, tree = _checkpoint_params(items_dir)
+    found = {
+        p.removeprefix("params/params/"): leaf for p, leaf in _leaves(tree).items() if p.startswith("params/params/")
+    }
     found_shapes = {path: (tuple(leaf.shape), str(leaf.dtype)) for path, leaf in found.items()}
     missing_paths = sorted(set(expected) - set(found_shapes))
     extra_paths = sorted(set(found_shapes) - set(expected))
@@ -213,58 +420,282 @@ def verify(checkpoint_dir: Path, expected_step: int, maxtext_args: list[str], sa
             f"{found_count:,} parameters in the checkpoint, {expected_count:,} in the model",
         )
     )
-    any_leaf = next(iter(found.values()))
-    sharding = getattr(any_leaf, "sharding", None)
-    if sharding is not None and getattr(sharding, "axis_names", None):
-        report["written_mesh"] = {
-            name: int(size)
-            for name, size in zip(sharding.axis_names, np.asarray(sharding.shape).tolist(), strict=False)
-            if size != 1
-        }
-
-    sizes = {p: int(np.prod(found_shapes[p][0])) * np.dtype(found_shapes[p][1]).itemsize for p in found_shapes}
-    chosen = choose_samples(sizes, sample_bytes)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    item: dict[str, Any] = {}
-    for path in chosen:
-        node = item.setdefault("params", {}).setdefault("params", {})
-        *parents, leaf = path.split("/")
-        for parent in parents:
-            node = node.setdefault(parent, {})
-        node[leaf] = found[path]
-    item["step"] = tree["step"]
-    restore_args = jax.tree_util.tree_map(
-        lambda m: ocp.ArrayRestoreArgs(sharding=device, global_shape=m.shape, dtype=m.dtype), item
-    )
-    restored = ocp.PyTreeCheckpointer().restore(
-        items_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)
-    )
-    samples = []
-    for path, array in jax.tree_util.tree_flatten_with_path(restored["params"]["params"])[0]:
-        values = np.asarray(array)
-        samples.append(
-            {
-                "path": _keystr(path),
-                "shape": list(values.shape),
-                "finite": bool(np.isfinite(values).all()),
-                "mean_abs": float(np.abs(values).mean()),
+    if found:
+        sharding = getattr(next(iter(found.values())), "sharding", None)
+        if sharding is not None and getattr(sharding, "axis_names", None):
+            report["written_mesh"] = {
+                name: int(size)
+                for name, size in zip(sharding.axis_names, np.asarray(sharding.shape).tolist(), strict=False)
+                if size != 1
             }
-        )
-    report["state_step"] = int(np.asarray(restored["step"]))
-    report["samples"] = samples
-    bad = [s["path"] for s in samples if not s["finite"]]
+
+    sizes = {p: _nbytes(leaf) for p, leaf in _leaves(tree).items()}
+    total = sum(sizes.values())
+    full = total <= full_check_bytes
+    chosen = sorted(sizes) if full else choose_samples(sizes, sample_bytes)
+    unreadable, non_finite, restored = check_arrays(items_dir, tree, chosen, sample_bytes)
+    report["array_check"] = {
+        "mode": "all" if full else "sample",
+        "checkpoint_bytes": total,
+        "full_check_bytes": full_check_bytes,
+        "arrays": len(sizes),
+        "restored": restored,
+        "checked": chosen if not full else len(chosen),
+    }
+    what = f"all {len(sizes)} arrays" if full else f"{len(chosen)} of {len(sizes)} arrays (sample, {total:,} bytes)"
     checks.append(
         _check(
-            "finite_samples",
-            bool(samples) and not bad,
-            f"{len(samples)} of {len(found)} arrays restored, all finite"
-            if samples and not bad
-            else f"non-finite values in {bad}"
-            if bad
-            else "no array fit the sample budget",
+            "finite_arrays",
+            bool(chosen) and not unreadable and not non_finite,
+            f"step {latest}: {what} (parameters and optimizer state) restored, all finite"
+            if chosen and not unreadable and not non_finite
+            else f"step {latest}: "
+            + "; ".join(
+                ([f"unreadable: {unreadable[:3]}"] if unreadable else [])
+                + ([f"non-finite: {non_finite[:5]}"] if non_finite else [])
+            )
+            or "no array fit the sample budget",
         )
     )
+
+    if not tree_ok:
+        checks.append(_check("loss_replay", False, "not run: the parameter tree is not the model's (params_tree)"))
+        return _finish(report, checks, started)
+    checks += loss_checks(checkpoint_dir, sorted(steps), maxtext_args, metrics_file, loss_rtol, report, loss_flops)
     return _finish(report, checks, started)
+
+
+def _tree(items_dir: Any) -> tuple[Any, str]:
+    """The item's tree metadata (Orbax ``_METADATA``), or None and why it cannot be used."""
+    import orbax.checkpoint as ocp
+
+    try:
+        metadata = ocp.PyTreeCheckpointer().metadata(items_dir)
+    except Exception as error:  # noqa: BLE001 - unreadable metadata is a finding
+        return None, f"tree metadata unreadable: {_error(error)}; expected {LAYOUT}"
+    tree = getattr(getattr(metadata, "item_metadata", None), "tree", None)
+    if tree is None:
+        return None, f"no tree metadata (_METADATA) in {items_dir}; expected {LAYOUT}"
+    absent = [key for key in ("params", "opt_state", "step") if key not in tree]
+    if absent or "params" not in tree.get("params", {}):
+        return None, f"the tree has {sorted(tree)} at the top; expected {LAYOUT}"
+    return tree, ""
+
+
+def logged_losses(metrics_file: Any, tensorboard_dir: Any) -> tuple[dict[int, float], str, float]:
+    """The run's logged loss per step: ``(step -> loss, source, rounding)``.
+
+    MaxText writes ``learning/loss`` of every step to TensorBoard as a float32
+    (``maxtext/common/metric_logger.py``); the train step's ``metrics.jsonl``
+    has it from the log line, rounded to 3 decimals (``rounding`` 5e-4). The
+    TensorBoard events are read when present, else the JSON lines.
+    """
+    losses: dict[int, float] = {}
+    if tensorboard_dir is not None and tensorboard_dir.is_dir():
+        try:
+            # MaxText writes <base_output_directory>/<run_name>/tensorboard/<run_name>/events.out.tfevents.*
+            for events in sorted(tensorboard_dir.glob("*/events.out.tfevents.*")):
+                losses.update(_tensorboard_losses(events.read_bytes()))
+        except Exception:  # noqa: BLE001 - fall back to the JSON lines
+            losses = {}
+        if losses:
+            return losses, str(tensorboard_dir), 0.0
+    if metrics_file is not None and metrics_file.is_file():
+        for line in metrics_file.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                if "learning/loss" in record:
+                    losses[int(record["step"])] = float(record["learning/loss"])
+    return losses, str(metrics_file), 5e-4 if losses else 0.0
+
+
+def _tensorboard_losses(data: bytes) -> dict[int, float]:
+    """``learning/loss`` per step from a TFRecord file of TensorBoard events (8-byte length, CRC, event, CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    losses, offset = {}, 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[offset : offset + 8])
+        event = event_pb2.Event()
+        event.ParseFromString(data[offset + 12 : offset + 12 + length])
+        offset += 12 + length + 4
+        for value in event.summary.value:
+            if value.tag == "learning/loss" and value.HasField("simple_value"):
+                losses[int(event.step)] = float(value.simple_value)
+    return losses
+
+
+def synthetic_loss(items_dir: Any, tree: Any, maxtext_args: list[str], devices: int) -> float:
+    """MaxText's training loss of the checkpoint's parameters on the run's synthetic batch, on this process.
+
+    The batch is the one ``SyntheticDataIterator`` (``maxtext/input_pipeline/synthetic_data_processing.py``)
+    yields at every step: ``jax.random.randint(PRNGKey(0), (global_batch_size_to_load, max_target_length + 1),
+    0, vocab_size)`` under the ``unsafe_rbg`` PRNG that ``train.initialize`` sets; inputs and targets are
+    its shifted halves, all positions in segment 1. The loss is ``loss_fn``'s (``maxtext/trainers/pre_train/
+    train.py``): cross-entropy summed over target tokens / (their count + EPS), without dropout.
+    """
+    import jax
+    import jax.numpy as jnp
+    from maxtext.utils import max_utils, model_creation_utils
+
+    jax.config.update("jax_default_prng_impl", "unsafe_rbg")
+    config = _config(maxtext_args)
+    batch = int(devices * config.per_device_batch_size)
+    length = config.max_target_length
+    tokens = jax.random.randint(jax.random.PRNGKey(0), (batch, length + 1), 0, config.vocab_size, dtype=jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    segments = jnp.ones((batch, length), jnp.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    wanted = [p for p in _leaves(tree) if p.startswith("params/params/")]
+    flat = restore_arrays(items_dir, tree, wanted)
+    params: dict[str, Any] = {}
+    for path, values in flat.items():
+        node = params
+        *parents, leaf = path.split("/")[1:]
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = jnp.asarray(values)
+    model = model_creation_utils.from_config(config)
+    key = jax.random.PRNGKey(0)
+
+    @jax.jit
+    def xent_sum(variables: Any, inputs: Any, positions: Any, segments: Any, targets: Any) -> Any:
+        logits = model.apply(
+            variables, inputs, positions, decoder_segment_ids=segments, enable_dropout=False,
+            rngs={"aqt": key, "params": key}, decoder_target_tokens=targets, decoder_target_mask=segments,
+        )  # fmt: skip
+        one_hot = jax.nn.one_hot(targets, config.vocab_size)
+        xent, _ = max_utils.cross_entropy_with_logits(logits, one_hot, z_loss=config.z_loss_multiplier)
+        return jnp.sum(xent * (segments != 0), dtype=jnp.float32)
+
+    # The sum is additive over rows: rows go through in chunks whose logits fit in LOGITS_BYTES.
+    fit = max(1, LOGITS_BYTES // (length * config.vocab_size * 4))
+    rows = max(r for r in range(1, min(fit, batch) + 1) if batch % r == 0)
+    total = sum(
+        float(xent_sum(params, *(a[i : i + rows] for a in (inputs, positions, segments, targets))))
+        for i in range(0, batch, rows)
+    )
+    return total / (float(jnp.sum(segments != 0)) + 1e-8)
+
+
+def _devices(maxtext_args: list[str]) -> int | None:
+    """Devices the stage trained on: the product of its ``ici_*`` and ``dcn_*`` parallelism (None if one is -1)."""
+    devices = 1
+    for arg in maxtext_args:
+        key, _, value = arg.partition("=")
+        if key.endswith("_parallelism") and (key.startswith("ici_") or key.startswith("dcn_")):
+            if int(value) < 1:
+                return None
+            devices *= int(value)
+    return devices
+
+
+def _evaluate(checkpoint_dir: Any, step: int, maxtext_args: list[str], devices: int) -> tuple[float | None, str]:
+    """The synthetic-batch loss of checkpoint ``step``'s parameters, or None and why it could not be computed."""
+    items_dir = checkpoint_dir / str(step) / "items"
+    tree, why = _tree(items_dir)
+    try:
+        if tree is None:
+            raise ValueError(why)
+        return synthetic_loss(items_dir, tree, maxtext_args, devices), ""
+    except Exception as error:  # noqa: BLE001 - a checkpoint that cannot be evaluated fails the check
+        return None, f"step {step}: parameters could not be evaluated: {_error(error)}"
+
+
+def loss_checks(
+    checkpoint_dir: Any,
+    steps: list[int],
+    maxtext_args: list[str],
+    metrics_file: Any,
+    rtol: float,
+    report: dict,
+    max_flops: float = LOSS_CHECK_FLOPS,
+) -> list[dict[str, Any]]:
+    """The functional checks: a checkpoint's parameters give the loss the run logged with them.
+
+    ``loss_replay``: MaxText logs the loss of step S computed with the parameters before update S,
+    which checkpoint S-1 holds (it saves after step S-1 with TrainState step S). The newest checkpoint
+    whose next step was logged is evaluated on the synthetic batch and must match that step's logged
+    loss within ``rtol`` relative (plus the log's rounding).
+
+    ``final_loss`` (when the final checkpoint has no logged next step, as usual): the final checkpoint's
+    loss must continue the logged curve: within the largest of the last three logged step-to-step
+    changes (plus ``rtol``) of ``loss[L] + (loss[L] - loss[L-1])``, the loss one more step along the
+    curve (L = the final step). Weaker than the replay, but it is the final checkpoint's own check.
+    """
+    args = dict(a.split("=", 1) for a in maxtext_args if "=" in a)
+    devices = _devices(maxtext_args)
+    skip = (
+        "only a synthetic-data stage's batch can be rebuilt"
+        if args.get("dataset_type", "tfds") != "synthetic"
+        else "the batch size needs explicit ici_*/dcn_* parallelism and no gradient accumulation"
+        if devices is None or int(args.get("gradient_accumulation_steps", "1")) != 1
+        else ""
+    )
+    if skip:
+        report["loss_check"] = f"skipped: {skip}"
+        return [_check("loss_replay", True, f"skipped: {skip}")]
+    tensorboard = (
+        checkpoint_path(f"{args['base_output_directory']}/{args['run_name']}/tensorboard")
+        if "base_output_directory" in args and "run_name" in args
+        else None
+    )
+    config = _config(maxtext_args)
+    flops = 2 * report.get("parameter_count", 0) * devices * config.per_device_batch_size * config.max_target_length
+    if flops > max_flops:
+        report["loss_check"] = f"skipped: {flops:.2e} FLOPs per forward pass > {max_flops:.2e}"
+        return [_check("loss_replay", True, f"skipped: a forward pass costs {flops:.2e} FLOPs > {max_flops:.2e}")]
+    losses, source, rounding = logged_losses(metrics_file, tensorboard)
+    candidates = [s for s in steps if s + 1 in losses]
+    if not candidates:
+        return [
+            _check("loss_replay", False, f"no checkpoint step S with a logged loss of step S+1 in {source} ({steps})")
+        ]
+    results = []
+    step = max(candidates)
+    logged = losses[step + 1]
+    tolerance = rtol * abs(logged) + rounding
+    computed, why = _evaluate(checkpoint_dir, step, maxtext_args, devices)
+    report["loss_replay"] = {
+        "checkpoint_step": step, "logged_step": step + 1, "logged_loss": logged, "computed_loss": computed,
+        "tolerance": tolerance, "source": source,
+    }  # fmt: skip
+    results.append(_compare("loss_replay", step, computed, why, logged, tolerance, f"logged at step {step + 1}"))
+    final = max(steps)
+    if step == final:
+        return results
+    recent = [losses.get(final - i) for i in range(4)]
+    if any(value is None for value in recent):
+        results.append(_check("final_loss", False, f"step {final}: steps {final - 3}..{final} not all in {source}"))
+        return results
+    changes = [abs(recent[i] - recent[i + 1]) for i in range(3)]
+    expected = recent[0] + (recent[0] - recent[1])
+    tolerance = max(changes) + rtol * abs(expected) + rounding
+    computed, why = _evaluate(checkpoint_dir, final, maxtext_args, devices)
+    report["final_loss"] = {
+        "checkpoint_step": final, "expected_loss": expected, "computed_loss": computed, "tolerance": tolerance,
+        "source": source,
+    }  # fmt: skip
+    results.append(
+        _compare("final_loss", final, computed, why, expected, tolerance, f"expected from the curve after step {final}")
+    )
+    return results
+
+
+def _compare(name: str, step: int, computed: float | None, why: str, reference: float, tolerance: float, what: str):
+    if computed is None:
+        return _check(name, False, why)
+    difference = abs(computed - reference)
+    passed = difference <= tolerance  # False for NaN
+    return _check(
+        name,
+        passed,
+        f"step {step}: loss {computed:.6f} on the synthetic batch, {reference:.6f} {what}; "
+        f"|difference| {difference:.2e} {'<=' if passed else '>'} tolerance {tolerance:.2e}"
+        + ("" if passed else " (the parameters are not the ones trained)"),
+    )
 
 
 def _finish(report: dict[str, Any], checks: list[dict[str, Any]], started: float) -> dict[str, Any]:
@@ -282,12 +713,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", required=True, type=checkpoint_path)
     parser.add_argument("--expected-step", required=True, type=int)
     parser.add_argument("--report", type=Path, help="write the JSON report here too")
-    parser.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES)
+    parser.add_argument(
+        "--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES, help="restore chunk and sample size, bytes"
+    )
+    parser.add_argument(
+        "--full-check-bytes", type=int, default=FULL_CHECK_BYTES, help="check every array up to this size, bytes"
+    )
+    parser.add_argument(
+        "--metrics-file", type=checkpoint_path, help="the stage's metrics.jsonl (default: next to the checkpoints)"
+    )
+    parser.add_argument("--loss-rtol", type=float, default=LOSS_RTOL, help="relative tolerance of the loss replay")
+    parser.add_argument(
+        "--loss-check-flops", type=float, default=LOSS_CHECK_FLOPS, help="skip the loss checks above this, FLOPs"
+    )
     options = parser.parse_args(own)
     if not maxtext_args:
         parser.error("give the stage's MaxText arguments after --, so the expected model can be built")
     try:
-        report = verify(options.checkpoint_dir, options.expected_step, maxtext_args, options.sample_bytes)
+        metrics_file = options.metrics_file or options.checkpoint_dir.parent / "metrics.jsonl"
+        report = verify(
+            options.checkpoint_dir, options.expected_step, maxtext_args, options.sample_bytes,
+            options.full_check_bytes, metrics_file, options.loss_rtol, options.loss_check_flops,
+        )  # fmt: skip
         status = 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the verifier could not run
         report = {

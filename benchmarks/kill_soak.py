@@ -9,10 +9,9 @@ v5litepod-8: 4 trainer processes; checkpoint every 5 steps):
 
 1. an undisturbed run of ``--steps`` steps, for the wall time and step time to compare with;
 2. the same stage in another run with ``--kills`` SIGKILLs of a random trainer
-   process (pod) plus one SIGKILL of the JobSet's supervisor, at random points:
-   before each kill the current attempt is let to complete a random number of
-   new steps (0 to one checkpoint period + 1; 0 kills during start-up or
-   restore). The train step follows the JobSet throughout, as in the pipeline:
+   process (pod) plus one SIGKILL of the JobSet's supervisor, at random steps
+   (see :class:`Killer`; a repeated step kills the next attempt during its
+   start-up or restore). The train step follows the JobSet throughout, as in the pipeline:
    the JobSet's failure policy restarts it after a pod kill, and the train step
    starts a new supervisor after the supervisor kill;
 3. the final checkpoint is verified.
@@ -21,7 +20,9 @@ For every kill it records the last completed step at the moment of the kill,
 the latest committed checkpoint once the next attempt started (every process
 of the killed attempt gone), and the step the next attempt
 restored (MaxText's "restoring from this run's directory step S" in the
-leader's log). Steps lost by a kill = last completed step - restored step.
+leader's log). Steps lost by a kill = last completed step - restored step
+(MaxText's checkpoint N holds the state after step N; a checkpoint whose
+asynchronous save was still in flight at the kill is not committed).
 
 Writes ``benchmarks/results/kill_soak.json`` (the machine, every kill, the
 totals) and prints a Markdown summary. Goodput here is the time the
@@ -93,14 +94,21 @@ def train_and_time(plan, stage, run_id: str) -> tuple[float, object]:
 
 
 class Killer(threading.Thread):
-    """Kills a random pod (or the supervisor, once) of the stage's JobSet at random points of its training."""
+    """Kills a random pod (or the supervisor, once) of the stage's JobSet at random steps of its training.
+
+    The kill points are ``kills + 1`` global steps drawn at random from the
+    stage (repeats allowed) and taken in order: a kill waits until the current
+    attempt's leader has logged that step, or, when the attempt restored a
+    checkpoint at or past it, kills the attempt as soon as its pods run
+    (during start-up or restore). One kill, not the first, is of the supervisor.
+    """
 
     def __init__(self, plan, stage, kills: int, rng: random.Random):
         super().__init__(daemon=True)
         self.plan, self.stage, self.rng = plan, stage, rng
         self.jobsets = LocalJobSets(plan.run_dir)
-        self.total = kills + 1
-        self.supervisor_kill = rng.randrange(1, self.total)  # never the first: a pod kill comes first
+        self.points = sorted(rng.randint(1, stage.final_step - 1) for _ in range(kills + 1))
+        self.supervisor_kill = rng.randrange(1, kills + 1)
         self.records: list[dict] = []
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -125,27 +133,20 @@ class Killer(threading.Thread):
 
     def _run(self) -> None:
         name = self.stage.jobset
-        for index in range(self.total):
-            attempt_started = self._poll(lambda s: s.phase == "Running" and s.reason != "SupervisorLost")
-            if attempt_started is None:
+        for index, point in enumerate(self.points):
+
+            def reached(state, point=point):
+                if state.phase != "Running" or state.reason == "SupervisorLost" or not state.pods:
+                    return False
+                restored = restored_step(self.jobsets, name, state.restarts)
+                done = leader_steps(self.jobsets, name, state.restarts)
+                return (restored is not None and restored >= point) or (bool(done) and done[-1] >= point)
+
+            state = self._poll(reached)
+            if state is None:
                 return
-            attempt = attempt_started.restarts
-            wanted = self.rng.randint(0, self.stage.checkpoint_period + 1)
-
-            def progressed(state, attempt=attempt, wanted=wanted):
-                if state.restarts != attempt:
-                    return True  # restarted on its own; kill the new attempt instead
-                done = leader_steps(self.jobsets, name, attempt)
-                restored = restored_step(self.jobsets, name, attempt)
-                start = -1 if restored is None else restored
-                return len([s for s in done if s > start]) >= wanted and (wanted > 0 or state.pods)
-
-            state = self._poll(progressed)
-            if state is None or state.restarts != attempt:
-                continue
+            attempt = state.restarts
             logged = leader_steps(self.jobsets, name, attempt)
-            if logged and logged[-1] >= self.stage.final_step:
-                return
             if index == self.supervisor_kill:
                 target, pid = "supervisor", state.supervisor_pid
             else:
@@ -155,6 +156,7 @@ class Killer(threading.Thread):
             self.records.append(
                 {
                     "kill": index + 1,
+                    "at_step": point,
                     "target": target,
                     "attempt": attempt,
                     "last_completed_step": logged[-1] if logged else None,
@@ -163,6 +165,24 @@ class Killer(threading.Thread):
             self._poll(lambda s, attempt=attempt: s.restarts > attempt)
             # Read once the next attempt started: the killed attempt's processes are all gone by then.
             self.records[-1]["latest_committed_checkpoint"] = latest_committed_step(self.stage.checkpoint_dir)
+
+
+def next_restore(jobsets: LocalJobSets, name: str, after: int, last_attempt: int) -> int | None:
+    """The step restored by the first attempt after ``after`` that logged its restore (-1: from scratch).
+
+    An attempt killed before MaxText logged its restore trained nothing; the
+    next one restores the same checkpoint.
+    """
+    for attempt in range(after + 1, last_attempt + 1):
+        try:
+            text = jobsets.pod_log(name, 0, 0, attempt).read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        if found := RESTORED.findall(text):
+            return int(found[0])
+        if "No existing checkpoints found" in text:
+            return -1
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     jobsets = LocalJobSets(plan.run_dir)
     state = jobsets.get_jobset(stage.jobset)
     for record in killer.records:
-        record["restored_step"] = restored_step(jobsets, stage.jobset, record["attempt"] + 1)
-        last, restored = record["last_completed_step"], record["restored_step"]
-        record["resumed_from_latest_checkpoint"] = restored == record["latest_committed_checkpoint"]
-        record["steps_lost"] = (last - (restored if restored is not None else -1)) if last is not None else 0
+        record["restored_step"] = restored = next_restore(jobsets, stage.jobset, record["attempt"], state.restarts)
+        last, committed = record["last_completed_step"], record["latest_committed_checkpoint"]
+        record["resumed_from_latest_checkpoint"] = restored == (-1 if committed is None else committed)
+        record["steps_lost"] = max(0, last - restored) if last is not None and restored is not None else 0
     verdict = verify_checkpoint.run(plan, stage.name)
     lost = [r["steps_lost"] for r in killer.records]
     result["soak"] = {
@@ -228,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
     soak = result["soak"]
-    print("| kill | target | last step done | latest checkpoint | restored | steps lost |")
-    print("|---|---|---|---|---|---|")
+    print("| kill | at step | target | last step done | latest checkpoint | restored | steps lost |")
+    print("|---|---|---|---|---|---|---|")
     for r in killer.records:
         print(
-            f"| {r['kill']} | {r['target']} | {r['last_completed_step']} | {r['latest_committed_checkpoint']} "
-            f"| {r['restored_step']} | {r['steps_lost']} |"
+            f"| {r['kill']} | {r['at_step']} | {r['target']} | {r['last_completed_step']} "
+            f"| {r['latest_committed_checkpoint']} | {r['restored_step']} | {r['steps_lost']} |"
         )
     print(
         f"\n{soak['kills_done']} kills, {soak['restarts']} restarts, "

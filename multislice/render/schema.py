@@ -66,10 +66,15 @@ class CrdVersion:
 
 @functools.cache
 def crd_index(crds_dir: Path = CRDS_DIR) -> dict[tuple[str, str], CrdVersion]:
-    """All served CRD versions under ``crds_dir``, keyed by ``(apiVersion, kind)``."""
+    """All served CRD versions under ``crds_dir``, keyed by ``(apiVersion, kind)``.
+
+    The CRD files are several MB of YAML: they are parsed with libyaml's safe
+    loader where PyYAML has it (about 10x faster than the pure-Python one).
+    """
     index: dict[tuple[str, str], CrdVersion] = {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for path in sorted(crds_dir.rglob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        for doc in yaml.load_all(path.read_text(encoding="utf-8"), Loader=loader):
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             spec = doc["spec"]

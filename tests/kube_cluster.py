@@ -40,11 +40,13 @@ from kubernetes import client as k8s
 from multislice.backends.gke.client import Kube
 from multislice.timings import Timings
 
-#: Waits for tests: polls of 50 ms; deadlines long enough for a loaded 2-core machine (tests that
-#: expect a deadline to pass shorten it with dataclasses.replace).
+#: Waits for tests: polls of 50 ms; deadlines (120 s, an API call retried for 30 s) that a loaded 2-core
+#: machine never reaches, longer than a controller script's wait for an event (60 s), so a scenario that
+#: goes wrong fails with the script's message. The one deadline a test expects to pass as configured
+#: here is ``unschedulable_grace``; tests expecting another to pass shorten it with dataclasses.replace.
 FAST = Timings(
-    poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=20, launch_timeout=20,
-    unschedulable_grace=0.5, train_timeout=30, readmit_timeout=20, verify_timeout=20, api_deadline=3,
+    poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=120, launch_timeout=120,
+    unschedulable_grace=0.5, train_timeout=120, readmit_timeout=120, verify_timeout=120, api_deadline=30,
     backoff_initial=0.05, backoff_max=0.2,
 )  # fmt: skip
 
@@ -85,6 +87,7 @@ class Cluster(kmock.KubernetesEmulator):
     history: list = attrs.field(factory=list)  # (rv, resource, event)
     logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> text
     faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
+    delivered: list = attrs.field(factory=list)  # (plural, resourceVersion) of each watch event sent
     log_lock: Any = attrs.field(factory=threading.Lock)
 
     def fail_next(self, count: int, status: int = 500) -> None:
@@ -95,6 +98,10 @@ class Cluster(kmock.KubernetesEmulator):
         """Forget history up to now: watches from older resourceVersions get 410 Gone; open watches end."""
         self.compacted = self.rv + 1
         self.compactions += 1
+
+    def watched(self, plural: str) -> int:
+        """The newest resourceVersion a watch of ``plural`` (e.g. ``jobsets``) has been sent (0: none)."""
+        return max((rv for kind, rv in list(self.delivered) if kind == plural), default=0)
 
     def append_log(self, namespace: str, pod: str, text: str) -> None:
         """Append to a pod's log (what its container printed)."""
@@ -189,6 +196,7 @@ class Cluster(kmock.KubernetesEmulator):
                         continue
                     if selected(event["object"], request.params):
                         await response.write(json.dumps(event).encode() + b"\n")
+                        self.delivered.append((getattr(resource, "plural", None), rv))
                 await asyncio.sleep(0.02)
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):

@@ -79,11 +79,12 @@ class Play:
 
         return wait_until(get, what=f"JobSet {name}")
 
-    def patch_jobset(self, name: str, body: dict[str, Any], status: bool = False) -> None:
+    def patch_jobset(self, name: str, body: dict[str, Any], status: bool = False) -> dict[str, Any]:
+        """Merge-patch the JobSet (its status subresource when ``status``); returns it as stored."""
         patch = (
             self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
         )
-        patch(JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL, name, body)
+        return patch(JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL, name, body)
 
     def workload_name(self, jobset: str) -> str:
         return f"jobset-{jobset}-1a2b3"

@@ -2,7 +2,10 @@
 
 Each scenario plays Kueue, JobSet, the kubelet and GKE from a background
 thread through the API, runs a step with fast timings, and asserts its
-outcome and its message.
+outcome and its message. The controller script never sleeps to let the step
+catch up: after each change it waits until the step has told (a progress
+line, :class:`Told`) or read (a watch event the emulated API sent) that it
+observed it, so every intermediate state is seen however loaded the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 import pytest
 
 from multislice import config, metrics, names, reports, storage
+from multislice import steps as step_lines
 from multislice.backends.base import AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
@@ -25,6 +29,8 @@ from multislice.backends.gke import jobset as jobsets
 from multislice.backends.gke.aot import job_name
 from multislice.plan import make_plan
 from multislice.preflight import PreflightFailed, request_for
+from multislice.render import jobset as render_jobset
+from multislice.render import schema
 from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
 from multislice.steps import plan as plan_step
 from tests.kube_cluster import FAST, Served, wait_until
@@ -32,6 +38,26 @@ from tests.kube_controllers import Play, step_line, verifier_log
 
 RUN_ID = "run-1111"
 POOLS = ["tpu-pool-0", "tpu-pool-1"]
+
+#: How long a controller script waits for the step to observe a change, seconds: far beyond what a loaded
+#: machine needs, below the step's own deadlines in FAST (so a scenario gone wrong names the missing event).
+WAIT_SECONDS = 60.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crd_schemas():
+    """The CRD schemas parsed and their validators built (cached per process) before the first scenario.
+
+    The first validation in a process parses every CRD in multislice/crds: measured 26 s on this 2-core
+    machine at load 9. Inside a scenario it would delay admit's first change (the JobSet's creation)
+    past a controller script's wait for it; the scenarios are about the cluster, not about this cost.
+    """
+    plan = make_plan(config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"}))
+    schema.validate(
+        render_jobset.render_jobset(plan, plan.stages[0], hardware=GkeBackend.hardware, pipeline_run_id=RUN_ID)
+    )
+    for obj in provision.kueue_objects(plan):
+        schema.validate(obj)
 
 
 @pytest.fixture
@@ -78,11 +104,86 @@ def node_pools(monkeypatch):
     return calls
 
 
-class Background:
-    """Runs a controller script in a thread; re-raises its failure in the test."""
+class Told:
+    """The progress lines the steps tell (``[<step> <stage>] message``), for controller scripts to wait on.
 
-    def __init__(self, script):
+    A script makes a change, then :meth:`wait_for` the line that proves the step
+    observed it, before its next change. Lines are consumed in order: a wait
+    looks only at lines told after the one the previous wait matched (and after
+    the script's :class:`Background` started).
+    """
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._cursor = 0
+        self._open = True
+        self._changed = threading.Condition()
+
+    def add(self, message: str) -> None:
+        with self._changed:
+            self.lines.append(message)
+            self._changed.notify_all()
+
+    def start(self) -> None:
+        """A script starts: later waits look at lines told from now on."""
+        with self._changed:
+            self._cursor, self._open = len(self.lines), True
+
+    def close(self) -> None:
+        """The step under test returned: waits for lines it has not told fail at once."""
+        with self._changed:
+            self._open = False
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = WAIT_SECONDS) -> str:
+        """The first line told after the last match that ``re.search``-es ``pattern``; waits up to ``timeout`` s.
+
+        Raises:
+            AssertionError: not told within ``timeout`` seconds, or the step returned without telling it.
+        """
+        wanted = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for index in range(self._cursor, len(self.lines)):
+                    if wanted.search(self.lines[index]):
+                        self._cursor = index + 1
+                        return self.lines[index]
+                self._cursor = len(self.lines)
+                left = deadline - time.monotonic()
+                if not self._open or left <= 0:
+                    why = "the step returned" if not self._open else f"{timeout:.0f} s passed"
+                    raise AssertionError(f"{why} before it told a line matching {pattern!r}; it told: {self.lines}")
+                self._changed.wait(left)
+
+
+@pytest.fixture
+def told(monkeypatch):
+    """Every progress line the steps tell (they still print), as a :class:`Told`."""
+    lines = Told()
+    say = step_lines.say
+
+    def say_and_record(step, message, stage=None):
+        say(step, message, stage)
+        lines.add(message)
+
+    monkeypatch.setattr(step_lines, "say", say_and_record)  # teller() looks it up at each call
+    return lines
+
+
+class Background:
+    """Runs a controller script in a thread while the step runs; re-raises its failure in the test.
+
+    Use as ``with Background(script, told): step(...)``: on leaving, ``told`` is
+    closed (the script's waits for the step end), the script is joined and its
+    failure raised; when the step failed too, the script's failure is a note on it.
+    """
+
+    def __init__(self, script, told: Told | None = None):
         self.error = None
+        self.told = told
+        if told is not None:
+            told.start()
         self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
         self.thread.start()
 
@@ -92,8 +193,24 @@ class Background:
         except BaseException as error:  # noqa: BLE001 - handed to the test
             self.error = error
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if self.told is not None:
+            self.told.close()
+        if error is None:
+            self.join()
+            return False
+        self.thread.join(WAIT_SECONDS)
+        if self.error is not None:
+            error.add_note(f"the controller script failed too: {self.error!r}")
+        return False
+
     def join(self):
-        self.thread.join(10)
+        self.thread.join(WAIT_SECONDS)
+        if self.thread.is_alive():
+            raise AssertionError(f"the controller script still runs after {WAIT_SECONDS:.0f} s")
         if self.error:
             raise self.error
 
@@ -125,21 +242,22 @@ def stage_of(plan):
     return plan.stages[0]
 
 
-def admitted_jobset(play, plan, kube, *, pending=None):
-    """Run admit with Kueue admitting (after a pending period when ``pending`` is a message)."""
+def admitted_jobset(play, plan, kube, *, pending=None, told=None):
+    """Run admit with Kueue admitting.
+
+    With ``pending`` (a message; needs ``told``) Kueue admits only once admit has
+    reported waiting with that reason for at least 1 s (rounded: 0.5 s or more).
+    """
     js = stage_of(plan).jobset
 
     def kueue():
         play.kueue_queues(js, pending or "waiting")
         if pending:
-            time.sleep(0.5)
+            told.wait_for(r"waiting for admission \([1-9]\d* s\): QuotaReserved False: Pending: " + re.escape(pending))
         play.kueue_admits(js)
 
-    controller = Background(kueue)
-    try:
+    with Background(kueue, told):
         return admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
-    finally:
-        controller.join()
 
 
 def running_pods(play, plan, attempt=0):
@@ -159,15 +277,16 @@ def finishes(play, leader, js):
     play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
 
 
-def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(served, play, plan, node_pools, gcs, capsys):
+def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
+    served, play, plan, node_pools, gcs, told, capsys
+):
     kube = served.kube()
     stage = stage_of(plan)
     overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True}
     assert plan_step.run(config.read_profile("gke-v6e-16x2"), overrides, stage.name, RUN_ID) == plan
 
-    compiler = Background(lambda: compile_job_finishes(play, plan, stage, FITS))
-    checked = preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(kube))[stage.name]
-    compiler.join()
+    with Background(lambda: compile_job_finishes(play, plan, stage, FITS)):
+        checked = preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(kube))[stage.name]
     assert checked.verdict == "fits" and checked.bytes_per_chip.total == FITS["memory"]["total"]
     preflight.result_page(plan, [checked])
 
@@ -202,19 +321,17 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(served, 
     def leader_trains():
         for step in range(4):
             play.log(pods[0], step_line(step, 8.0 - step))
-            time.sleep(0.05)
+            told.wait_for(f"completed step: {step},")  # train read it while following the log
         finishes(play, pods[0], stage_of(plan).jobset)
 
-    controller = Background(leader_trains)
-    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
+    with Background(leader_trains, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 5.0)
     assert trained.tokens_per_second_per_device == pytest.approx(2000.0)
     assert trained.restarts == 0 and trained.leader_logs == [pods[0]]
 
-    controller = Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log()))
-    verified = verify_checkpoint.run(plan, stage_of(plan).name, backend=GkeBackend(kube))
-    controller.join()
+    with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log())):
+        verified = verify_checkpoint.run(plan, stage_of(plan).name, backend=GkeBackend(kube))
     assert verified.verdict == "PASS" and verified.job == f"{stage_of(plan).jobset}-verify"
     job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
@@ -241,20 +358,27 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(served, 
     assert page == pages["html"] and re.search(r'<img [^>]*src="data:image/png;base64,', page)
 
 
-def test_waiting_on_quota_then_admitted_reports_the_pending_reason(served, play, plan, capsys):
+def test_waiting_on_quota_then_admitted_reports_the_pending_reason(served, play, plan, told, capsys):
     message = "couldn't assign flavors to pod set slice: insufficient quota for google.com/tpu in flavor v6e-16"
-    report = admitted_jobset(play, plan, served.kube(), pending=message)
+    report = admitted_jobset(play, plan, served.kube(), pending=message, told=told)
     assert report.admitted and report.wait_seconds >= 0.4
     assert f"QuotaReserved False: Pending: {message}" in capsys.readouterr().out
 
 
-def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play, plan):
+def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play, plan, monkeypatch):
     js = stage_of(plan).jobset
-    controller = Background(lambda: play.kueue_queues(js, "insufficient quota for google.com/tpu"))
+    backend = GkeBackend(served.kube(timings=dataclasses.replace(FAST, admit_timeout=4)))
+    submit = backend.submit
+
+    def submit_then_queued(manifest):
+        """Kueue queues the JobSet as it is created: the wait for admission starts with the reason known."""
+        submitted = submit(manifest)
+        play.kueue_queues(js, "insufficient quota for google.com/tpu")
+        return submitted
+
+    monkeypatch.setattr(backend, "submit", submit_then_queued)
     with pytest.raises(AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"):
-        kube = served.kube(timings=dataclasses.replace(FAST, admit_timeout=4))
-        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
-    controller.join()
+        admit.run(plan, stage_of(plan).name, RUN_ID, backend=backend)
     assert served.kube().get_jobset(js) is None
 
 
@@ -272,22 +396,22 @@ def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served
     assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
 
 
-def test_evicted_then_readmitted_during_training(served, play, plan, capsys):
+def test_evicted_then_readmitted_during_training(served, play, plan, told, capsys):
     kube, admitted, pods, js = training(served, play, plan)
 
     def preempted_then_resumed():
         play.log(pods[0], step_line(0, 8.0))
-        time.sleep(0.2)
+        told.wait_for("completed step: 0,")
         play.kueue_evicts(js, "Preempted to accommodate a workload (UID: 42) due to prioritization in the ClusterQueue")
-        time.sleep(0.5)
+        told.wait_for(r"JobSet suspended by Kueue \(Evicted True: Preempted: ")
         play.kueue_admits(js)
+        told.wait_for("JobSet admitted again after")
         play.log(pods[0], step_line(1, 7.0))
-        time.sleep(0.2)
+        told.wait_for("completed step: 1,")
         finishes(play, pods[0], js)
 
-    controller = Background(preempted_then_resumed)
-    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
+    with Background(preempted_then_resumed, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert trained.steps_trained == 2
     out = capsys.readouterr().out
     assert "JobSet suspended by Kueue (Evicted True: Preempted: Preempted to accommodate a workload" in out
@@ -328,7 +452,7 @@ def test_image_pull_failure_fails_launch_at_once(served, play, plan):
     assert 'Warning Failed: Failed to pull image "x": not found' in str(failure.value)
 
 
-def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(served, play, plan, capsys):
+def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(served, play, plan, told, capsys):
     kube = served.kube()
     admitted = admitted_jobset(play, plan, kube)
     js = stage_of(plan).jobset
@@ -336,19 +460,20 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
 
     def keeps_failing():
         play.log(first[0], step_line(0, 8.0))
+        told.wait_for("completed step: 0,")
         terminated = {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "t", "imageID": "",
                       "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}  # fmt: skip
         play.pod_status(first[0], {"phase": "Failed", "containerStatuses": [terminated]})
         play.patch_jobset(js, {"status": {"restarts": 1}}, status=True)
+        told.wait_for(r"JobSet restarted \(1/4 restarts\)")  # before the JobSet's last state (4 restarts)
         second = running_pods(play, plan, attempt=1)
         play.log(second[0], step_line(0, 8.0) + "RESOURCE_EXHAUSTED: out of HBM\n")
+        told.wait_for("completed step: 0,")
         play.pod_status(second[0], {"phase": "Failed", "containerStatuses": [terminated]})
         play.jobset_done(js, "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts", 4)
 
-    controller = Background(keeps_failing)
-    with pytest.raises(TrainingFailed) as failure:
+    with Background(keeps_failing, told), pytest.raises(TrainingFailed) as failure:
         train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
     text = str(failure.value)
     assert (
         f"JobSet {js} Failed (ReachedMaxRestarts: jobset failed due to reaching max number of restarts), restarts 4"
@@ -359,22 +484,26 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
     assert "JobSet restarted (1/4 restarts); following the new leader" in capsys.readouterr().out
 
 
-def test_watch_410_during_training_relists_and_finishes(served, play, plan, capsys):
+def test_watch_410_during_training_relists_and_finishes(served, play, plan, told, capsys):
     kube, admitted, pods, js = training(served, play, plan)
 
     def compacts():
         play.log(pods[0], step_line(0, 8.0))
-        time.sleep(0.3)
-        play.patch_jobset(js, {"metadata": {"annotations": {"touched": "1"}}})  # the watch has seen a newer version
-        time.sleep(0.2)
+        told.wait_for("completed step: 0,")
+        touched = play.patch_jobset(js, {"metadata": {"annotations": {"touched": "1"}}})
+        version = int(touched["metadata"]["resourceVersion"])
+        wait_until(  # the step's watch has seen a newer version than its list's
+            lambda: served.cluster.watched("jobsets") >= version,
+            what=f"the JobSet watch sent resourceVersion {version}",
+        )
         served.cluster.compact()
+        told.wait_for(rf"watch of JobSet {js} expired \(410 Gone")
         play.log(pods[0], step_line(1, 7.5))
-        time.sleep(0.2)
+        told.wait_for("completed step: 1,")
         finishes(play, pods[0], js)
 
-    controller = Background(compacts)
-    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
+    with Background(compacts, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert trained.steps_trained == 2
     assert f"watch of JobSet {js} expired (410 Gone" in capsys.readouterr().out
 
@@ -389,7 +518,7 @@ def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play
     with pytest.raises(
         retry.ApiUnavailable, match=r"failed \d+ times within its 3 s retry deadline, last with HTTP 503"
     ):
-        gke_cluster.check_crds(kube)
+        gke_cluster.check_crds(served.kube(timings=dataclasses.replace(FAST, api_deadline=3), say=print))
     served.cluster.faults.clear()
 
 
@@ -436,23 +565,22 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
     assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None
 
 
-def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan):
+def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan, told):
     kube, admitted, first, js = training(served, play, plan)
 
     def host_lost_then_resumed():
         play.log(first[0], step_line(0, 8.0) + step_line(1, 7.5))
-        time.sleep(0.3)
+        told.wait_for(r"completed step: 1, .*loss: 7\.500")  # the first leader's log is read
         play.pod_status(first[0], {"phase": "Failed"})
         play.patch_jobset(js, {"status": {"restarts": 1}}, status=True)
-        time.sleep(0.2)
+        told.wait_for(r"JobSet restarted \(1/4 restarts\)")
         second = running_pods(play, plan, attempt=1)
         play.log(second[0], step_line(1, 7.4) + step_line(2, 7.0) + step_line(3, 6.5))
-        time.sleep(0.3)
+        told.wait_for(r"completed step: 3, .*loss: 6\.500")  # the new leader's log is read
         finishes(play, second[0], js)
 
-    controller = Background(host_lost_then_resumed)
-    trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
+    with Background(host_lost_then_resumed, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert trained.leader_logs == [first[0], play.pod_name(js, 0, 0, attempt=1)]
     assert (trained.restarts, trained.steps_trained, trained.records) == (1, 4, 5)
     assert (trained.first_loss, trained.final_loss) == (8.0, 6.5)
@@ -482,10 +610,8 @@ def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_
         for stage, result in ((eight, FITS), (seventy, oom)):
             compile_job_finishes(play, plan, stage, result)
 
-    controller = Background(compiler)
-    with pytest.raises(PreflightFailed) as failed:
+    with Background(compiler), pytest.raises(PreflightFailed) as failed:
         preflight.run(plan, pipeline_run_id=RUN_ID, backend=GkeBackend(kube))
-    controller.join()
     assert "stage llama3-70b: does not fit on 2 x v6e-16: needs 49.82 GiB per chip" in str(failed.value)
     assert "nothing was provisioned" in str(failed.value)
     job = play.batch.read_namespaced_job(job_name(plan, request_for(plan, eight)), "default")

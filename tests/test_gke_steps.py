@@ -538,20 +538,24 @@ def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
     assert "install Kueue v0.19 or later" in str(failure.value) and "jobsets" not in str(failure.value)
 
 
-def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan):
+def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan, told):
     kube = served.kube()
     admitted = admitted_jobset(play, plan, kube)
     js = stage_of(plan).jobset
-    running_pods(play, plan)
+    pods = running_pods(play, plan)
     labels = {names.LABEL_PIPELINE_RUN_ID: "run-2222"}
     other = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
              "metadata": {"name": "someone-else", "labels": labels}, "spec": {}}  # fmt: skip
     play.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", other)
 
-    controller = Background(lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGTERM)))
+    def cancelled_while_following():  # the pipeline run is cancelled once train follows the leader's log
+        play.log(pods[0], step_line(0, 8.0))
+        told.wait_for("completed step: 0,")
+        os.kill(os.getpid(), signal.SIGTERM)
+
     with pytest.raises(TrainingFailed, match=f"cancelled; {stage_of(plan).jobset} deleted"):
-        train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
-    controller.join()
+        with Background(cancelled_while_following, told):
+            train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert kube.get_jobset(js) is None
 
     # The exit handler: this run's unfinished JobSet goes, the other run's stays.

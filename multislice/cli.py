@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -195,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(run_dir / "pipeline.log", "w", encoding="utf-8") as log:
         tee = _ProgressTee(log, sys.stdout)
         try:
-            with contextlib.redirect_stdout(tee):
+            with contextlib.redirect_stdout(tee), _cancelling_children():
                 pipeline(**run_arguments(spec))
         except KeyboardInterrupt:
             _stop_run(plan)
@@ -217,6 +218,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"see {run_dir / 'pipeline.log'}", file=sys.stderr)
         return 1
     return 0
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux ``/proc/<pid>/task/<tid>/children``)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+@contextlib.contextmanager
+def _cancelling_children():
+    """SIGTERM to ``multislice run`` is passed on to the step it is running, then ends the run as Ctrl-C does.
+
+    A terminal's Ctrl-C reaches the whole foreground process group, the step
+    processes kfp.local starts included; a SIGTERM (``kill``, a process
+    manager, a CI timeout) reaches this process alone. Passing it on lets the
+    running step cancel itself (:mod:`multislice.cancel`: it deletes what it
+    created) instead of being orphaned.
+    """
+
+    def forward(signum: int, frame: object) -> None:
+        for child in child_pids(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop_run(plan: Plan) -> None:

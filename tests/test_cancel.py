@@ -217,3 +217,26 @@ def test_cleanup_command_names_bad_input_and_says_when_nothing_is_left(tmp_path,
     (tmp_path / "done").mkdir()
     assert cli.main(["cleanup", "--run", "done", "--output-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"run done (local, {tmp_path}/done): nothing left\n"
+
+
+def test_sigterm_to_multislice_run_is_passed_on_to_the_running_step(tmp_path):
+    """``kill <multislice run>`` (a process manager, a CI timeout): the step it runs is cancelled too."""
+    from multislice.cli import child_pids
+
+    fifo = tmp_path / "cancel.fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, cancel.ENV_POINT: "plan:report", cancel.ENV_FIFO: str(fifo)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local",
+         "--set", "run_name=sigterm", "--set", f"output_dir={tmp_path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    with open(fifo, encoding="utf-8") as announced:  # the plan step (a child of the CLI) is at the point
+        assert announced.read().strip() == "plan:report"
+    steps = set(child_pids(run.pid))
+    assert steps
+    run.send_signal(signal.SIGTERM)
+    output, _ = run.communicate(timeout=LIMIT)
+    assert run.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output.split("interrupted")[-1]
+    assert not wait_gone(steps, timeout=60)  # the step got the signal and ended; it was not orphaned

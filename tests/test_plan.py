@@ -69,7 +69,7 @@ def test_worker_command_per_hardware():
     assert command == ["python", "-m", "multislice.trainer.worker"]
     assert tpu_args[0] == "--" and tpu_args[1:] == stage.maxtext_args
     _, cpu_args = worker_command(p, stage, "cpu")
-    assert cpu_args[:2] == ["--emulate-slices", "--"]
+    assert cpu_args[:3] == ["--emulate-slices", "--distributed-timeout=900", "--"]  # timeouts.collectives, local
     assert cpu_args[-2:] == ["hardware=cpu", "num_slices=2"]
 
 

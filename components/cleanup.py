@@ -12,19 +12,27 @@ def cleanup(
     pipeline_run_id: str,
     namespace: str,
     cluster: dict,
+    cluster_project: str,
+    cluster_location: str,
+    cluster_name: str,
+    cluster_access: str,
     unique_run_name: bool,
     notify_webhook_url: str,
     status: PipelineTaskFinalStatus,
 ) -> dict:
     """Deletes this pipeline run's unfinished JobSets; posts the final status to the webhook, if one is set.
 
-    ``cluster`` is the profile's cluster reference (project, location, name, access): no credentials.
+    ``cluster`` is the profile's cluster section (no credentials); the run's ``cluster_*`` parameters
+    replace its project, location, name and access ('' unsets one), as the plan step applies them.
     """
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
     cancel.point("cleanup:entry")  # a signal before install ends the process: nothing was created yet
     cancel.install()
     from multislice.steps import cleanup as step
+
+    given = {"project": cluster_project, "location": cluster_location, "name": cluster_name}
+    cluster = {**cluster, **{key: value or None for key, value in given.items()}, "access": cluster_access}
 
     report = step.run(
         backend,

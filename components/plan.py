@@ -19,11 +19,23 @@ def plan(
     skip_preflight: bool,
     unique_run_name: bool,
     notify_webhook_url: str,
+    cluster_project: str,
+    cluster_location: str,
+    cluster_name: str,
+    cluster_access: str,
+    zone: str,
+    pipeline_service_account: str,
+    trainer_service_account: str,
     pipeline_run_id: str,
     steps: int,
     per_device_batch_size: float,
+    release: dict = {},  # noqa: B006 - kfp needs a literal default; never mutated
 ) -> str:
-    """Returns the validated plan as JSON; fails with every bad field named."""
+    """Returns the validated plan as JSON; fails with every bad field named.
+
+    ``release`` is :func:`multislice.release.current` of the compiling machine: a YAML of another
+    release than this image's fails here, first, with one line naming both ({} skips the check).
+    """
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
     cancel.point("plan:entry")  # a signal before install ends the process: nothing was created yet
@@ -44,10 +56,17 @@ def plan(
         "skip_preflight": skip_preflight,
         "unique_run_name": unique_run_name,
         "notify_webhook_url": notify_webhook_url,
+        "cluster_project": cluster_project,
+        "cluster_location": cluster_location,
+        "cluster_name": cluster_name,
+        "cluster_access": cluster_access,
+        "zone": zone,
+        "pipeline_service_account": pipeline_service_account,
+        "trainer_service_account": trainer_service_account,
         f"stages.{stage}.steps": steps,
         f"stages.{stage}.per_device_batch_size": per_device_batch_size,
     }
-    return step.run(profile, parameters, stage, pipeline_run_id).to_json()
+    return step.run(profile, parameters, stage, pipeline_run_id, release=release).to_json()
 
 
 def component(base_image: str):

@@ -15,8 +15,20 @@ run is a named pipeline parameter whose default is the profile's value
 (:mod:`multislice.config.parameters`): ``run_name``, ``backend``, ``tpu_type``,
 ``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
 ``priority``, ``max_restarts``, ``skip_preflight`` and ``stage<N>_steps``,
-``stage<N>_per_device_batch_size``. The plan tasks validate them with the same
-code as the CLI's ``--set``.
+``stage<N>_per_device_batch_size``, and where the run goes: ``cluster_project``,
+``cluster_location``, ``cluster_name``, ``cluster_access``, ``zone``,
+``pipeline_service_account``, ``trainer_service_account``, so one compiled YAML
+serves any cluster. The plan tasks validate them with the same code as the
+CLI's ``--set``; every parameter carries its description from the parameter
+table (kfp reads it from the pipeline function's docstring ``Args:``).
+
+A pipeline compiled for a remote target (KFP, Vertex AI; ``remote=True``)
+does not offer ``backend`` (the profile's value is kept: ``local`` cannot
+work there), and ``output_dir`` has no default there: the run form asks for
+the bucket, since no default could be right for every deployment and a
+placeholder (``gs://your-bucket/...``) fails only after the run started.
+The plan tasks carry the compiling release (:mod:`multislice.release`) and
+refuse to run in an image of another.
 
 Caching is off for every task: a cached train or admit would report work
 that did not happen in this run.
@@ -36,23 +48,50 @@ from components import preflight as preflight_component
 from components import provision as provision_component
 from components import train as train_component
 from components import verify_checkpoint as verify_component
-from multislice import config
+from multislice import config, release
 from multislice.config import parameters
 from multislice.delivery import targets
 
 PIPELINE_NAME = "multislice-training"
 
 
-def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
-    """The pipeline's parameters, with types and the profile's values as defaults."""
-    return [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value, annotation=kind)
-        for name, (kind, value) in parameters.parameter_values(spec).items()
+#: Parameters a remote pipeline's run form must be given (no default): see the module's docstring.
+REQUIRED_REMOTE = ("output_dir",)
+
+
+def pipeline_parameters(spec: config.RunSpec, remote: bool = False) -> list[inspect.Parameter]:
+    """The pipeline's parameters, with types and the profile's values as defaults (none for
+    :data:`REQUIRED_REMOTE` when ``remote``); required ones first, as Python needs."""
+    found = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=inspect.Parameter.empty if remote and name in REQUIRED_REMOTE else value,
+            annotation=kind,
+        )
+        for name, (kind, value) in parameters.parameter_values(spec, remote).items()
     ]
+    return sorted(found, key=lambda p: p.default is not inspect.Parameter.empty)
+
+
+def _docstring(spec: config.RunSpec, remote: bool) -> str:
+    """The pipeline function's docstring: a summary, then ``Args:`` with each parameter's description."""
+    stage_list = ", ".join(s.name for s in spec.stages)
+    summary = (
+        f"Multislice training on {spec.num_slices} x {spec.tpu_type} (backend {spec.backend}): "
+        f"stages {stage_list}; each trained with MaxText and its checkpoint verified."
+    )
+    args = "\n".join(
+        f"    {name}: {text.rstrip('.')}." for name, text in parameters.descriptions(spec, remote).items()
+    )
+    return f"{summary}\n\nArgs:\n{args}\n"
 
 
 def build_pipeline(
-    profile: dict[str, Any], base_image: str | None = None, kubernetes: targets.KubernetesConfig | None = None
+    profile: dict[str, Any],
+    base_image: str | None = None,
+    kubernetes: targets.KubernetesConfig | None = None,
+    remote: bool = False,
 ):
     """Build the pipeline for a profile's content.
 
@@ -61,6 +100,8 @@ def build_pipeline(
         base_image: Image the components run in; default the profile's ``images.pipeline``.
         kubernetes: kfp-kubernetes platform config put on every task (``kfp``
             target); None for none (``vertex`` target).
+        remote: For KFP or Vertex AI (not ``multislice run``'s kfp.local): no ``backend``
+            parameter, ``output_dir`` required, the compiling release checked by the plan tasks.
 
     Returns:
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
@@ -80,10 +121,12 @@ def build_pipeline(
     verify_op = verify_component.component(image)
     cleanup_op = cleanup_component.component(image)
     run_names = [p.name for p in parameters.RUN_PARAMETERS]
-    signature = inspect.Signature(pipeline_parameters(spec))
+    signature = inspect.Signature(pipeline_parameters(spec, remote))
+    fixed = {"backend": spec.backend}  # what a remote pipeline does not offer keeps the profile's value
+    compiled_release = release.current() if remote else {}
 
     def body(*args, **kwargs):
-        values = dict(zip(signature.parameters, args, strict=False)) | kwargs
+        values = fixed | dict(zip(signature.parameters, args, strict=False)) | kwargs
         run_values = {name: values[name] for name in run_names}
         exit_task = cleanup_op(
             backend=values["backend"],
@@ -92,6 +135,10 @@ def build_pipeline(
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             namespace=values["namespace"],
             cluster=profile_data["cluster"],
+            cluster_project=values["cluster_project"],
+            cluster_location=values["cluster_location"],
+            cluster_name=values["cluster_name"],
+            cluster_access=values["cluster_access"],
             unique_run_name=values["unique_run_name"],
             notify_webhook_url=values["notify_webhook_url"],
         ).set_display_name("cleanup")
@@ -106,6 +153,7 @@ def build_pipeline(
                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                     steps=values[parameters.stage_parameter_name(index, "steps")],
                     per_device_batch_size=values[parameters.stage_parameter_name(index, "per_device_batch_size")],
+                    release=compiled_release,
                 ).set_display_name(f"plan {stage.name}")
                 plans.append(task)
             checks = [
@@ -138,12 +186,8 @@ def build_pipeline(
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}
     body.__name__ = PIPELINE_NAME.replace("-", "_")
-    stage_list = ", ".join(s.name for s in spec.stages)
-    body.__doc__ = (
-        f"Multislice training on {spec.num_slices} x {spec.tpu_type} (backend {spec.backend}): "
-        f"stages {stage_list}; each trained with MaxText and its checkpoint verified."
-    )
-    return dsl.pipeline(name=PIPELINE_NAME, description=body.__doc__)(body)
+    body.__doc__ = _docstring(spec, remote)
+    return dsl.pipeline(name=PIPELINE_NAME, description=body.__doc__.split("\n\n")[0])(body)
 
 
 def compile_pipeline(
@@ -152,8 +196,12 @@ def compile_pipeline(
     base_image: str | None = None,
     target: str = "kfp",
     kubernetes: targets.KubernetesConfig | None = None,
+    remote: bool = True,
 ) -> str:
     """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.delivery.targets`).
+
+    ``remote`` (default): for the target's server, see :func:`build_pipeline`; ``multislice run``
+    compiles with ``remote=False`` for kfp.local on this machine.
 
     ``kfp``: the PipelineSpec plus the kfp-kubernetes platform config
     (``kubernetes``, default :class:`multislice.delivery.targets.KubernetesConfig()`), two
@@ -165,5 +213,5 @@ def compile_pipeline(
     """
     targets.check_target(target)
     platform = None if target == "vertex" else (kubernetes or targets.KubernetesConfig())
-    compiler.Compiler().compile(build_pipeline(profile, base_image, platform), output)
+    compiler.Compiler().compile(build_pipeline(profile, base_image, platform, remote), output)
     return output

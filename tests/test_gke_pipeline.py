@@ -14,7 +14,9 @@ def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
     path = compile_pipeline(config.read_profile("gke-v6e-16x2"), str(tmp_path / "p.yaml"))
     spec = next(yaml.safe_load_all(open(path)))  # the kfp target: the PipelineSpec, then its platform config
     parameters = spec["root"]["inputDefinitions"]["parameters"]
-    assert parameters["backend"]["defaultValue"] == "gke"  # each step acts through the backend the plan names
+    assert "backend" not in parameters  # the profile's gke is compiled in: local cannot work remotely
+    plan_inputs = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["plan"]["inputs"]["parameters"]
+    assert plan_inputs["backend"]["runtimeValue"]["constant"] == "gke"  # each step acts through the plan's backend
     executors = spec["deploymentSpec"]["executors"]
     sources = "\n".join(" ".join(e["container"]["command"]) for e in executors.values())
     for step in STEPS:
@@ -23,3 +25,5 @@ def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
     cluster = cleanup["inputs"]["parameters"]["cluster"]["runtimeValue"]["constant"]
     assert cluster == {"project": "your-project", "location": "us-east5", "name": "your-cluster", "access": "gke"}
     assert cleanup["inputs"]["parameters"]["namespace"] == {"componentInputParameter": "namespace"}
+    for name in ("cluster_project", "cluster_location", "cluster_name", "cluster_access"):  # run parameters
+        assert cleanup["inputs"]["parameters"][name] == {"componentInputParameter": name}

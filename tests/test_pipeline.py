@@ -5,14 +5,17 @@ import yaml
 from kfp import components
 
 from multislice import cli, config
+from multislice.config import parameters
 from pipelines.multislice_training import compile_pipeline
 from tests.golden import GOLDEN_DIR, PIPELINE_GOLDENS, PROFILES, compiled_pipeline
 
 RUN_PARAMETERS = {
-    "run_name": "String", "backend": "String", "tpu_type": "String", "num_slices": "Integer",
+    "run_name": "String", "tpu_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
     "priority": "String", "max_restarts": "Integer", "skip_preflight": "Boolean", "unique_run_name": "Boolean",
-    "notify_webhook_url": "String",
+    "notify_webhook_url": "String", "cluster_project": "String", "cluster_location": "String",
+    "cluster_name": "String", "cluster_access": "String", "zone": "String", "pipeline_service_account": "String",
+    "trainer_service_account": "String",
 }  # fmt: skip
 
 
@@ -37,7 +40,15 @@ def test_compiled_pipeline_loads_back_with_its_parameters(compiled):
     assert inputs["tpu_type"].default == spec.tpu_type
     assert int(inputs["num_slices"].default) == spec.num_slices
     assert int(inputs["stage2_steps"].default) == spec.stages[1].steps
-    assert loaded.required_inputs == []
+    assert loaded.required_inputs == ["output_dir"]  # a remote pipeline asks for the bucket: no placeholder
+    assert "backend" not in inputs  # backend=local cannot work remotely: not offered
+    # Every parameter has its run-form description, from the parameter table.
+    ir = next(yaml.safe_load_all(path.read_text()))["root"]["inputDefinitions"]["parameters"]
+    described = {name: value.get("description") for name, value in ir.items()}
+    for parameter in parameters.RUN_PARAMETERS:
+        if parameter.name != "backend":
+            assert described[parameter.name] == parameter.description.rstrip(".") + ".", parameter.name
+    assert described["stage2_steps"] == f"Stage 2 ({spec.stages[1].name}): Training steps."
 
 
 def test_graph_order_exit_handler_and_no_caching(compiled):

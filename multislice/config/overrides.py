@@ -63,6 +63,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     result = copy.deepcopy(dict(data))
     issues: list[tuple[str, str]] = []
     for key, value in overrides.items():
+        value = parameters.as_override(key, value)
         path = parameters.path_for(key)
         parts = path.split(".")
         node: Any = result

@@ -18,12 +18,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Parameter:
-    """One pipeline parameter: its name, Python type, and dotted path in the run spec."""
+    """One pipeline parameter: its name, Python type, dotted path in the run spec, and run-form description.
+
+    ``optional``: the spec field may be unset (None); as a pipeline parameter (a
+    STRING) it is then ``''``, and ``''`` given as its value unsets it.
+    """
 
     name: str
     type: type
     path: str
     description: str
+    optional: bool = False
 
 
 RUN_PARAMETERS: tuple[Parameter, ...] = (
@@ -40,7 +45,27 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
     Parameter("unique_run_name", bool, "unique_run_name", "Append the pipeline run's id to run_name (scheduled runs)"),
     Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),
+    # Where the run goes: the deployment's values, so that one compiled YAML serves any cluster.
+    Parameter("cluster_project", str, "cluster.project", "Google Cloud project of the GKE cluster", optional=True),
+    Parameter("cluster_location", str, "cluster.location", "Region or zone of the GKE cluster", optional=True),
+    Parameter("cluster_name", str, "cluster.name", "GKE cluster name", optional=True),
+    Parameter(
+        "cluster_access",
+        str,
+        "cluster.access",
+        "How the steps reach the cluster's API: in-cluster (KFP on the same cluster), gke (Vertex AI) or kubeconfig",
+    ),
+    Parameter("zone", str, "node_pools.zone", "Zone of the TPU node pools ('' when cluster_location is a zone)",
+              optional=True),  # fmt: skip
+    Parameter("pipeline_service_account", str, "service_accounts.pipeline",
+              "Kubernetes ServiceAccount of the pipeline components"),  # fmt: skip
+    Parameter("trainer_service_account", str, "service_accounts.trainer",
+              "Kubernetes ServiceAccount of the training pods"),  # fmt: skip
 )
+
+#: Parameters a compiled remote pipeline (KFP, Vertex AI) does not offer: ``backend=local`` runs pods as
+#: processes on the machine that runs the steps, which a remote run does not have; the profile's value is kept.
+LOCAL_ONLY: frozenset[str] = frozenset({"backend"})
 
 #: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.
 STAGE_FIELDS: tuple[tuple[str, type, str], ...] = (
@@ -67,13 +92,43 @@ def path_for(key: str) -> str:
     return key
 
 
-def parameter_values(spec: RunSpec) -> dict[str, tuple[type, Any]]:
-    """Every pipeline parameter of a spec, in order: name -> (type, the spec's value)."""
-    values = {p.name: (p.type, p.type(_get(spec, p.path))) for p in RUN_PARAMETERS}
+def parameter_values(spec: RunSpec, remote: bool = False) -> dict[str, tuple[type, Any]]:
+    """Every pipeline parameter of a spec, in order: name -> (type, the spec's value; '' for an unset optional one).
+
+    ``remote``: for a pipeline compiled for KFP or Vertex AI, without :data:`LOCAL_ONLY`.
+    """
+    values = {
+        p.name: (p.type, _parameter_value(p, _get(spec, p.path)))
+        for p in RUN_PARAMETERS
+        if not (remote and p.name in LOCAL_ONLY)
+    }
     for index, stage in enumerate(spec.stages):
         for field, kind, _ in STAGE_FIELDS:
             values[stage_parameter_name(index, field)] = (kind, kind(getattr(stage, field)))
     return values
+
+
+def descriptions(spec: RunSpec, remote: bool = False) -> dict[str, str]:
+    """Every pipeline parameter's run-form description, by name (same order as :func:`parameter_values`)."""
+    text = {p.name: p.description for p in RUN_PARAMETERS}
+    for index, stage in enumerate(spec.stages):
+        for field, _, description in STAGE_FIELDS:
+            text[stage_parameter_name(index, field)] = f"Stage {index + 1} ({stage.name}): {description}"
+    return {name: text[name] for name in parameter_values(spec, remote)}
+
+
+def as_override(key: str, value: Any) -> Any:
+    """A parameter's value as a spec override: ``''`` for an optional parameter means unset (None)."""
+    parameter = _BY_NAME.get(key)
+    if parameter is not None and parameter.optional and value == "":
+        return None
+    return value
+
+
+def _parameter_value(parameter: Parameter, value: Any) -> Any:
+    if value is None and parameter.optional:
+        return ""
+    return parameter.type(value)
 
 
 def _get(obj: Any, path: str) -> Any:

@@ -160,8 +160,10 @@ def validate_parameters(
 
     Returns:
         ``(spec, arguments)``: the validated run spec, and ``{name: value}``
-        for every pipeline parameter (given or the profile's), typed as the
-        pipeline declares.
+        for every parameter of the remote pipeline (given or the profile's), typed as the
+        pipeline declares. A value for a parameter the remote pipeline does not offer
+        (:data:`multislice.config.parameters.LOCAL_ONLY`: ``backend``) is checked and goes
+        into the spec, not into the arguments: :func:`submit` compiles it in.
 
     Raises:
         ConfigError: an unknown parameter name (with the known ones), a value
@@ -169,7 +171,8 @@ def validate_parameters(
             finds; each names its field and the fix.
     """
     values = dict(values or {})
-    known = pipeline_parameters.parameter_values(config.load_spec(profile))
+    spec = config.load_spec(profile)
+    known = pipeline_parameters.parameter_values(spec, remote=False)
     issues = []
     for name, value in values.items():
         if name not in known:
@@ -181,7 +184,7 @@ def validate_parameters(
     if issues:
         raise ConfigError(issues)
     spec = config.load_spec(profile, values)
-    arguments = {name: value for name, (_, value) in pipeline_parameters.parameter_values(spec).items()}
+    arguments = {name: value for name, (_, value) in pipeline_parameters.parameter_values(spec, remote=True).items()}
     return spec, arguments
 
 
@@ -294,6 +297,8 @@ def submit(
     if target not in ("vertex", "kfp"):
         raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
     spec, arguments = prepare(data, parameters, target)
+    fixed = {k: v for k, v in (parameters or {}).items() if k in pipeline_parameters.LOCAL_ONLY}
+    data = config.apply_overrides(data, fixed)  # compiled in: the remote pipeline does not offer them
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)
         if target == "vertex":

@@ -12,13 +12,18 @@ from typing import Any
 from multislice import cancel, config
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
+from multislice.release import check as release_check
 from multislice.render import manifests
 from multislice.reports import PlanReport
 from multislice.steps import cancellable, say, write_report
 
 
 def run(
-    profile: dict[str, Any], parameters: dict[str, Any], stage: str | None = None, pipeline_run_id: str = ""
+    profile: dict[str, Any],
+    parameters: dict[str, Any],
+    stage: str | None = None,
+    pipeline_run_id: str = "",
+    release: dict[str, str] | None = None,
 ) -> Plan:
     """Validate ``profile`` with ``parameters`` applied (names from :mod:`multislice.config.parameters`).
 
@@ -28,15 +33,20 @@ def run(
     characters appended, and a relative ``output_dir`` is made absolute here
     (every later step and pod process must agree on it).
 
+    ``release``: :func:`multislice.release.current` of the machine that compiled the pipeline;
+    checked against this image's first (None or ``{}``: no check, e.g. ``multislice run``).
+
     Returns:
         The plan.
 
     Raises:
+        multislice.release.ReleaseMismatch: the pipeline YAML and this image are different releases.
         multislice.config.ConfigError: naming every bad field and its fix.
         multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
             by the API server; checked here, before preflight and provision.
     """
     with cancellable("plan"):
+        release_check(release)
         parameters = dict(parameters)
         unique = parameters.get("unique_run_name", profile.get("unique_run_name"))
         identity = run_identity(

@@ -81,9 +81,7 @@ def _docstring(spec: config.RunSpec, remote: bool) -> str:
         f"Multislice training on {spec.num_slices} x {spec.tpu_type} (backend {spec.backend}): "
         f"stages {stage_list}; each trained with MaxText and its checkpoint verified."
     )
-    args = "\n".join(
-        f"    {name}: {text.rstrip('.')}." for name, text in parameters.descriptions(spec, remote).items()
-    )
+    args = "\n".join(f"    {name}: {text.rstrip('.')}." for name, text in parameters.descriptions(spec, remote).items())
     return f"{summary}\n\nArgs:\n{args}\n"
 
 

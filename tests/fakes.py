@@ -8,7 +8,8 @@ multipart body) and answers as the services do, so the real clients
 KFP answers follow the v2beta1 REST API (kfp_server_api 2.17 models, JSON
 field names in snake_case as the API server's grpc-gateway writes them):
 ``/apis/v2beta1/healthz``, ``pipelines`` (list by display_name filter),
-``pipelines/upload``, ``pipelines/upload_version``, ``pipelines/{id}/versions``,
+``pipelines/upload``, ``pipelines/upload_version`` (a taken version name is a 409, as the server's
+unique index), ``pipelines/{id}/versions`` (display_name filter),
 ``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
 GCS (JSON API paths): get bucket, get object and its media.
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
@@ -59,6 +60,7 @@ class FakeState:
     hooks: list[dict] = field(default_factory=list)
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
     on_run: Callable[[dict], None] | None = None
+    kfp_version: str = "2.17.0"  # healthz tag_name, as the API server's TAG_NAME
     hook_status: int = 200
     ids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -137,11 +139,14 @@ class _Handler(BaseHTTPRequestHandler):
             s.hooks.append(body)
             return s.hook_status, {"ok": s.hook_status < 300}
         route = path.removeprefix(API)
-        if route == "/healthz":
-            return 200, {"multi_user": False}
+        if route == "/healthz":  # the API server's own handler (backend/src/apiserver/main.go), not the proto's
+            return 200, {"commit_sha": "0d857b6f8a", "tag_name": s.kfp_version, "multi_user": False,
+                         "pipeline_store": "database"}  # fmt: skip
         if route == "/pipelines" and method == "GET":
             name = _filter_value(query)
-            found = [p for p in s.pipelines.values() if name is None or p["display_name"] == name]
+            namespace = query.get("namespace", "")
+            found = [p for p in s.pipelines.values() if (name is None or p["display_name"] == name)
+                     and p.get("namespace", "") == namespace]  # fmt: skip
             return 200, ({"pipelines": found, "total_size": len(found)} if found else {})
         if route == "/pipelines/upload" and method == "POST":
             pipeline_id = s.new_id("pipeline")
@@ -151,6 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "display_name": name,
                 "name": name,
                 "description": query.get("description", ""),
+                "namespace": query.get("namespace", ""),
                 "created_at": CREATED_AT,
             }
             self._add_version(s, pipeline_id, name, body)
@@ -159,11 +165,16 @@ class _Handler(BaseHTTPRequestHandler):
             pipeline_id = query["pipelineid"]
             if pipeline_id not in s.pipelines:
                 return 404, {"error_message": f"pipeline {pipeline_id} not found", "code": 5}
+            taken = {v["display_name"] for v in s.versions.values() if v["pipeline_id"] == pipeline_id}
+            if query.get("name") in taken:  # the API server's unique index on (pipeline, version name)
+                return 409, {"error_message": f"version name {query.get('name')} already exists", "code": 6}
             return 200, self._add_version(s, pipeline_id, query.get("name"), body)
         if route.startswith("/pipelines/") and route.endswith("/versions") and method == "GET":
             pipeline_id = route.split("/")[2]
-            found = [v for v in s.versions.values() if v["pipeline_id"] == pipeline_id]
-            return 200, {"pipeline_versions": found, "total_size": len(found)}
+            name = _filter_value(query)
+            found = [v for v in s.versions.values() if v["pipeline_id"] == pipeline_id
+                     and (name is None or v["display_name"] == name)]  # fmt: skip
+            return 200, ({"pipeline_versions": found, "total_size": len(found)} if found else {})
         if route == "/experiments" and method == "GET":
             name = _filter_value(query)
             found = [e for e in s.experiments.values() if name is None or e["display_name"] == name]

@@ -1,5 +1,6 @@
 """Submit: parameters validated before any request; Vertex AI PipelineJob bodies and KFP API requests as sent."""
 
+import re
 import warnings
 from unittest import mock
 
@@ -131,10 +132,11 @@ def test_submit_to_kfp_uploads_then_versions_then_runs(fake):
     first = multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
     second = multislice.submit(PROFILE, {**VALUES, "run_name": "nightly-2"}, target="kfp", kfp=where)
     state = fake.state
-    assert len(state.sent("POST", "/pipelines/upload")) == 1  # the pipeline once, then versions
-    versions = state.sent("POST", "/pipelines/upload_version")
-    assert [v.query["name"] for v in versions] == ["nightly-1", "nightly-2"]
-    assert {v.query["pipelineid"] for v in versions} == {first.pipeline_id}
+    assert len(state.sent("POST", "/pipelines/upload")) == 1  # the pipeline once
+    # One version per content: the second submission of the unchanged YAML reuses it.
+    [version] = state.sent("POST", "/pipelines/upload_version")
+    assert re.fullmatch(r"multislice-training-0-1-0-[0-9a-f]{12}", version.query["name"])
+    assert version.query["pipelineid"] == first.pipeline_id and second.version_id == first.version_id
     assert len(state.sent("POST", "/experiments")) == 1
     runs = [r.body for r in state.sent("POST", "/runs")]
     assert runs[0]["runtime_config"] == {"parameters": EXPECTED}
@@ -183,3 +185,72 @@ def test_cli_submit_vertex_needs_project_and_location(capsys):
     assert cli.main(["submit", "--profile", PROFILE, "--target", "vertex"]) == 2
     err = capsys.readouterr().err
     assert "--project: required with --target vertex" in err and "--location" in err
+
+
+@pytest.mark.parametrize(("tag", "words"), [("2.13.1", "older than 2.14.0"), ("2.5.0", "older than 2.14.0"),
+                                            ("unknown", "not X.Y.Z")])  # fmt: skip
+def test_kfp_server_older_than_2_14_is_refused_before_anything_is_uploaded(fake, tag, words):
+    fake.state.kfp_version = tag
+    where = submission.KfpTarget(host=fake.url)
+    with pytest.raises(submission.KfpBackendTooOld) as raised:
+        multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
+    assert words in str(raised.value)
+    assert {(r.method, r.path) for r in fake.state.requests} == {("GET", "/apis/v2beta1/healthz")}
+
+
+def test_kfp_server_2_14_is_accepted_and_the_check_can_be_skipped(fake):
+    fake.state.kfp_version = "2.14.0"
+    assert multislice.submit(PROFILE, VALUES, target="kfp", kfp=submission.KfpTarget(host=fake.url)).run_id
+    fake.state.kfp_version = "unknown"
+    where = submission.KfpTarget(host=fake.url, check_version=False)
+    assert multislice.submit(PROFILE, VALUES, target="kfp", kfp=where).run_id
+
+
+def test_kfp_submit_in_a_namespace_uploads_and_finds_the_pipeline_there(fake):
+    where = submission.KfpTarget(host=fake.url, namespace="team-a")
+    first = multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
+    second = multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
+    [upload] = fake.state.sent("POST", "/pipelines/upload")
+    assert upload.query["namespace"] == "team-a"
+    assert first.pipeline_id == second.pipeline_id and first.version_id == second.version_id
+    [experiment] = fake.state.experiments.values()
+    assert experiment["namespace"] == "team-a"
+
+
+def test_a_changed_pipeline_gets_a_new_version(fake):
+    where = submission.KfpTarget(host=fake.url)
+    first = multislice.submit(PROFILE, VALUES, target="kfp", kfp=where)
+    changed = config.apply_overrides(config.read_profile(PROFILE), {"queue": "other-queue"})
+    second = multislice.submit(changed, VALUES, target="kfp", kfp=where)
+    assert second.pipeline_id == first.pipeline_id and second.version_id != first.version_id
+
+
+@pytest.mark.parametrize(
+    ("pairs", "words"),
+    [
+        (["Team=ml"], "starting with a letter"),
+        (["1team=ml"], "starting with a letter"),
+        (["team=ML"], "lowercase"),
+        (["team=a.b"], "lowercase"),
+        ([f"k={'x' * 64}"], "at most 63"),
+        (["team"], "is not KEY=VALUE"),
+        ([f"k{i}=v" for i in range(65)], "at most 64"),
+    ],
+)
+def test_labels_breaking_vertex_rules_are_refused_before_any_request(fake, capsys, pairs, words):
+    arguments = [a for pair in pairs for a in ("--label", pair)]
+    transport = VertexTransport()
+    with transport.patch():
+        status = cli.main(["submit", "--profile", PROFILE, "--target", "vertex", "--project", "team-project",
+                           "--location", "us-east5", "--set", "output_dir=gs://bucket/r", *arguments])  # fmt: skip
+    assert status == 2
+    assert words in capsys.readouterr().err
+    assert transport.requests == [] and fake.state.requests == []
+
+
+def test_labels_are_strings_as_written():
+    assert submission.parse_labels(["flag=true", "n=007", "empty=", "run_id=a-b_c"]) == {
+        "flag": "true", "n": "007", "empty": "", "run_id": "a-b_c"
+    }  # fmt: skip
+    with pytest.raises(ConfigError):
+        submission.check_labels({"n": 7})

@@ -55,12 +55,18 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
         "cluster.access",
         "How the steps reach the cluster's API: in-cluster (KFP on the same cluster), gke (Vertex AI) or kubeconfig",
     ),
-    Parameter("zone", str, "node_pools.zone", "Zone of the TPU node pools ('' when cluster_location is a zone)",
-              optional=True),  # fmt: skip
-    Parameter("pipeline_service_account", str, "service_accounts.pipeline",
-              "Kubernetes ServiceAccount of the pipeline components"),  # fmt: skip
-    Parameter("trainer_service_account", str, "service_accounts.trainer",
-              "Kubernetes ServiceAccount of the training pods"),  # fmt: skip
+    Parameter(
+        "zone", str, "node_pools.zone", "Zone of the TPU node pools ('' when cluster_location is a zone)", optional=True
+    ),  # fmt: skip
+    Parameter(
+        "pipeline_service_account",
+        str,
+        "service_accounts.pipeline",
+        "Kubernetes ServiceAccount of the pipeline components",
+    ),  # fmt: skip
+    Parameter(
+        "trainer_service_account", str, "service_accounts.trainer", "Kubernetes ServiceAccount of the training pods"
+    ),  # fmt: skip
 )
 
 #: Parameters a compiled remote pipeline (KFP, Vertex AI) does not offer: ``backend=local`` runs pods as

@@ -262,8 +262,9 @@ def create(
             )
             return Schedule("vertex", created.resource_name, display, cron_sent, "ACTIVE", arguments)
         client = kfp.make_client()
-        stamp = submission.default_run_name(display)
-        pipeline_id, version_id = submission._kfp_upload(client, template, stamp, f"schedule {display}")
+        if kfp.check_version:
+            submission.check_kfp_server(client)  # before anything is uploaded
+        pipeline_id, version_id, _ = submission._kfp_upload(client, template, submission._compiled_by(), kfp.namespace)
         experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
         recurring = client.create_recurring_run(
             experiment_id=experiment.experiment_id,

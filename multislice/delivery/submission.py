@@ -11,9 +11,11 @@
 2. compile the profile's pipeline for the target (:mod:`multislice.delivery.targets`);
 3. send it: for ``vertex`` an ``aiplatform.PipelineJob`` (parameter values,
    pipeline root, service account, network, labels) submitted with
-   ``PipelineJob.submit``; for ``kfp`` the real ``kfp.Client``: upload the
-   pipeline (or a new version of it), then create a run of that version in
-   an experiment.
+   ``PipelineJob.submit``; for ``kfp`` the real ``kfp.Client``: read the
+   server's version and refuse one older than :data:`MIN_KFP_BACKEND`, then
+   reuse the pipeline version whose content hash matches (or upload the
+   pipeline or a new version of it), then create a run of that version in
+   an experiment (in the KFP namespace when given).
 
 Every run is sent with every pipeline parameter's value, explicitly, and
 with a unique ``run_name`` (``<profile run_name>-<UTC timestamp>`` unless one
@@ -29,6 +31,9 @@ KFP v2beta1 REST API.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +46,18 @@ from multislice.config import parameters as pipeline_parameters
 
 #: The pipeline's name in KFP (``upload_pipeline``'s ``pipeline_name``) and Vertex AI labels.
 PIPELINE_NAME = "multislice-training"
+#: The oldest KFP backend the compiled pipeline runs on: the exit handler (``cleanup``) takes
+#: ``PipelineTaskFinalStatus``, which backends before 2.14.0 refuse ("task final status not supported yet",
+#: kubeflow/pipelines#11641, fixed by #11953, first released in the backend's tag 2.14.0).
+MIN_KFP_BACKEND = (2, 14, 0)
+#: Vertex AI label rules (https://cloud.google.com/vertex-ai/docs/reference/rest/v1/projects.locations.pipelineJobs,
+#: ``labels``; https://cloud.google.com/resource-manager/docs/labels-overview#requirements): at most 64
+#: labels; keys and values at most 63 characters of lowercase letters, digits, ``_`` and ``-``; keys start
+#: with a lowercase letter and are not empty. (International characters are allowed by Google Cloud;
+#: this check keeps to ASCII.)
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DEFAULT_EXPERIMENT = "multislice"
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -84,6 +101,8 @@ class KfpTarget:
             default when None); it needs RBAC for JobSets and Kueue objects.
         existing_token: A bearer token for the endpoint, if it needs one.
         client: A ready ``kfp.Client`` (then host, namespace and token are not used).
+        check_version: Read the server's version (healthz ``tag_name``) and refuse one older than
+            :data:`MIN_KFP_BACKEND` before uploading anything; False for a server that reports none.
     """
 
     host: str | None = None
@@ -92,6 +111,7 @@ class KfpTarget:
     service_account: str | None = None
     existing_token: str | None = None
     client: Any = None
+    check_version: bool = True
 
     def make_client(self) -> Any:
         """The ``kfp.Client`` for this endpoint."""
@@ -247,23 +267,142 @@ def vertex_job(
         pipeline_root=root,
         parameter_values=dict(arguments),
         enable_caching=False,
-        labels={"multislice-pipeline": PIPELINE_NAME, **dict(where.labels)},
+        labels={"multislice-pipeline": PIPELINE_NAME, **check_labels(where.labels)},
         project=where.project,
         location=where.location,
         credentials=where.credentials,
     )
 
 
-def _kfp_upload(client: Any, template_path: Path, version_name: str, description: str) -> tuple[str, str]:
-    """Upload the pipeline, or a new version of it when it exists; returns ``(pipeline_id, version_id)``."""
-    pipeline_id = client.get_pipeline_id(PIPELINE_NAME)
+def check_labels(labels: Mapping[str, Any], field_name: str = "--label") -> dict[str, str]:
+    """Labels as strings, checked against Vertex AI's label rules (see :data:`MAX_LABELS`).
+
+    Values are kept as written (never YAML-parsed: ``n=007`` stays ``"007"``).
+
+    Raises:
+        ConfigError: a non-string key or value, a bad key or value, or more than 64 labels; each named.
+    """
+    issues = []
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            issues.append((f"{field_name} {key}", f"labels are strings; got {value!r} ({type(value).__name__})"))
+        elif not _LABEL_KEY.fullmatch(key):
+            issues.append((f"{field_name} {key}", "a label key is 1 to 63 lowercase letters, digits, '_' or '-', "
+                                                  "starting with a letter, e.g. team=ml-platform"))  # fmt: skip
+        elif not _LABEL_VALUE.fullmatch(value):
+            issues.append((f"{field_name} {key}", f"label value {value!r}: at most 63 lowercase letters, digits, "
+                                                  "'_' or '-'"))  # fmt: skip
+    if len(labels) > MAX_LABELS:
+        issues.append((field_name, f"{len(labels)} labels; Vertex AI allows at most {MAX_LABELS}"))
+    if issues:
+        raise ConfigError(issues)
+    return dict(labels)
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings (``--label``) as a label mapping, values as written; checked by :func:`check_labels`.
+
+    Raises:
+        ConfigError: a pair without ``=``, or a label Vertex AI would refuse.
+    """
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError([("--label", f"{pair!r} is not KEY=VALUE, e.g. --label team=ml-platform")])
+        labels[key] = value
+    return check_labels(labels)
+
+
+class KfpBackendTooOld(ConfigError):
+    """The KFP server is older than :data:`MIN_KFP_BACKEND` (or does not say its version)."""
+
+
+def kfp_server_version(client: Any) -> str:
+    """The KFP server's version: ``tag_name`` of ``GET /apis/v2beta1/healthz``.
+
+    The API server's own HTTP handler writes ``commit_sha``, ``tag_name``, ``multi_user`` (and
+    ``pipeline_store``) there (kubeflow/pipelines ``backend/src/apiserver/main.go``, 2.0 to 2.17);
+    kfp_server_api's ``V2beta1GetHealthzResponse`` model keeps only ``multi_user``, so the body is
+    read raw through the client's own healthz API (``_preload_content=False``).
+    """
+    response = client._healthz_api.healthz_service_get_healthz(_preload_content=False)
+    return str(json.loads(response.data or b"{}").get("tag_name", "unknown"))
+
+
+def check_kfp_server(client: Any) -> str:
+    """Refuse a KFP server older than :data:`MIN_KFP_BACKEND`; returns its version.
+
+    Raises:
+        KfpBackendTooOld: an older server, or one whose ``tag_name`` is not a version (``unknown``).
+    """
+    tag = kfp_server_version(client)
+    match = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", tag)
+    minimum = ".".join(map(str, MIN_KFP_BACKEND))
+    if match is None:
+        raise KfpBackendTooOld([("kfp server", f"the server reports version {tag!r}, not X.Y.Z; the pipeline needs "
+                                               f"KFP >= {minimum}: upgrade it, or pass --no-version-check if it is "
+                                               "that new")])  # fmt: skip
+    if tuple(int(g) for g in match.groups()) < MIN_KFP_BACKEND:
+        raise KfpBackendTooOld([("kfp server", f"KFP {tag} is older than {minimum}: its exit handler cannot take "
+                                               "PipelineTaskFinalStatus (kubeflow/pipelines#11641); upgrade the "
+                                               f"KFP backend to {minimum} or later; nothing was uploaded")])  # fmt: skip
+    return tag
+
+
+def content_version_name(template_path: str | Path) -> str:
+    """A pipeline version name from the compiled YAML's content: ``<package version>-<sha256[:12]>``.
+
+    Two submissions of an unchanged pipeline get the same name, so the version is reused
+    (:func:`_kfp_upload`) instead of uploaded again; any change to the YAML gives a new one.
+    """
+    from multislice import release
+
+    digest = hashlib.sha256(Path(template_path).read_bytes()).hexdigest()[:12]
+    return f"{PIPELINE_NAME}-{release.version()}-{digest}".replace(".", "-").replace("+", "-")
+
+
+def _compiled_by() -> str:
+    from multislice import release
+
+    return f"compiled by multislice-pipelines {release.version()} (profile schema {release.schema_fingerprint()})"
+
+
+def _find_pipeline(client: Any, namespace: str | None) -> str | None:
+    if not namespace:
+        return client.get_pipeline_id(PIPELINE_NAME)
+    found = client.list_pipelines(filter=_name_filter(PIPELINE_NAME), namespace=namespace).pipelines or []
+    return found[0].pipeline_id if found else None
+
+
+def _name_filter(name: str) -> str:
+    return json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
+
+
+def _kfp_upload(
+    client: Any, template_path: Path, description: str, namespace: str | None = None
+) -> tuple[str, str, bool]:
+    """The pipeline's version for this YAML: reused when one with its content hash exists, else uploaded
+    (the pipeline itself too when missing; in ``namespace`` on a multi-user KFP).
+
+    Returns:
+        ``(pipeline_id, version_id, reused)``.
+    """
+    name = content_version_name(template_path)
+    pipeline_id = _find_pipeline(client, namespace)
     if pipeline_id is None:
-        pipeline = client.upload_pipeline(str(template_path), pipeline_name=PIPELINE_NAME, description=description)
+        pipeline = client.upload_pipeline(
+            str(template_path), pipeline_name=PIPELINE_NAME, description=description, namespace=namespace
+        )
         pipeline_id = pipeline.pipeline_id
+    else:
+        versions = client.list_pipeline_versions(pipeline_id, filter=_name_filter(name)).pipeline_versions or []
+        if versions:
+            return pipeline_id, versions[0].pipeline_version_id, True
     version = client.upload_pipeline_version(
-        str(template_path), pipeline_version_name=version_name, pipeline_id=pipeline_id, description=description
+        str(template_path), pipeline_version_name=name, pipeline_id=pipeline_id, description=description
     )
-    return pipeline_id, version.pipeline_version_id
+    return pipeline_id, version.pipeline_version_id, False
 
 
 def submit(
@@ -306,7 +445,9 @@ def submit(
             job.submit(service_account=vertex.service_account, network=vertex.network)
             return SubmittedRun("vertex", spec.run_name, job.resource_name, arguments, job=job)
         client = kfp.make_client()
-        pipeline_id, version_id = _kfp_upload(client, template, spec.run_name, f"run {spec.run_name}")
+        if kfp.check_version:
+            check_kfp_server(client)  # before anything is uploaded
+        pipeline_id, version_id, _ = _kfp_upload(client, template, _compiled_by(), kfp.namespace)
         experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
         run = client.run_pipeline(
             experiment_id=experiment.experiment_id,
@@ -335,6 +476,11 @@ def add_target_arguments(parser: Any) -> None:
     kfp.add_argument("--host", help="KFP API endpoint, e.g. http://localhost:8888 (or $KF_PIPELINES_ENDPOINT)")
     kfp.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="KFP experiment (created when missing)")
     kfp.add_argument("--kfp-namespace", help="Kubeflow profile namespace (multi-user KFP)")
+    kfp.add_argument(
+        "--no-version-check",
+        action="store_true",
+        help=f"do not refuse a KFP server older than {'.'.join(map(str, MIN_KFP_BACKEND))} (or of unknown version)",
+    )
     parser.add_argument("--service-account", help="service account of the run (Vertex: GCP; KFP: Kubernetes)")
 
 
@@ -348,7 +494,8 @@ def targets_from_args(args: Any) -> dict[str, Any]:
         missing = [(f"--{n}", "required with --target vertex") for n in ("project", "location") if not getattr(args, n)]
         if missing:
             raise ConfigError(missing)
-        labels = {str(k): str(v) for k, v in config.parse_set_arguments(args.label or []).items()}
+        labels = parse_labels(args.label or [])
         return {"vertex": VertexTarget(args.project, args.location, args.pipeline_root, args.service_account,
                                        args.network, labels)}  # fmt: skip
-    return {"kfp": KfpTarget(args.host, args.experiment, args.kfp_namespace, args.service_account)}
+    return {"kfp": KfpTarget(args.host, args.experiment, args.kfp_namespace, args.service_account,
+                             check_version=not getattr(args, "no_version_check", False))}  # fmt: skip

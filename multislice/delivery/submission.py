@@ -344,9 +344,9 @@ def check_kfp_server(client: Any) -> str:
                                                f"KFP >= {minimum}: upgrade it, or pass --no-version-check if it is "
                                                "that new")])  # fmt: skip
     if tuple(int(g) for g in match.groups()) < MIN_KFP_BACKEND:
-        raise KfpBackendTooOld([("kfp server", f"KFP {tag} is older than {minimum}: its exit handler cannot take "
-                                               "PipelineTaskFinalStatus (kubeflow/pipelines#11641); upgrade the "
-                                               f"KFP backend to {minimum} or later; nothing was uploaded")])  # fmt: skip
+        cause = f"KFP {tag} is older than {minimum}: its exit handler cannot take PipelineTaskFinalStatus"
+        fix = f"(kubeflow/pipelines#11641); upgrade the KFP backend to {minimum} or later; nothing was uploaded"
+        raise KfpBackendTooOld([("kfp server", f"{cause} {fix}")])
     return tag
 
 

@@ -22,11 +22,15 @@ PROFILE ?= local
 SET ?=
 PYTEST_ARGS ?=
 # make images: where to tag the images, and PUSH=1 to push them (then their digests are printed).
+# The tag carries the package version and the commit (as `multislice images build` tags).
 IMAGE_REPO ?= multislice
-IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nocommit)
 PUSH ?=
+# make images-cloud: Cloud Build (no Docker engine): the project that builds, and the Artifact Registry repository.
+PROJECT ?=
+REPO ?=
 
-.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images clean
+.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
@@ -39,6 +43,7 @@ help:
 	@echo "make goldens  regenerate the golden manifests and compiled pipelines under tests/golden"
 	@echo "make lock     re-resolve requirements/*.txt from pyproject.toml"
 	@echo "make images   build the pipeline and trainer images with docker buildx (IMAGE_REPO=..., PUSH=1)"
+	@echo "make images-cloud  build and push both images with Cloud Build, no Docker (PROJECT=..., REPO=...)"
 
 $(UV):
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found; install it (e.g. pyenv install 3.12) or set PYTHON312=/path/to/python3.12" >&2; exit 1; }
@@ -96,16 +101,22 @@ lock: | $(UV)
 	$(UV) pip compile --quiet pyproject.toml --extra trainer $(PLATFORM) -o requirements/trainer.txt
 
 # Needs a Docker engine with buildx (none on the development machines). With PUSH=1 the images
-# are pushed and build/images/<image>.json holds each digest: use <repo>/<image>@sha256:... in
-# the profile's images and the trainer_image parameter.
+# are pushed and build/images/<image>.json holds each digest, which `multislice compile` (and
+# `make compile`) then writes into the pipeline by digest. Without a Docker engine: make images-cloud.
 images:
-	@command -v docker >/dev/null || { echo "error: make images needs docker with buildx (https://docs.docker.com/build/); none found" >&2; exit 1; }
+	@command -v docker >/dev/null || { echo "error: make images needs docker with buildx (https://docs.docker.com/build/); none found; without Docker use: make images-cloud PROJECT=... REPO=LOCATION-docker.pkg.dev/PROJECT/REPO" >&2; exit 1; }
 	@mkdir -p build/images
 	@for image in pipeline trainer; do \
 	  docker buildx build -f containers/$$image/Dockerfile -t $(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) \
-	    $(if $(PUSH),--push,--load) --metadata-file build/images/$$image.json . || exit 1; \
-	  echo "$(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) digest: $$(sed -n 's/.*"containerimage.digest": *"\([^"]*\)".*/\1/p' build/images/$$image.json)"; \
+	    $(if $(PUSH),--push --metadata-file build/images/$$image.json,--load) . || exit 1; \
+	  $(if $(PUSH),echo "$(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) digest: $$(sed -n 's/.*"containerimage.digest": *"\([^"]*\)".*/\1/p' build/images/$$image.json)";,) \
 	done
+
+# Cloud Build: the repository's tracked files as source, both Dockerfiles, pushed to REPO; writes
+# build/images/<image>.json with the digests (multislice/delivery/images.py).
+images-cloud: $(VENVS)/pipeline/.installed
+	@test -n "$(PROJECT)" -a -n "$(REPO)" || { echo "error: give PROJECT=<project> REPO=LOCATION-docker.pkg.dev/PROJECT/REPOSITORY" >&2; exit 1; }
+	$(VENVS)/pipeline/bin/multislice images build --cloud-build --project $(PROJECT) --repo $(REPO)
 
 clean:
 	rm -rf build output

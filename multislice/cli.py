@@ -99,6 +99,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.base_image and (problem := config.values.image_problem(args.base_image)):
         raise InputError(f"--base-image: {problem}", "give a container image reference")
     profile, overrides = _profile_and_overrides(args)
+    from multislice.delivery import images
+
+    built = images.built_references(args.images)
+    if "trainer" in built and not any(k in overrides for k in ("trainer_image", "images.trainer")):
+        overrides["images.trainer"] = built["trainer"]
+        print(f"trainer image (by digest, from {args.images}): {built['trainer']}")
+    if "pipeline" in built and not args.base_image:
+        args.base_image = built["pipeline"]
+        print(f"pipeline image (by digest, from {args.images}): {built['pipeline']}")
     data = config.spec_to_data(config.load_spec(profile, overrides))
     kubernetes = None
     if args.node_selector:
@@ -620,6 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="kfp target: node label the component pods must match (repeatable)",
     )
+    comp.add_argument(
+        "--images",
+        default="build/images",
+        metavar="DIR",
+        help="where `multislice images build` / `make images PUSH=1` wrote <image>.json: pushed images are "
+        "compiled in by digest (default build/images; ignored when absent)",
+    )
     comp.set_defaults(func=cmd_compile)
 
     run = sub.add_parser("run", help="run the pipeline locally with kfp.local (what `make run` does)")
@@ -678,8 +694,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    """Build and push both images with Cloud Build (no Docker engine), writing build/images/<image>.json."""
+    from multislice.delivery import images
+
+    if not args.cloud_build:
+        raise InputError(
+            "multislice images build needs --cloud-build (the only builder it drives)",
+            "run `multislice images build --cloud-build --project P --repo LOCATION-docker.pkg.dev/P/REPO`, "
+            "or `make images` with a local Docker engine",
+        )
+    built = images.cloud_build(args.project, args.repo, tag=args.tag, bucket=args.source_bucket, output_dir=args.output)
+    print(f"images written to {args.output}: `multislice compile` now uses them by digest")
+    return 0 if len(built) == len(images.IMAGES) else 1
+
+
 def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     from multislice.delivery.submission import add_target_arguments
+
+    imgs = sub.add_parser("images", help="build and push the pipeline and trainer images (Cloud Build: no Docker)")
+    imgs.add_argument("action", choices=["build"])
+    imgs.add_argument("--cloud-build", action="store_true", help="build with Cloud Build (the repository as source)")
+    imgs.add_argument("--project", required=True, help="Google Cloud project that runs the build")
+    imgs.add_argument(
+        "--repo", required=True, help="Artifact Registry repository: LOCATION-docker.pkg.dev/PROJECT/REPO"
+    )
+    imgs.add_argument("--tag", help="image tag (default <package version>-<commit>)")
+    imgs.add_argument("--source-bucket", help="bucket for the source tarball (default <project>_cloudbuild)")
+    imgs.add_argument("--output", default="build/images", help="where <image>.json go (default build/images)")
+    imgs.set_defaults(func=cmd_images)
 
     submit = sub.add_parser("submit", help="submit one run to Vertex AI Pipelines or a KFP endpoint")
     with_profile(submit)

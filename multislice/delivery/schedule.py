@@ -242,7 +242,7 @@ def create(
     spec, arguments = schedule_parameters(data, parameters, target, continue_run)
     display = name or f"{spec.run_name}-schedule"
     with tempfile.TemporaryDirectory() as tmp:
-        template = submission.compile_for(data, target, tmp)
+        template = submission.compile_for(submission.compiled_profile(data, parameters), target, tmp)
         if target == "vertex":
             from google.cloud import aiplatform
 

@@ -229,6 +229,13 @@ def prepare(
     return spec, arguments
 
 
+def compiled_profile(profile: Mapping[str, Any], values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The profile to compile for a remote run: with the values of parameters a remote pipeline does not
+    offer (:data:`multislice.config.parameters.LOCAL_ONLY`: ``backend``) compiled in."""
+    fixed = {k: v for k, v in (values or {}).items() if k in pipeline_parameters.LOCAL_ONLY}
+    return config.apply_overrides(profile, fixed)
+
+
 def compile_for(profile: Mapping[str, Any], target: str, directory: str | Path) -> Path:
     """Compile the profile's pipeline for ``target`` into ``directory``; returns the YAML path."""
     from pipelines.multislice_training import compile_pipeline
@@ -436,8 +443,7 @@ def submit(
     if target not in ("vertex", "kfp"):
         raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
     spec, arguments = prepare(data, parameters, target)
-    fixed = {k: v for k, v in (parameters or {}).items() if k in pipeline_parameters.LOCAL_ONLY}
-    data = config.apply_overrides(data, fixed)  # compiled in: the remote pipeline does not offer them
+    data = compiled_profile(data, parameters)
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)
         if target == "vertex":

@@ -17,7 +17,11 @@ and defaulting, validation against CRD schemas, controllers (JobSet, Job,
 Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
 pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
 field ownership in server-side apply (an apply replaces what it names),
-set-based label selectors, RBAC and authentication.
+set-based label selectors, authentication (a client's bearer token is taken
+as its user name). RBAC is enforced as the API server does it once
+:meth:`Cluster.enforce` is given the rendered Role/ClusterRole objects and
+bindings (:mod:`tests.kube_rbac`); requests without a token are the
+controllers' (the tests' :class:`tests.kube_controllers.Play`) and are allowed.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from kubernetes import client as k8s
 
 from multislice.backends.gke.client import Kube
 from multislice.timings import Timings
+from tests.kube_rbac import BEARER_PREFIX, Authorizer, verb_of
 
 #: Waits for tests: polls of 50 ms; deadlines (120 s, an API call retried for 30 s) that a loaded 2-core
 #: machine never reaches, longer than a controller script's wait for an event (60 s), so a scenario that
@@ -89,6 +94,32 @@ class Cluster(kmock.KubernetesEmulator):
     faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
     delivered: list = attrs.field(factory=list)  # (plural, resourceVersion) of each watch event sent
     log_lock: Any = attrs.field(factory=threading.Lock)
+    authorizer: Any = None  # tests.kube_rbac.Authorizer once enforce() is called
+
+    def enforce(self, rbac_objects: list[dict[str, Any]]) -> Authorizer:
+        """From now on, authorize every request carrying a bearer token by these RBAC objects (as rendered)."""
+        self.authorizer = Authorizer(rbac_objects)
+        return self.authorizer
+
+    def _authorize(self, request: Any) -> None:
+        """Raise 403 Forbidden as the API server would when the request's user may not make it."""
+        token = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        if self.authorizer is None or request.resource is None or not token.startswith(BEARER_PREFIX):
+            return
+        user = token[len(BEARER_PREFIX) :]
+        group = request.resource.group or ""
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        verbs = [verb_of(request.method.value if hasattr(request.method, "value") else str(request.method),
+                         request.name, request.params)]  # fmt: skip
+        if "apply-patch" in request.headers.get("Content-Type", ""):
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                verbs.append("create")  # patch.go: an apply that creates is also authorized as create
+        for verb in verbs:
+            if not self.authorizer.allowed(user, verb, group, resource, request.namespace, request.name):
+                message = self.authorizer.forbidden_message(user, verb, group, resource, request.namespace,
+                                                            request.name)  # fmt: skip
+                raise kmock.KubernetesError(status=403, reason="Forbidden", message=message)
 
     def fail_next(self, count: int, status: int = 500) -> None:
         """Answer the next ``count`` requests with ``status`` (a Kubernetes Status body)."""
@@ -119,6 +150,7 @@ class Cluster(kmock.KubernetesEmulator):
         if self.faults:
             status = self.faults.pop(0)
             raise kmock.KubernetesError(status=status, reason="InjectedFault", message=f"injected HTTP {status}")
+        self._authorize(request)
         if request.resource is None:
             return await super()._handle(request)
         if request.method == enums.method.GET and request.params.get("watch", "").lower() in ("true", "1"):
@@ -242,6 +274,8 @@ class Served:
     """A :class:`Cluster` served on 127.0.0.1 from a background thread, with official clients for it."""
 
     def __init__(self) -> None:
+        #: The user the clients of :meth:`api` authenticate as (a bearer token); None: the controllers (no token).
+        self.user: str | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -263,15 +297,23 @@ class Served:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(5)
 
-    def api(self) -> k8s.ApiClient:
-        """A new official ApiClient for this server (plain HTTP, no auth)."""
+    def api(self, *, admin: bool = False) -> k8s.ApiClient:
+        """A new official ApiClient for this server (plain HTTP), as :attr:`user` (``admin``: no token)."""
         configuration = k8s.Configuration()
         configuration.host = self.url
+        user = None if admin else self.user
+        if user:
+            configuration.api_key = {"authorization": BEARER_PREFIX + user}
         return k8s.ApiClient(configuration)
 
     def kube(self, namespace: str = "default", timings: Timings = FAST, say: Any = None) -> Kube:
         """The GKE backend's client for this server, with fast test timings."""
         return Kube(self.api(), namespace, timings, say)
+
+    def as_user(self, user: str, rbac_objects: list[dict[str, Any]]) -> None:
+        """Enforce ``rbac_objects`` and make :meth:`kube` clients authenticate as ``user``."""
+        self.cluster.enforce(rbac_objects)
+        self.user = user
 
 
 def wait_until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:

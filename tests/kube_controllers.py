@@ -43,7 +43,7 @@ class Play:
 
     def __init__(self, served: Served, namespace: str = "default"):
         self.served, self.cluster, self.ns = served, served.cluster, namespace
-        api = served.api()
+        api = served.api(admin=True)  # the controllers are not bound by the pipeline's RBAC
         self.custom, self.core, self.batch = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api), k8s.BatchV1Api(api)
         self.crds = k8s.ApiextensionsV1Api(api)
 

@@ -30,11 +30,12 @@ from multislice.backends.gke.aot import job_name
 from multislice.plan import make_plan
 from multislice.preflight import PreflightFailed, request_for
 from multislice.render import jobset as render_jobset
-from multislice.render import schema
+from multislice.render import rbac, schema
 from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
 from multislice.steps import plan as plan_step
 from tests.kube_cluster import FAST, Served, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
+from tests.kube_rbac import service_account_user
 
 RUN_ID = "run-1111"
 POOLS = ["tpu-pool-0", "tpu-pool-1"]
@@ -82,6 +83,19 @@ def plan():
         {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True},
     )
     return make_plan(spec)
+
+
+@pytest.fixture(autouse=True)
+def least_privilege(served, plan):
+    """Every scenario's steps act as the pipeline's ServiceAccount, under the RBAC ``multislice render`` writes.
+
+    The emulated API enforces the rendered Role and ClusterRoles as the API server does
+    (tests/kube_rbac.py): a verb or resource the steps use and RBAC does not grant is a 403 in the scenario.
+    """
+    accounts = plan.spec.service_accounts
+    user = service_account_user(accounts.pipeline_namespace or plan.spec.namespace, accounts.pipeline)
+    served.as_user(user, rbac.render_rbac_objects(plan))
+    return served.cluster.authorizer
 
 
 @pytest.fixture(autouse=True)
@@ -629,3 +643,32 @@ def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     out = capsys.readouterr().out
     assert "[preflight llama3-8b] fits on 2 x v6e-16: 22.06 GiB of 31.24 GiB HBM per chip" in out
+
+
+def test_provision_on_an_empty_cluster_creates_the_local_queue_under_enforced_rbac(served, play, plan, least_privilege):
+    # Nothing of the run's exists yet: the apply creates the LocalQueue, authorized as patch and as create (patch.go).
+    plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
+    served.as_user(served.user, rbac.render_rbac_objects(plan))
+    report = provision.run(plan, backend=GkeBackend(served.kube()))
+    assert report.kueue_objects == ["LocalQueue/multislice-queue"]
+    queue = play.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "localqueues",
+                                                     "multislice-queue")  # fmt: skip
+    assert queue["spec"]["clusterQueue"] == "multislice-cluster-queue"
+    assert served.cluster.authorizer.denied == []
+
+
+def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, play, plan):
+    objects = rbac.render_rbac_objects(plan)
+    for obj in objects:
+        for rule in obj.get("rules", []):
+            if rule["resources"] == ["localqueues"]:
+                rule["verbs"] = ["get", "patch"]  # what the Role granted before: apply cannot create
+    served.as_user(served.user, objects)
+    with pytest.raises(Exception, match="403") as refused:
+        provision.run(plan, backend=GkeBackend(served.kube()))
+    assert served.cluster.authorizer.denied == [
+        'localqueues.kueue.x-k8s.io "multislice-queue" is forbidden: User '
+        '"system:serviceaccount:default:multislice-pipeline" cannot create resource "localqueues" in API group '
+        '"kueue.x-k8s.io" in the namespace "default"'
+    ]
+    assert "forbidden" in str(refused.value)

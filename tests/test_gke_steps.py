@@ -22,7 +22,7 @@ import pytest
 
 from multislice import config, metrics, names, reports, storage
 from multislice import steps as step_lines
-from multislice.backends.base import AdmissionTimeout, LaunchFailed, TrainingFailed
+from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
@@ -672,3 +672,41 @@ def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, 
         '"kueue.x-k8s.io" in the namespace "default"'
     ]
     assert "forbidden" in str(refused.value)
+
+
+BLOCKED = [
+    pytest.param(
+        "event", 'WorkloadPriorityClass "default-priority" not found',
+        r"event WorkloadPriorityClassNotFound: WorkloadPriorityClass \"default-priority\" not found",
+        "set `priority` to an existing WorkloadPriorityClass", id="missing-priority-class",
+    ),
+    pytest.param(
+        "Inadmissible", "LocalQueue multislice-queue doesn't exist",
+        "QuotaReserved False: Inadmissible: LocalQueue multislice-queue doesn't exist",
+        "run the provision step, which applies LocalQueue multislice-queue", id="missing-local-queue",
+    ),
+    pytest.param(
+        "Pending", "couldn't assign flavors to pod set slice: resource google.com/tpu unavailable in ClusterQueue",
+        "resource google.com/tpu unavailable in ClusterQueue",
+        "the ClusterQueue covers no flavor of google.com/tpu", id="inadmissible-flavor",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("reason", "message", "cause", "fix"), BLOCKED)
+def test_admit_fails_fast_with_the_cause_when_kueue_cannot_admit(served, play, plan, reason, message, cause, fix):
+    js = stage_of(plan).jobset
+
+    def kueue():
+        play.jobset(js)
+        if reason == "event":  # Kueue creates no Workload and says why on the JobSet (kueue #3439, #13775)
+            play.event(js, "WorkloadPriorityClassNotFound", message, involved="JobSet")
+        else:
+            play.kueue_queues(js, message, reason=reason)
+
+    with Background(kueue), pytest.raises(AdmissionBlocked) as refused:
+        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(served.kube()))
+    assert re.search(cause, refused.value.message), refused.value.message
+    assert fix in refused.value.fix
+    assert "was deleted" in refused.value.message  # admit created it, so admit deletes it
+    assert play.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"] == []

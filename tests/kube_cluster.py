@@ -47,11 +47,13 @@ from tests.kube_rbac import BEARER_PREFIX, Authorizer, verb_of
 
 #: Waits for tests: polls of 50 ms; deadlines (120 s, an API call retried for 30 s) that a loaded 2-core
 #: machine never reaches, longer than a controller script's wait for an event (60 s), so a scenario that
-#: goes wrong fails with the script's message. The one deadline a test expects to pass as configured
-#: here is ``unschedulable_grace``; tests expecting another to pass shorten it with dataclasses.replace.
+#: goes wrong fails with the script's message. The deadlines a test expects to pass as configured
+#: here are ``unschedulable_grace`` and ``job_unschedulable_grace``; tests expecting another to pass
+#: shorten it with dataclasses.replace.
 FAST = Timings(
     poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=120, launch_timeout=120,
-    unschedulable_grace=0.5, train_timeout=120, readmit_timeout=120, verify_timeout=120, api_deadline=30,
+    unschedulable_grace=0.5, job_unschedulable_grace=0.5, train_timeout=120, readmit_timeout=120,
+    verify_timeout=120, api_deadline=30,
     backoff_initial=0.05, backoff_max=0.2,
 )  # fmt: skip
 

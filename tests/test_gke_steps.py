@@ -26,13 +26,14 @@ from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchF
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
-from multislice.backends.gke.aot import job_name
+from multislice.backends.gke.aot import job_name, render_job
 from multislice.plan import make_plan
-from multislice.preflight import PreflightFailed, request_for
+from multislice.preflight import PreflightError, PreflightFailed, request_for
 from multislice.render import jobset as render_jobset
 from multislice.render import rbac, schema
 from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
 from multislice.steps import plan as plan_step
+from multislice.timings import DEFAULTS
 from tests.kube_cluster import FAST, Served, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
 from tests.kube_rbac import service_account_user
@@ -710,3 +711,38 @@ def test_admit_fails_fast_with_the_cause_when_kueue_cannot_admit(served, play, p
     assert fix in refused.value.fix
     assert "was deleted" in refused.value.message  # admit created it, so admit deletes it
     assert play.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"] == []
+
+
+def test_an_unschedulable_compile_job_fails_preflight_with_the_schedulers_message(served, play, plan, told):
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
+        update={"suggest_alternative": False,
+                "node_selector": {"cloud.google.com/gke-nodepool": "cpu-pool"}})})})  # fmt: skip
+    stage = stage_of(plan)
+    name = job_name(plan, request_for(plan, stage))
+    scheduler = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
+
+    def scheduler_cannot_place():
+        listed = play.batch.list_namespaced_job
+        wait_until(lambda: any(j.metadata.name == name for j in listed("default").items), what=f"Job {name}")
+        unplaced = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": scheduler}]}  # fmt: skip
+        play.core.create_namespaced_pod(
+            "default", {"metadata": {"name": f"{name}-xyz12", "labels": {"job-name": name}}, "status": unplaced}
+        )
+        told.wait_for(re.escape(f"pod Unschedulable: {scheduler}"))
+
+    with Background(scheduler_cannot_place, told), pytest.raises(PreflightError) as failed:
+        preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(served.kube()))
+    assert f"AOT compile Job {name}: its pod stayed Unschedulable" in failed.value.message
+    assert scheduler in failed.value.message and "(the Job was deleted)" in failed.value.message
+    assert "preflight.node_selector" in failed.value.fix and "cpu 2, memory 8Gi" in failed.value.fix
+    assert [j.metadata.name for j in play.batch.list_namespaced_job("default").items] == []
+    # The verdict is reported within a minute of the pod being unschedulable, not after timeouts.compile.
+    assert DEFAULTS["gke"].job_unschedulable_grace <= 60 < DEFAULTS["gke"].compile_timeout
+
+
+def test_compile_jobs_go_to_the_profiles_node_selector(plan):
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
+        update={"node_selector": {"cloud.google.com/gke-nodepool": "cpu-pool"}})})})  # fmt: skip
+    job = render_job(plan, request_for(plan, stage_of(plan)), None, RUN_ID)
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"}

@@ -509,6 +509,11 @@ class PreflightSpec(_Strict):
     suggest_alternative: bool = Field(
         True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
     )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="GKE: the nodeSelector of the AOT compile Jobs' pods (each asks 2 CPU, 8 GiB), e.g. "
+        "{'cloud.google.com/gke-nodepool': 'cpu-pool'}; empty: any node that fits.",
+    )
 
     @field_validator("cache_dir")
     @classmethod

@@ -174,7 +174,10 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
         NodePool.from_json(json.dumps({"placementPolicy": {"tpuTopologgy": "4x4"}}), ignore_unknown_fields=False)
     assert request["body"]["nodePool"] == {
         "name": "tpu-v6e-4x4-0",
-        "config": {"machineType": "ct6e-standard-4t"},
+        "config": {
+            "machineType": "ct6e-standard-4t",
+            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        },
         "initialNodeCount": 4,
         "locations": ["us-east5-b"],
         "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"},

@@ -92,7 +92,8 @@ class Cluster(kmock.KubernetesEmulator):
     compacted: int = 0
     compactions: int = 0
     history: list = attrs.field(factory=list)  # (rv, resource, event)
-    logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> text
+    logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> [(RFC 3339 timestamp, line)] as the kubelet keeps
+    log_rotations: int = 0
     faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
     delivered: list = attrs.field(factory=list)  # (plural, resourceVersion) of each watch event sent
     log_lock: Any = attrs.field(factory=threading.Lock)
@@ -137,9 +138,28 @@ class Cluster(kmock.KubernetesEmulator):
         return max((rv for kind, rv in list(self.delivered) if kind == plural), default=0)
 
     def append_log(self, namespace: str, pod: str, text: str) -> None:
-        """Append to a pod's log (what its container printed)."""
+        """Append to a pod's log (what its container printed), each line stamped as the kubelet does (ns)."""
         with self.log_lock:
-            self.logs[(namespace, pod)] = self.logs.get((namespace, pod), "") + text
+            entries = self.logs.setdefault((namespace, pod), [])
+            for line in text.splitlines(keepends=True):
+                now = datetime.datetime.now(datetime.UTC)
+                stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond * 1000 + len(entries) % 1000:09d}Z"
+                entries.append((stamp, line))
+
+    def rotate_log(self, namespace: str, pod: str) -> None:
+        """Kubelet log rotation: the lines so far leave the log the API serves; open follows of it end."""
+        with self.log_lock:
+            self.logs[(namespace, pod)] = []
+            self.log_rotations += 1
+
+    def _log_lines(self, key: tuple, params: dict[str, str], start: int = 0) -> tuple[str, int]:
+        """``(text, entries seen)`` of a pod's log from entry ``start``, with ``timestamps`` and ``sinceTime``."""
+        with self.log_lock:
+            entries = list(self.logs.get(key, []))
+        since = (params.get("sinceTime") or "")[:19]  # metav1.Time: RFC 3339, seconds
+        stamped = params.get("timestamps", "").lower() in ("true", "1")
+        chosen = [(t, line) for t, line in entries[start:] if not since or t[:19] >= since]
+        return "".join(f"{t} {line}" if stamped else line for t, line in chosen), len(entries)
 
     def _replace(self, request: Any, **changes: Any) -> Any:
         new = attrs.evolve(request, **changes)
@@ -242,22 +262,20 @@ class Cluster(kmock.KubernetesEmulator):
         pod_key = (request.resource, request.namespace, request.name)
         if pod_key not in self._objects or self._objects[pod_key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
-        with self.log_lock:
-            text = self.logs.get(key, "")
         if request.params.get("follow", "").lower() not in ("true", "1"):
+            text, _ = self._log_lines(key, request.params)
             lines = text.splitlines(keepends=True)
             tail = int(request.params.get("tailLines") or 0)
             return aiohttp.web.Response(text="".join(lines[-tail:] if tail else lines), content_type="text/plain")
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await response.prepare(request._raw_request)
         sent = 0
+        rotations = self.log_rotations
         try:
-            while True:
-                with self.log_lock:
-                    text = self.logs.get(key, "")
-                if len(text) > sent:
-                    await response.write(text[sent:].encode())
-                    sent = len(text)
+            while self.log_rotations == rotations:
+                text, sent = self._log_lines(key, request.params, sent)
+                if text:
+                    await response.write(text.encode())
                 stored = self._objects[pod_key] if pod_key in self._objects else None
                 if (
                     stored is None

@@ -746,3 +746,20 @@ def test_compile_jobs_go_to_the_profiles_node_selector(plan):
         update={"node_selector": {"cloud.google.com/gke-nodepool": "cpu-pool"}})})})  # fmt: skip
     job = render_job(plan, request_for(plan, stage_of(plan)), None, RUN_ID)
     assert job["spec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"}
+
+
+def test_log_rotation_during_training_loses_no_step_line(served, play, plan, told):
+    kube, admitted, pods, js = training(served, play, plan)
+
+    def leader_trains_and_the_kubelet_rotates():
+        play.log(pods[0], step_line(0, 8.0) + step_line(1, 7.5))
+        told.wait_for(r"completed step: 1, .*loss: 7\.500")
+        served.cluster.rotate_log("default", pods[0])  # the lines so far leave the log; the follow ends
+        play.log(pods[0], step_line(2, 7.0) + step_line(3, 6.5))
+        told.wait_for(r"completed step: 3, .*loss: 6\.500")  # read after the re-attach
+        finishes(play, pods[0], js)
+
+    with Background(leader_trains_and_the_kubelet_rotates, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+    assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 6.5)
+    assert trained.records == 4  # each step once: nothing lost, nothing repeated

@@ -654,6 +654,13 @@ class RunSpec(_Strict):
     tpu_type: str
     num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
     max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
+    jobset_ttl_seconds: int | None = Field(
+        43200,
+        ge=0,
+        le=INT32_MAX,
+        description="GKE: the TPU JobSet's spec.ttlSecondsAfterFinished (JobSet v0.12): a finished JobSet and its "
+        "pods are deleted this long after it finishes (xpk: 43,200 s); null keeps them until cleanup.",
+    )
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)

@@ -230,6 +230,11 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
                 ],
             },
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            **(
+                {"ttlSecondsAfterFinished": spec.jobset_ttl_seconds}
+                if hardware == "tpu" and spec.jobset_ttl_seconds is not None
+                else {}
+            ),
             "replicatedJobs": [
                 {
                     "name": names.REPLICATED_JOB,

@@ -88,6 +88,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     if plan.spec.backend == "gke":
         plan_file = Path(args.output) / manifests.NODE_POOL_PLAN
         print(f"node pools provision would create (GKE API requests, not sent): {plan_file}")
+        from multislice.backends.gke import nodepool
+
+        accounts = plan.spec.service_accounts
+        writer = (
+            f"the trainer's Google service account {accounts.trainer_gcp_service_account} (Workload Identity, "
+            "no hostNetwork)"
+            if accounts.tpu_workload_identity
+            else "the TPU nodes' service account (hostNetwork pods get no Workload Identity), with the nodes' "
+            f"scopes {', '.join(plan.spec.node_pools.oauth_scopes)}"
+        )
+        print(f"TPU pods write {plan.spec.output_dir} as {writer}; IAM bindings it needs (not applied):")
+        for line in nodepool.iam_bindings(plan):
+            print(f"  {line}")
     return 0
 
 

@@ -47,6 +47,9 @@ class Timings:
         admit_timeout: How long admit waits for Kueue to admit the Workload.
         launch_timeout: How long launch waits for every pod to run.
         unschedulable_grace: How long a pod may stay Unschedulable before launch fails (within launch_timeout).
+        job_unschedulable_grace: How long the pod of a one-pod trainer Job (an AOT compile, the checkpoint
+            verifier) may stay Unschedulable before the Job is deleted and the step fails with the scheduler's
+            message: a CPU pod that the cluster autoscaler can place is placed well within a minute.
         train_timeout: How long train follows a JobSet before giving up.
         readmit_timeout: How long train waits for an evicted Workload to be admitted again (within train_timeout).
         verify_timeout: How long the checkpoint verifier may run.
@@ -69,6 +72,7 @@ class Timings:
     admit_timeout: float = 6 * 3600.0
     launch_timeout: float = 1800.0
     unschedulable_grace: float = 600.0
+    job_unschedulable_grace: float = 60.0
     train_timeout: float = 7 * 24 * 3600.0
     readmit_timeout: float = 6 * 3600.0
     verify_timeout: float = 1800.0

@@ -17,7 +17,11 @@ and defaulting, validation against CRD schemas, controllers (JobSet, Job,
 Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
 pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
 field ownership in server-side apply (an apply replaces what it names),
-set-based label selectors, RBAC and authentication.
+set-based label selectors, authentication (a client's bearer token is taken
+as its user name). RBAC is enforced as the API server does it once
+:meth:`Cluster.enforce` is given the rendered Role/ClusterRole objects and
+bindings (:mod:`tests.kube_rbac`); requests without a token are the
+controllers' (the tests' :class:`tests.kube_controllers.Play`) and are allowed.
 """
 
 from __future__ import annotations
@@ -39,14 +43,17 @@ from kubernetes import client as k8s
 
 from multislice.backends.gke.client import Kube
 from multislice.timings import Timings
+from tests.kube_rbac import BEARER_PREFIX, Authorizer, verb_of
 
 #: Waits for tests: polls of 50 ms; deadlines (120 s, an API call retried for 30 s) that a loaded 2-core
 #: machine never reaches, longer than a controller script's wait for an event (60 s), so a scenario that
-#: goes wrong fails with the script's message. The one deadline a test expects to pass as configured
-#: here is ``unschedulable_grace``; tests expecting another to pass shorten it with dataclasses.replace.
+#: goes wrong fails with the script's message. The deadlines a test expects to pass as configured
+#: here are ``unschedulable_grace`` and ``job_unschedulable_grace``; tests expecting another to pass
+#: shorten it with dataclasses.replace.
 FAST = Timings(
     poll_seconds=0.05, report_seconds=0.2, watch_seconds=1, admit_timeout=120, launch_timeout=120,
-    unschedulable_grace=0.5, train_timeout=120, readmit_timeout=120, verify_timeout=120, api_deadline=30,
+    unschedulable_grace=0.5, job_unschedulable_grace=0.5, train_timeout=120, readmit_timeout=120,
+    verify_timeout=120, api_deadline=30,
     backoff_initial=0.05, backoff_max=0.2,
 )  # fmt: skip
 
@@ -85,10 +92,37 @@ class Cluster(kmock.KubernetesEmulator):
     compacted: int = 0
     compactions: int = 0
     history: list = attrs.field(factory=list)  # (rv, resource, event)
-    logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> text
+    logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> [(RFC 3339 timestamp, line)] as the kubelet keeps
+    log_rotations: int = 0
     faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
     delivered: list = attrs.field(factory=list)  # (plural, resourceVersion) of each watch event sent
     log_lock: Any = attrs.field(factory=threading.Lock)
+    authorizer: Any = None  # tests.kube_rbac.Authorizer once enforce() is called
+
+    def enforce(self, rbac_objects: list[dict[str, Any]]) -> Authorizer:
+        """From now on, authorize every request carrying a bearer token by these RBAC objects (as rendered)."""
+        self.authorizer = Authorizer(rbac_objects)
+        return self.authorizer
+
+    def _authorize(self, request: Any) -> None:
+        """Raise 403 Forbidden as the API server would when the request's user may not make it."""
+        token = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        if self.authorizer is None or request.resource is None or not token.startswith(BEARER_PREFIX):
+            return
+        user = token[len(BEARER_PREFIX) :]
+        group = request.resource.group or ""
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        verbs = [verb_of(request.method.value if hasattr(request.method, "value") else str(request.method),
+                         request.name, request.params)]  # fmt: skip
+        if "apply-patch" in request.headers.get("Content-Type", ""):
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                verbs.append("create")  # patch.go: an apply that creates is also authorized as create
+        for verb in verbs:
+            if not self.authorizer.allowed(user, verb, group, resource, request.namespace, request.name):
+                message = self.authorizer.forbidden_message(user, verb, group, resource, request.namespace,
+                                                            request.name)  # fmt: skip
+                raise kmock.KubernetesError(status=403, reason="Forbidden", message=message)
 
     def fail_next(self, count: int, status: int = 500) -> None:
         """Answer the next ``count`` requests with ``status`` (a Kubernetes Status body)."""
@@ -104,9 +138,28 @@ class Cluster(kmock.KubernetesEmulator):
         return max((rv for kind, rv in list(self.delivered) if kind == plural), default=0)
 
     def append_log(self, namespace: str, pod: str, text: str) -> None:
-        """Append to a pod's log (what its container printed)."""
+        """Append to a pod's log (what its container printed), each line stamped as the kubelet does (ns)."""
         with self.log_lock:
-            self.logs[(namespace, pod)] = self.logs.get((namespace, pod), "") + text
+            entries = self.logs.setdefault((namespace, pod), [])
+            for line in text.splitlines(keepends=True):
+                now = datetime.datetime.now(datetime.UTC)
+                stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond * 1000 + len(entries) % 1000:09d}Z"
+                entries.append((stamp, line))
+
+    def rotate_log(self, namespace: str, pod: str) -> None:
+        """Kubelet log rotation: the lines so far leave the log the API serves; open follows of it end."""
+        with self.log_lock:
+            self.logs[(namespace, pod)] = []
+            self.log_rotations += 1
+
+    def _log_lines(self, key: tuple, params: dict[str, str], start: int = 0) -> tuple[str, int]:
+        """``(text, entries seen)`` of a pod's log from entry ``start``, with ``timestamps`` and ``sinceTime``."""
+        with self.log_lock:
+            entries = list(self.logs.get(key, []))
+        since = (params.get("sinceTime") or "")[:19]  # metav1.Time: RFC 3339, seconds
+        stamped = params.get("timestamps", "").lower() in ("true", "1")
+        chosen = [(t, line) for t, line in entries[start:] if not since or t[:19] >= since]
+        return "".join(f"{t} {line}" if stamped else line for t, line in chosen), len(entries)
 
     def _replace(self, request: Any, **changes: Any) -> Any:
         new = attrs.evolve(request, **changes)
@@ -119,6 +172,7 @@ class Cluster(kmock.KubernetesEmulator):
         if self.faults:
             status = self.faults.pop(0)
             raise kmock.KubernetesError(status=status, reason="InjectedFault", message=f"injected HTTP {status}")
+        self._authorize(request)
         if request.resource is None:
             return await super()._handle(request)
         if request.method == enums.method.GET and request.params.get("watch", "").lower() in ("true", "1"):
@@ -208,22 +262,20 @@ class Cluster(kmock.KubernetesEmulator):
         pod_key = (request.resource, request.namespace, request.name)
         if pod_key not in self._objects or self._objects[pod_key].deleted:
             raise kmock.KubernetesObjectNotFoundError()
-        with self.log_lock:
-            text = self.logs.get(key, "")
         if request.params.get("follow", "").lower() not in ("true", "1"):
+            text, _ = self._log_lines(key, request.params)
             lines = text.splitlines(keepends=True)
             tail = int(request.params.get("tailLines") or 0)
             return aiohttp.web.Response(text="".join(lines[-tail:] if tail else lines), content_type="text/plain")
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
         await response.prepare(request._raw_request)
         sent = 0
+        rotations = self.log_rotations
         try:
-            while True:
-                with self.log_lock:
-                    text = self.logs.get(key, "")
-                if len(text) > sent:
-                    await response.write(text[sent:].encode())
-                    sent = len(text)
+            while self.log_rotations == rotations:
+                text, sent = self._log_lines(key, request.params, sent)
+                if text:
+                    await response.write(text.encode())
                 stored = self._objects[pod_key] if pod_key in self._objects else None
                 if (
                     stored is None
@@ -242,6 +294,8 @@ class Served:
     """A :class:`Cluster` served on 127.0.0.1 from a background thread, with official clients for it."""
 
     def __init__(self) -> None:
+        #: The user the clients of :meth:`api` authenticate as (a bearer token); None: the controllers (no token).
+        self.user: str | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -263,15 +317,23 @@ class Served:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(5)
 
-    def api(self) -> k8s.ApiClient:
-        """A new official ApiClient for this server (plain HTTP, no auth)."""
+    def api(self, *, admin: bool = False) -> k8s.ApiClient:
+        """A new official ApiClient for this server (plain HTTP), as :attr:`user` (``admin``: no token)."""
         configuration = k8s.Configuration()
         configuration.host = self.url
+        user = None if admin else self.user
+        if user:
+            configuration.api_key = {"authorization": BEARER_PREFIX + user}
         return k8s.ApiClient(configuration)
 
     def kube(self, namespace: str = "default", timings: Timings = FAST, say: Any = None) -> Kube:
         """The GKE backend's client for this server, with fast test timings."""
         return Kube(self.api(), namespace, timings, say)
+
+    def as_user(self, user: str, rbac_objects: list[dict[str, Any]]) -> None:
+        """Enforce ``rbac_objects`` and make :meth:`kube` clients authenticate as ``user``."""
+        self.cluster.enforce(rbac_objects)
+        self.user = user
 
 
 def wait_until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:

@@ -43,7 +43,7 @@ class Play:
 
     def __init__(self, served: Served, namespace: str = "default"):
         self.served, self.cluster, self.ns = served, served.cluster, namespace
-        api = served.api()
+        api = served.api(admin=True)  # the controllers are not bound by the pipeline's RBAC
         self.custom, self.core, self.batch = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api), k8s.BatchV1Api(api)
         self.crds = k8s.ApiextensionsV1Api(api)
 
@@ -89,8 +89,8 @@ class Play:
     def workload_name(self, jobset: str) -> str:
         return f"jobset-{jobset}-1a2b3"
 
-    def kueue_queues(self, jobset: str, message: str) -> None:
-        """Kueue's webhook suspends the JobSet; its controller creates a pending Workload."""
+    def kueue_queues(self, jobset: str, message: str, reason: str = "Pending") -> None:
+        """Kueue's webhook suspends the JobSet; its controller creates a pending Workload (QuotaReserved False)."""
         js = self.jobset(jobset)
         self.patch_jobset(jobset, {"spec": {"suspend": True}})
         owner = {"apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "name": jobset,
@@ -99,7 +99,7 @@ class Play:
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "Workload",
             "metadata": {"name": self.workload_name(jobset), "namespace": self.ns, "ownerReferences": [owner]},
             "spec": {"queueName": js["metadata"]["labels"][names.KUEUE_QUEUE_LABEL]},
-            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": reason,
                                        "message": message}]},
         }  # fmt: skip
         self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", workload)
@@ -160,9 +160,10 @@ class Play:
     def pod_status(self, name: str, status: dict[str, Any]) -> None:
         self.core.patch_namespaced_pod_status(name, self.ns, {"status": status})
 
-    def event(self, pod: str, reason: str, message: str, kind: str = "Warning") -> None:
+    def event(self, pod: str, reason: str, message: str, kind: str = "Warning", involved: str = "Pod") -> None:
+        """An event on object ``pod`` of kind ``involved`` (a Pod, a JobSet, a Job)."""
         body = {"metadata": {"name": f"{pod}.{reason.lower()}", "namespace": self.ns},
-                "involvedObject": {"kind": "Pod", "name": pod, "namespace": self.ns},
+                "involvedObject": {"kind": involved, "name": pod, "namespace": self.ns},
                 "reason": reason, "message": message, "type": kind}  # fmt: skip
         self.core.create_namespaced_event(self.ns, body)
 

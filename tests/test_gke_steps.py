@@ -22,19 +22,21 @@ import pytest
 
 from multislice import config, metrics, names, reports, storage
 from multislice import steps as step_lines
-from multislice.backends.base import AdmissionTimeout, LaunchFailed, TrainingFailed
+from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobset as jobsets
-from multislice.backends.gke.aot import job_name
+from multislice.backends.gke.aot import job_name, render_job
 from multislice.plan import make_plan
-from multislice.preflight import PreflightFailed, request_for
+from multislice.preflight import PreflightError, PreflightFailed, request_for
 from multislice.render import jobset as render_jobset
-from multislice.render import schema
+from multislice.render import rbac, schema
 from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
 from multislice.steps import plan as plan_step
+from multislice.timings import DEFAULTS
 from tests.kube_cluster import FAST, Served, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
+from tests.kube_rbac import service_account_user
 
 RUN_ID = "run-1111"
 POOLS = ["tpu-pool-0", "tpu-pool-1"]
@@ -82,6 +84,19 @@ def plan():
         {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True},
     )
     return make_plan(spec)
+
+
+@pytest.fixture(autouse=True)
+def least_privilege(served, plan):
+    """Every scenario's steps act as the pipeline's ServiceAccount, under the RBAC ``multislice render`` writes.
+
+    The emulated API enforces the rendered Role and ClusterRoles as the API server does
+    (tests/kube_rbac.py): a verb or resource the steps use and RBAC does not grant is a 403 in the scenario.
+    """
+    accounts = plan.spec.service_accounts
+    user = service_account_user(accounts.pipeline_namespace or plan.spec.namespace, accounts.pipeline)
+    served.as_user(user, rbac.render_rbac_objects(plan))
+    return served.cluster.authorizer
 
 
 @pytest.fixture(autouse=True)
@@ -629,3 +644,122 @@ def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     out = capsys.readouterr().out
     assert "[preflight llama3-8b] fits on 2 x v6e-16: 22.06 GiB of 31.24 GiB HBM per chip" in out
+
+
+def test_provision_on_an_empty_cluster_creates_the_local_queue_under_enforced_rbac(served, play, plan, least_privilege):
+    # Nothing of the run's exists yet: the apply creates the LocalQueue, authorized as patch and as create (patch.go).
+    plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
+    served.as_user(served.user, rbac.render_rbac_objects(plan))
+    report = provision.run(plan, backend=GkeBackend(served.kube()))
+    assert report.kueue_objects == ["LocalQueue/multislice-queue"]
+    queue = play.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "localqueues",
+                                                     "multislice-queue")  # fmt: skip
+    assert queue["spec"]["clusterQueue"] == "multislice-cluster-queue"
+    assert served.cluster.authorizer.denied == []
+
+
+def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, play, plan):
+    objects = rbac.render_rbac_objects(plan)
+    for obj in objects:
+        for rule in obj.get("rules", []):
+            if rule["resources"] == ["localqueues"]:
+                rule["verbs"] = ["get", "patch"]  # what the Role granted before: apply cannot create
+    served.as_user(served.user, objects)
+    with pytest.raises(Exception, match="403") as refused:
+        provision.run(plan, backend=GkeBackend(served.kube()))
+    assert served.cluster.authorizer.denied == [
+        'localqueues.kueue.x-k8s.io "multislice-queue" is forbidden: User '
+        '"system:serviceaccount:default:multislice-pipeline" cannot create resource "localqueues" in API group '
+        '"kueue.x-k8s.io" in the namespace "default"'
+    ]
+    assert "forbidden" in str(refused.value)
+
+
+BLOCKED = [
+    pytest.param(
+        "event", 'WorkloadPriorityClass "default-priority" not found',
+        r"event WorkloadPriorityClassNotFound: WorkloadPriorityClass \"default-priority\" not found",
+        "set `priority` to an existing WorkloadPriorityClass", id="missing-priority-class",
+    ),
+    pytest.param(
+        "Inadmissible", "LocalQueue multislice-queue doesn't exist",
+        "QuotaReserved False: Inadmissible: LocalQueue multislice-queue doesn't exist",
+        "run the provision step, which applies LocalQueue multislice-queue", id="missing-local-queue",
+    ),
+    pytest.param(
+        "Pending", "couldn't assign flavors to pod set slice: resource google.com/tpu unavailable in ClusterQueue",
+        "resource google.com/tpu unavailable in ClusterQueue",
+        "the ClusterQueue covers no flavor of google.com/tpu", id="inadmissible-flavor",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("reason", "message", "cause", "fix"), BLOCKED)
+def test_admit_fails_fast_with_the_cause_when_kueue_cannot_admit(served, play, plan, reason, message, cause, fix):
+    js = stage_of(plan).jobset
+
+    def kueue():
+        play.jobset(js)
+        if reason == "event":  # Kueue creates no Workload and says why on the JobSet (kueue #3439, #13775)
+            play.event(js, "WorkloadPriorityClassNotFound", message, involved="JobSet")
+        else:
+            play.kueue_queues(js, message, reason=reason)
+
+    with Background(kueue), pytest.raises(AdmissionBlocked) as refused:
+        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(served.kube()))
+    assert re.search(cause, refused.value.message), refused.value.message
+    assert fix in refused.value.fix
+    assert "was deleted" in refused.value.message  # admit created it, so admit deletes it
+    assert play.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"] == []
+
+
+def test_an_unschedulable_compile_job_fails_preflight_with_the_schedulers_message(served, play, plan, told):
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
+        update={"suggest_alternative": False,
+                "node_selector": {"cloud.google.com/gke-nodepool": "cpu-pool"}})})})  # fmt: skip
+    stage = stage_of(plan)
+    name = job_name(plan, request_for(plan, stage))
+    scheduler = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
+
+    def scheduler_cannot_place():
+        listed = play.batch.list_namespaced_job
+        wait_until(lambda: any(j.metadata.name == name for j in listed("default").items), what=f"Job {name}")
+        unplaced = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": scheduler}]}  # fmt: skip
+        play.core.create_namespaced_pod(
+            "default", {"metadata": {"name": f"{name}-xyz12", "labels": {"job-name": name}}, "status": unplaced}
+        )
+        told.wait_for(re.escape(f"pod Unschedulable: {scheduler}"))
+
+    with Background(scheduler_cannot_place, told), pytest.raises(PreflightError) as failed:
+        preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(served.kube()))
+    assert f"AOT compile Job {name}: its pod stayed Unschedulable" in failed.value.message
+    assert scheduler in failed.value.message and "(the Job was deleted)" in failed.value.message
+    assert "preflight.node_selector" in failed.value.fix and "cpu 2, memory 8Gi" in failed.value.fix
+    assert [j.metadata.name for j in play.batch.list_namespaced_job("default").items] == []
+    # The verdict is reported within a minute of the pod being unschedulable, not after timeouts.compile.
+    assert DEFAULTS["gke"].job_unschedulable_grace <= 60 < DEFAULTS["gke"].compile_timeout
+
+
+def test_compile_jobs_go_to_the_profiles_node_selector(plan):
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"preflight": plan.spec.preflight.model_copy(
+        update={"node_selector": {"cloud.google.com/gke-nodepool": "cpu-pool"}})})})  # fmt: skip
+    job = render_job(plan, request_for(plan, stage_of(plan)), None, RUN_ID)
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"}
+
+
+def test_log_rotation_during_training_loses_no_step_line(served, play, plan, told):
+    kube, admitted, pods, js = training(served, play, plan)
+
+    def leader_trains_and_the_kubelet_rotates():
+        play.log(pods[0], step_line(0, 8.0) + step_line(1, 7.5))
+        told.wait_for(r"completed step: 1, .*loss: 7\.500")
+        served.cluster.rotate_log("default", pods[0])  # the lines so far leave the log; the follow ends
+        play.log(pods[0], step_line(2, 7.0) + step_line(3, 6.5))
+        told.wait_for(r"completed step: 3, .*loss: 6\.500")  # read after the re-attach
+        finishes(play, pods[0], js)
+
+    with Background(leader_trains_and_the_kubelet_rotates, told):
+        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+    assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 6.5)
+    assert trained.records == 4  # each step once: nothing lost, nothing repeated

@@ -174,7 +174,10 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
         NodePool.from_json(json.dumps({"placementPolicy": {"tpuTopologgy": "4x4"}}), ignore_unknown_fields=False)
     assert request["body"]["nodePool"] == {
         "name": "tpu-v6e-4x4-0",
-        "config": {"machineType": "ct6e-standard-4t"},
+        "config": {
+            "machineType": "ct6e-standard-4t",
+            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        },
         "initialNodeCount": 4,
         "locations": ["us-east5-b"],
         "placementPolicy": {"type": "COMPACT", "tpuTopology": "4x4"},
@@ -183,3 +186,15 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
 
 def test_local_profile_renders_no_gke_objects():
     assert not any(name.startswith(("rbac-", "gke-api/")) for name in rendered_manifests("local"))
+
+
+def test_finished_tpu_jobsets_have_a_ttl_from_the_profile():
+    def ttl(**overrides):
+        plan = make_plan(config.load_profile("gke-v6e-16x2", overrides))
+        rendered = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
+        schema.validate(rendered)  # spec.ttlSecondsAfterFinished is a JobSet v0.12.0 field
+        return rendered["spec"].get("ttlSecondsAfterFinished")
+
+    assert ttl() == 43200  # xpk's
+    assert ttl(jobset_ttl_seconds=600) == 600
+    assert ttl(jobset_ttl_seconds=None) is None

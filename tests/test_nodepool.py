@@ -13,6 +13,7 @@ from tests.gke_fake import FakeGke
 PARENT = "projects/my-project/locations/us-east5/clusters/tpu-cluster"
 POOLS_PATH = f"/v1/{PARENT}/nodePools"
 COMPACT = int(container_v1.NodePool.PlacementPolicy.Type.COMPACT)
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 def make(**overrides):
@@ -44,7 +45,7 @@ def test_creates_one_pool_per_slice_and_waits_on_each_operation(gke):
     assert posts[0][1] == {
         "nodePool": {
             "name": "tpu-v6e-4x4-0",
-            "config": {"machineType": "ct6e-standard-4t"},
+            "config": {"machineType": "ct6e-standard-4t", "oauthScopes": SCOPES},
             "initialNodeCount": 4,
             "locations": ["us-east5-b"],
             "placementPolicy": {"type": COMPACT, "tpuTopology": "4x4"},
@@ -143,6 +144,7 @@ def test_mismatched_pool_is_an_error_with_a_diff_and_nothing_is_created(gke):
             ("placementPolicy.tpuTopology", "4x4", "2x4"),
             ("nodes", 4, 2),
             ("config.spot", False, True),
+            ("config.oauthScopes", SCOPES, []),  # a pool made without scopes cannot write gs://
         ]
     }
     message = str(caught.value)
@@ -164,7 +166,7 @@ def test_manage_false_checks_and_names_what_to_create(gke):
     assert (
         "gcloud container node-pools create tpu-v6e-4x4-1 --cluster=tpu-cluster --location=us-east5 "
         "--project=my-project --machine-type=ct6e-standard-4t --node-locations=us-east5-b --placement-type=COMPACT "
-        "--tpu-topology=4x4 --num-nodes=4" in message
+        "--tpu-topology=4x4 --scopes=https://www.googleapis.com/auth/cloud-platform --num-nodes=4" in message
     )
     gke.add_pool(nodepool.node_pool_body("tpu-v6e-4x4-1", nodepool.PoolShape.of(plan)))
     report = ensure(plan, gke)
@@ -174,7 +176,7 @@ def test_manage_false_checks_and_names_what_to_create(gke):
 def test_spot_request_body(gke):
     ensure(make(**{"node_pools.provisioning": "spot"}), gke)
     body = gke.calls("POST")[0][1]["nodePool"]
-    assert body["config"] == {"machineType": "ct6e-standard-4t", "spot": True}
+    assert body["config"] == {"machineType": "ct6e-standard-4t", "spot": True, "oauthScopes": SCOPES}
     assert body["initialNodeCount"] == 4
 
 
@@ -183,6 +185,7 @@ def test_reservation_request_body(gke):
     body = gke.calls("POST")[0][1]["nodePool"]
     assert body["config"] == {
         "machineType": "ct6e-standard-4t",
+        "oauthScopes": SCOPES,
         "reservationAffinity": {
             "consumeReservationType": int(container_v1.ReservationAffinity.Type.SPECIFIC_RESERVATION),
             "key": "compute.googleapis.com/reservation-name",
@@ -206,6 +209,7 @@ def test_flex_start_with_queued_provisioning_request_body(gke):
         "name": "tpu-v6e-4x4-0",
         "config": {
             "machineType": "ct6e-standard-4t",
+            "oauthScopes": SCOPES,
             "reservationAffinity": {
                 "consumeReservationType": int(container_v1.ReservationAffinity.Type.NO_RESERVATION)
             },
@@ -320,3 +324,65 @@ def test_node_pool_spec_errors_name_the_field_and_fix(overrides, field, fix):
         make(**overrides)
     [(where, message)] = caught.value.issues
     assert field in where and fix in message
+
+
+def test_node_service_account_and_scopes_request_body_and_adoption(gke):
+    account = "tpu-nodes@my-project.iam.gserviceaccount.com"
+    storage = "https://www.googleapis.com/auth/devstorage.read_write"
+    plan = make(**{"node_pools.service_account": account, "node_pools.oauth_scopes": [SCOPES[0], storage]})
+    ensure(plan, gke)
+    body = gke.calls("POST")[0][1]["nodePool"]
+    assert body["config"] == {"machineType": "ct6e-standard-4t", "oauthScopes": [SCOPES[0], storage],
+                              "serviceAccount": account}  # fmt: skip
+    gcloud = nodepool.gcloud_create_args(plan, "tpu-v6e-4x4-0")
+    assert f"--scopes={SCOPES[0]},{storage}" in gcloud and f"--service-account={account}" in gcloud
+    # Adoption: more scopes than asked for are fine; another node service account is a mismatch.
+    assert ensure(make(**{"node_pools.service_account": account}), gke)["adopted"] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
+    with pytest.raises(nodepool.NodePoolMismatch, match="config.serviceAccount: wanted 'default'"):
+        ensure(make(), gke)
+
+
+def test_pool_without_storage_scopes_is_not_adopted(gke):
+    plan = make()
+    body = nodepool.node_pool_body("tpu-v6e-4x4-0", nodepool.PoolShape.of(plan))
+    body.config.oauth_scopes = ["https://www.googleapis.com/auth/logging.write"]  # GKE's default without scopes
+    gke.add_pool(body)
+    with pytest.raises(nodepool.NodePoolMismatch, match="config.oauthScopes"):
+        ensure(plan, gke)
+
+
+def test_unspecified_placement_type_with_the_topology_is_adopted(gke):
+    plan = make()
+    for name in nodepool.pool_names(plan):
+        body = nodepool.node_pool_body(name, nodepool.PoolShape.of(plan))
+        body.placement_policy.type_ = container_v1.NodePool.PlacementPolicy.Type.TYPE_UNSPECIFIED  # --tpu-topology only
+        gke.add_pool(body)
+    assert ensure(plan, gke)["adopted"] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"node_pools.oauth_scopes": ["https://www.googleapis.com/auth/logging.write"]}, "include https://"),
+        ({"node_pools.oauth_scopes": ["storage"]}, "is not an OAuth scope"),
+        ({"node_pools.service_account": "nodes"}, "is not a Google service account email"),
+        ({"service_accounts.tpu_workload_identity": True}, "GKE gives hostNetwork pods no Workload Identity"),
+    ],
+)
+def test_identity_and_scope_errors_name_the_field(overrides, words):
+    with pytest.raises(config.ConfigError) as refused:
+        make(**overrides)
+    assert words in str(refused.value)
+
+
+def test_workload_identity_on_tpu_pods_drops_host_network_by_choice():
+    from multislice.backends.gke import GkeBackend
+    from multislice.render import jobset
+
+    plan = make(**{"service_accounts.tpu_workload_identity": True, "service_accounts.tpu_host_network": False})
+    rendered = jobset.render_jobset(plan, plan.stages[0], hardware=GkeBackend.hardware, pipeline_run_id="r")
+    pod = rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and pod["serviceAccountName"] == "multislice-trainer"
+    default = make()
+    rendered = jobset.render_jobset(default, default.stages[0], hardware=GkeBackend.hardware, pipeline_run_id="r")
+    assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["hostNetwork"] is True

@@ -41,7 +41,7 @@ def test_namespaced_role_grants_exactly_what_the_steps_use():
         ("", "pods/log"): (["get"], None),
         ("", "events"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "workloads"): (["get", "list", "watch"], None),
-        ("kueue.x-k8s.io", "localqueues"): (["get", "patch"], ["multislice-queue"]),
+        ("kueue.x-k8s.io", "localqueues"): (["create", "get", "patch"], ["multislice-queue"]),
     }
 
 
@@ -66,9 +66,9 @@ def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
     objs = objects(**{"service_accounts.kueue_cluster_objects": True})
     role = objs[("ClusterRole", "multislice-pipeline-kueue-multislice-cluster-queue")]
     assert rules_table(role) == {
-        ("kueue.x-k8s.io", "resourceflavors"): (["get", "patch"], ["v6e-4x4"]),
-        ("kueue.x-k8s.io", "clusterqueues"): (["get", "patch"], ["multislice-cluster-queue"]),
-        ("kueue.x-k8s.io", "workloadpriorityclasses"): (["get", "patch"], ["default-priority"]),
+        ("kueue.x-k8s.io", "resourceflavors"): (["create", "get", "patch"], ["v6e-4x4"]),
+        ("kueue.x-k8s.io", "clusterqueues"): (["create", "get", "patch"], ["multislice-cluster-queue"]),
+        ("kueue.x-k8s.io", "workloadpriorityclasses"): (["create", "get", "patch"], ["default-priority"]),
     }
     assert ("ClusterRoleBinding", "multislice-pipeline-kueue-multislice-cluster-queue-default") in objs
 

@@ -56,6 +56,12 @@ class AdmissionTimeout(RunFailed):
     """Kueue did not admit a stage's workload in time; the message has the last pending reason."""
 
 
+class AdmissionBlocked(AdmissionTimeout):
+    """Kueue cannot admit a stage's workload until its configuration changes (a missing LocalQueue,
+    ClusterQueue or WorkloadPriorityClass, a resource no flavor covers): admit fails at once with the cause
+    and fix instead of waiting out ``timings.admit_timeout``."""
+
+
 class WorkloadConflict(InputError):
     """A workload of that name exists with another spec (another run): nothing was changed."""
 

@@ -18,6 +18,17 @@ from multislice.config.values import INT32_MAX, INT32_MIN
 
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+#: OAuth scopes (https://developers.google.com/identity/protocols/oauth2/scopes).
+GOOGLE_SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+CLOUD_PLATFORM_SCOPE = GOOGLE_SCOPE_PREFIX + "cloud-platform"
+#: Scopes under which a node's service account may write Cloud Storage (gs:// checkpoints).
+STORAGE_WRITE_SCOPES = frozenset(
+    {
+        CLOUD_PLATFORM_SCOPE,
+        GOOGLE_SCOPE_PREFIX + "devstorage.read_write",
+        GOOGLE_SCOPE_PREFIX + "devstorage.full_control",
+    }
+)
 
 #: Most steps a stage may train: MaxText counts steps in an int32 (JAX's default integer).
 MAX_STEPS = INT32_MAX
@@ -354,6 +365,17 @@ class NodePoolSpec(_Strict):
     operation_timeout_seconds: float = Field(
         3600, gt=0, description="How long provision waits for one node pool operation, seconds."
     )
+    oauth_scopes: tuple[str, ...] = Field(
+        (CLOUD_PLATFORM_SCOPE,),
+        description="OAuth scopes of the TPU nodes. hostNetwork TPU pods reach Google APIs (gs:// checkpoints, "
+        "the JAX cache) as the node's service account with these scopes; without them GKE gives only "
+        "logging and monitoring (xpk passes storage-full, gke-default and cloud-platform).",
+    )
+    service_account: str | None = Field(
+        None,
+        description="Google service account of the TPU nodes (email); default the project's Compute Engine "
+        "default service account. TPU pods write gs:// as it (`multislice render` prints its IAM bindings).",
+    )
 
     @field_validator("name_prefix")
     @classmethod
@@ -363,6 +385,28 @@ class NodePoolSpec(_Strict):
             raise ValueError(
                 f"{value!r} cannot prefix a GKE node pool name: use lower-case letters, digits and '-', "
                 f"starting with a letter, at most {NODE_POOL_NAME_MAX_LENGTH - 4} characters"
+            )
+        return value
+
+    @field_validator("oauth_scopes")
+    @classmethod
+    def _scopes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [scope for scope in value if not scope.startswith(GOOGLE_SCOPE_PREFIX)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an OAuth scope; use URLs like {CLOUD_PLATFORM_SCOPE}")
+        if not set(value) & STORAGE_WRITE_SCOPES:
+            raise ValueError(
+                f"the scopes {list(value)} do not let the TPU nodes write Cloud Storage, where hostNetwork TPU pods "
+                f"write checkpoints as the node's service account: include {CLOUD_PLATFORM_SCOPE}"
+            )
+        return value
+
+    @field_validator("service_account")
+    @classmethod
+    def _node_account(cls, value: str | None) -> str | None:
+        if value is not None and not _GCP_SERVICE_ACCOUNT.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a Google service account email; use NAME@PROJECT.iam.gserviceaccount.com"
             )
         return value
 
@@ -462,6 +506,17 @@ class ServiceAccountsSpec(_Strict):
         description="Also let the pipeline server-side apply the run's cluster-scoped Kueue objects "
         "(by name); otherwise an admin applies them once.",
     )
+    tpu_host_network: bool = Field(
+        True,
+        description="TPU pods use hostNetwork (GKE's and xpk's multislice setup: DCN traffic between slices "
+        "on the node's network). hostNetwork pods get no Workload Identity: they write gs:// as the node's "
+        "service account (node_pools.service_account, oauth_scopes).",
+    )
+    tpu_workload_identity: bool = Field(
+        False,
+        description="TPU pods write gs:// as trainer_gcp_service_account through Workload Identity; needs "
+        "tpu_host_network: false (DCN traffic then goes through the pod network).",
+    )
 
     @field_validator("pipeline", "trainer")
     @classmethod
@@ -483,6 +538,19 @@ class ServiceAccountsSpec(_Strict):
             raise ValueError(
                 f"pipeline and trainer are both {self.pipeline!r}; the trainer's pods must not hold the pipeline's "
                 "API rights: give service_accounts.trainer another name"
+            )
+        if self.tpu_workload_identity and self.tpu_host_network:
+            raise ValueError(
+                "tpu_workload_identity with tpu_host_network: GKE gives hostNetwork pods no Workload Identity, so "
+                "the TPU pods would write gs:// as the node's service account anyway; set tpu_host_network: false "
+                "(DCN traffic between slices then goes through the pod network instead of the node's, slower "
+                "collectives over DCN), or drop tpu_workload_identity and grant node_pools.service_account the "
+                "bucket (see `multislice render`'s iam-bindings.txt)"
+            )
+        if self.tpu_workload_identity and not self.trainer_gcp_service_account:
+            raise ValueError(
+                "tpu_workload_identity needs trainer_gcp_service_account: set the Google service account the TPU "
+                "pods act as"
             )
         return self
 
@@ -508,6 +576,11 @@ class PreflightSpec(_Strict):
     )
     suggest_alternative: bool = Field(
         True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="GKE: the nodeSelector of the AOT compile Jobs' pods (each asks 2 CPU, 8 GiB), e.g. "
+        "{'cloud.google.com/gke-nodepool': 'cpu-pool'}; empty: any node that fits.",
     )
 
     @field_validator("cache_dir")
@@ -581,6 +654,13 @@ class RunSpec(_Strict):
     tpu_type: str
     num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
     max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
+    jobset_ttl_seconds: int | None = Field(
+        43200,
+        ge=0,
+        le=INT32_MAX,
+        description="GKE: the TPU JobSet's spec.ttlSecondsAfterFinished (JobSet v0.12): a finished JobSet and its "
+        "pods are deleted this long after it finishes (xpk: 43,200 s); null keeps them until cleanup.",
+    )
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)

@@ -179,10 +179,14 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
             {"containerPort": 8080, "name": "megascale", "protocol": "TCP"},
         ]
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
-        # The trainer's ServiceAccount (multislice.render.rbac): no API rights; Workload Identity for gs:// output.
+        # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
+        # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
+        # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity
+        # drops hostNetwork so the trainer's Google service account applies.
         pod_spec["serviceAccountName"] = spec.service_accounts.trainer
-        pod_spec["hostNetwork"] = True
-        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        if spec.service_accounts.tpu_host_network:
+            pod_spec["hostNetwork"] = True
+            pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
         pod_spec["nodeSelector"] = {
             tpu.ACCELERATOR_LABEL: plan.slice.gke_accelerator,
             tpu.TOPOLOGY_LABEL: plan.slice.topology,
@@ -226,6 +230,11 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
                 ],
             },
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            **(
+                {"ttlSecondsAfterFinished": spec.jobset_ttl_seconds}
+                if hardware == "tpu" and spec.jobset_ttl_seconds is not None
+                else {}
+            ),
             "replicatedJobs": [
                 {
                     "name": names.REPLICATED_JOB,

@@ -14,8 +14,15 @@ batch              jobs                                   create, get, list, wat
 "" (core)          pods/log                               get (train: the leader's log)
 "" (core)          events                                 get, list, watch (launch: why a pod waits)
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
-kueue.x-k8s.io     localqueues (the run's queue only)     get, patch (provision: server-side apply)
+kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:
+                                                          server-side apply)
 =================  =====================================  ===================================
+
+Server-side apply is a PATCH, authorized as ``patch``; when the object does
+not exist yet the API server authorizes it a second time as ``create`` with
+the object's name (``k8s.io/apiserver/pkg/endpoints/handlers/patch.go``,
+``createAuthorizerAttributes``), so every applied object is granted
+``get, patch, create`` by name (:data:`APPLY`).
 
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
@@ -24,7 +31,7 @@ cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
 WorkloadPriorityClass) are applied once by a cluster admin from
 ``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
 a second ClusterRole lets the pipeline get and server-side apply (patch)
-exactly those objects, by name.
+exactly those objects, by name (create included, as above).
 
 The trainer's ServiceAccount (``service_accounts.trainer``) gets no Kubernetes
 API rights and no mounted token; with ``trainer_gcp_service_account`` it
@@ -59,6 +66,8 @@ _RULE_KEYS = frozenset({"apiGroups", "resources", "verbs", "resourceNames"})
 _SUBJECT_KINDS = frozenset({"ServiceAccount", "User", "Group"})
 
 READ = ["get", "list", "watch"]
+#: What server-side apply of a named object needs: read it, patch it, and create it the first time (patch.go).
+APPLY = ["get", "patch", "create"]
 
 
 def _rule(group: str, resources: list[str], verbs: list[str], names_: list[str] | None = None) -> dict[str, Any]:
@@ -77,7 +86,7 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("", ["pods/log"], ["get"]),
         _rule("", ["events"], READ),
         _rule("kueue.x-k8s.io", ["workloads"], READ),
-        _rule("kueue.x-k8s.io", ["localqueues"], ["get", "patch"], [plan.spec.queue]),
+        _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
     ]
 
 
@@ -90,12 +99,12 @@ def cluster_read_rules() -> list[dict[str, Any]]:
 
 
 def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
-    """Get and server-side apply (patch) the run's cluster-scoped Kueue objects, by name only."""
+    """Get and server-side apply (patch, create) the run's cluster-scoped Kueue objects, by name only."""
     spec = plan.spec
     return [
-        _rule("kueue.x-k8s.io", ["resourceflavors"], ["get", "patch"], [spec.slice_type.flavor_name]),
-        _rule("kueue.x-k8s.io", ["clusterqueues"], ["get", "patch"], [spec.cluster_queue]),
-        _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], ["get", "patch"], [spec.priority]),
+        _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, [spec.slice_type.flavor_name]),
+        _rule("kueue.x-k8s.io", ["clusterqueues"], APPLY, [spec.cluster_queue]),
+        _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], APPLY, [spec.priority]),
     ]
 
 

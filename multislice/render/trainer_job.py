@@ -18,12 +18,13 @@ def render_trainer_job(
     stage: StagePlan | None = None,
     env: dict[str, str] | None = None,
     resources: dict[str, Any] | None = None,
+    node_selector: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A one-pod Job (batch/v1) of the trainer image on CPU: no retries, the run's labels.
 
     It runs as the trainer's ServiceAccount (:mod:`multislice.render.rbac`), whose
     Workload Identity reads and writes the run's ``gs://`` paths; JAX is told
-    to use the CPU (``JAX_PLATFORMS=cpu``).
+    to use the CPU (``JAX_PLATFORMS=cpu``). ``node_selector`` (pod ``spec.nodeSelector``) picks its nodes.
     """
     labels = run_labels(plan, pipeline_run_id, stage)
     container: dict[str, Any] = {
@@ -34,6 +35,13 @@ def render_trainer_job(
     }
     if resources:
         container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": plan.spec.service_accounts.trainer,
+        "restartPolicy": "Never",
+        "containers": [container],
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -42,11 +50,7 @@ def render_trainer_job(
             "backoffLimit": 0,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": plan.spec.service_accounts.trainer,
-                    "restartPolicy": "Never",
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -36,7 +36,8 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
     Raises:
         multislice.render.schema.ManifestInvalid: the rendered workload fails CRD validation.
         multislice.backends.base.WorkloadConflict: the name is taken by another spec.
-        multislice.backends.base.AdmissionTimeout: not admitted in time (a workload this step created is deleted).
+        multislice.backends.base.AdmissionTimeout: not admitted in time, or at once (AdmissionBlocked) when
+            Kueue cannot admit it as configured (a workload this step created is deleted).
     """
     stage = plan.stage(stage_name)
     with cancellable("admit", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
@@ -72,7 +73,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
                 raise
             backend.delete(stage.jobset)
             deleted = f"; JobSet {stage.jobset} (created by this step) was deleted"
-            raise AdmissionTimeout(error.message + deleted, error.fix) from None
+            raise type(error)(error.message + deleted, error.fix) from None
         report = AdmitReport(
             jobset=stage.jobset,
             admitted=True,

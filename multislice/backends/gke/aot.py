@@ -7,7 +7,11 @@ Job of the trainer image running ``python -m multislice.trainer.aot
 (``AOT_RESULT {json}``) is read back from the pod's log. No TPU is requested:
 libtpu compiles for the topology on the CPU. The Job runs as the trainer's
 ServiceAccount, whose Workload Identity reads and writes the verdict cache in
-Cloud Storage, so a rerun's Jobs answer from the cache in seconds.
+Cloud Storage, so a rerun's Jobs answer from the cache in seconds. Its pod
+asks for :data:`RESOURCES` and goes where ``preflight.node_selector`` says
+(e.g. ``cloud.google.com/gke-nodepool: cpu-pool``); one the scheduler cannot
+place fails the compile within ``timings.job_unschedulable_grace`` with the
+scheduler's message (:class:`.jobs.JobUnschedulable`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def render_job(plan: Plan, request: dict[str, Any], cache_dir: str | None, pipel
     return render_trainer_job(
         plan, job_name(plan, request), command, pipeline_run_id,
         env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, resources=RESOURCES,
+        node_selector=plan.spec.preflight.node_selector,
     )  # fmt: skip
 
 
@@ -85,7 +90,8 @@ class JobAotSession:
         """Run one request as a Job and return its result.
 
         Raises:
-            PreflightError: the Job left no result line (the message quotes its events and log tail).
+            PreflightError: the Job left no result line (the message quotes its events and log tail), or its
+                pod could not be scheduled (the message quotes the scheduler).
             CompileTimeout: the Job did not finish within ``timeout`` seconds.
         """
         body = render_job(self.plan, request, self.cache_dir, self.pipeline_run_id)
@@ -95,6 +101,13 @@ class JobAotSession:
             )
         except TimeoutError as error:
             raise CompileTimeout(str(error), "raise timeouts.compile, or check the Job's pod events") from None
+        except jobs.JobUnschedulable as error:
+            wanted = ", ".join(f"{k} {v}" for k, v in RESOURCES["requests"].items())
+            raise PreflightError(
+                error.message,
+                f"set preflight.node_selector to a CPU node pool with {wanted} free per compile (now "
+                f"{self.plan.spec.preflight.node_selector or 'none'}), or add such a pool or autoscaling",
+            ) from None
         result = parse_result(log)
         if result is None:
             detail = pod_state.events(self.kube, pod) if pod else "no pod found"

@@ -4,7 +4,11 @@ Used for the checkpoint verifier (:mod:`.verifier`) and preflight's AOT compiles
 (:mod:`.aot`). A Job carries the spec-hash annotation of :mod:`.jobset`, so a
 retried step adopts its own Job and a different Job under the same name is an
 error, never a silent delete. Job status read (batch/v1 ``JobStatus``):
-conditions ``Complete`` and ``Failed``.
+conditions ``Complete`` and ``Failed``. While it runs, its pod (label
+``job-name``) is read too: a pod the scheduler cannot place (``PodScheduled``
+False, reason ``Unschedulable``, core v1 ``PodCondition``) for
+``timings.job_unschedulable_grace`` ends the wait with the scheduler's message
+(:class:`JobUnschedulable`), instead of waiting out the Job's whole timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ from kubernetes.client.exceptions import ApiException
 
 from multislice import names
 from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
+from multislice.errors import RunFailed
+
+
+class JobUnschedulable(RunFailed):
+    """A trainer Job's pod stayed Unschedulable past ``timings.job_unschedulable_grace``; the Job was deleted.
+
+    The message quotes the scheduler (e.g. ``0/3 nodes are available: 3 Insufficient cpu.``).
+    """
 
 
 def job_state(job: dict[str, Any]) -> str | None:
@@ -46,6 +59,8 @@ def run_job(
 
     Raises:
         TimeoutError: not finished within ``timeout`` seconds (the Job was deleted, so nothing runs on).
+        JobUnschedulable: its pod stayed Unschedulable for ``kube.timings.job_unschedulable_grace`` seconds
+            (the Job was deleted); the message has the scheduler's reason.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
     body = jobsets.with_spec_hash(body)
@@ -64,6 +79,21 @@ def run_job(
         raise
 
 
+def _delete(kube: Kube, name: str) -> None:
+    kube.call(
+        kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
+        what=f"delete Job {name}",
+    )  # fmt: skip
+
+
+def _unschedulable(kube: Kube, name: str) -> str | None:
+    """The scheduler's message when the Job's newest pod is Unschedulable, else None."""
+    found = kube.call(
+        kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
+    )
+    return pod_state.unschedulable(found.items[-1]) if found.items else None
+
+
 def _run_job(
     kube: Kube, body: dict[str, Any], name: str, timeout: float, on_progress: Callable[[str], None], what: str
 ) -> tuple[str, str, str | None]:
@@ -80,6 +110,8 @@ def _run_job(
         jobsets.adopt_or_conflict("Job", existing, wanted, kube.namespace)
         on_progress(f"{what} {name} exists with the same spec; adopted")
     deadline = time.monotonic() + timeout
+    unschedulable_since: float | None = None
+    told = None
     while True:
         job = kube.api.sanitize_for_serialization(
             kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
@@ -87,12 +119,26 @@ def _run_job(
         state = job_state(job)
         if state:
             break
-        if time.monotonic() > deadline:
-            kube.call(
-                kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
-                what=f"delete Job {name}",
-            )  # fmt: skip
+        now = time.monotonic()
+        if now > deadline:
+            _delete(kube, name)
             raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
+        message = _unschedulable(kube, name)
+        if message is None:
+            unschedulable_since = None
+        else:
+            unschedulable_since = unschedulable_since if unschedulable_since is not None else now
+            if message != told:
+                on_progress(f"{what} {name}: pod Unschedulable: {message}")
+                told = message
+            if now - unschedulable_since >= kube.timings.job_unschedulable_grace:
+                _delete(kube, name)
+                raise JobUnschedulable(
+                    f"{what} {name}: its pod stayed Unschedulable for {now - unschedulable_since:.0f} s: {message} "
+                    "(the Job was deleted)",
+                    "give the Job's pod a node that fits its requests: a CPU node pool with free capacity, or "
+                    "autoscaling on one",
+                )
         time.sleep(kube.timings.poll_seconds)
     found = kube.call(
         kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"

@@ -3,9 +3,17 @@
 A background thread reads ``GET /api/v1/namespaces/NS/pods/POD/log?follow=true``
 for the trainer container of the newest restart attempt's leader. When the
 stream ends (the pod finished, the connection dropped, the JobSet restarted
-and recreated its pods) it looks for the leader again and re-attaches; lines
-of a pod it already read are skipped by count, so a re-attach to the same pod
-repeats nothing.
+and recreated its pods) it looks for the leader again and re-attaches.
+
+Lines are tracked by time, not by count: the log is read with
+``timestamps=true`` (each line prefixed by the kubelet's RFC 3339 nanosecond
+timestamp) and a re-attach asks for ``sinceTime`` = the last line's second
+(core v1 ``PodLogOptions``; the official client's ``read_namespaced_pod_log``
+has no ``since_time``, so the call is made with ``ApiClient.call_api``).
+Lines older than the last one passed on, or equal to it and already passed
+on, are skipped. After kubelet log rotation the log the API serves starts
+later than what was read, so skipping by count would drop new lines; by time
+nothing is lost that the kubelet still has, and nothing is repeated.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ from multislice.backends.gke.client import Kube
 READ_TIMEOUT_SECONDS = 600
 
 
+def _sortable(stamp: str) -> str:
+    """An RFC 3339 timestamp with its fraction padded to 9 digits (RFC3339Nano trims trailing zeros)."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{frac:0<9}Z"
+
+
 class LeaderLog(threading.Thread):
     """Calls ``on_line(pod_name, line)`` for each new line of the JobSet's leader pod, in order.
 
@@ -38,7 +52,7 @@ class LeaderLog(threading.Thread):
     def __init__(self, kube: Kube, jobset: str, on_line: Callable[[str, str], None], poll_seconds: float):
         super().__init__(name=f"leader-log-{jobset}", daemon=True)
         self.kube, self.jobset, self.on_line, self.poll = kube, jobset, on_line, poll_seconds
-        self.read: dict[str, int] = {}  # pod name -> lines already passed on
+        self.read: dict[str, tuple[str, set[str]]] = {}  # pod -> (last timestamp passed on, lines passed at it)
         self.pods_followed: list[str] = []
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -67,20 +81,26 @@ class LeaderLog(threading.Thread):
             pass
 
     def _read(self, pod_name: str, follow: bool) -> None:
-        response = self.kube.core.read_namespaced_pod_log(
-            pod_name, self.kube.namespace, container=names.TRAINER_CONTAINER, follow=follow,
-            _preload_content=False, _request_timeout=(10, READ_TIMEOUT_SECONDS),
+        query = [("container", names.TRAINER_CONTAINER), ("timestamps", "true"), ("follow", str(follow).lower())]
+        last = self.read.get(pod_name)
+        if last is not None:
+            query.append(("sinceTime", last[0][:19] + "Z"))  # metav1.Time has whole seconds
+        response = self.kube.api.call_api(
+            f"/api/v1/namespaces/{self.kube.namespace}/pods/{pod_name}/log", "GET", query_params=query,
+            header_params={"Accept": "*/*"}, auth_settings=["BearerToken"], _preload_content=False,
+            _request_timeout=(10, READ_TIMEOUT_SECONDS), _return_http_data_only=True,
         )  # fmt: skip
         if pod_name not in self.pods_followed:
             self.pods_followed.append(pod_name)
         try:
-            count = 0
-            for line in iter_resp_lines(response):
-                count += 1
+            for stamped in iter_resp_lines(response):
+                stamp, _, line = stamped.partition(" ")
+                stamp = _sortable(stamp)
                 with self._lock:
-                    if count <= self.read.get(pod_name, 0):
+                    last_stamp, at_last = self.read.get(pod_name, ("", set()))
+                    if stamp < last_stamp or (stamp == last_stamp and line in at_last):
                         continue
-                    self.read[pod_name] = count
+                    self.read[pod_name] = (stamp, (at_last if stamp == last_stamp else set()) | {line})
                     self.on_line(pod_name, line)
                 if self._stop_event.is_set() and follow:
                     break

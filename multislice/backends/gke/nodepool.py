@@ -93,6 +93,10 @@ class PoolShape:
         queued_provisioning: flex-start pools that only take ProvisioningRequests.
         zone: The node location, or None to leave it to GKE (zonal cluster).
         networks: Additional node networks, ``(network, subnetwork)`` pairs.
+        oauth_scopes: The nodes' OAuth scopes (``config.oauthScopes``); hostNetwork TPU pods call Google APIs
+            with them.
+        service_account: The nodes' Google service account (``config.serviceAccount``), None: GKE's default
+            (the project's Compute Engine default service account).
     """
 
     machine_type: str
@@ -104,6 +108,8 @@ class PoolShape:
     queued_provisioning: bool
     zone: str | None
     networks: tuple[tuple[str, str], ...]
+    oauth_scopes: tuple[str, ...] = ()
+    service_account: str | None = None
 
     @classmethod
     def of(cls, plan: Plan) -> PoolShape:
@@ -120,6 +126,8 @@ class PoolShape:
             queued_provisioning=pools.queued_provisioning,
             zone=pools.zone,
             networks=tuple((n.network, n.subnetwork) for n in pools.additional_node_networks),
+            oauth_scopes=tuple(pools.oauth_scopes),
+            service_account=pools.service_account,
         )
 
     def fields(self) -> dict[str, Any]:
@@ -140,6 +148,8 @@ class PoolShape:
             ),
             "queuedProvisioning.enabled": self.queued_provisioning,
             "networkConfig.additionalNodeNetworkConfigs": sorted(f"{n}/{s}" for n, s in self.networks),
+            "config.oauthScopes": sorted(self.oauth_scopes),
+            "config.serviceAccount": self.service_account or "default",
         }
         if self.zone:
             out["locations"] = [self.zone]
@@ -175,6 +185,8 @@ def existing_fields(pool: container_v1.NodePool, wanted: PoolShape) -> dict[str,
         "networkConfig.additionalNodeNetworkConfigs": sorted(
             f"{_last(c.network)}/{_last(c.subnetwork)}" for c in pool.network_config.additional_node_network_configs
         ),
+        "config.oauthScopes": sorted(pool.config.oauth_scopes),
+        "config.serviceAccount": pool.config.service_account or "default",
     }
     if wanted.zone:
         out["locations"] = list(pool.locations)
@@ -191,6 +203,15 @@ def shape_diff(pool: container_v1.NodePool, wanted: PoolShape) -> list[tuple[str
         "NO_RESERVATION",
     ):
         found["config.reservationAffinity"] = "UNSPECIFIED"
+    # GKE makes the placement type optional when a TPU topology is given: a pool created with
+    # --tpu-topology alone reads TYPE_UNSPECIFIED and is placed as a slice all the same.
+    if (want["placementPolicy.type"], found["placementPolicy.type"]) == ("COMPACT", "TYPE_UNSPECIFIED") and (
+        found["placementPolicy.tpuTopology"] == want["placementPolicy.tpuTopology"]
+    ):
+        found["placementPolicy.type"] = "COMPACT"
+    # More scopes than asked for is fine; fewer is not (the TPU pods' gs:// writes use them).
+    if set(want["config.oauthScopes"]) <= set(found["config.oauthScopes"]):
+        found["config.oauthScopes"] = want["config.oauthScopes"]
     return [(key, want[key], found[key]) for key in want if want[key] != found[key]]
 
 
@@ -220,6 +241,11 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
 
     Standard: ``initialNodeCount`` = hosts. Spot: ``config.spot``. Reservation:
     ``config.reservationAffinity`` SPECIFIC_RESERVATION on the reservation name.
+    Every pool: ``config.oauthScopes`` (default cloud-platform) and, when set,
+    ``config.serviceAccount``: hostNetwork TPU pods get no Workload Identity and
+    write ``gs://`` as this account with these scopes (without scopes GKE gives
+    only logging and monitoring; xpk passes storage-full, gke-default and
+    cloud-platform: ``src/xpk/core/nodepool.py``).
     Flex-start: ``config.flexStart``, 0 initial nodes, autoscaling 0..hosts with
     location policy ANY, reservation affinity NO_RESERVATION, auto-repair off
     (as xpk's ``--flex``); with ``queued_provisioning`` also ``queuedProvisioning.enabled``.
@@ -227,7 +253,12 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
     from google.cloud import container_v1
 
     flex = shape.provisioning == "flex-start"
-    node_config = container_v1.NodeConfig(machine_type=shape.machine_type, spot=shape.provisioning == "spot")
+    node_config = container_v1.NodeConfig(
+        machine_type=shape.machine_type,
+        spot=shape.provisioning == "spot",
+        oauth_scopes=list(shape.oauth_scopes),
+        service_account=shape.service_account or "",
+    )
     if flex:
         node_config.flex_start = True
         node_config.reservation_affinity = container_v1.ReservationAffinity(
@@ -276,6 +307,10 @@ def gcloud_create_args(plan: Plan, name: str) -> list[str]:
         args.append(f"--node-locations={shape.zone}")
     if shape.multi_host:
         args += ["--placement-type=COMPACT", f"--tpu-topology={shape.topology}"]
+    if shape.oauth_scopes:
+        args.append("--scopes=" + ",".join(shape.oauth_scopes))
+    if shape.service_account:
+        args.append(f"--service-account={shape.service_account}")
     if shape.provisioning == "flex-start":
         args += ["--flex-start", "--num-nodes=0", "--enable-autoscaling", "--min-nodes=0"]
         args += [f"--max-nodes={shape.node_count}", "--location-policy=ANY", "--reservation-affinity=none"]
@@ -605,3 +640,41 @@ def _wait(
                 "rerun provision, which adopts the pool"
             )
         time.sleep(poll_seconds)
+
+
+#: The Compute Engine default service account, which GKE nodes use when ``node_pools.service_account`` is unset.
+DEFAULT_NODE_ACCOUNT = "PROJECT_NUMBER-compute@developer.gserviceaccount.com"
+
+
+def iam_bindings(plan: Plan) -> list[str]:
+    """The IAM bindings the identity the TPU pods write ``gs://`` with needs, as ``gcloud`` commands.
+
+    hostNetwork TPU pods (the default, ``service_accounts.tpu_host_network``) get no Workload
+    Identity (https://cloud.google.com/kubernetes-engine/docs/concepts/workload-identity#limitations):
+    they act as the node's service account with the node's OAuth scopes. That account needs
+    ``roles/container.defaultNodeServiceAccount`` on the project (what every GKE node needs:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/service-accounts), ``roles/artifactregistry.reader``
+    (pull the trainer image) and ``roles/storage.objectUser`` on the output bucket (checkpoints, metrics,
+    the JAX cache). With ``service_accounts.tpu_workload_identity`` the bucket role goes to the
+    trainer's Google service account instead.
+
+    Returns:
+        One line per binding (a ``gcloud`` command), then none for a local ``output_dir``.
+    """
+    spec = plan.spec
+    project = spec.cluster.project or "PROJECT"
+    node = spec.node_pools.service_account or DEFAULT_NODE_ACCOUNT
+    writer = spec.service_accounts.trainer_gcp_service_account if spec.service_accounts.tpu_workload_identity else node
+    lines = [
+        f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{node} "
+        "--role=roles/container.defaultNodeServiceAccount",
+        f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{node} "
+        "--role=roles/artifactregistry.reader",
+    ]
+    if spec.output_dir.startswith("gs://"):
+        bucket = "gs://" + spec.output_dir[len("gs://") :].split("/", 1)[0]
+        lines.append(
+            f"gcloud storage buckets add-iam-policy-binding {bucket} --member=serviceAccount:{writer} "
+            "--role=roles/storage.objectUser"
+        )
+    return lines

@@ -10,15 +10,34 @@ https://kueue.sigs.k8s.io/docs/concepts/workload/#workload-conditions):
 ``Evicted`` (reason ``Preempted``, ``PodsReadyTimeout``, ...; the JobSet is
 suspended again and requeued) and ``Finished``. ``status.admission`` names
 the ClusterQueue and, per pod set, the flavor assigned to each resource.
+
+Some waits never end by themselves; admit fails at once on them
+(:func:`blocked`), quoting Kueue's own words:
+
+- QuotaReserved False, ``LocalQueue Q doesn't exist`` / ``ClusterQueue C
+  doesn't exist`` (Kueue ``pkg/controller/core/workload_controller.go``,
+  reason ``Inadmissible``, ``Misconfigured`` in later releases);
+- ``couldn't assign flavors to pod set P: resource R unavailable in
+  ClusterQueue`` (``pkg/scheduler/flavorassigner/flavorassigner.go``: no
+  resource group covers R);
+- no Workload at all and a Warning event ``WorkloadPriorityClassNotFound``
+  (``WorkloadPriorityClass "p" not found``) on the JobSet: Kueue creates no
+  Workload for a JobSet whose ``kueue.x-k8s.io/priority-class`` does not exist
+  (kubernetes-sigs/kueue #3439; documented in #13645, event added in #13775).
+  Kueue releases before that event post nothing: the pending reason then names
+  the priority class among the things to check.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-from multislice.backends.base import AdmissionTimeout, WorkloadDeleted
+from kubernetes.client.exceptions import ApiException
+
+from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, WorkloadDeleted
 from multislice.backends.gke import jobset
 from multislice.backends.gke.client import Kube
 
@@ -51,7 +70,8 @@ def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str) ->
     if workload is None:
         return (
             f"no Kueue Workload for JobSet {js_name} yet; if this lasts, check that Kueue's JobSet integration "
-            f"is enabled (integrations.frameworks: jobset.x-k8s.io/jobset) and that LocalQueue {queue} exists"
+            f"is enabled (integrations.frameworks: jobset.x-k8s.io/jobset), that LocalQueue {queue} exists and "
+            "that the JobSet's WorkloadPriorityClass (label kueue.x-k8s.io/priority-class) exists"
         )
     conditions = {c.get("type"): c for c in workload.get("status", {}).get("conditions", []) or []}
     for kind in ("Evicted", "QuotaReserved", "Admitted"):
@@ -61,6 +81,72 @@ def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str) ->
     if jobset.condition(workload, "QuotaReserved"):
         return "quota reserved, waiting for admission checks"
     return f"Workload {workload['metadata']['name']} pending (no condition yet)"
+
+
+#: Kueue messages of a QuotaReserved False condition that no wait resolves -> the fix (``{0}``: the name matched).
+_BLOCKING_MESSAGES: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"LocalQueue (\S+) doesn't exist"),
+        "run the provision step, which applies LocalQueue {0} in the run's namespace, or set `queue` to an "
+        "existing LocalQueue",
+    ),
+    (
+        re.compile(r"ClusterQueue (\S+) doesn't exist"),
+        "a cluster admin applies ClusterQueue {0} from `multislice render` (kueue.yaml), or set "
+        "service_accounts.kueue_cluster_objects: true so provision applies it",
+    ),
+    (
+        re.compile(r"resource (\S+) unavailable in ClusterQueue"),
+        "the ClusterQueue covers no flavor of {0}: apply the ClusterQueue `multislice render` writes (its "
+        "resourceGroups cover the TPU resource), or set `cluster_queue` to one that covers it",
+    ),
+]
+#: Warning event reasons on the JobSet that mean Kueue will create no Workload for it -> the fix.
+_BLOCKING_EVENTS = {
+    "WorkloadPriorityClassNotFound": (
+        "set `priority` to an existing WorkloadPriorityClass, or have it applied (provision applies it with "
+        "service_accounts.kueue_cluster_objects: true; otherwise a cluster admin, from `multislice render`)"
+    ),
+}
+
+
+def jobset_events(kube: Kube, js_name: str) -> list[Any]:
+    """The events whose involved object is the JobSet (``V1Event``; empty when none or unreadable)."""
+    try:
+        found = kube.call(
+            kube.core.list_namespaced_event, kube.namespace,
+            field_selector=f"involvedObject.kind=JobSet,involvedObject.name={js_name}",
+            what=f"list events of JobSet {js_name}",
+        )  # fmt: skip
+    except ApiException:
+        return []
+    return list(found.items)
+
+
+def blocked(kube: Kube, js_name: str, workload: dict[str, Any] | None) -> tuple[str, str] | None:
+    """``(cause, fix)`` when the JobSet cannot be admitted until something is changed, else None.
+
+    Reads the Workload's QuotaReserved condition, and when there is no Workload, the JobSet's
+    Warning events (the module docstring lists what is recognised and its sources).
+    """
+    if workload is not None:
+        cond = next(
+            (c for c in workload.get("status", {}).get("conditions", []) or [] if c.get("type") == "QuotaReserved"),
+            None,
+        )
+        if cond is None or cond.get("status") == "True":
+            return None
+        message = cond.get("message") or ""
+        for pattern, fix in _BLOCKING_MESSAGES:
+            match = pattern.search(message)
+            if match:
+                cause = f"Workload {workload['metadata']['name']}: QuotaReserved False: {cond.get('reason')}: {message}"
+                return cause, fix.format(match.group(1))
+        return None
+    for event in reversed(jobset_events(kube, js_name)):
+        if event.type == "Warning" and event.reason in _BLOCKING_EVENTS:
+            return f"JobSet {js_name} event {event.reason}: {event.message}", _BLOCKING_EVENTS[event.reason]
+    return None
 
 
 def admission(workload: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +177,7 @@ def wait_admitted(
 
     Raises:
         AdmissionTimeout: not admitted within ``timeout`` seconds (message: the last reason).
+        AdmissionBlocked: Kueue cannot admit it as configured (:func:`blocked`): at once, with the cause and fix.
         WorkloadDeleted: the JobSet disappeared while waiting.
     """
     started = time.monotonic()
@@ -102,6 +189,10 @@ def wait_admitted(
         workload = find(kube, js)
         if admitted(workload):
             return workload, time.monotonic() - started
+        stop = blocked(kube, js_name, workload)
+        if stop is not None:
+            cause, fix = stop
+            raise AdmissionBlocked(f"JobSet {js_name} cannot be admitted by Kueue: {cause}", fix)
         reason = pending_reason(workload, js_name, queue)
         now = time.monotonic()
         if reason != last_reason or now - last_report >= kube.timings.report_seconds:

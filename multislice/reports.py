@@ -131,6 +131,37 @@ class CostEstimate(BaseModel):
     estimated_cost: float
 
 
+class ElasticVerdict(BaseModel):
+    """Preflight's verdict on one slice count of an elastic stage (:func:`multislice.preflight.check_elastic`).
+
+    Attributes:
+        slices: Slices of this count.
+        gradient_accumulation_steps: MaxText micro-batches per step on it.
+        global_batch_size: Sequences per step on it.
+        verdict: ``fits``, ``does_not_fit``, ``error`` or ``not_runnable`` (the stage never trains on it).
+        source: ``aot`` (compiled for this count), ``memory_model`` (the memory model's lower bound is over the
+            usable HBM, so it was not compiled) or ``plan`` (not runnable).
+        used_bytes_per_chip: HBM per chip it uses (fits) or needs (does not fit), bytes.
+        headroom_bytes_per_chip: Usable HBM minus use, bytes (negative when it does not fit).
+        compile_seconds: Seconds of the compile (or of the first one, when cached).
+        cached: The verdict came from the cache.
+        reason: Why not runnable, or the compiler's or memory model's words.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    slices: int
+    gradient_accumulation_steps: int = 1
+    global_batch_size: float = 0
+    verdict: Literal["fits", "does_not_fit", "error", "not_runnable"]
+    source: Literal["aot", "memory_model", "plan"] = "aot"
+    used_bytes_per_chip: int | None = None
+    headroom_bytes_per_chip: int | None = None
+    compile_seconds: float | None = None
+    cached: bool = False
+    reason: str | None = None
+
+
 class PreflightReport(StepReport):
     """preflight: one stage's AOT-compile verdict (:func:`multislice.preflight.stage_report`).
 
@@ -141,6 +172,7 @@ class PreflightReport(StepReport):
         required_bytes_per_chip: What the compiler says it needs, when it does not fit.
         headroom_bytes_per_chip: ``hbm_bytes_per_chip`` minus use (negative when it does not fit).
         alternative: The planner's nearest fitting config when the stage does not fit (its ``as_dict``).
+        elastic: An elastic stage's verdict on each smaller slice count it may shrink to (empty otherwise).
     """
 
     step: ClassVar[str] = "preflight"
@@ -164,6 +196,7 @@ class PreflightReport(StepReport):
     error: str | None = None
     cost: CostEstimate | None = None
     alternative: dict[str, Any] | None = None
+    elastic: list[ElasticVerdict] = Field(default_factory=list)
 
     @property
     def used_bytes_per_chip(self) -> int | None:

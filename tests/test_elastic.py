@@ -1,12 +1,16 @@
 """Elastic stages: the option's validation, the slice counts, and gradient accumulation keeping the global batch."""
 
+import contextlib
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multislice import config, elastic
+from multislice import config, elastic, preflight
 from multislice.errors import ConfigError
 from multislice.plan import make_plan
+from multislice.steps import preflight as step
 
 
 def gke_data() -> dict:
@@ -117,3 +121,86 @@ def test_gradient_accumulation_keeps_the_global_batch_on_every_runnable_count(sl
         assert args_of(count).get("gradient_accumulation_steps", "1") == str(count.gradient_accumulation_steps)
         assert int(args_of(count)["dcn_data_parallelism"]) == count.slices
     assert plan_stage.runnable_counts()[0] == slices
+
+
+# --- preflight: a verdict for every slice count -------------------------------------------------------------------
+
+#: The 8B stage of gke-v6e-16x2 on 2 x v6e-16 as XLA reported it on this machine (benchmarks/results/preflight.json).
+RECORDED_8B_BYTES = 24_063_695_104  # 22.41 GiB per chip
+
+
+class RecordingSession:
+    """A CompileSession that answers ``fits`` with a fixed use per chip and records each request."""
+
+    def __init__(self, used: int = RECORDED_8B_BYTES):
+        self.used, self.requests = used, []
+
+    def compile(self, request: dict, timeout: float = 0) -> dict:
+        self.requests.append(request)
+        memory = {"argument": self.used, "output": 0, "alias": 0, "temp": 0, "generated_code": 0, "total": self.used}
+        return {"verdict": "fits", "memory": memory, "compile_seconds": 1.0, "maxtext_args": request["maxtext_args"]}
+
+
+class FakeBackend:
+    name = "fake"
+    timings = SimpleNamespace(compile_timeout=60, alternative_budget=60)
+
+    def __init__(self, session):
+        self.session = session
+
+    @contextlib.contextmanager
+    def aot_session(self, plan, cache, pipeline_run_id, tell):
+        yield self.session
+
+
+def gke_stage_plan(name: str, **changes):
+    data = gke_data()
+    data["output_dir"] = "gs://bucket/runs"
+    [stage] = [s for s in data["stages"] if s["name"] == name]
+    stage.update(changes)
+    data["stages"] = [stage]
+    return make_plan(config.load_spec(data))
+
+
+def test_preflight_compiles_the_8b_stage_for_two_slices_and_for_one_with_gradient_accumulation():
+    plan = gke_stage_plan("llama3-8b")
+    session = RecordingSession()
+    [report] = preflight.check_stages(plan, plan.stages, session, timeout=60)
+    assert [(r["num_slices"], r["compile_topology"]) for r in session.requests] == [(2, "v6e-16"), (1, "v6e-16")]
+    one = dict(a.split("=", 1) for a in session.requests[1]["maxtext_args"])
+    assert one["gradient_accumulation_steps"] == "2" and one["dcn_data_parallelism"] == "1"
+    assert report.verdict == "fits" and report.target.num_slices == 2
+    [shrunk] = report.elastic
+    assert (shrunk.slices, shrunk.gradient_accumulation_steps, shrunk.verdict, shrunk.source) == (1, 2, "fits", "aot")
+    assert shrunk.global_batch_size == 128 and shrunk.used_bytes_per_chip == RECORDED_8B_BYTES
+    line = preflight.summary_line(report)
+    assert "fits on 2 x v6e-16" in line
+    assert "elastic: on 1 slice (gradient_accumulation_steps 2): fits, 22.41 GiB per chip" in line
+    assert report.to_dict()["elastic"][0]["verdict"] == "fits"
+
+
+def test_a_count_the_memory_model_rules_out_is_not_compiled_and_preflight_fails_naming_it(gcs):
+    # The 70B stage with FSDP over DCN: on 1 slice each chip holds twice the parameters (plus an accumulation
+    # buffer), and with the moments offloaded that is still over v6e's 31.24 GiB per chip.
+    plan = gke_stage_plan("llama3-70b", dcn={"fsdp": -1}, elastic={"min_slices": 1})
+    floor = preflight.memory_floor_bytes(plan, plan.stages[0], 1)
+    assert floor > plan.slice.usable_hbm_bytes_per_chip
+    session = RecordingSession(used=30 * 2**30)
+    with pytest.raises(preflight.PreflightFailed) as caught:
+        step.run(plan, backend=FakeBackend(session))
+    assert [r["num_slices"] for r in session.requests] == [2]  # the 1-slice count was pruned, not compiled
+    [report] = caught.value.reports
+    [pruned] = report.elastic
+    assert (pruned.slices, pruned.verdict, pruned.source) == (1, "does_not_fit", "memory_model")
+    assert "cannot shrink to 1 slice(s) (does not fit): set elastic.min_slices to 2" in str(caught.value)
+
+
+def test_a_count_that_cannot_run_gets_a_not_runnable_verdict_without_a_compile():
+    data = three_slices("wait")
+    data["output_dir"] = "gs://bucket/runs"
+    plan = make_plan(config.load_spec(data))
+    session = RecordingSession()
+    [report] = preflight.check_stages(plan, plan.stages, session, timeout=60)
+    assert [r["num_slices"] for r in session.requests] == [3, 1]
+    assert [(v.slices, v.verdict) for v in report.elastic] == [(2, "not_runnable"), (1, "fits")]
+    assert "3 slices / 2 is not whole" in report.elastic[0].reason

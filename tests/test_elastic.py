@@ -204,3 +204,90 @@ def test_a_count_that_cannot_run_gets_a_not_runnable_verdict_without_a_compile()
     assert [r["num_slices"] for r in session.requests] == [3, 1]
     assert [(v.slices, v.verdict) for v in report.elastic] == [(2, "not_runnable"), (1, "fits")]
     assert "3 slices / 2 is not whole" in report.elastic[0].reason
+
+
+# --- the resize policy ---------------------------------------------------------------------------------------------
+
+
+def policy(**observed):
+    defaults = {"running": 2, "lost_at": None, "available": 2, "now": 0.0, "wait_seconds": 60.0}
+    return elastic.decide([2, 1], **{**defaults, "checkpoint_since_capacity": False, **observed})
+
+
+def test_a_lost_slice_waits_then_shrinks_and_grows_back_at_a_checkpoint():
+    assert policy().action == "keep"
+    waiting = policy(lost_at=100.0, available=1, now=130.0)
+    assert (waiting.action, waiting.until) == ("wait", 160.0)
+    shrink = policy(lost_at=100.0, available=1, now=160.0)
+    assert (shrink.action, shrink.slices) == ("relaunch", 1) and "did not return within 60 s" in shrink.cause
+    assert "gradient accumulation 2" in shrink.cause
+    # On 1 slice: capacity back, but no checkpoint yet since -> keep; after one -> grow to 2.
+    assert policy(running=1, available=2).action == "keep"
+    grow = policy(running=1, available=2, checkpoint_since_capacity=True)
+    assert (grow.action, grow.slices) == ("relaunch", 2) and "grow from 1" in grow.cause
+
+
+def test_capacity_back_within_the_wait_restarts_on_the_same_size():
+    back = policy(lost_at=100.0, available=2, now=120.0)
+    assert (back.action, back.slices) == ("relaunch", 2)
+
+
+def test_no_runnable_count_within_the_capacity_waits_for_an_event():
+    none = elastic.decide(
+        [4, 2], running=4, lost_at=0.0, available=1, now=1e6, wait_seconds=1, checkpoint_since_capacity=False
+    )
+    assert (none.action, none.until) == ("wait", None) and "fewer than the stage's minimum of 2" in none.cause
+    # 3 available of 4 with counts [4, 2]: shrink to 2 (3 cannot keep the batch).
+    two = elastic.decide(
+        [4, 2], running=4, lost_at=0.0, available=3, now=10, wait_seconds=1, checkpoint_since_capacity=False
+    )
+    assert (two.action, two.slices) == ("relaunch", 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    full=st.integers(1, 6),
+    data=st.data(),
+    wait=st.floats(0, 1000),
+    now=st.floats(0, 5000),
+    checkpoint=st.booleans(),
+)
+def test_the_policy_never_relaunches_beyond_capacity_or_before_the_wait(full, data, wait, now, checkpoint):
+    runnable = sorted(data.draw(st.sets(st.integers(1, full), max_size=full)) | {full}, reverse=True)
+    running = data.draw(st.sampled_from(runnable))
+    available = data.draw(st.integers(0, full))
+    lost_at = data.draw(st.none() | st.floats(0, 5000))
+    decision = elastic.decide(
+        runnable,
+        running=running,
+        lost_at=lost_at,
+        available=available,
+        now=now,
+        wait_seconds=wait,
+        checkpoint_since_capacity=checkpoint,
+    )
+    if decision.action == "relaunch":
+        assert decision.slices in runnable and decision.slices <= available
+        if decision.slices < running:
+            assert lost_at is not None and now >= lost_at + wait  # shrink only after the wait
+        if lost_at is None:
+            assert checkpoint and decision.slices > running  # grow only at a checkpoint
+    elif decision.action == "wait":
+        assert lost_at is not None
+    else:
+        assert decision.action == "keep" and lost_at is None
+
+
+def test_goodput_counts_each_step_once_and_the_timeline_shows_each_size():
+    records = [{"step": s, "perf/step_time_seconds": 1.0, "slices": 2} for s in range(0, 6)]
+    records += [{"step": s, "perf/step_time_seconds": 2.0, "slices": 1} for s in range(4, 9)]  # restored from 3
+    records += [{"step": s, "perf/step_time_seconds": 1.0, "slices": 2} for s in range(9, 12)]
+    value, lost = elastic.goodput(records, wall_seconds=30.0)
+    assert lost == 2  # steps 4 and 5 were trained again on 1 slice
+    assert value == pytest.approx((4 * 1.0 + 5 * 2.0 + 3 * 1.0) / 30.0)
+    assert elastic.slice_timeline(records) == [
+        {"first_step": 0, "last_step": 5, "slices": 2},
+        {"first_step": 4, "last_step": 8, "slices": 1},
+        {"first_step": 9, "last_step": 11, "slices": 2},
+    ]
+    assert elastic.goodput(records, 0) == (0.0, 2)

@@ -297,6 +297,8 @@ class Resize(BaseModel):
         resumed_from_step: The checkpoint step training resumed from (the first step after is one more).
         steps_lost: Steps trained after that checkpoint and trained again (``last_step_before - resumed_from_step``).
         cost_seconds: ``resumed_at_seconds - detected_at_seconds``: time with no productive step.
+        last_loss_before: Loss of the last step before the resize.
+        first_loss_after: Loss of the first step after it (the curve should continue: same global batch).
     """
 
     from_slices: int
@@ -308,6 +310,8 @@ class Resize(BaseModel):
     resumed_from_step: int | None = None
     steps_lost: int = 0
     cost_seconds: float | None = None
+    last_loss_before: float | None = None
+    first_loss_after: float | None = None
 
 
 def goodput(records: list[dict[str, Any]], wall_seconds: float) -> tuple[float, int]:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from multislice import storage
+from multislice.elastic import Resize
 from multislice.plan import Plan, StagePlan
 
 
@@ -297,6 +298,11 @@ class TrainReport(StepReport):
         step_time_seconds: Mean step time over steady steps.
         metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
         leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
+        goodput: Elastic stages: productive training time (each step once) / wall time, 0-1.
+        steps_lost: Elastic stages: step records trained again after a restore.
+        resizes: Elastic stages: each resize with its cause and cost (:class:`multislice.elastic.Resize`).
+        slice_timeline: Elastic stages: slice count per step, as runs (:func:`multislice.elastic.slice_timeline`).
+        global_batch_size: Elastic stages: sequences per step, the same on every slice count (gradient accumulation).
     """
 
     step: ClassVar[str] = "train"
@@ -316,6 +322,11 @@ class TrainReport(StepReport):
     records: int | None = None
     metrics_file: str | None = None
     leader_logs: list[str] = Field(default_factory=list)
+    goodput: float | None = None
+    steps_lost: int | None = None
+    resizes: list[Resize] = Field(default_factory=list)
+    slice_timeline: list[dict[str, int]] = Field(default_factory=list)
+    global_batch_size: float | None = None
 
 
 class Check(BaseModel):

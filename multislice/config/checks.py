@@ -6,7 +6,6 @@ import math
 
 from multislice import names
 from multislice.config.models import RunSpec
-from multislice.elastic import elastic_issues
 
 
 def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
@@ -86,6 +85,8 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                     f"{global_batch:g} sequences, not a whole number; use a multiple of 1/{chips}",
                 )
             )
+        from multislice.elastic import elastic_issues  # imports the models: not at module level (a cycle)
+
         issues += elastic_issues(spec, stage, where)
         if stage.checkpoint_period > stage.steps:
             issues.append(

@@ -104,3 +104,26 @@ def test_a_preempted_slice_shrinks_the_stage_and_returning_capacity_grows_it_bac
     assert worker_args(smaller)["dcn_data_parallelism"] == "1" and worker_args(smaller)["num_slices"] == "1"
     assert "gradient_accumulation_steps" not in worker_args(regrown) and worker_args(regrown)["num_slices"] == "2"
     assert report.global_batch_size == stage.global_batch_size
+
+
+def test_the_inject_command_withdraws_and_gives_back_a_slice_and_refuses_bad_input(tmp_path, capsys):
+    from multislice import cli
+
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    common = ["--run", "demo", "--profile", "local", "--output-dir", str(tmp_path)]
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "1"]) == 0
+    assert "slice 1 of run demo preempted: capacity withdrawn until restore-capacity" in capsys.readouterr().out
+    assert capacity.available(run_dir) == 1
+    assert cli.main(["inject", "restore-capacity", *common]) == 0
+    assert capacity.available(run_dir) == 2
+    assert (
+        cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "0", "--for", "0"]) == 0
+    )
+    assert capacity.available(run_dir) == 2  # a withdrawal of 0 s has already ended
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "2"]) == 2
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "nope", "--slice", "0"]) == 2
+    out = capsys.readouterr()
+    assert "--slice 2 is not a slice of run demo" in out.err + out.out and "Traceback" not in out.err
+    gke = ["--run", "demo", "--profile", "gke-v6e-16x2", "--output-dir", str(tmp_path)]
+    assert cli.main(["inject", "restore-capacity", *gke]) == 2

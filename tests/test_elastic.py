@@ -291,3 +291,29 @@ def test_goodput_counts_each_step_once_and_the_timeline_shows_each_size():
         {"first_step": 9, "last_step": 11, "slices": 2},
     ]
     assert elastic.goodput(records, 0) == (0.0, 2)
+
+
+def test_the_train_pages_show_goodput_the_slice_timeline_and_each_resize():
+    from multislice.delivery import artifacts
+    from multislice.reports import TrainReport
+
+    records = [{"step": s, "perf/step_time_seconds": 1.0, "learning/loss": 7.0 - s / 10, "slices": 2} for s in range(4)]
+    records += [{"step": s, "perf/step_time_seconds": 2.0, "learning/loss": 7.0 - s / 10, "slices": 1} for s in (3, 4)]
+    resize = elastic.Resize(
+        from_slices=2, to_slices=1, cause="a slice was lost", detected_at_seconds=4.0, resumed_at_seconds=9.5,
+        last_step_before=3, resumed_from_step=2, steps_lost=1, cost_seconds=5.5, last_loss_before=6.7,
+        first_loss_after=6.7,
+    )  # fmt: skip
+    value, lost = elastic.goodput(records, 16.0)
+    report = TrainReport(
+        jobset="run-stage", steps_trained=5, restarts=0, wall_seconds=16.0, first_step=0, last_step=4, first_loss=7.0,
+        final_loss=6.6, step_time_seconds=1.2, tokens_per_second_per_device=10.0, tflops_per_second_per_device=0.1,
+        records=6, goodput=value, steps_lost=lost, resizes=[resize], slice_timeline=elastic.slice_timeline(records),
+        global_batch_size=16,
+    )  # fmt: skip
+    text = artifacts.train_markdown("stage", report)
+    assert "## elastic" in text and "Goodput 43.8%" in text and "1 resize(s), 1 step(s) trained again" in text
+    assert "global batch stayed 16 sequences" in text and "a slice was lost" in text
+    page = artifacts.train_html("stage", report, records)
+    assert "slice count per step and resizes" in page and "<td>a slice was lost</td>" in page
+    assert report.to_dict()["resizes"][0]["cost_seconds"] == 5.5

@@ -1,7 +1,8 @@
 """Elastic training on the local backend with scripted pods: preempt a slice, shrink, grow back at a checkpoint.
 
 The pods are a small Python program standing in for MaxText (as in ``tests/test_local_backend.py``): the leader
-logs MaxText's step lines and commits a "checkpoint" (a step directory) every 3 steps, and every attempt resumes
+logs MaxText's step lines (a step takes twice as long on 1 slice as on 2) and commits a "checkpoint" (a step
+directory) every 3 steps, and every attempt resumes
 after the latest committed one, as MaxText does. The capacity model, the supervisor, the JobSets, the train step
 and its resize policy are the real ones. Event-driven: the preemption and the capacity's return are done from the
 train step's ``on_record`` hook, on the step records themselves; nothing waits on a clock.
@@ -13,7 +14,7 @@ from multislice import config, storage
 from multislice.backends.local import LocalBackend, capacity
 from multislice.steps import train
 
-STEPS = 12
+STEPS = 24
 
 POD = """
 import os, sys, time
@@ -22,8 +23,9 @@ checkpoints, steps, commit = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
 done = [int(p.name) for p in checkpoints.glob("*") if p.name.isdigit() and (p / commit).exists()]
 start = max(done) + 1 if done else 0
+slices = int(os.environ["JAX_PROCESS_COUNT"]) // int(os.environ["PROCESSES_IN_JOB"])
 for step in range(start, steps):
-    time.sleep(0.2)  # the pod's own pace (a train step), not a synchronisation of the test
+    time.sleep(0.4 / slices)  # the pod's own pace (a step: 2 micro-batches on 1 slice), not a synchronisation
     if who == (0, 0):
         print(f"completed step: {step}, seconds: 0.300, loss: {8.0 - 0.25 * step:.3f}", flush=True)
         if step % 3 == 0 or step == steps - 1:

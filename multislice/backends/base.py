@@ -225,8 +225,9 @@ class Backend(abc.ABC):
         Calls ``on_line`` with each line of the leader's log (slice 0, host 0),
         across restart attempts and in order, and ``tell`` with what happens to
         the workload (restarts, evictions). ``interrupt`` (backends with
-        :attr:`elastic`) is asked after each poll; when it returns True, following
-        stops with phase ``Interrupted`` and the workload is left as it is.
+        :attr:`elastic`) is asked after each poll; when it returns True the
+        workload is deleted, the lines its leader logged until then are passed
+        on, and following stops with phase ``Interrupted``.
 
         Raises:
             TrainingFailed: not admitted again after an eviction in time, or still running after

@@ -243,6 +243,10 @@ class LocalBackend(Backend):
             if state.terminal:
                 break
             if interrupt is not None and interrupt():
+                # Stop the pods first, then pass on what they logged up to then: no step line is lost.
+                self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
+                for attempt in range(state.restarts + 1):
+                    self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
                 return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[])
             if time.monotonic() > deadline:
                 raise TrainingFailed(

@@ -8,7 +8,8 @@ from components import make
 def train(
     plan: str, stage: str, admitted: dict, metrics: Output[Metrics], curves: Output[HTML], summary: Output[Markdown]
 ) -> dict:
-    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss.
+    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss
+    (an elastic stage also goodput, resizes and steps lost).
 
     ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary.
     """
@@ -32,6 +33,10 @@ def train(
             "tflops_per_second_per_device",
         ):
             metrics.log_metric(key, float(getattr(report, key)))
+        if report.goodput is not None:  # an elastic stage
+            metrics.log_metric("goodput", float(report.goodput))
+            metrics.log_metric("resizes", float(len(report.resizes)))
+            metrics.log_metric("steps_lost", float(report.steps_lost or 0))
     pages = step.result_pages(parsed, stage, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
         with open(artifact.path, "w", encoding="utf-8") as handle:

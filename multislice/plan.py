@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from multislice import identity, maxtext, names, storage, tpu
 from multislice.config import RunSpec, Stage
+from multislice.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
 
 
 def resolve_degrees(degrees: dict[str, int], target: int) -> dict[str, int]:
@@ -63,6 +64,9 @@ class StagePlan(BaseModel):
         tokens_per_step: ``global_batch_size * max_target_length``.
         maxtext_args: MaxText ``key=value`` arguments common to both hardware variants
             (:func:`multislice.render.jobset.worker_command` adds the CPU ones).
+        elastic: Each slice count of an elastic stage, ``max_slices`` first, with its DCN degrees,
+            gradient accumulation and MaxText arguments (:mod:`multislice.elastic`); empty when not elastic.
+        wait_for_lost_slice_seconds: The stage's ``elastic.wait_for_lost_slice_seconds`` (None when not elastic).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -82,6 +86,19 @@ class StagePlan(BaseModel):
     global_batch_size: float
     tokens_per_step: float
     maxtext_args: list[str]
+    elastic: list[SliceCount] = []
+    wait_for_lost_slice_seconds: float | None = None
+
+    def on_slices(self, slices: int) -> SliceCount:
+        """The stage on ``slices`` slices (an elastic count). Raises KeyError for a count it has not."""
+        for count in self.elastic:
+            if count.slices == slices:
+                return count
+        raise KeyError(f"stage {self.name} has no elastic count of {slices} slices")
+
+    def runnable_counts(self) -> list[int]:
+        """Slice counts the stage may train on, most first (``[]`` when not elastic)."""
+        return [c.slices for c in self.elastic if c.runnable]
 
 
 class Plan(BaseModel):
@@ -125,7 +142,9 @@ class Plan(BaseModel):
         return cls.model_validate(json.loads(text))
 
 
-def _stage_args(spec: RunSpec, stage: Stage, run_dir: str, jax_cache_dir: str, ici: dict, dcn: dict) -> list[str]:
+def _stage_args(
+    spec: RunSpec, stage: Stage, run_dir: str, jax_cache_dir: str, ici: dict, dcn: dict, accumulation: int | None = None
+) -> list[str]:
     args: dict[str, Any] = {
         "run_name": stage.name,
         "base_output_directory": run_dir,
@@ -145,6 +164,8 @@ def _stage_args(spec: RunSpec, stage: Stage, run_dir: str, jax_cache_dir: str, i
     for axis, degree in dcn.items():
         args[f"dcn_{axis}_parallelism"] = degree
     args.update(stage.maxtext_overrides)
+    if accumulation is not None and (accumulation > 1 or GRADIENT_ACCUMULATION_KEY in args):
+        args[GRADIENT_ACCUMULATION_KEY] = accumulation
     return [f"{key}={maxtext.format_value(value)}" for key, value in args.items()]
 
 
@@ -159,6 +180,18 @@ def make_plan(spec: RunSpec) -> Plan:
         dcn = resolve_degrees(stage.full_dcn(), spec.num_slices)
         stage_dir = storage.join(run_dir, stage.name)
         global_batch = stage.per_device_batch_size * shape.chips * spec.num_slices
+        counts = [
+            count.model_copy(
+                update={
+                    "maxtext_args": _stage_args(
+                        spec, stage, run_dir, jax_cache_dir, ici, count.dcn, count.gradient_accumulation_steps
+                    )
+                    if count.runnable
+                    else []
+                }
+            )
+            for count in slice_counts(spec, stage)
+        ]
         stages.append(
             StagePlan(
                 index=index,
@@ -176,6 +209,8 @@ def make_plan(spec: RunSpec) -> Plan:
                 global_batch_size=global_batch,
                 tokens_per_step=global_batch * stage.max_target_length,
                 maxtext_args=_stage_args(spec, stage, run_dir, jax_cache_dir, ici, dcn),
+                elastic=counts,
+                wait_for_lost_slice_seconds=stage.elastic.wait_for_lost_slice_seconds if stage.elastic else None,
             )
         )
     return Plan(

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from multislice import storage
+from multislice.elastic import Resize
 from multislice.plan import Plan, StagePlan
 
 
@@ -131,6 +132,37 @@ class CostEstimate(BaseModel):
     estimated_cost: float
 
 
+class ElasticVerdict(BaseModel):
+    """Preflight's verdict on one slice count of an elastic stage (:func:`multislice.preflight.check_elastic`).
+
+    Attributes:
+        slices: Slices of this count.
+        gradient_accumulation_steps: MaxText micro-batches per step on it.
+        global_batch_size: Sequences per step on it.
+        verdict: ``fits``, ``does_not_fit``, ``error`` or ``not_runnable`` (the stage never trains on it).
+        source: ``aot`` (compiled for this count), ``memory_model`` (the memory model's lower bound is over the
+            usable HBM, so it was not compiled) or ``plan`` (not runnable).
+        used_bytes_per_chip: HBM per chip it uses (fits) or needs (does not fit), bytes.
+        headroom_bytes_per_chip: Usable HBM minus use, bytes (negative when it does not fit).
+        compile_seconds: Seconds of the compile (or of the first one, when cached).
+        cached: The verdict came from the cache.
+        reason: Why not runnable, or the compiler's or memory model's words.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    slices: int
+    gradient_accumulation_steps: int = 1
+    global_batch_size: float = 0
+    verdict: Literal["fits", "does_not_fit", "error", "not_runnable"]
+    source: Literal["aot", "memory_model", "plan"] = "aot"
+    used_bytes_per_chip: int | None = None
+    headroom_bytes_per_chip: int | None = None
+    compile_seconds: float | None = None
+    cached: bool = False
+    reason: str | None = None
+
+
 class PreflightReport(StepReport):
     """preflight: one stage's AOT-compile verdict (:func:`multislice.preflight.stage_report`).
 
@@ -141,6 +173,7 @@ class PreflightReport(StepReport):
         required_bytes_per_chip: What the compiler says it needs, when it does not fit.
         headroom_bytes_per_chip: ``hbm_bytes_per_chip`` minus use (negative when it does not fit).
         alternative: The planner's nearest fitting config when the stage does not fit (its ``as_dict``).
+        elastic: An elastic stage's verdict on each smaller slice count it may shrink to (empty otherwise).
     """
 
     step: ClassVar[str] = "preflight"
@@ -164,6 +197,7 @@ class PreflightReport(StepReport):
     error: str | None = None
     cost: CostEstimate | None = None
     alternative: dict[str, Any] | None = None
+    elastic: list[ElasticVerdict] = Field(default_factory=list)
 
     @property
     def used_bytes_per_chip(self) -> int | None:
@@ -264,6 +298,11 @@ class TrainReport(StepReport):
         step_time_seconds: Mean step time over steady steps.
         metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
         leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
+        goodput: Elastic stages: productive training time (each step once) / wall time, 0-1.
+        steps_lost: Elastic stages: step records trained again after a restore.
+        resizes: Elastic stages: each resize with its cause and cost (:class:`multislice.elastic.Resize`).
+        slice_timeline: Elastic stages: slice count per step, as runs (:func:`multislice.elastic.slice_timeline`).
+        global_batch_size: Elastic stages: sequences per step, the same on every slice count (gradient accumulation).
     """
 
     step: ClassVar[str] = "train"
@@ -283,6 +322,11 @@ class TrainReport(StepReport):
     records: int | None = None
     metrics_file: str | None = None
     leader_logs: list[str] = Field(default_factory=list)
+    goodput: float | None = None
+    steps_lost: int | None = None
+    resizes: list[Resize] = Field(default_factory=list)
+    slice_timeline: list[dict[str, int]] = Field(default_factory=list)
+    global_batch_size: float | None = None
 
 
 class Check(BaseModel):

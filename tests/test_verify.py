@@ -123,6 +123,27 @@ def test_logged_losses_fall_back_to_the_metrics_lines_and_their_rounding(tmp_pat
     assert logged_losses(tmp_path / "absent.jsonl", None)[0] == {}
 
 
+def test_steps_tensorboard_lacks_are_taken_from_the_metrics_lines(tmp_path, monkeypatch):
+    """An elastic resize stops a JobSet right after a checkpoint: its last steps are in the log, not in TensorBoard."""
+    from multislice.trainer import verify
+
+    board = tmp_path / "tensorboard" / "stage"
+    board.mkdir(parents=True)
+    (board / "events.out.tfevents.1").write_bytes(b"")
+    monkeypatch.setattr(verify, "_tensorboard_losses", lambda data: {10: 7.25, 11: 7.2412345})
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(f'{{"step": {s}, "learning/loss": {7.3 - s / 100:.3f}}}\n' for s in range(8, 12)))
+    losses, source, rounding = logged_losses(metrics, tmp_path / "tensorboard")
+    assert losses == {8: 7.22, 9: 7.21, 10: 7.25, 11: 7.2412345}  # TensorBoard's where it has them
+    assert "steps it lacks from" in source and rounding == 5e-4
+    metrics.write_text('{"step": 10, "learning/loss": 7.25}\n')
+    assert logged_losses(metrics, tmp_path / "tensorboard") == (
+        {10: 7.25, 11: 7.2412345},
+        str(tmp_path / "tensorboard"),
+        0.0,
+    )
+
+
 def test_checkpoint_dir_keeps_a_cloud_storage_url(trainer_python):
     # pathlib would make gs://bucket/x into gs:/bucket/x; the verifier Job on GKE reads gs:// checkpoints.
     script = (

@@ -158,6 +158,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     hardware: ClassVar[jobset.Hardware]
+    #: Whether the backend implements elastic training (:meth:`available_slices`, :meth:`lost_slice`, ``interrupt``).
+    elastic: ClassVar[bool] = False
 
     def __init__(self, timings: Timings):
         self.timings = timings
@@ -216,18 +218,44 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+    def follow(
+        self,
+        plan: Plan,
+        stage: StagePlan,
+        on_line: Callable[[str], None],
+        tell: Tell,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> Finished:
         """Follow the stage's workload to its end (``timings.train_timeout``).
 
         Calls ``on_line`` with each line of the leader's log (slice 0, host 0),
         across restart attempts and in order, and ``tell`` with what happens to
-        the workload (restarts, evictions).
+        the workload (restarts, evictions). ``interrupt`` (backends with
+        :attr:`elastic`) is asked after each poll; when it returns True the
+        workload is deleted, the lines its leader logged until then are passed
+        on, and following stops with phase ``Interrupted``.
 
         Raises:
             TrainingFailed: not admitted again after an eviction in time, or still running after
                 ``timings.train_timeout``.
             WorkloadDeleted: the workload was deleted during training.
         """
+
+    def available_slices(self, plan: Plan) -> int | None:
+        """Slices whose capacity is available now (elastic training); None when the backend does not know."""
+        return None
+
+    def lost_slice(self, name: str) -> str | None:
+        """Why workload ``name`` lost a slice and waits for its capacity (elastic training), or None when it has not."""
+        return None
+
+    def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
+        """Replace the stage's workload by one for ``plan``'s ``num_slices`` (an elastic resize), same name and labels.
+
+        ``plan`` and ``stage`` are the stage on its new slice count (:func:`multislice.preflight.on_slices`). The old
+        workload is deleted first (its pods stop; MaxText resumes from the latest committed checkpoint).
+        """
+        raise NotImplementedError(f"the {self.name} backend does not relaunch workloads on another slice count")
 
     @abc.abstractmethod
     def failure_report(self, name: str) -> str:

@@ -20,6 +20,7 @@ from multislice.config.models import (
     AdditionalNodeNetwork,
     ClusterSpec,
     CostSpec,
+    ElasticSpec,
     Images,
     ModelSpec,
     NodePoolSpec,
@@ -42,7 +43,7 @@ from multislice.config.profiles import (
 from multislice.errors import ConfigError
 
 __all__ = [
-    "ZONE", "AdditionalNodeNetwork", "ClusterSpec", "ConfigError", "CostSpec", "Images", "ModelSpec",
+    "ZONE", "AdditionalNodeNetwork", "ClusterSpec", "ConfigError", "CostSpec", "ElasticSpec", "Images", "ModelSpec",
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
     "TimeoutsSpec",
     "apply_overrides", "cross_field_issues", "load_profile", "load_spec", "parse_set_arguments", "profile_path",

@@ -85,6 +85,9 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                     f"{global_batch:g} sequences, not a whole number; use a multiple of 1/{chips}",
                 )
             )
+        from multislice.elastic import elastic_issues  # imports the models: not at module level (a cycle)
+
+        issues += elastic_issues(spec, stage, where)
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (

@@ -164,6 +164,46 @@ def _check_parallelism(value: dict[str, int], net: str) -> dict[str, int]:
     return value
 
 
+class ElasticSpec(_Strict):
+    """Elastic training of a stage on Spot or flex-start capacity: lose a slice, keep training on fewer.
+
+    The stage runs on any slice count ``k`` in ``[min_slices, max_slices]``; ``max_slices`` is the
+    profile's ``num_slices`` (``N``). On ``k < N`` slices the lost data parallelism becomes gradient
+    accumulation: MaxText's ``gradient_accumulation_steps`` (``maxtext/configs/types.py``, a
+    ``PositiveInt``; ``global_batch_size_to_train_on = per_device_batch_size x devices x
+    gradient_accumulation_steps``) is multiplied by ``N / k``, so the global batch, the step sequence and
+    the learning-rate schedule do not change. When ``N / k`` is not a whole number, ``on_indivisible``
+    says what to do: ``wait`` (the stage does not run on ``k`` slices; it waits for capacity, or shrinks
+    further to a count that keeps the batch) or ``shrink_batch`` (``floor(N / k)`` micro-batches: a
+    smaller global batch, stated in the plan and the train report).
+
+    Attributes:
+        min_slices: Fewest slices the stage trains on (>= 1).
+        max_slices: Most slices; must equal ``num_slices`` (default: it).
+        wait_for_lost_slice_seconds: How long a lost slice's capacity may take to return before the
+            stage is relaunched on the slices that remain, seconds.
+        on_indivisible: ``wait`` or ``shrink_batch`` (see above).
+    """
+
+    min_slices: int = Field(ge=1, le=INT32_MAX, description="Fewest slices the stage trains on.")
+    max_slices: int | None = Field(None, ge=1, le=INT32_MAX, description="Most slices: the profile's num_slices.")
+    wait_for_lost_slice_seconds: float = Field(
+        300, ge=0, description="Seconds to wait for a lost slice's capacity before shrinking."
+    )
+    on_indivisible: Literal["wait", "shrink_batch"] = Field(
+        "wait", description="When num_slices / k is not whole: wait for capacity, or train a smaller global batch."
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> ElasticSpec:
+        if self.max_slices is not None and self.min_slices > self.max_slices:
+            raise ValueError(
+                f"min_slices ({self.min_slices}) exceeds max_slices ({self.max_slices}); make min_slices at most "
+                "max_slices"
+            )
+        return self
+
+
 class Stage(_Strict):
     """One training stage: a model, a batch and a parallelism plan.
 
@@ -191,6 +231,9 @@ class Stage(_Strict):
     checkpoint_period: int = Field(gt=0, le=MAX_STEPS, description="Steps between checkpoints.")
     dataset_type: Literal["synthetic"] = "synthetic"
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
+    elastic: ElasticSpec | None = Field(
+        None, description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size."
+    )
 
     @field_validator("name")
     @classmethod

@@ -182,7 +182,37 @@ def train_html(stage: str, report: TrainReport, records: Sequence[Mapping[str, A
     """
     figure = training_figure(records, f"{stage}: loss and step time per step")
     body = html_table([report.to_dict()], TRAIN_COLUMNS) + png_data_uri(figure, f"{stage} loss and step time per step")
+    if report.goodput is not None:
+        body += "<h2>elastic: slice count per step and resizes</h2>" + "<p>" + elastic_summary(report) + "</p>"
+        body += html_table(report.slice_timeline, {"first_step": "first step", "last_step": "last step",
+                                                   "slices": "slices"})  # fmt: skip
+        body += html_table([r.model_dump() for r in report.resizes], RESIZE_COLUMNS)
     return html_page(f"train {stage}", body)
+
+
+#: Columns of an elastic stage's resize table: key -> header.
+RESIZE_COLUMNS = {
+    "from_slices": "from slices",
+    "to_slices": "to slices",
+    "cause": "cause",
+    "detected_at_seconds": "detected at (s)",
+    "resumed_at_seconds": "resumed at (s)",
+    "cost_seconds": "cost (s)",
+    "resumed_from_step": "resumed from checkpoint step",
+    "steps_lost": "steps lost",
+    "last_loss_before": "loss before",
+    "first_loss_after": "loss after",
+}
+
+
+def elastic_summary(report: TrainReport) -> str:
+    """One sentence on an elastic stage: goodput, resizes, steps lost, and that the global batch was kept."""
+    return (
+        f"Goodput {report.goodput:.1%} (productive step time / wall time), {len(report.resizes)} resize(s), "
+        f"{report.steps_lost} step(s) trained again. The global batch stayed {report.global_batch_size:g} sequences "
+        "on every slice count: the lost data parallelism became gradient accumulation (MaxText "
+        "gradient_accumulation_steps), so the step sequence and learning-rate schedule are unchanged."
+    )
 
 
 def train_markdown(stage: str, report: TrainReport) -> str:
@@ -194,7 +224,20 @@ def train_markdown(stage: str, report: TrainReport) -> str:
         f"Trained **{report.steps_trained}** steps (JobSet `{report.jobset}`): loss "
         f"**{report.first_loss:.3f} -> {report.final_loss:.3f}**, "
         f"{report.tokens_per_second_per_device:.1f} tokens/s per device, "
-        f"{report.restarts} JobSet restarts.\n\n" + markdown_table([report.to_dict()], TRAIN_COLUMNS) + "\n"
+        f"{report.restarts} JobSet restarts.\n\n"
+        + markdown_table([report.to_dict()], TRAIN_COLUMNS)
+        + "\n"
+        + (
+            "\n## elastic\n\n"
+            + elastic_summary(report)
+            + "\n\n"
+            + markdown_table(report.slice_timeline, ["first_step", "last_step", "slices"])
+            + "\n\n"
+            + markdown_table([r.model_dump() for r in report.resizes], list(RESIZE_COLUMNS))
+            + "\n"
+            if report.goodput is not None
+            else ""
+        )
     )
 
 

@@ -29,7 +29,7 @@ from multislice import storage
 from multislice.backends.base import CompileSession
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
-from multislice.reports import CostEstimate, HbmUse, PreflightReport, PreflightTarget
+from multislice.reports import CostEstimate, ElasticVerdict, HbmUse, PreflightReport, PreflightTarget
 
 GIB = 1024**3
 AOT_MODULE = "multislice.trainer.aot"
@@ -191,7 +191,113 @@ def summary_line(report: PreflightReport) -> str:
             f"{cost.assumed_mfu:.0%} MFU"
             + (f", {cost.estimated_cost:,.3g} {cost.currency}" if cost.price_per_chip_hour else "")
         )
+    if report.elastic:
+        line += "; " + elastic_line(report.elastic)
     return line
+
+
+def on_slices(plan: Plan, stage: StagePlan, slices: int) -> tuple[Plan, StagePlan]:
+    """The plan and stage as they run on ``slices`` slices (an elastic count): the target to compile for.
+
+    The spec's ``num_slices`` and the plan's chips become the count's, the stage's DCN degrees and MaxText
+    arguments (gradient accumulation included) the count's (:mod:`multislice.elastic`).
+    """
+    count = stage.on_slices(slices)
+    spec = plan.spec.model_copy(update={"num_slices": slices})
+    smaller = plan.model_copy(update={"spec": spec, "total_chips": plan.slice.chips * slices})
+    return smaller, stage.model_copy(
+        update={
+            "dcn": count.dcn,
+            "maxtext_args": list(count.maxtext_args),
+            "global_batch_size": count.global_batch_size,
+        }
+    )
+
+
+def memory_floor_bytes(plan: Plan, stage: StagePlan, slices: int) -> int | None:
+    """The memory model's lower bound of HBM per chip for ``stage`` on ``slices`` slices, bytes; None if unknown.
+
+    :func:`multislice.preflight.memory.estimate`'s lower bound (parameters, moments, gradients), plus one more
+    set of gradients when the count accumulates (MaxText's ``gradient_accumulation_loss_and_grad`` carries the
+    running sum through its ``scan``, ``maxtext/utils/gradient_accumulation.py``).
+    """
+    from multislice.preflight import memory
+
+    spec_stage = plan.spec.stage(stage.name)
+    dims = memory.model_dims(spec_stage)
+    if dims is None:
+        return None
+    count = stage.on_slices(slices)
+    found = memory.estimate(
+        dims, memory.Knobs.from_stage(spec_stage, stage.ici, count.dcn), spec_stage.max_target_length
+    )
+    extra = found.parts["gradients"] if count.gradient_accumulation_steps > 1 else 0
+    return found.lower_bound_bytes + extra
+
+
+def check_elastic(plan: Plan, stage: StagePlan, session: CompileSession, timeout: float) -> list[ElasticVerdict]:
+    """Verdicts for every slice count an elastic stage may shrink to, most slices first (``[]`` if not elastic).
+
+    The full count is the stage's own report. Each smaller runnable count is first checked against the memory
+    model's lower bound (:func:`memory_floor_bytes`): over the usable HBM, it is ``does_not_fit`` without a
+    compile; otherwise it is AOT-compiled for that many slices of the topology, with its gradient accumulation.
+    """
+    usable = plan.slice.usable_hbm_bytes_per_chip
+    verdicts = []
+    for count in stage.elastic:
+        if count.slices == plan.spec.num_slices:
+            continue
+        known = {
+            "slices": count.slices,
+            "gradient_accumulation_steps": count.gradient_accumulation_steps,
+            "global_batch_size": count.global_batch_size,
+        }
+        if not count.runnable:
+            verdicts.append(ElasticVerdict(**known, verdict="not_runnable", source="plan", reason=count.reason))
+            continue
+        floor = memory_floor_bytes(plan, stage, count.slices)
+        if floor is not None and floor > usable:
+            verdicts.append(
+                ElasticVerdict(
+                    **known,
+                    verdict="does_not_fit",
+                    source="memory_model",
+                    used_bytes_per_chip=floor,
+                    headroom_bytes_per_chip=usable - floor,
+                    reason=f"the memory model's lower bound is {gib(floor)} per chip, over the {gib(usable)} usable",
+                )
+            )
+            continue
+        smaller, target = on_slices(plan, stage, count.slices)
+        report = stage_report(smaller, target, session.compile(request_for(smaller, target), timeout=timeout))
+        verdicts.append(
+            ElasticVerdict(
+                **known,
+                verdict=report.verdict if report.verdict != "skipped" else "error",
+                used_bytes_per_chip=report.used_bytes_per_chip,
+                headroom_bytes_per_chip=report.headroom_bytes_per_chip,
+                compile_seconds=report.compile_seconds,
+                cached=report.cached,
+                reason=report.error or report.compiler_message,
+            )
+        )
+    return verdicts
+
+
+def elastic_line(verdicts: list[ElasticVerdict]) -> str:
+    """The elastic counts' verdicts in one line, e.g. ``on 1 slice (gradient accumulation 2): fits, 22.9 GiB``."""
+    parts = []
+    for v in verdicts:
+        head = f"on {v.slices} slice" + ("s" if v.slices != 1 else "")
+        head += f" (gradient_accumulation_steps {v.gradient_accumulation_steps})"
+        if v.verdict == "fits":
+            parts.append(f"{head}: fits, {gib(v.used_bytes_per_chip)} per chip" + (" (cached)" if v.cached else ""))
+        elif v.verdict == "does_not_fit":
+            how = "memory model" if v.source == "memory_model" else "AOT"
+            parts.append(f"{head}: does not fit ({how}: needs {gib(v.used_bytes_per_chip)} per chip)")
+        else:
+            parts.append(f"{head}: {v.verdict.replace('_', ' ')} ({(v.reason or '')[:200]})")
+    return "elastic: " + "; ".join(parts)
 
 
 def check_stages(
@@ -205,6 +311,8 @@ def check_stages(
     reports = []
     for stage in stages:
         report = stage_report(plan, stage, session.compile(request_for(plan, stage), timeout=timeout))
+        if stage.elastic and report.verdict == "fits":
+            report = report.model_copy(update={"elastic": check_elastic(plan, stage, session, timeout)})
         reports.append(report)
         if on_report:
             on_report(report)

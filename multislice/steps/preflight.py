@@ -110,6 +110,14 @@ def run(
                         report = report.model_copy(update={"alternative": alternative})
                         line += f"\n    {message}"
                     problems.append(line)
+                shrinks = [v for v in report.elastic if v.verdict in ("does_not_fit", "error")]
+                if shrinks:
+                    problems.append(
+                        f"stage {report.stage} cannot shrink to "
+                        + ", ".join(f"{v.slices} slice(s) ({v.verdict.replace('_', ' ')})" for v in shrinks)
+                        + f": set elastic.min_slices to {max(v.slices for v in shrinks) + 1} "
+                        "(or remove elastic) so that a shrink never meets an HBM OOM"
+                    )
                 reports.append(report)
         cancel.point("preflight:report")
         by_name = {s.name: s for s in stages}

@@ -488,7 +488,9 @@ def logged_losses(metrics_file: Any, tensorboard_dir: Any) -> tuple[dict[int, fl
     MaxText writes ``learning/loss`` of every step to TensorBoard as a float32
     (``maxtext/common/metric_logger.py``); the train step's ``metrics.jsonl``
     has it from the log line, rounded to 3 decimals (``rounding`` 5e-4). The
-    TensorBoard events are read when present, else the JSON lines.
+    TensorBoard events are read when present, else the JSON lines. Steps TensorBoard lacks are taken from the
+    JSON lines (then ``rounding`` is theirs): a JobSet stopped by an elastic resize right after a checkpoint may
+    not have flushed its last steps' events, while the train step read their log lines.
     """
     losses: dict[int, float] = {}
     if tensorboard_dir is not None and tensorboard_dir.is_dir():
@@ -498,15 +500,19 @@ def logged_losses(metrics_file: Any, tensorboard_dir: Any) -> tuple[dict[int, fl
                 losses.update(_tensorboard_losses(events.read_bytes()))
         except Exception:  # noqa: BLE001 - fall back to the JSON lines
             losses = {}
-        if losses:
-            return losses, str(tensorboard_dir), 0.0
+    logged: dict[int, float] = {}
     if metrics_file is not None and metrics_file.is_file():
         for line in metrics_file.read_text().splitlines():
             if line.strip():
                 record = json.loads(line)
                 if "learning/loss" in record:
-                    losses[int(record["step"])] = float(record["learning/loss"])
-    return losses, str(metrics_file), 5e-4 if losses else 0.0
+                    logged[int(record["step"])] = float(record["learning/loss"])
+    if losses:
+        missing = {step: loss for step, loss in logged.items() if step not in losses}
+        if not missing:
+            return losses, str(tensorboard_dir), 0.0
+        return {**missing, **losses}, f"{tensorboard_dir} (steps it lacks from {metrics_file})", 5e-4
+    return logged, str(metrics_file), 5e-4 if logged else 0.0
 
 
 def _tensorboard_losses(data: bytes) -> dict[int, float]:

@@ -216,7 +216,14 @@ class GkeBackend(Backend):
         placement = {name: PodPlacement(**info) for name, info in where.items()}
         return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
 
-    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+    def follow(
+        self,
+        plan: Plan,
+        stage: StagePlan,
+        on_line: Callable[[str], None],
+        tell: Tell,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> Finished:
         """Watch the JobSet (re-listing after 410 Gone) and follow its leader's log across restarts.
 
         Tells restarts and Kueue evictions (the JobSet suspended again) while it

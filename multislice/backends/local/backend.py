@@ -35,7 +35,7 @@ from multislice.backends.base import (
     TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.local import environment, verifier
+from multislice.backends.local import capacity, environment, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.jobsets import LocalJobSets
@@ -74,6 +74,7 @@ class LocalBackend(Backend):
 
     name = "local"
     hardware = "cpu"
+    elastic = True
 
     def __init__(self, run_dir: str | Path, timings: Timings | None = None):
         super().__init__(timings or DEFAULTS["local"])
@@ -185,7 +186,36 @@ class LocalBackend(Backend):
             "child Job",
         )
 
-    def follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+    def available_slices(self, plan: Plan) -> int | None:
+        """Slices the capacity model (:mod:`.capacity`) holds now; ``num_slices`` when it models none."""
+        found = capacity.available(self.run_dir)
+        return plan.spec.num_slices if found is None else found
+
+    def lost_slice(self, name: str) -> str | None:
+        """Why JobSet ``name`` waits for capacity (a slice was preempted and its restart cannot start), or None."""
+        state = self.jobsets.get_jobset(name)
+        if state is not None and state.phase == "Pending" and state.reason == "InsufficientCapacity":
+            return state.message
+        return None
+
+    def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
+        """Delete the stage's JobSet and create it for ``plan.spec.num_slices`` slices, same pipeline run label."""
+        old = self.jobsets.get_jobset(stage.jobset)
+        run_id = (old.labels if old else {}).get(names.LABEL_PIPELINE_RUN_ID, "manual")
+        if old is not None and old.phase != "Deleted":
+            self.jobsets.delete_jobset(stage.jobset, timeout=self.timings.delete_timeout)
+        manifest = self.workload_manifest(plan, stage, run_id)
+        self.jobsets.create_jobset(manifest)
+        tell(f"JobSet {stage.jobset} relaunched on {plan.spec.num_slices} slice(s)")
+
+    def follow(
+        self,
+        plan: Plan,
+        stage: StagePlan,
+        on_line: Callable[[str], None],
+        tell: Tell,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> Finished:
         """Poll the JobSet's state and pass on each new line of every attempt's leader log, in order.
 
         A lost supervisor is replaced (:meth:`LocalJobSets.take_over`), as a
@@ -212,6 +242,12 @@ class LocalBackend(Backend):
                                               on_line, final=state.terminal or attempt < state.restarts)  # fmt: skip
             if state.terminal:
                 break
+            if interrupt is not None and interrupt():
+                # Stop the pods first, then pass on what they logged up to then: no step line is lost.
+                self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
+                for attempt in range(state.restarts + 1):
+                    self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
+                return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[])
             if time.monotonic() > deadline:
                 raise TrainingFailed(
                     f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s",

@@ -131,7 +131,9 @@ class LocalJobSets:
             state.event("Created", f"JobSet {name} created on the local backend")
             write_state(state_dir, state)
             proc = self._spawn_supervisor(state_dir, env)
-        return self._await_supervisor(name, proc, lambda s: s.phase != "Pending", start_timeout)
+        return self._await_supervisor(
+            name, proc, lambda s: s.phase != "Pending" or s.reason == "InsufficientCapacity", start_timeout
+        )
 
     def take_over(self, name: str, start_timeout: float = 60) -> JobSetState:
         """Start a new supervisor for a JobSet whose supervisor was lost (reported ``SupervisorLost``).

@@ -52,6 +52,7 @@ from typing import Any
 import yaml
 
 from multislice import maxtext
+from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.pods import LocalPod, expand_jobset
 from multislice.backends.local.state import JobSetState, PodState, read_state, write_state
@@ -125,6 +126,7 @@ class Supervisor:
         self.spec = self.manifest["spec"]
         self.failure_policy = self.spec.get("failurePolicy", {})
         self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
+        self.waiting_for_capacity = False
 
     # -- pod processes --------------------------------------------------
 
@@ -188,6 +190,30 @@ class Supervisor:
         self.state.phase = "Running"
         self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods")
         write_state(self.state_dir, self.state)
+
+    def _capacity_short(self) -> str | None:
+        """Why the capacity model (:mod:`.capacity`) cannot hold this JobSet's slices now, or None when it can."""
+        replicas = sum(int(r.get("replicas", 1)) for r in self.spec["replicatedJobs"])
+        have = capacity.available(self.state_dir.parent.parent)
+        if have is None or have >= replicas:
+            return None
+        return f"{replicas} slice(s) needed, {have} available (capacity withdrawn: Spot preemption)"
+
+    def start_when_capacity(self) -> None:
+        """Start the next attempt now, or wait ``Pending`` (``InsufficientCapacity``) until the capacity holds it."""
+        short = self._capacity_short()
+        if short is None:
+            if self.waiting_for_capacity:
+                self.state.event("CapacityAvailable", "capacity for every slice is back; starting the attempt")
+            self.waiting_for_capacity = False
+            self.state.reason = self.state.message = ""
+            self.start_attempt()
+            return
+        if not self.waiting_for_capacity:
+            self.waiting_for_capacity = True
+            self.state.phase, self.state.reason, self.state.message = "Pending", "InsufficientCapacity", short
+            self.state.event("InsufficientCapacity", f"attempt {self.state.restarts} waits: {short}")
+            write_state(self.state_dir, self.state)
 
     def _reap(self) -> list[PodState]:
         """Record pods that exited since the last poll; return those that failed."""
@@ -256,7 +282,7 @@ class Supervisor:
         if counted:
             self.state.restarts_count_towards_max += 1
         self.state.event("Restarting", f"restart {self.state.restarts} of at most {self.state.max_restarts} ({action})")
-        self.start_attempt()
+        self.start_when_capacity()
         return True
 
     def _finish(self, phase: str, reason: str, message: str) -> None:
@@ -277,11 +303,15 @@ class Supervisor:
         try:
             if self.state.pods:
                 self.take_over()
-            self.start_attempt()
+            self.start_when_capacity()
             while True:
                 if self.deleting:
                     self._finish("Deleted", "Deleted", "the JobSet was deleted")
                     return 0
+                if self.waiting_for_capacity:
+                    self.start_when_capacity()
+                    time.sleep(POLL_SECONDS)
+                    continue
                 failed = self._reap()
                 if failed:
                     first = min(failed, key=lambda p: p.finished_at or 0)

@@ -1,0 +1,131 @@
+"""Elastic training on the local backend with scripted pods: preempt a slice, shrink, grow back at a checkpoint.
+
+The pods are a small Python program standing in for MaxText (as in ``tests/test_local_backend.py``): the leader
+logs MaxText's step lines (a step takes twice as long on 1 slice as on 2) and commits a "checkpoint" (a step
+directory) every 3 steps, and every attempt resumes
+after the latest committed one, as MaxText does. The capacity model, the supervisor, the JobSets, the train step
+and its resize policy are the real ones. Event-driven: the preemption and the capacity's return are done from the
+train step's ``on_record`` hook, on the step records themselves; nothing waits on a clock.
+"""
+
+import yaml
+
+from multislice import config, storage
+from multislice.backends.local import LocalBackend, capacity
+from multislice.steps import train
+
+STEPS = 24
+
+POD = """
+import os, sys, time
+from pathlib import Path
+checkpoints, steps, commit = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
+done = [int(p.name) for p in checkpoints.glob("*") if p.name.isdigit() and (p / commit).exists()]
+start = max(done) + 1 if done else 0
+slices = int(os.environ["JAX_PROCESS_COUNT"]) // int(os.environ["PROCESSES_IN_JOB"])
+for step in range(start, steps):
+    time.sleep(0.4 / slices)  # the pod's own pace (a step: 2 micro-batches on 1 slice), not a synchronisation
+    if who == (0, 0):
+        print(f"completed step: {step}, seconds: 0.300, loss: {8.0 - 0.25 * step:.3f}", flush=True)
+        if step % 3 == 0 or step == steps - 1:
+            (checkpoints / str(step)).mkdir(parents=True, exist_ok=True)
+            (checkpoints / str(step) / commit).write_text("")
+"""
+
+
+class ScriptedBackend(LocalBackend):
+    """The local backend whose JobSets run the scripted pod; it keeps each JobSet it rendered (MaxText args)."""
+
+    def __init__(self, run_dir, stage):
+        super().__init__(run_dir)
+        self.stage, self.rendered = stage, []
+
+    def workload_manifest(self, plan, stage, pipeline_run_id):
+        manifest = super().workload_manifest(plan, stage, pipeline_run_id)
+        self.rendered.append(yaml.safe_load(yaml.safe_dump(manifest)))
+        pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        pod["containers"][0]["command"] = ["python", "-c", POD]
+        pod["containers"][0]["args"] = [self.stage.checkpoint_dir, str(STEPS), storage.COMMIT_FILE]
+        pod["terminationGracePeriodSeconds"] = 5
+        return manifest
+
+
+def worker_args(manifest) -> dict[str, str]:
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    words = [*container.get("command", []), *container.get("args", [])]
+    return dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+
+
+def test_a_preempted_slice_shrinks_the_stage_and_returning_capacity_grows_it_back(tmp_path):
+    spec = config.load_profile(
+        "local",
+        {
+            "run_name": "elastic",
+            "output_dir": str(tmp_path),
+            "stages.0.steps": STEPS,
+            "stages.0.checkpoint_period": 3,
+            "stages.0.elastic": {"min_slices": 1, "wait_for_lost_slice_seconds": 0},
+        },
+    )
+    from multislice.plan import make_plan
+
+    plan = make_plan(spec.with_stages(spec.stages[0]))
+    stage = plan.stages[0]
+    backend = ScriptedBackend(plan.run_dir, stage)
+    backend.submit(backend.workload_manifest(plan, stage, "run-a"))
+    seen = {"preempted": False, "restored": False}
+
+    def on_record(record):
+        if record["step"] == 4 and record["slices"] == 2 and not seen["preempted"]:
+            seen["preempted"] = True
+            killed = capacity.preempt_slice(plan.run_dir, stage.jobset, 2, 1, seconds=None)
+            assert killed and all("slice 1" in line for line in killed)
+            assert capacity.available(plan.run_dir) == 1
+        if record["slices"] == 1 and not seen["restored"]:
+            seen["restored"] = True
+            assert capacity.restore(plan.run_dir, 1) == 1
+
+    report = train.run(plan, stage.name, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
+
+    assert seen == {"preempted": True, "restored": True}
+    assert [(r.from_slices, r.to_slices) for r in report.resizes] == [(2, 1), (1, 2)]
+    shrink, grow = report.resizes
+    assert "did not return within 0 s" in shrink.cause and "grow from 1" in grow.cause
+    assert shrink.resumed_from_step == 3 and shrink.steps_lost >= 1  # step 4 (at least) was trained again
+    assert grow.resumed_from_step >= 6 and grow.cost_seconds is not None
+    assert [run["slices"] for run in report.slice_timeline] == [2, 1, 2]
+    assert report.slice_timeline[-1]["last_step"] == STEPS - 1
+    assert report.last_step == STEPS - 1 and report.steps_lost >= 1 and 0 < report.goodput <= 1
+    assert storage.latest_committed_step(stage.checkpoint_dir) == STEPS - 1
+    # The 1-slice JobSet: one replicated-job replica, data parallelism 1 over DCN, gradient accumulation 2.
+    first, smaller, regrown = backend.rendered
+    replicas = [m["spec"]["replicatedJobs"][0]["replicas"] for m in backend.rendered]
+    assert replicas == [2, 1, 2]
+    assert worker_args(smaller)["gradient_accumulation_steps"] == "2"
+    assert worker_args(smaller)["dcn_data_parallelism"] == "1" and worker_args(smaller)["num_slices"] == "1"
+    assert "gradient_accumulation_steps" not in worker_args(regrown) and worker_args(regrown)["num_slices"] == "2"
+    assert report.global_batch_size == stage.global_batch_size
+
+
+def test_the_inject_command_withdraws_and_gives_back_a_slice_and_refuses_bad_input(tmp_path, capsys):
+    from multislice import cli
+
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    common = ["--run", "demo", "--profile", "local", "--output-dir", str(tmp_path)]
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "1"]) == 0
+    assert "slice 1 of run demo preempted: capacity withdrawn until restore-capacity" in capsys.readouterr().out
+    assert capacity.available(run_dir) == 1
+    assert cli.main(["inject", "restore-capacity", *common]) == 0
+    assert capacity.available(run_dir) == 2
+    assert (
+        cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "0", "--for", "0"]) == 0
+    )
+    assert capacity.available(run_dir) == 2  # a withdrawal of 0 s has already ended
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "tiny-8b-recipe", "--slice", "2"]) == 2
+    assert cli.main(["inject", "preempt-slice", *common, "--stage", "nope", "--slice", "0"]) == 2
+    out = capsys.readouterr()
+    assert "--slice 2 is not a slice of run demo" in out.err + out.out and "Traceback" not in out.err
+    gke = ["--run", "demo", "--profile", "gke-v6e-16x2", "--output-dir", str(tmp_path)]
+    assert cli.main(["inject", "restore-capacity", *gke]) == 2

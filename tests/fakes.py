@@ -193,6 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
             run_id, _, action = route.split("/")[2].partition(":")
             if run_id not in s.recurring_runs:
                 return 404, {"error_message": f"recurring run {run_id} not found", "code": 5}
+            if method == "GET" and not action:
+                return 200, s.recurring_runs[run_id]
             if method == "DELETE":
                 del s.recurring_runs[run_id]
             elif action in ("enable", "disable"):

@@ -217,9 +217,10 @@ def run_remote(
     *args: Any,
     tpu_type: str = "v6e-16",
     num_slices: int = 1,
-    backend: str = "local",
+    backend: Any = "local",
     output_dir: str | None = None,
     profile: str | dict[str, Any] | None = None,
+    call_id: str | None = None,
     collective_timeout: float = 300.0,
     tell: Callable[[str], None] | None = None,
     out: Any = None,
@@ -234,9 +235,11 @@ def run_remote(
         tpu_type: A slice type of the catalog (:mod:`multislice.tpu`), e.g. ``v6e-16``; the local
             backend emulates it (one process per host, one CPU device per chip).
         num_slices: Slices (JobSet replicas), joined over DCN.
-        backend: ``local`` or ``gke`` (the cluster of ``profile``).
+        backend: ``local`` or ``gke`` (the cluster of ``profile``), or a connected
+            :class:`~multislice.backends.base.Backend`.
         output_dir: Where the call's directory goes (local path or ``gs://``); default the profile's.
         profile: Profile the call is planned from (namespace, queue, images, cluster); default per backend.
+        call_id: 8 characters naming the call (run ``remote-<function>-<id>``); default random.
         collective_timeout: Seconds after the first host joined JAX (or returned) that the others may take
             before :class:`RemoteHang` names them.
         tell: Where progress lines go; default ``print`` to stderr.
@@ -256,6 +259,8 @@ def run_remote(
     """
     from multislice import backends
 
+    given = None if isinstance(backend, str) else backend
+    backend = backend if isinstance(backend, str) else given.name
     say = tell or (lambda line: print(f"[remote] {line}", file=sys.stderr, flush=True))
     write = out or sys.stdout
     name = getattr(function, "__name__", "fn")
@@ -268,8 +273,8 @@ def run_remote(
     if num_slices < 1:
         raise ConfigError([("num_slices", f"{num_slices} is below 1; give 1 or more")])
     plan = plan_call(name, tpu_type=tpu_type, num_slices=num_slices, backend=backend, output_dir=output_dir,
-                     profile=data)  # fmt: skip
-    chosen = backends.backend_for(plan, say)
+                     profile=data, run_id=call_id)  # fmt: skip
+    chosen = given or backends.backend_for(plan, say)
     run_id = plan.spec.run_name.rsplit("-", 1)[-1]
     call = RemoteCall(plan, chosen, f"remote-{run_id}", storage.join(plan.run_dir, "remote"))
     call.hosts = [(s, h) for s in range(num_slices) for h in range(plan.slice.hosts)]

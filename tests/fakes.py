@@ -9,8 +9,11 @@ KFP answers follow the v2beta1 REST API (kfp_server_api 2.17 models, JSON
 field names in snake_case as the API server's grpc-gateway writes them):
 ``/apis/v2beta1/healthz``, ``pipelines`` (list by display_name filter),
 ``pipelines/upload``, ``pipelines/upload_version``, ``pipelines/{id}/versions``,
-``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
-GCS (JSON API paths): get bucket, get object and its media.
+``experiments``, ``runs`` (with ``:terminate``), ``recurringruns`` (with ``:enable``/``:disable``);
+GCS (JSON API paths): get bucket, get object and its media. Vertex AI
+PipelineService over REST (``/v1/projects/*/locations/*/pipelineJobs``:
+create, get, ``:cancel``), as aiplatform sends it with ``api_transport="rest"``
+and ``api_endpoint`` set to the server.
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
 (e.g. write the run's reports and mark it SUCCEEDED).
 """
@@ -59,6 +62,9 @@ class FakeState:
     hooks: list[dict] = field(default_factory=list)
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
     on_run: Callable[[dict], None] | None = None
+    on_get_run: Callable[[dict], None] | None = None  # called on each GET of a run: a test moves its state
+    vertex_jobs: dict[str, dict] = field(default_factory=dict)  # Vertex AI PipelineJobs by resource name
+    on_vertex_job: Callable[[dict], None] | None = None  # called on create and on each GET of a PipelineJob
     hook_status: int = 200
     ids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -133,6 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, {"bucket": bucket, "name": urllib.parse.unquote(name), "size": str(len(data))}
         if path.startswith("/storage/v1/b/"):  # google-cloud-storage: get bucket
             return 200, {"kind": "storage#bucket", "name": path.rsplit("/", 1)[-1], "location": "US-EAST5"}
+        if path.startswith("/v1/projects/") and "/pipelineJobs" in path:
+            return self._vertex(method, path.removeprefix("/v1/"), query, body, s)
         if path.startswith("/hook"):
             s.hooks.append(body)
             return s.hook_status, {"ok": s.hook_status < 300}
@@ -180,7 +188,15 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, s.runs[run_id]
         if route.startswith("/runs/") and method == "GET":
             run = s.runs.get(route.split("/")[2])
+            if run and s.on_get_run is not None:
+                s.on_get_run(run)
             return (200, run) if run else (404, {"error_message": "run not found", "code": 5})
+        if route.startswith("/runs/") and route.endswith(":terminate") and method == "POST":
+            run = s.runs.get(route.split("/")[2].partition(":")[0])
+            if not run:
+                return 404, {"error_message": "run not found", "code": 5}
+            run["state"] = "CANCELED"  # KFP: CANCELING, then CANCELED once its workflow stopped
+            return 200, {}
         if route == "/recurringruns" and method == "POST":
             run_id = s.new_id("recurring")
             s.recurring_runs[run_id] = {**body, "recurring_run_id": run_id, "status": "ENABLED",
@@ -201,6 +217,27 @@ class _Handler(BaseHTTPRequestHandler):
                 s.recurring_runs[run_id]["mode"] = action.upper()
             return 200, {}
         return 404, {"error_message": f"no route {method} {path}", "code": 5}
+
+    @staticmethod
+    def _vertex(method: str, path: str, query: dict, body: Any, s: FakeState) -> tuple[int, Any]:
+        """Vertex AI PipelineService over REST (aiplatform with ``api_transport="rest"``): create, get, cancel."""
+        if path.endswith("/pipelineJobs") and method == "POST":
+            name = f"{path}/{query.get('pipelineJobId') or s.new_id('job')}"
+            job = {**body, "name": name, "state": "PIPELINE_STATE_PENDING", "createTime": "2026-11-23T14:00:00Z"}
+            s.vertex_jobs[name] = job
+            if s.on_vertex_job is not None:
+                s.on_vertex_job(job)
+            return 200, job
+        name, _, action = path.partition(":")
+        job = s.vertex_jobs.get(name)
+        if job is None:
+            return 404, {"error": {"code": 404, "message": f"{name} not found", "status": "NOT_FOUND"}}
+        if method == "POST" and action == "cancel":
+            job["state"] = "PIPELINE_STATE_CANCELLED"
+            return 200, {}
+        if s.on_vertex_job is not None:
+            s.on_vertex_job(job)
+        return 200, job
 
     @staticmethod
     def _add_version(s: FakeState, pipeline_id: str, name: str | None, body: Any) -> dict:

@@ -146,3 +146,16 @@ def test_interrupted_while_queued_in_kueue_deletes_the_jobset(served, play):
                        output_dir="gs://bucket/remote", call_id=CALL, tell=tell)  # fmt: skip
     assert served.kube().get_jobset(JOBSET) is None
     assert any("stopping: deleting JobSet" in line for line in told.lines)
+
+
+def test_an_unknown_slice_is_refused_before_anything_is_sent(served, play):
+    from multislice.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tpu_type"):
+        run_remote(train_shard, [1], tpu_type="v6e-17", backend=GkeBackend(served.kube()),
+                   output_dir="gs://bucket/remote", call_id=CALL, tell=lambda _: None)  # fmt: skip
+    with pytest.raises(ConfigError, match="num_slices"):
+        run_remote(train_shard, [1], tpu_type="v6e-16", num_slices=0, backend=GkeBackend(served.kube()),
+                   output_dir="gs://bucket/remote", call_id=CALL, tell=lambda _: None)  # fmt: skip
+    assert served.kube().get_jobset(JOBSET) is None
+    assert not storage.path(storage.join(CALL_DIR, "payload.pkl")).exists()

@@ -14,3 +14,17 @@ def submit(*args: Any, **kwargs: Any) -> Any:
     from multislice.delivery.submission import submit as _submit
 
     return _submit(*args, **kwargs)
+
+
+def remote(*args: Any, **kwargs: Any) -> Any:
+    """Run a function on every host of a slice and return the leader's value: :func:`multislice.remote_call.remote`."""
+    from multislice.remote_call import remote as _remote
+
+    return _remote(*args, **kwargs)
+
+
+def run_remote(*args: Any, **kwargs: Any) -> Any:
+    """The plain function form of :func:`remote`: :func:`multislice.remote_call.run_remote`."""
+    from multislice.remote_call import run_remote as _run_remote
+
+    return _run_remote(*args, **kwargs)

@@ -640,27 +640,55 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     where = submission.targets_from_args(args)
     if args.action == "create":
-        missing = [(f"--{n}", "required by `schedule create`") for n in ("profile", "cron") if not getattr(args, n)]
+        missing = [("--profile", "required by `schedule create`")] if not args.profile else []
+        if not args.cron and not args.interval:
+            missing.append(("--cron", "required by `schedule create` (or --interval SECONDS on KFP)"))
         if missing:
             raise config.ConfigError(missing)
         profile, overrides = _profile_and_overrides(args)
-        made = schedule.create(
-            profile, overrides, target=args.target, cron=args.cron, timezone=args.timezone, name=args.name,
-            max_concurrent_runs=args.max_concurrent_runs, allow_queueing=args.allow_queueing,
-            max_runs=args.max_runs, continue_run=args.continue_run, **where,
-        )  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", schedule.CatchUpWarning)
+            made = schedule.create(
+                profile, overrides, target=args.target, cron=args.cron, timezone=args.timezone,
+                interval_seconds=args.interval, name=args.name,
+                max_concurrent_runs=1 if args.max_concurrent_runs is None else args.max_concurrent_runs,
+                allow_queueing=args.allow_queueing, catch_up=args.catch_up, max_runs=args.max_runs,
+                start_time=args.start_time, end_time=args.end_time, continue_run=args.continue_run, **where,
+            )  # fmt: skip
+        _print_warnings(caught)
         print(f"schedule {made.name} created on {made.target}: {made.schedule_id}, cron {made.cron!r}")
-        next_times = schedule.Cron.parse(args.cron, args.timezone).next_times()
-        print("next runs: " + ", ".join(t.isoformat() for t in next_times))
+        print(f"catch-up: {'on' if args.catch_up else 'off (missed runs are skipped)'}")
+        if args.cron:
+            next_times = schedule.Cron.parse(args.cron, args.timezone).next_times()
+            zone = "" if args.timezone or args.target != "kfp" else " (UTC; KFP uses its CRON_SCHEDULE_TIMEZONE)"
+            print("next runs: " + ", ".join(t.isoformat() for t in next_times) + zone)
     elif args.action == "list":
         for found in schedule.list_schedules(args.target, **where):
             print(f"{found.schedule_id}\t{found.name}\t{found.cron}\t{found.state}")
+    elif args.action == "update":
+        if not args.schedule_id:
+            raise config.ConfigError([("SCHEDULE_ID", "`schedule update` needs the schedule's ID (see list)")])
+        made = schedule.update(
+            args.schedule_id, args.target, cron=args.cron, timezone=args.timezone, name=args.name,
+            max_concurrent_runs=args.max_concurrent_runs, allow_queueing=args.allow_queueing or None,
+            max_runs=args.max_runs, start_time=args.start_time, end_time=args.end_time, **where,
+        )  # fmt: skip
+        print(f"schedule {made.schedule_id} updated: {made.name}, cron {made.cron!r}")
     else:
         if not args.schedule_id:
             raise config.ConfigError([("SCHEDULE_ID", f"`schedule {args.action}` needs the schedule's ID (see list)")])
-        schedule.change(args.action, args.schedule_id, args.target, **where)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", schedule.CatchUpWarning)
+            schedule.change(args.action, args.schedule_id, args.target, catch_up=args.catch_up, **where)
+        _print_warnings(caught)
         print(f"schedule {args.schedule_id}: {args.action} sent")
     return 0
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print caught warnings on stderr, ``warning: <message>``."""
+    for item in caught:
+        print(f"warning: {item.message}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -805,16 +833,29 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     add_target_arguments(submit)
     submit.set_defaults(func=cmd_submit)
 
-    sched = sub.add_parser("schedule", help="recurring runs: create, list, pause, resume, delete")
-    sched.add_argument("action", choices=["create", "list", "pause", "resume", "delete"])
-    sched.add_argument("schedule_id", nargs="?", help="the schedule's ID (pause, resume, delete)")
+    sched = sub.add_parser("schedule", help="recurring runs: create, list, update, pause, resume, delete")
+    sched.add_argument("action", choices=["create", "list", "update", "pause", "resume", "delete"])
+    sched.add_argument("schedule_id", nargs="?", help="the schedule's ID (update, pause, resume, delete)")
     with_profile(sched, required=False)
     add_target_arguments(sched)
     sched.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
-    sched.add_argument("--timezone", help="IANA time zone of --cron (Vertex only; KFP schedules in UTC)")
+    sched.add_argument(
+        "--timezone", help="IANA time zone of --cron (Vertex only; KFP uses its controller's CRON_SCHEDULE_TIMEZONE)"
+    )
+    sched.add_argument("--interval", type=int, metavar="SECONDS", help="KFP only, instead of --cron: every N seconds")
     sched.add_argument("--name", help="display name (default <run_name>-schedule)")
-    sched.add_argument("--max-concurrent-runs", type=int, default=1, help="runs of this schedule at once (default 1)")
-    sched.add_argument("--allow-queueing", action="store_true", help="a run due at the limit waits, not skipped")
+    sched.add_argument("--max-concurrent-runs", type=int, help="runs of this schedule at once (default 1)")
+    sched.add_argument(
+        "--allow-queueing", action="store_true", help="Vertex only: a run due at the concurrency limit waits"
+    )
+    sched.add_argument(
+        "--catch-up",
+        action="store_true",
+        help="start missed runs (create on KFP: since --start-time and while disabled; resume: while paused); "
+        "off by default",
+    )
+    sched.add_argument("--start-time", metavar="RFC3339", help="first run not before, e.g. 2026-12-01T03:00:00Z")
+    sched.add_argument("--end-time", metavar="RFC3339", help="no run after, e.g. 2027-03-01T00:00:00Z")
     sched.add_argument("--max-runs", type=int, help="stop after this many runs (Vertex only)")
     sched.add_argument(
         "--continue-run",

@@ -10,8 +10,11 @@ field names in snake_case as the API server's grpc-gateway writes them):
 ``/apis/v2beta1/healthz``, ``pipelines`` (list by display_name filter),
 ``pipelines/upload``, ``pipelines/upload_version`` (a taken version name is a 409, as the server's
 unique index), ``pipelines/{id}/versions`` (display_name filter),
-``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
-GCS (JSON API paths): get bucket, get object and its media.
+``experiments``, ``runs`` (with ``:terminate``), ``recurringruns`` (with ``:enable``/``:disable``);
+GCS (JSON API paths): get bucket, get object and its media. Vertex AI
+PipelineService over REST (``/v1/projects/*/locations/*/pipelineJobs``:
+create, get, ``:cancel``), as aiplatform sends it with ``api_transport="rest"``
+and ``api_endpoint`` set to the server.
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
 (e.g. write the run's reports and mark it SUCCEEDED).
 """
@@ -61,6 +64,9 @@ class FakeState:
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
     on_run: Callable[[dict], None] | None = None
     kfp_version: str = "2.17.0"  # healthz tag_name, as the API server's TAG_NAME
+    on_get_run: Callable[[dict], None] | None = None  # called on each GET of a run: a test moves its state
+    vertex_jobs: dict[str, dict] = field(default_factory=dict)  # Vertex AI PipelineJobs by resource name
+    on_vertex_job: Callable[[dict], None] | None = None  # called on create and on each GET of a PipelineJob
     hook_status: int = 200
     ids: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -135,6 +141,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, {"bucket": bucket, "name": urllib.parse.unquote(name), "size": str(len(data))}
         if path.startswith("/storage/v1/b/"):  # google-cloud-storage: get bucket
             return 200, {"kind": "storage#bucket", "name": path.rsplit("/", 1)[-1], "location": "US-EAST5"}
+        if path.startswith("/v1/projects/") and "/pipelineJobs" in path:
+            return self._vertex(method, path.removeprefix("/v1/"), query, body, s)
         if path.startswith("/hook"):
             s.hooks.append(body)
             return s.hook_status, {"ok": s.hook_status < 300}
@@ -191,7 +199,15 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, s.runs[run_id]
         if route.startswith("/runs/") and method == "GET":
             run = s.runs.get(route.split("/")[2])
+            if run and s.on_get_run is not None:
+                s.on_get_run(run)
             return (200, run) if run else (404, {"error_message": "run not found", "code": 5})
+        if route.startswith("/runs/") and route.endswith(":terminate") and method == "POST":
+            run = s.runs.get(route.split("/")[2].partition(":")[0])
+            if not run:
+                return 404, {"error_message": "run not found", "code": 5}
+            run["state"] = "CANCELED"  # KFP: CANCELING, then CANCELED once its workflow stopped
+            return 200, {}
         if route == "/recurringruns" and method == "POST":
             run_id = s.new_id("recurring")
             s.recurring_runs[run_id] = {**body, "recurring_run_id": run_id, "status": "ENABLED",
@@ -204,12 +220,35 @@ class _Handler(BaseHTTPRequestHandler):
             run_id, _, action = route.split("/")[2].partition(":")
             if run_id not in s.recurring_runs:
                 return 404, {"error_message": f"recurring run {run_id} not found", "code": 5}
+            if method == "GET" and not action:
+                return 200, s.recurring_runs[run_id]
             if method == "DELETE":
                 del s.recurring_runs[run_id]
             elif action in ("enable", "disable"):
                 s.recurring_runs[run_id]["mode"] = action.upper()
             return 200, {}
         return 404, {"error_message": f"no route {method} {path}", "code": 5}
+
+    @staticmethod
+    def _vertex(method: str, path: str, query: dict, body: Any, s: FakeState) -> tuple[int, Any]:
+        """Vertex AI PipelineService over REST (aiplatform with ``api_transport="rest"``): create, get, cancel."""
+        if path.endswith("/pipelineJobs") and method == "POST":
+            name = f"{path}/{query.get('pipelineJobId') or s.new_id('job')}"
+            job = {**body, "name": name, "state": "PIPELINE_STATE_PENDING", "createTime": "2026-11-23T14:00:00Z"}
+            s.vertex_jobs[name] = job
+            if s.on_vertex_job is not None:
+                s.on_vertex_job(job)
+            return 200, job
+        name, _, action = path.partition(":")
+        job = s.vertex_jobs.get(name)
+        if job is None:
+            return 404, {"error": {"code": 404, "message": f"{name} not found", "status": "NOT_FOUND"}}
+        if method == "POST" and action == "cancel":
+            job["state"] = "PIPELINE_STATE_CANCELLED"
+            return 200, {}
+        if s.on_vertex_job is not None:
+            s.on_vertex_job(job)
+        return 200, job
 
     @staticmethod
     def _add_version(s: FakeState, pipeline_id: str, name: str | None, body: Any) -> dict:

@@ -1,6 +1,7 @@
 """Schedules: one cron syntax converted per target; Vertex AI schedule bodies and KFP recurring runs as sent."""
 
 import datetime
+import re
 import warnings
 from unittest import mock
 
@@ -81,11 +82,12 @@ def fake(monkeypatch):
 def test_kfp_recurring_run_sent(fake):
     where = submission.KfpTarget(host=fake.url, service_account="pipeline-runner")
     made = schedule.create(PROFILE, VALUES, target="kfp", cron="30 2 * * mon-fri", kfp=where, max_concurrent_runs=2,
-                           allow_queueing=True, name="nightly")  # fmt: skip
+                           name="nightly")  # fmt: skip
     [sent] = fake.state.sent("POST", "/recurringruns")
     body = sent.body
     assert body["trigger"] == {"cron_schedule": {"cron": "0 30 2 * * mon-fri"}}
-    assert body["max_concurrency"] == 2 and body["no_catchup"] is False and body["mode"] == "ENABLE"
+    # Concurrency and catch-up are separate: two at once, and no backfill unless asked.
+    assert body["max_concurrency"] == 2 and body["no_catchup"] is True and body["mode"] == "ENABLE"
     assert body["display_name"] == "nightly" and body["service_account"] == "pipeline-runner"
     params = body["runtime_config"]["parameters"]
     assert params["unique_run_name"] is True and params["run_name"] == "llama3-multislice"
@@ -148,6 +150,13 @@ class ScheduleTransport:
         self.calls.append(("resume", request))
         self.schedules[request.name].state = gca_schedule.Schedule.State.ACTIVE
 
+    def update_schedule(self, request, **kwargs):
+        self.calls.append(("update", request))
+        held = self.schedules[request.schedule.name]
+        for path in request.update_mask.paths:
+            setattr(held, path, getattr(request.schedule, path))
+        return held
+
     def delete_schedule(self, request, **kwargs):
         self.calls.append(("delete", request))
         del self.schedules[request.name]
@@ -157,7 +166,7 @@ class ScheduleTransport:
 
     def patches(self):
         names = ["create_schedule", "get_schedule", "list_schedules", "pause_schedule", "resume_schedule",
-                 "delete_schedule"]  # fmt: skip
+                 "update_schedule", "delete_schedule"]  # fmt: skip
         return [
             mock.patch.object(schedule_grpc.ScheduleServiceGrpcTransport, n, new_callable=mock.PropertyMock,
                               return_value=getattr(self, n))
@@ -174,13 +183,15 @@ def test_vertex_schedule_sent_and_managed(fake):
         p.start()
     try:
         made = schedule.create(PROFILE, VALUES, target="vertex", cron="0 3 * * *", timezone="America/New_York",
-                               vertex=where, max_concurrent_runs=1, allow_queueing=True, max_runs=30)  # fmt: skip
+                               vertex=where, max_concurrent_runs=1, allow_queueing=True, max_runs=30,
+                               start_time="2026-12-01T00:00:00Z", end_time="2027-03-01T00:00:00Z")  # fmt: skip
         [(_, request)] = [c for c in transport.calls if c[0] == "create"]
         sent = gca_schedule.Schedule.to_dict(request.schedule)
         assert request.parent == "projects/team-project/locations/us-east5"
         assert sent["cron"] == "TZ=America/New_York 0 3 * * *"
         assert sent["max_concurrent_run_count"] == "1" and sent["allow_queueing"] is True
         assert sent["max_run_count"] == "30" and sent["display_name"] == "llama3-multislice-schedule"
+        assert (sent["start_time"], sent["end_time"]) == ("2026-12-01T00:00:00Z", "2027-03-01T00:00:00Z")
         job = sent["create_pipeline_job_request"]
         assert job["parent"] == "projects/team-project/locations/us-east5"
         assert job["pipeline_job"]["service_account"] == "runner@team-project.iam.gserviceaccount.com"
@@ -194,6 +205,24 @@ def test_vertex_schedule_sent_and_managed(fake):
         assert transport.schedules[made.schedule_id].state == gca_schedule.Schedule.State.PAUSED
         schedule.change("resume", made.schedule_id, "vertex", vertex=where)
         assert transport.schedules[made.schedule_id].state == gca_schedule.Schedule.State.ACTIVE
+        # Resume never catches up unless asked; asked, it warns with the runs missed while paused.
+        assert [r.catch_up for n, r in transport.calls if n == "resume"] == [False]
+        schedule.change("pause", made.schedule_id, "vertex", vertex=where)
+        transport.schedules[made.schedule_id].last_pause_time = datetime.datetime(2026, 12, 1, 12, tzinfo=datetime.UTC)
+        now = datetime.datetime(2026, 12, 5, 12, tzinfo=datetime.UTC)
+        with pytest.warns(schedule.CatchUpWarning, match="starts 4 missed run"):
+            schedule.change("resume", made.schedule_id, "vertex", vertex=where, catch_up=True, now=now)
+        assert [r.catch_up for n, r in transport.calls if n == "resume"] == [False, True]
+
+        updated = schedule.update(made.schedule_id, "vertex", cron="0 5 * * 1-5", timezone="UTC",
+                                  max_concurrent_runs=2, vertex=where)  # fmt: skip
+        [(_, request)] = [c for c in transport.calls if c[0] == "update"]
+        assert sorted(request.update_mask.paths) == ["cron", "max_concurrent_run_count"]
+        assert request.schedule.cron == "TZ=UTC 0 5 * * 1-5" and request.schedule.max_concurrent_run_count == 2
+        assert updated.cron == "TZ=UTC 0 5 * * 1-5"
+        with pytest.raises(ConfigError, match="day-of-week"):
+            schedule.update(made.schedule_id, "vertex", cron="0 5 * * 7", vertex=where)
+        assert len([c for c in transport.calls if c[0] == "update"]) == 1
         schedule.change("delete", made.schedule_id, "vertex", vertex=where)
         assert transport.schedules == {}
     finally:
@@ -210,3 +239,84 @@ def test_cli_schedule_create_prints_next_runs(fake, capsys):
                      "--cron", "0 4 * * * *"]) == 2  # fmt: skip
     assert "cron: '0 4 * * * *' has 6 fields" in capsys.readouterr().err
     assert len(fake.state.sent("POST", "/recurringruns")) == 1
+
+
+@pytest.mark.parametrize(
+    ("cron", "target", "words"),
+    [
+        ("0 3 * * 7", "kfp", "7 is outside 0-6 for kfp; use 0 for Sunday"),
+        ("0 3 * * 7", "vertex", "outside 0-6"),
+        ("0 3 L * *", "kfp", "'L' is not accepted by kfp"),
+        ("0 3 * * 5#3", "kfp", "day-of-week field '5#3'"),
+        ("0 3 15W * *", "vertex", "not accepted"),
+        ("0 3 ? * mon", "vertex", "'?' is not accepted"),
+        ("0 24 * * *", "kfp", "not a valid cron"),
+    ],
+)
+def test_cron_outside_the_backends_dialect_is_refused_before_anything_is_sent(fake, cron, target, words):
+    vertex = submission.VertexTarget(project="p", location="us-east5", credentials=AnonymousCredentials())
+    where = {"kfp": submission.KfpTarget(host=fake.url)} if target == "kfp" else {"vertex": vertex}
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        schedule.create(PROFILE, VALUES, target=target, cron=cron, **where)
+    assert fake.state.requests == []  # no pipeline version uploaded
+
+
+def test_kfp_accepts_its_own_dialect():
+    for cron in ("0 3 * * 0", "0 3 ? * mon-fri", "*/5 1-3,7 1 jan,dec sun", "0 0 1-31/2 * *"):
+        schedule.check_dialect(cron, "kfp")
+
+
+def test_kfp_catch_up_is_explicit_and_warns_with_the_runs_it_starts(fake):
+    where = submission.KfpTarget(host=fake.url)
+    now = datetime.datetime(2026, 11, 23, 14, 30, tzinfo=datetime.UTC)
+    with pytest.raises(ConfigError, match="KFP has no queue"):
+        schedule.create(PROFILE, VALUES, target="kfp", cron="0 3 * * *", kfp=where, allow_queueing=True)
+    with pytest.warns(schedule.CatchUpWarning, match="starts 7 missed run"):  # 03:00 on Nov 17..23
+        made = schedule.create(PROFILE, VALUES, target="kfp", cron="0 3 * * *", kfp=where, catch_up=True,
+                               start_time="2026-11-16T12:00:00Z", end_time="2027-01-01T00:00:00Z",
+                               now=now)  # fmt: skip
+    [sent] = fake.state.sent("POST", "/recurringruns")
+    assert sent.body["no_catchup"] is False
+    assert sent.body["trigger"]["cron_schedule"] == {
+        "cron": "0 0 3 * * *", "start_time": "2026-11-16T12:00:00Z", "end_time": "2027-01-01T00:00:00Z"}  # fmt: skip
+
+    # Enabling a recurring run created with catch-up backfills: refused unless asked.
+    schedule.change("pause", made.schedule_id, "kfp", kfp=where)
+    with pytest.raises(ConfigError, match="created with catch-up"):
+        schedule.change("resume", made.schedule_id, "kfp", kfp=where)
+    assert fake.state.recurring_runs[made.schedule_id]["mode"] == "DISABLE"
+    with pytest.warns(schedule.CatchUpWarning):
+        schedule.change("resume", made.schedule_id, "kfp", kfp=where, catch_up=True, now=now)
+    assert fake.state.recurring_runs[made.schedule_id]["mode"] == "ENABLE"
+    with pytest.raises(ConfigError, match="cannot be updated"):
+        schedule.update(made.schedule_id, "kfp", cron="0 4 * * *", kfp=where)
+
+
+def test_kfp_interval_trigger(fake):
+    where = submission.KfpTarget(host=fake.url)
+    made = schedule.create(PROFILE, VALUES, target="kfp", interval_seconds=6 * 3600, kfp=where)
+    [sent] = fake.state.sent("POST", "/recurringruns")
+    assert sent.body["trigger"] == {"periodic_schedule": {"interval_second": 21600}}
+    assert sent.body["no_catchup"] is True
+    assert [s.cron for s in schedule.list_schedules("kfp", kfp=where)] == ["every 21600s"]
+    with pytest.raises(ConfigError, match="without catch-up"):
+        schedule.change("resume", made.schedule_id, "kfp", kfp=where, catch_up=True)
+    with pytest.raises(ConfigError, match="either a cron expression or"):
+        schedule.create(PROFILE, VALUES, target="kfp", cron="0 3 * * *", interval_seconds=60, kfp=where)
+
+
+def test_cli_schedule_times_and_catch_up(fake, capsys):
+    base = ["schedule", "create", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+            "output_dir=gs://bucket/r", "--cron", "0 3 * * *"]  # fmt: skip
+    assert cli.main([*base, "--start-time", "2026-12-01T00:00:00Z", "--end-time", "2026-11-01T00:00:00Z"]) == 2
+    assert "end_time" in capsys.readouterr().err
+    assert cli.main([*base, "--start-time", "yesterday"]) == 2
+    assert "start_time: 'yesterday' is not an RFC 3339 time" in capsys.readouterr().err
+    assert cli.main([*base, "--cron", "0 3 * * 7"]) == 2
+    assert "use 0 for Sunday" in capsys.readouterr().err
+    assert fake.state.requests == []
+    assert cli.main([*base, "--catch-up", "--start-time", "2020-01-01T00:00:00Z"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: catch-up is on: the schedule starts" in captured.err and "catch-up: on" in captured.out
+    [sent] = fake.state.sent("POST", "/recurringruns")
+    assert sent.body["no_catchup"] is False and sent.body["trigger"]["cron_schedule"]["start_time"].startswith("2020")

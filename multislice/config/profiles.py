@@ -24,7 +24,11 @@ from multislice.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: Where ``--profile NAME`` looks for ``NAME.yaml``.
-PROFILES_DIR = PROJECT_ROOT / "configs"
+#: The profiles: ``configs/`` of a source checkout, else the copy packaged with the library
+#: (``multislice/profiles``, a link to ``configs/`` in the checkout, real files in a wheel), so that an
+#: installed package (a notebook's ``pip install``) finds them without a checkout.
+PACKAGED_PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES_DIR = PROJECT_ROOT / "configs" if (PROJECT_ROOT / "configs").is_dir() else PACKAGED_PROFILES_DIR
 #: Where a stage's ``model: {preset: NAME}`` looks for ``NAME.yaml``.
 PRESETS_DIR = PROFILES_DIR / "models"
 #: Largest profile (or model preset) file read, bytes: larger ones are refused before parsing, so a

@@ -9,9 +9,21 @@ needs no pipelines API (KFP's v2beta1 API does not serve metric values; they
 live in its ML Metadata store), only read access to the run directory,
 through :mod:`multislice.storage` (``gs://`` by gcsfs, which honours
 ``STORAGE_EMULATOR_HOST``).
+
+For notebooks, a :class:`RunRef` names a run wherever it ran (local, KFP,
+Vertex AI): :func:`stages`, :func:`metrics`, :func:`curves` and
+:func:`checkpoints` read it; :func:`compare_table` and :func:`plot` put
+several runs side by side; :func:`wait` follows one with progress lines and
+:func:`cancel` stops it.
 """
 
 from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from multislice import identity, storage
 from multislice.reports import StepReport, TrainReport, VerificationReport, parse, report_path
@@ -41,3 +53,235 @@ def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, dic
             if data is not None:
                 results[stage][key] = parse(kind, data)
     return results
+
+
+# -- following and comparing runs (notebooks) ---------------------------------------------------------------------
+
+#: States after which a run changes no more (KFP v2beta1 ``V2beta1RuntimeState``; Vertex ``PipelineState`` names).
+FINAL_STATES = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED", "CANCELLED", "PAUSED"}
+
+
+@dataclass
+class RunRef:
+    """A run whose results can be read: where it writes, its stages, and where it runs.
+
+    Attributes:
+        run_name: The run's name (its directory under ``output_dir``).
+        output_dir: The ``output_dir`` parameter (local path or ``gs://``).
+        stages: Stage names, in order.
+        target: ``local``, ``kfp`` or ``vertex``.
+        run_id: KFP run ID or Vertex PipelineJob resource name; '' for a local run.
+        url: The run's page (KFP UI or the Google Cloud console); '' when unknown.
+        handle: The service's object (``aiplatform.PipelineJob``; for KFP the ``kfp.Client``), for wait and cancel.
+    """
+
+    run_name: str
+    output_dir: str
+    stages: list[str]
+    target: str = "local"
+    run_id: str = ""
+    url: str = ""
+    handle: Any = field(default=None, repr=False)
+
+    @property
+    def run_dir(self) -> str:
+        """``<output_dir>/<run_name>``."""
+        return identity.run_dir(self.output_dir, self.run_name)
+
+
+def run_url(target: str, run_id: str, *, host: str = "", project: str = "", location: str = "") -> str:
+    """The run's page: KFP UI ``<host>/#/runs/details/<id>`` (the UI's route), or the console's Vertex AI run page.
+
+    ``host`` is the KFP endpoint as the user reaches the UI (the UI serves the API under the same host);
+    ``run_id`` for Vertex is the PipelineJob's resource name or ID.
+    """
+    if target == "kfp":
+        return f"{host.rstrip('/')}/#/runs/details/{run_id}"
+    job = run_id.rsplit("/", 1)[-1]
+    return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
+
+
+def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any = None, vertex: Any = None) -> RunRef:
+    """A :class:`RunRef` for what :func:`multislice.submit` returned (run name and output_dir from what was sent).
+
+    Args:
+        submitted: The :class:`multislice.delivery.submission.SubmittedRun`.
+        profile: The profile it was submitted from (its stage names).
+        kfp, vertex: The target's settings (the run's URL; KFP: the client that waits and cancels).
+    """
+    from multislice import config
+
+    data = config.read_profile(profile) if isinstance(profile, str) else profile
+    stages = [s["name"] for s in data["stages"]]
+    output_dir = str(submitted.parameters.get("output_dir") or data.get("output_dir"))
+    if submitted.target == "kfp":
+        url = run_url("kfp", submitted.run_id, host=kfp.host if kfp else "")
+        handle = kfp.make_client() if kfp else None
+    else:
+        url = run_url("vertex", submitted.run_id, project=vertex.project if vertex else "",
+                      location=vertex.location if vertex else "")  # fmt: skip
+        handle = submitted.job
+    return RunRef(submitted.run_name, output_dir, stages, submitted.target, submitted.run_id, url, handle)
+
+
+def from_kfp(client: Any, run_id: str, profile: str | Mapping[str, Any], host: str = "") -> RunRef:
+    """A :class:`RunRef` for any KFP run of this pipeline, from the parameters the run was given."""
+    from multislice import config
+
+    data = config.read_profile(profile) if isinstance(profile, str) else profile
+    run = client.get_run(run_id)
+    params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
+    run_name = str(params.get("run_name") or run.display_name)
+    output_dir = str(params.get("output_dir") or data.get("output_dir"))
+    stage_names = [s["name"] for s in data["stages"]]
+    return RunRef(run_name, output_dir, stage_names, "kfp", run_id, run_url("kfp", run_id, host=host), client)
+
+
+def state(run: RunRef) -> str:
+    """The run's state as the service reports it (``RUNNING``, ``SUCCEEDED``...); ``LOCAL`` for a local run."""
+    if run.target == "kfp":
+        return str(run.handle.get_run(run.run_id).state)
+    if run.target == "vertex":
+        return run.handle.state.name.removeprefix("PIPELINE_STATE_")
+    return "LOCAL"
+
+
+def wait(
+    run: RunRef,
+    *,
+    timeout: float = 24 * 3600.0,
+    poll_seconds: float = 30.0,
+    tell: Any = print,
+    clock: Any = time.monotonic,
+    pause: Any = time.sleep,
+) -> str:
+    """Wait for the run to end, telling each state change and the stages reported so far; its final state.
+
+    Unlike ``kfp.Client.wait_for_run_completion`` (silent until the end), each
+    poll that sees something new tells one line: the state, and each stage as
+    its train or verification report appears in the run directory.
+
+    Raises:
+        TimeoutError: not ended within ``timeout`` seconds (the run goes on; :func:`cancel` stops it).
+    """
+    started, told_state, seen = clock(), None, set()
+    while True:
+        now_state = state(run)
+        if now_state != told_state:
+            tell(f"{run.run_name}: {now_state} ({clock() - started:.0f} s)")
+            told_state = now_state
+        for stage, found in read_run(run.output_dir, run.run_name, run.stages).items():
+            for key, report in found.items():
+                if (stage, key) not in seen:
+                    seen.add((stage, key))
+                    what = f"final loss {report.final_loss:.3f}" if key == "train" else f"verdict {report.verdict}"
+                    tell(f"{run.run_name}: stage {stage} {key} reported, {what}")
+        if now_state in FINAL_STATES:
+            return now_state
+        if clock() - started > timeout:
+            raise TimeoutError(f"run {run.run_name} still {now_state} after {timeout:.0f} s; see {run.url}")
+        pause(poll_seconds)
+
+
+def cancel(run: RunRef) -> None:
+    """Stop the run: KFP ``terminate_run``; Vertex ``PipelineJob.cancel``. Its exit handler deletes its JobSets."""
+    if run.target == "kfp":
+        run.handle.terminate_run(run.run_id)
+    elif run.target == "vertex":
+        run.handle.cancel()
+    else:
+        raise ValueError("a local run is stopped with Ctrl-C in its `multislice run` (or `multislice cleanup`)")
+
+
+def stages(run: RunRef) -> list[dict[str, Any]]:
+    """Each stage: ``stage``, ``status`` (``verified``, ``trained``, ``not reached``), steps and latest checkpoint."""
+    found = read_run(run.output_dir, run.run_name, run.stages)
+    saved = checkpoints(run)
+    rows = []
+    for stage in run.stages:
+        reports = found.get(stage, {})
+        status = "verified" if "verification" in reports else "trained" if "train" in reports else "not reached"
+        train = reports.get("train")
+        rows.append({"stage": stage, "status": status, "steps": train.steps_trained if train else None,
+                     "latest_checkpoint": saved[stage][-1] if saved[stage] else None})  # fmt: skip
+    return rows
+
+
+def metrics(run: RunRef) -> dict[str, dict[str, Any]]:
+    """Each stage's training metrics (:class:`multislice.reports.TrainReport` fields) and checkpoint verdict."""
+    out = {}
+    for stage, found in read_run(run.output_dir, run.run_name, run.stages).items():
+        train, verification = found.get("train"), found.get("verification")
+        out[stage] = {**(train.to_dict() if train else {}), "verdict": verification.verdict if verification else None}
+    return out
+
+
+def curves(run: RunRef) -> dict[str, list[tuple[int, float]]]:
+    """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins)."""
+    from multislice import metrics as metric_records
+
+    out = {}
+    for stage in run.stages:
+        location = storage.join(run.run_dir, stage, "metrics.jsonl")
+        try:
+            records = metric_records.read_records(location)
+        except FileNotFoundError:
+            out[stage] = []
+            continue
+        by_step = {int(r["step"]): float(r["learning/loss"]) for r in records if "step" in r and "learning/loss" in r}
+        out[stage] = sorted(by_step.items())
+    return out
+
+
+def checkpoints(run: RunRef) -> dict[str, list[int]]:
+    """Each stage's committed checkpoint steps (Orbax's committed step directories), ascending."""
+    return {s: storage.committed_steps(storage.join(run.run_dir, s, "checkpoints")) for s in run.stages}
+
+
+COMPARE_COLUMNS = {
+    "run": "run",
+    "stage": "stage",
+    "steps_trained": "steps",
+    "first_loss": "first loss",
+    "final_loss": "final loss",
+    "tokens_per_second_per_device": "tokens/s per device",
+    "restarts": "restarts",
+    "verdict": "checkpoint",
+}
+
+
+def compare(runs: Sequence[RunRef]) -> list[dict[str, Any]]:
+    """One row per run and stage: the run's name, the stage and its metrics (:func:`metrics`)."""
+    return [{"run": run.run_name, "stage": stage, **found} for run in runs for stage, found in metrics(run).items()]
+
+
+def compare_table(runs: Sequence[RunRef]) -> str:
+    """:func:`compare` as a Markdown table (``IPython.display.Markdown`` shows it in a notebook)."""
+    from multislice.delivery.artifacts import markdown_table
+
+    return markdown_table(compare(runs), COMPARE_COLUMNS)
+
+
+def plot(runs: Sequence[RunRef]) -> Any:
+    """One matplotlib figure: a loss-vs-step axes per stage, a line per run. Returns the figure."""
+    import matplotlib
+
+    if "ipykernel" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stage_names = list(dict.fromkeys(s for run in runs for s in run.stages))
+    figure, axes = plt.subplots(1, len(stage_names), figsize=(5 * len(stage_names), 3.5), squeeze=False)
+    for run in runs:
+        for ax, stage in zip(axes[0], stage_names, strict=True):
+            points = curves(run).get(stage) or []
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], label=run.run_name)
+    for ax, stage in zip(axes[0], stage_names, strict=True):
+        ax.set_title(stage)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        if ax.lines:
+            ax.legend(fontsize="small")
+    figure.tight_layout()
+    return figure

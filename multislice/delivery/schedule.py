@@ -9,10 +9,33 @@ month day-of-week`` (numbers, ``*``, ranges ``a-b``, lists ``a,b``, steps
   (Vertex AI docs, "Schedule a pipeline run": ``cron`` accepts an optional
   ``TZ=`` or ``CRON_TZ=`` prefix).
 * KFP: 6 fields with seconds first (``0 <the 5 fields>``), as KFP's
-  ScheduledWorkflow controller parses cron with robfig/cron's seconds field
-  (``kfp.Client.create_recurring_run`` docs, "using 6 space-separated
-  fields"). KFP takes no time zone in the expression: the controller's zone
-  (UTC on GKE) applies, so a zone other than UTC is refused with the fix.
+  ScheduledWorkflow controller parses cron with robfig/cron v1's ``cron.Parse``
+  (kubeflow/pipelines ``backend/src/crd/controller/scheduledworkflow/util/
+  cron_schedule.go``): seconds required, day-of-week 0-6 only (``7`` refused),
+  no ``L``/``W``/``#``. KFP takes no time zone in the expression: the
+  controller's zone applies, which is its ``CRON_SCHEDULE_TIMEZONE``
+  environment variable (UTC when unset, as on a default install; a platform
+  such as Charmed Kubeflow sets it from its ``timezone`` option), so a zone
+  other than UTC is refused with the fix, and the times printed assume UTC.
+  KFP also takes an interval trigger (``interval_second``) instead of a cron.
+
+Each target's own dialect is checked before anything is sent
+(:func:`check_dialect`): croniter alone accepts expressions (``0 3 * * 7``,
+``0 3 L * *``) that KFP's controller rejects after the pipeline version has
+been uploaded. Vertex AI documents "unix-cron" (``ScheduleConfig.cron``,
+Wikipedia's cron): the same 5-field subset is accepted there (numbers, ``*``,
+ranges, lists, steps, names; day-of-week 0-6), anything else is refused.
+
+Concurrency and catch-up are two separate, explicit settings:
+
+* concurrency: ``max_concurrent_runs`` (Vertex ``max_concurrent_run_count``,
+  KFP ``max_concurrency``) and, on Vertex only, ``allow_queueing`` (a run due
+  at the limit waits instead of being skipped);
+* catch-up: ``catch_up`` (KFP ``no_catchup = not catch_up``; Vertex
+  ``resume(catch_up=...)``). Off by default: with it, KFP starts every run
+  missed since ``start_time`` or while paused (a backfill of multi-hour
+  training runs). Turning it on warns (:class:`CatchUpWarning`) with the
+  number of runs it would start now.
 
 Each scheduled run gets its own run name: the schedule sends
 ``unique_run_name=true``, and the plan step appends the pipeline run's ID to
@@ -26,9 +49,10 @@ never write the same checkpoint directory at once.
 
 Sources: google-cloud-aiplatform ``PipelineJobSchedule.create`` (``cron``,
 ``max_concurrent_run_count``, ``allow_queueing``, ``max_run_count``,
-``start_time``, ``end_time``), ``pause``, ``resume``, ``list``, ``delete``;
-kfp 2.17 ``Client.create_recurring_run`` (``cron_expression``,
-``max_concurrency``, ``no_catchup``), ``disable_recurring_run``,
+``start_time``, ``end_time``), ``pause``, ``resume(catch_up)``, ``update``,
+``list``, ``delete``; kfp 2.17 ``Client.create_recurring_run``
+(``cron_expression``, ``interval_second``, ``max_concurrency``,
+``no_catchup``), ``get_recurring_run``, ``disable_recurring_run``,
 ``enable_recurring_run``, ``list_recurring_runs``, ``delete_recurring_run``.
 """
 
@@ -37,6 +61,7 @@ from __future__ import annotations
 import datetime
 import re
 import tempfile
+import warnings
 import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,11 +72,60 @@ from multislice.config import ConfigError
 from multislice.delivery import submission
 from multislice.delivery.submission import KfpTarget, VertexTarget
 
-_FIELD = re.compile(r"^[0-9A-Za-z*/,\-]+$")
+_FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 #: Characters of the pipeline run's id each scheduled run appends to run_name
 #: (:func:`multislice.identity.unique_run_name`).
 SUFFIX_CHARACTERS = 8
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
+#: Ranges of robfig/cron v1 (parser.go ``seconds``..``dow`` bounds), the same in unix-cron.
+_BOUNDS = {"minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31), "month": (1, 12), "day-of-week": (0, 6)}
+_NAMES = {
+    "month": {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())},
+    "day-of-week": {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())},
+}
+#: Most runs counted for a catch-up warning (the count says "at least" beyond it).
+CATCH_UP_COUNT_LIMIT = 10_000
+
+
+class CatchUpWarning(UserWarning):
+    """Catch-up is on: the schedule starts the runs it missed, counted in the message."""
+
+
+def check_dialect(expression: str, target: str) -> None:
+    """Refuse a 5-field cron that the target's scheduler would not accept.
+
+    KFP: robfig/cron v1 ``cron.Parse`` (kubeflow/pipelines
+    ``scheduledworkflow/util/cron_schedule.go``); its fields accept ``*``,
+    ``?``, ``a-b``, ``a,b``, ``/n`` and 3-letter names within the ranges of
+    ``_BOUNDS`` (so ``7`` for Sunday and ``L``/``W``/``#`` are refused).
+    Vertex AI: unix-cron as documented (same set, without ``?``).
+
+    Raises:
+        ConfigError: (field ``cron``) the field, its value and the fix.
+    """
+    for name, value in zip(FIELD_NAMES, expression.split(), strict=True):
+        low, high = _BOUNDS[name]
+        for part in value.split(","):
+            rng, _, step = part.partition("/")
+            if step and not step.isdigit():
+                raise ConfigError([("cron", f"{name} field {value!r}: the step after / must be a number")])
+            if rng in ("*", "?"):
+                if rng == "?" and (target != "kfp" or name not in ("day-of-month", "day-of-week")):
+                    raise ConfigError([("cron", f"{name} field {value!r}: '?' is not accepted here; use *")])
+                continue
+            for bound in rng.split("-", 1):
+                number = _NAMES.get(name, {}).get(bound.lower()) if not bound.isdigit() else int(bound)
+                if number is None:
+                    raise ConfigError(
+                        [("cron", f"{name} field {value!r}: {bound!r} is not accepted by {target} "
+                                  f"(its cron has no L, W, # or other special characters); use numbers "
+                                  f"{low}-{high}, *, ranges, lists or steps")]
+                    )  # fmt: skip
+                if not low <= number <= high:
+                    fix = "; use 0 for Sunday" if name == "day-of-week" and number == 7 else ""
+                    raise ConfigError(
+                        [("cron", f"{name} field {value!r}: {number} is outside {low}-{high} for {target}{fix}")]
+                    )
 
 
 @dataclass(frozen=True)
@@ -87,8 +161,10 @@ class Cron:
         for name, value in zip(FIELD_NAMES, fields, strict=True):
             if not _FIELD.fullmatch(value):
                 raise ConfigError([("cron", f"{name} field {value!r}: use numbers, *, a-b, a,b, */n or names")])
+        if "?" in expression and not croniter.is_valid(expression.replace("?", "*")):
+            raise ConfigError([("cron", f"{expression!r} is not a valid cron expression ({' '.join(FIELD_NAMES)})")])
         normal = " ".join(fields)
-        if not croniter.is_valid(normal):
+        if "?" not in normal and not croniter.is_valid(normal):
             raise ConfigError([("cron", f"{normal!r} is not a valid cron expression ({' '.join(FIELD_NAMES)})")])
         if timezone:
             try:
@@ -122,7 +198,7 @@ class Cron:
 
         zone = zoneinfo.ZoneInfo(self.timezone or "UTC")
         base = (start or datetime.datetime.now(datetime.UTC)).astimezone(zone)
-        it = croniter(self.expression, base)
+        it = croniter(self.expression.replace("?", "*"), base)
         return [it.get_next(datetime.datetime) for _ in range(count)]
 
 
@@ -189,17 +265,20 @@ def create(
     parameters: Mapping[str, Any] | None = None,
     *,
     target: str,
-    cron: str,
+    cron: str | None = None,
     timezone: str | None = None,
+    interval_seconds: int | None = None,
     name: str | None = None,
     max_concurrent_runs: int = 1,
     allow_queueing: bool = False,
+    catch_up: bool = False,
     max_runs: int | None = None,
     start_time: str | None = None,
     end_time: str | None = None,
     continue_run: bool = False,
     vertex: VertexTarget | None = None,
     kfp: KfpTarget | None = None,
+    now: datetime.datetime | None = None,
 ) -> Schedule:
     """Create a schedule of the profile's pipeline.
 
@@ -207,17 +286,25 @@ def create(
         profile: A profile name, a path to a ``.yaml``, or its content.
         parameters: Pipeline parameter values every run gets.
         target: ``vertex`` or ``kfp``.
-        cron: 5-field cron (see the module doc); ``timezone`` an IANA zone.
+        cron: 5-field cron (see the module doc), checked against the target's
+            dialect; ``timezone`` an IANA zone (Vertex only).
+        interval_seconds: KFP only, instead of ``cron``: a run every N seconds
+            (KFP ``periodic_schedule.interval_second``).
         name: Display name; default ``<run_name>-schedule``.
         max_concurrent_runs: Runs of this schedule at once (Vertex
             ``max_concurrent_run_count``, KFP ``max_concurrency``), at least 1.
-        allow_queueing: A run due while ``max_concurrent_runs`` are running
-            waits instead of being skipped (Vertex ``allow_queueing``; KFP
-            ``no_catchup=False``, which starts the missed runs later).
+        allow_queueing: Vertex only: a run due while ``max_concurrent_runs``
+            are running waits instead of being skipped (``allow_queueing``).
+            KFP has no queue (its controller starts a due run once a slot is
+            free only through catch-up), so it is refused there.
+        catch_up: Start the runs missed since a past ``start_time`` (KFP
+            ``no_catchup=False``); off by default. When on and runs were
+            missed, a :class:`CatchUpWarning` gives their number.
         max_runs: Stop after this many runs (Vertex only); None for no limit.
         start_time, end_time: RFC 3339 times bounding the schedule; None for none.
         continue_run: Every run continues one run name (see the module doc).
         vertex, kfp: The target's settings (:mod:`multislice.delivery.submission`).
+        now: The current time for the catch-up count (tests); default now.
 
     Returns:
         The created :class:`Schedule`.
@@ -226,8 +313,27 @@ def create(
         ConfigError: bad cron, zone, counts or parameters, before anything is sent.
     """
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
-    when = Cron.parse(cron, timezone)
+    if (cron is None) == (interval_seconds is None):
+        raise ConfigError([("cron", "give either a cron expression or (KFP only) an interval in seconds")])
+    when = None
+    if cron is not None:
+        when = Cron.parse(cron, timezone)
+        check_dialect(when.expression, target)
+    start, end = parse_time("start_time", start_time), parse_time("end_time", end_time)
     issues = []
+    if start and end and end <= start:
+        issues.append(("end_time", f"{end_time} is not after start_time {start_time}; give a later end_time"))
+    if interval_seconds is not None and (target != "kfp" or interval_seconds < 1):
+        issues.append(("interval_seconds", "an interval of 1 second or more, on KFP only (Vertex AI takes a cron)"))
+    if allow_queueing and target == "kfp":
+        issues.append(
+            ("allow_queueing", "KFP has no queue for recurring runs: a run due at max_concurrency is skipped, "
+                               "or started later only with catch_up; leave out allow_queueing (Vertex AI only)")
+        )  # fmt: skip
+    if catch_up and target == "vertex":
+        issues.append(
+            ("catch_up", "Vertex AI catches up only when a paused schedule is resumed: use resume with catch_up")
+        )
     if max_concurrent_runs < 1:
         issues.append(("max_concurrent_runs", f"{max_concurrent_runs} is below 1; give 1 or more"))
     if continue_run and max_concurrent_runs != 1:
@@ -238,7 +344,9 @@ def create(
         issues.append(("target", f"target {target!r} needs to be vertex (with vertex=...) or kfp (with kfp=...)"))
     if issues:
         raise ConfigError(issues)
-    cron_sent = when.vertex() if target == "vertex" else when.kfp()
+    cron_sent = (when.vertex() if target == "vertex" else when.kfp()) if when else f"every {interval_seconds}s"
+    if catch_up:
+        warn_catch_up(when, interval_seconds, start, end, now)
     spec, arguments = schedule_parameters(data, parameters, target, continue_run)
     display = name or f"{spec.run_name}-schedule"
     with tempfile.TemporaryDirectory() as tmp:
@@ -269,11 +377,12 @@ def create(
         recurring = client.create_recurring_run(
             experiment_id=experiment.experiment_id,
             job_name=display,
-            cron_expression=cron_sent,
+            cron_expression=cron_sent if when else None,
+            interval_second=interval_seconds,
             start_time=start_time,
             end_time=end_time,
             max_concurrency=max_concurrent_runs,
-            no_catchup=not allow_queueing,
+            no_catchup=not catch_up,
             pipeline_id=pipeline_id,
             version_id=version_id,
             params=arguments,
@@ -281,6 +390,71 @@ def create(
             service_account=kfp.service_account,
         )
         return Schedule("kfp", recurring.recurring_run_id, display, cron_sent, "ENABLE", arguments)
+
+
+def parse_time(field: str, value: str | None) -> datetime.datetime | None:
+    """An RFC 3339 time with its zone (``2026-12-01T03:00:00Z``), or None.
+
+    Raises:
+        ConfigError: (field ``field``) not such a time.
+    """
+    if value is None:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise ConfigError([(field, f"{value!r} is not an RFC 3339 time with a zone; e.g. 2026-12-01T03:00:00Z")])
+    return parsed
+
+
+def missed_runs(
+    when: Cron | None,
+    interval_seconds: int | None,
+    since: datetime.datetime,
+    end: datetime.datetime | None = None,
+    now: datetime.datetime | None = None,
+) -> int:
+    """How many fire times fall in ``(since, min(now, end)]``: the runs a catch-up starts at once.
+
+    Counting stops at :data:`CATCH_UP_COUNT_LIMIT`.
+    """
+    until = (
+        min(now or datetime.datetime.now(datetime.UTC), end) if end else (now or datetime.datetime.now(datetime.UTC))
+    )
+    if until <= since:
+        return 0
+    if interval_seconds:
+        return min(int((until - since).total_seconds()) // interval_seconds, CATCH_UP_COUNT_LIMIT)
+    from croniter import croniter
+
+    it = croniter(when.expression.replace("?", "*"), since.astimezone(zoneinfo.ZoneInfo(when.timezone or "UTC")))
+    count = 0
+    while count < CATCH_UP_COUNT_LIMIT and it.get_next(datetime.datetime) <= until:
+        count += 1
+    return count
+
+
+def warn_catch_up(
+    when: Cron | None,
+    interval_seconds: int | None,
+    since: datetime.datetime | None,
+    end: datetime.datetime | None = None,
+    now: datetime.datetime | None = None,
+) -> int:
+    """Warn (:class:`CatchUpWarning`) that catch-up is on, with the runs it would start now; returns the count."""
+    count = missed_runs(when, interval_seconds, since, end, now) if since else 0
+    more = "at least " if count >= CATCH_UP_COUNT_LIMIT else ""
+    warnings.warn(
+        CatchUpWarning(
+            f"catch-up is on: the schedule starts {more}{count} missed run(s) at once"
+            + (f" (every fire time since {since.isoformat()})" if since else "")
+            + ", and later every run missed while paused or at the concurrency limit"
+        ),
+        stacklevel=3,
+    )
+    return count
 
 
 def _vertex_schedule(schedule_id: str, where: VertexTarget) -> Any:
@@ -302,30 +476,140 @@ def list_schedules(target: str, *, vertex: VertexTarget | None = None, kfp: KfpT
         return [Schedule("vertex", s.resource_name, s.display_name, s.cron, s.state.name) for s in found]
     response = kfp.make_client().list_recurring_runs(page_size=100, namespace=kfp.namespace)
     return [
-        Schedule("kfp", r.recurring_run_id, r.display_name, r.trigger.cron_schedule.cron, str(r.mode))
+        Schedule("kfp", r.recurring_run_id, r.display_name, _kfp_trigger(r.trigger), str(r.mode))
         for r in response.recurring_runs or []
     ]
 
 
+def _kfp_trigger(trigger: Any) -> str:
+    """A KFP recurring run's cron, or ``every Ns`` for an interval trigger."""
+    if trigger.cron_schedule and trigger.cron_schedule.cron:
+        return trigger.cron_schedule.cron
+    return f"every {trigger.periodic_schedule.interval_second}s"
+
+
 def change(
-    action: str, schedule_id: str, target: str, *, vertex: VertexTarget | None = None, kfp: KfpTarget | None = None
+    action: str,
+    schedule_id: str,
+    target: str,
+    *,
+    catch_up: bool = False,
+    vertex: VertexTarget | None = None,
+    kfp: KfpTarget | None = None,
+    now: datetime.datetime | None = None,
 ) -> None:
     """``pause``, ``resume`` or ``delete`` one schedule by its ID (Vertex resource name or ID; KFP recurring run ID).
 
-    A resumed schedule does not start the runs it missed while paused.
+    Resume does not start the runs missed while paused unless ``catch_up`` is
+    given (Vertex ``resume(catch_up=...)``, counted from the schedule's
+    ``last_pause_time`` in a :class:`CatchUpWarning`). A KFP recurring run
+    fixes catch-up when it is created (``no_catchup``), and enabling it again
+    backfills every missed run when that was off: such a resume is refused
+    unless ``catch_up=True`` says so, and ``catch_up=True`` is refused on one
+    created without catch-up.
 
     Raises:
-        ConfigError: an unknown action.
+        ConfigError: an unknown action, or a KFP resume whose catch-up differs from the recurring run's.
     """
     if action not in ("pause", "resume", "delete"):
         raise ConfigError([("action", f"unknown action {action!r}; use pause, resume or delete")])
+    if catch_up and action != "resume":
+        raise ConfigError([("catch_up", f"catch_up applies to resume only, not {action}")])
     if target == "vertex":
         found = _vertex_schedule(schedule_id, vertex)
-        {"pause": found.pause, "resume": lambda: found.resume(catch_up=False), "delete": found.delete}[action]()
+        if action == "resume":
+            if catch_up:
+                paused = found._gca_resource.last_pause_time
+                when = Cron.parse(*_split_tz(found.cron))
+                warn_catch_up(when, None, paused if paused and paused.year > 1970 else None, None, now)
+            # aiplatform's PipelineJobSchedule.resume(catch_up=...) does not send catch_up (1.x: it calls
+            # resume_schedule(name=...) only), so the request is sent here with the field set.
+            found.api_client.resume_schedule(request={"name": found.resource_name, "catch_up": catch_up})
+            return
+        {"pause": found.pause, "delete": found.delete}[action]()
         return
     client = kfp.make_client()
+    if action == "resume":
+        recurring = client.get_recurring_run(schedule_id)
+        backfills = not recurring.no_catchup
+        if backfills and not catch_up:
+            raise ConfigError(
+                [("catch_up", f"recurring run {schedule_id} was created with catch-up: enabling it starts every "
+                              "run missed while it was disabled; pass catch_up (--catch-up) to accept that, or "
+                              "delete it and create it again without catch-up")]
+            )  # fmt: skip
+        if catch_up and not backfills:
+            raise ConfigError(
+                [("catch_up", f"recurring run {schedule_id} was created without catch-up and KFP cannot change "
+                              "it; delete it and create it again with catch_up")]
+            )  # fmt: skip
+        if catch_up:
+            cron = recurring.trigger.cron_schedule
+            since = recurring.updated_at or recurring.created_at
+            when = Cron.parse(cron.cron.split(" ", 1)[1]) if cron and cron.cron else None
+            interval = recurring.trigger.periodic_schedule.interval_second if not when else None
+            warn_catch_up(when, interval, since, None, now)
     {
         "pause": client.disable_recurring_run,
         "resume": client.enable_recurring_run,
         "delete": client.delete_recurring_run,
     }[action](schedule_id)
+
+
+def _split_tz(cron: str) -> tuple[str, str | None]:
+    """``TZ=<zone> <fields>`` or ``CRON_TZ=<zone> <fields>`` to (fields, zone)."""
+    if cron.startswith(("TZ=", "CRON_TZ=")):
+        zone, _, fields = cron.partition(" ")
+        return fields, zone.split("=", 1)[1]
+    return cron, None
+
+
+def update(
+    schedule_id: str,
+    target: str,
+    *,
+    cron: str | None = None,
+    timezone: str | None = None,
+    name: str | None = None,
+    max_concurrent_runs: int | None = None,
+    allow_queueing: bool | None = None,
+    max_runs: int | None = None,
+    start_time: str | None = None,
+    end_time: str | None = None,
+    vertex: VertexTarget | None = None,
+    kfp: KfpTarget | None = None,
+) -> Schedule:
+    """Change a Vertex AI schedule in place (``PipelineJobSchedule.update``); only the given fields are sent.
+
+    KFP's v2beta1 API has no update for recurring runs (RecurringRunService:
+    create, get, list, enable, disable, delete), so it is refused with the fix.
+
+    Raises:
+        ConfigError: KFP; nothing to change; a bad cron (Vertex dialect), zone, time or count.
+    """
+    if target != "vertex":
+        raise ConfigError(
+            [("target", "KFP recurring runs cannot be updated (no update in its API); delete the recurring run "
+                        "and create it again with the new settings")]
+        )  # fmt: skip
+    cron_sent = None
+    if cron is not None:
+        when = Cron.parse(cron, timezone)
+        check_dialect(when.expression, target)
+        cron_sent = when.vertex()
+    start, end = parse_time("start_time", start_time), parse_time("end_time", end_time)
+    if start and end and end <= start:
+        raise ConfigError([("end_time", f"{end_time} is not after start_time {start_time}; give a later end_time")])
+    if max_concurrent_runs is not None and max_concurrent_runs < 1:
+        raise ConfigError([("max_concurrent_runs", f"{max_concurrent_runs} is below 1; give 1 or more")])
+    if max_runs is not None and max_runs < 1:
+        raise ConfigError([("max_runs", f"{max_runs} is below 1; give 1 or more")])
+    changes = {
+        "display_name": name, "cron": cron_sent, "start_time": start_time, "end_time": end_time,
+        "allow_queueing": allow_queueing, "max_run_count": max_runs, "max_concurrent_run_count": max_concurrent_runs,
+    }  # fmt: skip
+    if all(v is None for v in changes.values()):
+        raise ConfigError([("update", "nothing to change; give --cron, --name, --max-concurrent-runs, ...")])
+    found = _vertex_schedule(schedule_id, vertex)
+    found.update(**changes)
+    return Schedule("vertex", found.resource_name, found.display_name, found.cron, found.state.name)

@@ -1,0 +1,161 @@
+"""multislice.remote on the GKE backend, over HTTP against the suite's Kubernetes emulator (tests/kube_cluster.py).
+
+A controller script plays Kueue, the JobSet controller and the kubelet, and
+the hosts of the remote worker: each host's markers (``.ready``, ``.result``)
+are written to the call's ``gs://`` directory as
+:mod:`multislice.trainer.remote_worker` writes them. The script waits on what
+the call tells (:class:`tests.test_gke_steps.Told`) before each change.
+"""
+
+from __future__ import annotations
+
+import io
+
+import cloudpickle
+import pytest
+
+from multislice import storage
+from multislice.backends.gke import GkeBackend
+from multislice.remote_call import RemoteError, run_remote
+from multislice.trainer.remote_worker import MARK, host_key, outcome_of
+from tests.kube_cluster import Served
+from tests.kube_controllers import Play
+from tests.test_gke_steps import POOLS, Background, Told, crd_schemas  # noqa: F401 - crd_schemas: a module fixture
+
+CALL = "c0ffee00"
+JOBSET = f"remote-train-shard-{CALL}-remote"
+CALL_DIR = f"gs://bucket/remote/remote-train-shard-{CALL}/remote"
+HOSTS = [(0, h) for h in range(4)]  # 1 x v6e-16: 4 hosts of 4 chips
+
+
+@pytest.fixture(autouse=True)
+def run_storage(gcs):
+    return gcs
+
+
+@pytest.fixture
+def served():
+    server = Served()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def play(served):
+    player = Play(served)
+    player.install_crds()
+    player.nodes({pool: 4 for pool in POOLS})
+    return player
+
+
+def train_shard(rows):
+    return sum(rows)
+
+
+def _host_writes(host, outcome):
+    hosts = storage.join(CALL_DIR, "hosts")
+    storage.path(hosts).mkdir(parents=True, exist_ok=True)
+    storage.path(storage.join(hosts, f"{host_key(*host)}.ready")).write_bytes(b"")
+    if outcome is not None:
+        storage.path(storage.join(hosts, f"{host_key(*host)}.result")).write_bytes(cloudpickle.dumps(outcome))
+
+
+def _call(served, told, **options):
+    return run_remote(train_shard, [1, 2, 3], tpu_type="v6e-16", num_slices=1, backend=GkeBackend(served.kube()),
+                      output_dir="gs://bucket/remote", call_id=CALL, tell=told.add, **options)  # fmt: skip
+
+
+def _admitted_and_running(play, told):
+    play.kueue_queues(JOBSET, "waiting for quota")
+    play.kueue_admits(JOBSET)
+    told.wait_for("^admitted")
+    return play.pods(JOBSET, 1, 4, pools=POOLS)
+
+
+def test_admitted_ran_returned(served, play):
+    told, out, seen = Told(), io.StringIO(), {}
+
+    def cluster():
+        seen["jobset"] = play.jobset(JOBSET)
+        pods = _admitted_and_running(play, told)
+        told.wait_for("pods scheduled: 4 of 4 running")
+        for host in HOSTS:
+            _host_writes(host, None)
+        told.wait_for("JAX initialised on 4 of 4 hosts")
+        play.log(pods[0], f"{MARK} slice-0-host-0: started\nshard sum is 6\n")
+        for host in HOSTS:
+            _host_writes(host, {"ok": True, "value": 6 if host == (0, 0) else None})
+        for pod in pods:
+            play.pod_status(pod, {"phase": "Succeeded"})
+        play.jobset_done(JOBSET, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+    with Background(cluster, told):
+        assert _call(served, told, out=out) == 6
+    assert out.getvalue() == "shard sum is 6\n"  # the leader's lines, without the worker's own
+    assert served.kube().get_jobset(JOBSET) is None  # deleted once it finished
+    js = seen["jobset"]
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "multislice-queue"
+    [rj] = js["spec"]["replicatedJobs"]
+    pod = rj["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["python", "-m", "multislice.trainer.remote_worker"]
+    assert pod["containers"][0]["args"] == ["--call-dir", CALL_DIR]
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 0 and rj["replicas"] == 1
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    payload = storage.path(storage.join(CALL_DIR, "payload.pkl")).read_bytes()
+    function, args, kwargs = cloudpickle.loads(payload)
+    assert function([1, 2, 3]) == 6 and args == ([1, 2, 3],) and kwargs == {}
+
+
+def test_a_host_failed(served, play):
+    told = Told()
+
+    def cluster():
+        pods = _admitted_and_running(play, told)
+        told.wait_for("pods scheduled")
+        try:
+            raise KeyError("row 7")
+        except KeyError as error:
+            failure = outcome_of(error)
+        for host in HOSTS:
+            _host_writes(host, failure if host == (0, 2) else {"ok": True, "value": None})
+        play.pod_status(pods[2], {"phase": "Failed"})
+        play.jobset_done(JOBSET, "Failed", "FailedJobs", "jobset failed")
+
+    with Background(cluster, told):
+        with pytest.raises(RemoteError) as raised:
+            _call(served, told)
+    assert raised.value.host == (0, 2) and "slice 0 host 2 raised builtins.KeyError: 'row 7'" in str(raised.value)
+    assert "remote traceback (slice 0 host 2)" in str(raised.value) and isinstance(raised.value.__cause__, KeyError)
+    assert served.kube().get_jobset(JOBSET) is None
+
+
+def test_interrupted_while_queued_in_kueue_deletes_the_jobset(served, play):
+    told = Told()
+
+    def tell(line):
+        told.add(line)
+        if "waiting for admission" in line or "pending" in line.lower():
+            raise KeyboardInterrupt
+
+    def kueue():
+        play.kueue_queues(JOBSET, "Insufficient quota")
+
+    with Background(kueue):
+        with pytest.raises(KeyboardInterrupt):
+            run_remote(train_shard, [1], tpu_type="v6e-16", backend=GkeBackend(served.kube()),
+                       output_dir="gs://bucket/remote", call_id=CALL, tell=tell)  # fmt: skip
+    assert served.kube().get_jobset(JOBSET) is None
+    assert any("stopping: deleting JobSet" in line for line in told.lines)
+
+
+def test_an_unknown_slice_is_refused_before_anything_is_sent(served, play):
+    from multislice.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tpu_type"):
+        run_remote(train_shard, [1], tpu_type="v6e-17", backend=GkeBackend(served.kube()),
+                   output_dir="gs://bucket/remote", call_id=CALL, tell=lambda _: None)  # fmt: skip
+    with pytest.raises(ConfigError, match="num_slices"):
+        run_remote(train_shard, [1], tpu_type="v6e-16", num_slices=0, backend=GkeBackend(served.kube()),
+                   output_dir="gs://bucket/remote", call_id=CALL, tell=lambda _: None)  # fmt: skip
+    assert served.kube().get_jobset(JOBSET) is None
+    assert not storage.path(storage.join(CALL_DIR, "payload.pkl")).exists()

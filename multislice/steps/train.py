@@ -138,8 +138,8 @@ def run(
 class _Watch:
     """What :func:`follow_elastic` observes of one workload between polls, and the decision it reaches."""
 
-    def __init__(self, plan, stage, backend, running, runnable, wait_seconds, tell):
-        self.plan, self.stage, self.backend, self.tell = plan, stage, backend, tell
+    def __init__(self, plan, stage, backend, running, runnable, wait_seconds, tell, records):
+        self.plan, self.stage, self.backend, self.tell, self.records = plan, stage, backend, tell, records
         self.running, self.runnable, self.wait_seconds = running, runnable, wait_seconds
         self.lost_at: float | None = None
         self.capacity_at: float | None = None
@@ -164,7 +164,11 @@ class _Watch:
         elif available <= self.running:
             self.capacity_at = None
         then = -1 if self.checkpoint_then is None else self.checkpoint_then
-        since = self.capacity_at is not None and (-1 if latest is None else latest) > then
+        # Grow back at a checkpoint whose own step line has been read: MaxText prints a step's metrics one step
+        # late, so relaunching as soon as checkpoint S commits would leave step S's loss unlogged (the verifier's
+        # final_loss check reads the last steps' losses).
+        logged = max((int(r["step"]) for r in self.records), default=-1)
+        since = self.capacity_at is not None and latest is not None and latest > then and logged >= latest
         decision = elastic.decide(
             self.runnable,
             running=self.running,
@@ -230,7 +234,7 @@ def follow_elastic(
     while True:
         running = current["slices"]
         target_plan, target_stage = on_slices(plan, stage, running) if running != runnable[0] else (plan, stage)
-        watch = _Watch(plan, stage, backend, running, runnable, wait_seconds, tell)
+        watch = _Watch(plan, stage, backend, running, runnable, wait_seconds, tell, records)
         interrupt = watch.interrupt
         finished = backend.follow(target_plan, target_stage, tagged, tell, interrupt=interrupt)
         current["restarts"] += finished.restarts

@@ -26,7 +26,7 @@ from multislice.config import parameters
 from multislice.errors import InputError, RunFailed, UserError
 from multislice.plan import Plan, make_plan
 
-STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|cleanup"
+STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|export|cleanup"
 PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
 ERROR_LINE = re.compile(
     r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"

@@ -63,6 +63,8 @@ class StagePlan(BaseModel):
         tokens_per_step: ``global_batch_size * max_target_length``.
         maxtext_args: MaxText ``key=value`` arguments common to both hardware variants
             (:func:`multislice.render.jobset.worker_command` adds the CPU ones).
+        export: The export format after verification (``huggingface``), or None for none.
+        export_dir: ``<stage_dir>/export/<format>``: where the export step writes it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -82,6 +84,8 @@ class StagePlan(BaseModel):
     global_batch_size: float
     tokens_per_step: float
     maxtext_args: list[str]
+    export: str | None = None
+    export_dir: str | None = None
 
 
 class Plan(BaseModel):
@@ -176,6 +180,8 @@ def make_plan(spec: RunSpec) -> Plan:
                 global_batch_size=global_batch,
                 tokens_per_step=global_batch * stage.max_target_length,
                 maxtext_args=_stage_args(spec, stage, run_dir, jax_cache_dir, ici, dcn),
+                export=stage.export,
+                export_dir=storage.join(stage_dir, "export", stage.export) if stage.export else None,
             )
         )
     return Plan(

@@ -311,6 +311,16 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
             )
         else:
             lines.append("  verification  not run")
+        if stage.export:
+            exported = reports.read(reports.ExportReport, plan, stage)
+            if exported and exported.logits_check:
+                lines.append(
+                    f"  export        {exported.verdict}: {stage.export} at {exported.export_dir}; logits vs "
+                    f"MaxText's max |diff| {exported.logits_check.get('max_abs_diff', float('nan')):.2g} "
+                    f"(tolerance {exported.logits_check.get('atol')} + {exported.logits_check.get('rtol')} x |logit|)"
+                )
+            else:
+                lines.append(f"  export        {exported.verdict if exported else 'not run'}")
     lines += [
         f"outputs     {plan.run_dir}",
         f"reports     {reports_dir}/<stage>/(plan|preflight|admit|launch|train|verification).json",

@@ -130,3 +130,19 @@ def test_logits_check_passes_float_noise_and_fails_a_scrambled_conversion():
     failed = compare_logits(reference, swapped)
     assert not failed["passed"] and failed["argmax_agree"] < 1.0
     assert not compare_logits(reference, reference[:8])["passed"]  # shapes differ
+
+
+def test_run_summary_has_the_export_line(plan, tmp_path):
+    from multislice import cli
+    from multislice.reports import write
+
+    stage = plan.stages[1]
+    report = ExportReport(
+        verdict="PASS", export_dir=stage.export_dir, logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}
+    )
+    write(plan, report, stage)
+    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path)
+    assert f"  export        PASS: huggingface at {stage.export_dir}; logits vs MaxText's max |diff| 3.2e-06 " \
+        "(tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
+    assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "
+                                                                              f"({stage.model_label}):")])  # fmt: skip

@@ -99,6 +99,7 @@ def hf_tokenizer() -> Any:
     (``maxtext/input_pipeline/tokenizer.py``), converted by ``transformers``' ``TikTokenConverter``.
     """
     from maxtext.input_pipeline.tokenizer import TikTokenTokenizer
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -109,8 +110,14 @@ def hf_tokenizer() -> Any:
         extra_special_tokens=source.special_tokens,
     )
     converter.additional_special_tokens = list(source.special_tokens)
+    backend = converter.converted()
+    # BOS first, as MaxText's tokenizer (add_bos) and Meta's Llama 3 tokenizer.json (TemplateProcessing) do.
+    bos = "<|begin_of_text|>"
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A:0 {bos}:1 $B:1", special_tokens=[(bos, source.special_tokens[bos])]
+    )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=converter.converted(),
+        tokenizer_object=backend,
         bos_token="<|begin_of_text|>",
         eos_token="<|end_of_text|>",
         model_max_length=131072,

@@ -1,22 +1,31 @@
 """Component ``train``: follow training to its end and emit KFP metrics (see ``multislice.steps.train``)."""
 
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Markdown, Metrics, Model, Output
 
 from components import make
 
 
 def train(
-    plan: str, stage: str, admitted: dict, metrics: Output[Metrics], curves: Output[HTML], summary: Output[Markdown]
+    plan: str,
+    stage: str,
+    admitted: dict,
+    metrics: Output[Metrics],
+    curves: Output[HTML],
+    summary: Output[Markdown],
+    model: Output[Model],
 ) -> dict:
     """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss
     (an elastic stage also goodput, resizes and steps lost).
 
-    ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary.
+    ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary;
+    ``model`` the stage's final checkpoint (``multislice.delivery.lineage.checkpoint_model``: its URI, step,
+    parameter count, final loss and MaxText version as metadata; the file is a JSON manifest of the same).
     """
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
     cancel.point("train:entry")  # a signal before install ends the process: nothing was created yet
     cancel.install()
+    from multislice.delivery import lineage
     from multislice.plan import Plan
     from multislice.steps import train as step
 
@@ -37,6 +46,8 @@ def train(
             metrics.log_metric("goodput", float(report.goodput))
             metrics.log_metric("resizes", float(len(report.resizes)))
             metrics.log_metric("steps_lost", float(report.steps_lost or 0))
+    model.metadata.update(lineage.checkpoint_model(parsed, stage, report))
+    lineage.write_manifest(model.path, model.metadata)
     pages = step.result_pages(parsed, stage, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
         with open(artifact.path, "w", encoding="utf-8") as handle:

@@ -26,7 +26,7 @@ from multislice.config import parameters
 from multislice.errors import InputError, RunFailed, UserError
 from multislice.plan import Plan, make_plan
 
-STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|cleanup"
+STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|export|cleanup"
 PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
 ERROR_LINE = re.compile(
     r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"
@@ -333,6 +333,16 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
             )
         else:
             lines.append("  verification  not run")
+        if stage.export:
+            exported = reports.read(reports.ExportReport, plan, stage)
+            if exported and exported.logits_check:
+                lines.append(
+                    f"  export        {exported.verdict}: {stage.export} at {exported.export_dir}; logits vs "
+                    f"MaxText's max |diff| {exported.logits_check.get('max_abs_diff', float('nan')):.2g} "
+                    f"(tolerance {exported.logits_check.get('atol')} + {exported.logits_check.get('rtol')} x |logit|)"
+                )
+            else:
+                lines.append(f"  export        {exported.verdict if exported else 'not run'}")
     lines += [
         f"outputs     {plan.run_dir}",
         f"reports     {reports_dir}/<stage>/(plan|preflight|admit|launch|train|verification).json",

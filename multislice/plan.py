@@ -67,6 +67,8 @@ class StagePlan(BaseModel):
         elastic: Each slice count of an elastic stage, ``max_slices`` first, with its DCN degrees,
             gradient accumulation and MaxText arguments (:mod:`multislice.elastic`); empty when not elastic.
         wait_for_lost_slice_seconds: The stage's ``elastic.wait_for_lost_slice_seconds`` (None when not elastic).
+        export: The export format after verification (``huggingface``), or None for none.
+        export_dir: ``<stage_dir>/export/<format>``: where the export step writes it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -99,6 +101,8 @@ class StagePlan(BaseModel):
     def runnable_counts(self) -> list[int]:
         """Slice counts the stage may train on, most first (``[]`` when not elastic)."""
         return [c.slices for c in self.elastic if c.runnable]
+    export: str | None = None
+    export_dir: str | None = None
 
 
 class Plan(BaseModel):
@@ -211,6 +215,8 @@ def make_plan(spec: RunSpec) -> Plan:
                 maxtext_args=_stage_args(spec, stage, run_dir, jax_cache_dir, ici, dcn),
                 elastic=counts,
                 wait_for_lost_slice_seconds=stage.elastic.wait_for_lost_slice_seconds if stage.elastic else None,
+                export=stage.export,
+                export_dir=storage.join(stage_dir, "export", stage.export) if stage.export else None,
             )
         )
     return Plan(

@@ -381,6 +381,40 @@ class VerificationReport(StepReport):
         return [c for c in self.checks if not c.passed]
 
 
+class ExportReport(StepReport):
+    """export: the exporter's report (``multislice/trainer/export.py``), written by the trainer image.
+
+    Attributes:
+        verdict: ``PASS`` (written, and its logits matched MaxText's), ``FAIL`` (they did not) or ``ERROR``
+            (the export could not be made; ``error`` says why).
+        export_dir: Where the export is (local path or ``gs://``).
+        checkpoint_step: The checkpoint step exported.
+        parameter_count: Parameters written.
+        files: The export directory's files.
+        logits_check: ``passed``, ``max_abs_diff``, ``max_abs_logit``, ``argmax_agree``, ``atol``, ``rtol``,
+            ``detail``.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    step: ClassVar[str] = "export"
+    file_name: ClassVar[str] = "export.json"
+    verdict: Literal["PASS", "FAIL", "ERROR"]
+    format: str = "huggingface"
+    export_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_step: int | None = None
+    parameter_count: int | None = None
+    architecture: str | None = None
+    vocab_size: int | None = None
+    tokenizer: str | None = None
+    tokenizer_vocab_size: int | None = None
+    scan_layers: bool | None = None
+    files: list[str] = Field(default_factory=list)
+    logits_check: dict[str, Any] | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
 class CleanupReport(StepReport):
     """cleanup (exit handler): what was deleted and kept, and the notification sent.
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from multislice.config import RunSpec
 
 #: The pipeline's steps, in graph order (the names of their components).
-STEPS = ("plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "cleanup")
+STEPS = ("plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "export", "cleanup")
 #: Time a step's pod needs besides its waits: start, imports, planning, writing reports.
 START_MARGIN_SECONDS = 300
 #: How long the exit handler's webhook POST may take (:mod:`multislice.delivery.notify`).
@@ -99,6 +99,7 @@ class Timings:
             "launch": self.launch_timeout,
             "train": self.train_timeout,
             "verify_checkpoint": self.verify_timeout,
+            "export": self.verify_timeout,  # the exporter runs under the verifier's timeout
             "cleanup": self.delete_timeout + 4 * self.api_deadline + NOTIFY_SECONDS,
         }
         return waits[step]

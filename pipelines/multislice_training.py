@@ -6,8 +6,12 @@ Graph, for a profile with stages S1..Sn::
     ├── plan (one task per stage, all before anything is created)
     ├── preflight (one task per stage: AOT compile for the TPU topology; fails before provision if HBM is short)
     ├── provision
-    └── S1: admit -> launch -> train -> verify_checkpoint
+    └── S1: admit -> launch -> train -> verify_checkpoint [-> export]
         -> S2: admit -> ... (a stage starts only after the previous one's checkpoint verified)
+
+Lineage: train outputs the stage's final checkpoint as a ``Model`` artifact (``model``), which
+verify_checkpoint and export take as input; export outputs the Hugging Face export as a second
+``Model`` (``hf_model``), for a stage whose ``export`` is set (:mod:`multislice.delivery.lineage`).
 
 The pipeline is built per profile (:func:`build_pipeline`): the profile fixes
 the stages and their model and parallelism; every field a user changes per
@@ -42,6 +46,7 @@ from kfp import compiler, dsl
 from components import DEFAULT_BASE_IMAGE
 from components import admit as admit_component
 from components import cleanup as cleanup_component
+from components import export as export_component
 from components import launch as launch_component
 from components import plan as plan_component
 from components import preflight as preflight_component
@@ -118,6 +123,7 @@ def build_pipeline(
     train_op = train_component.component(image)
     verify_op = verify_component.component(image)
     cleanup_op = cleanup_component.component(image)
+    export_op = export_component.component(image)
     run_names = [p.name for p in parameters.RUN_PARAMETERS]
     signature = inspect.Signature(pipeline_parameters(spec, remote))
     fixed = {"backend": spec.backend}  # what a remote pipeline does not offer keeps the profile's value
@@ -169,11 +175,23 @@ def build_pipeline(
                 launch = launch_op(plan=plan_task.output, stage=stage.name, admitted=admit.output)
                 train = train_op(plan=plan_task.output, stage=stage.name, admitted=admit.output).after(launch)
                 verify = verify_op(
-                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
-                ).after(train)
-                for step, task in (("admit", admit), ("launch", launch), ("train", train), ("verify", verify)):
+                    plan=plan_task.output,
+                    stage=stage.name,
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                    model=train.outputs["model"],
+                )
+                steps = [("admit", admit), ("launch", launch), ("train", train), ("verify", verify)]
+                if stage.export:
+                    exported = export_op(
+                        plan=plan_task.output,
+                        stage=stage.name,
+                        pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                        model=train.outputs["model"],
+                    ).after(verify)
+                    steps.append(("export", exported))
+                for step, task in steps:
                     task.set_display_name(f"{step} {stage.name}")
-                tasks += [admit, launch, train, verify]
+                tasks += [task for _, task in steps]
                 previous = verify
             for task in [*plans, *tasks]:
                 task.set_caching_options(False)

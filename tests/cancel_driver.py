@@ -60,10 +60,11 @@ BEFORE = {
 
 
 class Artifact:
-    """What a KFP ``Output[...]`` is to a component: a path (and, for Metrics, ``log_metric``)."""
+    """What a KFP ``Input``/``Output`` artifact is to a component: a path, metadata (Metrics: ``log_metric``)."""
 
     def __init__(self, path: str):
         self.path = path
+        self.metadata: dict[str, Any] = {}
 
     def log_metric(self, key: str, value: float) -> None:
         print(f"metric {key} {value}")
@@ -108,6 +109,7 @@ def main(output_dir: str, target: str, mode: str) -> None:
     work = f"{output_dir}/artifacts"
     os.makedirs(work, exist_ok=True)
     admitted: dict[str, Any] = {}
+    model = Artifact(f"{work}/model")  # train's Model output, verify_checkpoint's input
     for step in [*BEFORE[target], target]:
         if step == target:  # as in a fresh task process: no handler until the component installs one
             cancel._State.installed = 0
@@ -122,9 +124,10 @@ def main(output_dir: str, target: str, mode: str) -> None:
         elif step == "launch":
             launch(plan_json, stage, admitted)
         elif step == "train":
-            train(plan_json, stage, admitted, *(Artifact(f"{work}/{n}") for n in ("metrics", "curves", "summary")))
+            outputs = (Artifact(f"{work}/{n}") for n in ("metrics", "curves", "summary"))
+            train(plan_json, stage, admitted, *outputs, model)
         elif step == "verify_checkpoint":
-            verify_checkpoint(plan_json, stage, RUN_ID, Artifact(f"{work}/verification.md"))
+            verify_checkpoint(plan_json, stage, RUN_ID, model, Artifact(f"{work}/verification.md"))
         elif step == "cleanup":
             cleanup("local", output_dir, RUN_NAME, RUN_ID, "default", {}, False, "", Status())
     print(json.dumps({"finished": target}))

@@ -35,7 +35,7 @@ from multislice import cancel
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
-from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import Timings
 
 #: A progress callback: one human-readable line.
@@ -283,6 +283,20 @@ class Backend(abc.ABC):
             VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
             multislice.errors.RunFailed: the verifier left no report.
         """
+
+    def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
+        """Export the stage's final checkpoint (``stage.export``, to ``stage.export_dir``) and check it; its report.
+
+        The default refuses: a backend that can run the exporter (:mod:`multislice.trainer.export`) overrides it.
+
+        Raises:
+            VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
+            multislice.errors.RunFailed: the exporter left no report, or this backend has no exporter.
+        """
+        raise RunFailed(
+            f"the {type(self).__name__} cannot run the {stage.export} export of stage {stage.name}",
+            f"remove stages.{stage.name}.export, or run the stage on the local backend",
+        )
 
     @abc.abstractmethod
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:

@@ -230,6 +230,11 @@ class Stage(_Strict):
     remat_policy: str = "full"
     checkpoint_period: int = Field(gt=0, le=MAX_STEPS, description="Steps between checkpoints.")
     dataset_type: Literal["synthetic"] = "synthetic"
+    export: Literal["huggingface"] | None = Field(
+        default=None,
+        description="Export the final checkpoint after verification: huggingface (safetensors, config.json and "
+        "the Llama 3 tokenizer, checked by its logits against MaxText's); null for none.",
+    )
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
     elastic: ElasticSpec | None = Field(
         None, description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size."

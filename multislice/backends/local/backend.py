@@ -35,14 +35,14 @@ from multislice.backends.base import (
     TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.local import capacity, environment, verifier
+from multislice.backends.local import capacity, environment, exporter, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.jobsets import LocalJobSets
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import work_dir_for
-from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 
 #: Last lines of a failed pod's log quoted in a failure report.
@@ -328,3 +328,7 @@ class LocalBackend(Backend):
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """The verifier as a trainer-environment process (:func:`.verifier.run`)."""
         return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]  # raises VerifierTimeout
+
+    def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
+        """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout."""
+        return exporter.run(stage, self.timings.verify_timeout)[1]  # raises VerifierTimeout

@@ -1,0 +1,60 @@
+"""export: write a verified stage's final checkpoint in Hugging Face format and check it by its logits.
+
+Runs after verify_checkpoint for a stage whose ``export`` is set (``huggingface``). The backend runs the
+exporter (:mod:`multislice.trainer.export`, trainer image) on the stage's final checkpoint: it writes
+``model.safetensors``, ``config.json`` and the Llama 3 tokenizer files to ``<stage_dir>/export/huggingface``
+(local or ``gs://``), loads them with ``transformers.LlamaForCausalLM`` and compares its logits with
+MaxText's on the same tokens. The report goes to ``<run_dir>/reports/<stage>/export.json``. A logits
+mismatch (verdict FAIL) or an export that could not be made (ERROR) fails the step.
+"""
+
+from __future__ import annotations
+
+from multislice import cancel
+from multislice.backends import Backend
+from multislice.errors import RunFailed
+from multislice.plan import Plan
+from multislice.reports import ExportReport, report_path
+from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
+
+
+class ExportFailed(RunFailed):
+    """The export's logits did not match MaxText's, or it could not be made; the message says which."""
+
+
+def run(
+    plan: Plan, stage_name: str, pipeline_run_id: str = "manual", *, backend: Backend | None = None
+) -> ExportReport:
+    """Export the stage's final checkpoint (``stage.export``) and check it; returns the exporter's report (PASS).
+
+    Raises:
+        multislice.errors.InputError: the stage has no ``export``.
+        ExportFailed: verdict FAIL or ERROR.
+        multislice.errors.RunFailed: the exporter left no report, or the backend cannot run it.
+    """
+    from multislice.errors import InputError
+
+    stage = plan.stage(stage_name)
+    if not stage.export:
+        raise InputError(f"stages.{stage.name}.export is not set", f"set stages.{stage.name}.export: huggingface")
+    with cancellable("export", stage, stage_labels(plan, stage), plan) as removal:
+        removal.backend = backend = backend_of(plan, backend, "export", stage)
+        report = backend.run_exporter(plan, stage, pipeline_run_id, teller("export", stage))
+        cancel.point("export:report")
+        write_report(plan, report, stage)
+        check = report.logits_check or {}
+        if report.verdict != "PASS":
+            raise ExportFailed(
+                f"{stage.export} export of {stage.checkpoint_dir} step {stage.final_step} verdict {report.verdict}: "
+                f"{report.error or check.get('detail', 'no detail')} "
+                f"(report {report_path(plan, ExportReport.file_name, stage)})",
+                "a FAIL means the converted weights do not compute MaxText's function: do not serve the export; "
+                "an ERROR names what could not be read or written",
+            )
+        say(
+            "export",
+            f"PASS: {report.parameter_count:,} parameters in {report.export_dir} ({', '.join(report.files)}); "
+            f"logits {check.get('detail', '')}",
+            stage.name,
+        )
+        return report

@@ -1,0 +1,159 @@
+"""Lineage: the compiled pipeline passes each stage's checkpoint as a KFP Model into verify and export."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from multislice import config, maxtext
+from multislice.delivery import lineage
+from multislice.errors import InputError
+from multislice.plan import make_plan
+from multislice.reports import ExportReport, TrainReport
+from multislice.trainer.export import compare_logits
+from pipelines.multislice_training import compile_pipeline
+
+MODEL = {"schemaTitle": "system.Model", "schemaVersion": "0.0.1"}
+
+
+@pytest.fixture(scope="module", params=["kfp", "vertex"])
+def compiled(request, tmp_path_factory):
+    """The local profile's pipeline IR (the PipelineSpec document) for a target."""
+    path = tmp_path_factory.mktemp("lineage") / "local.yaml"
+    compile_pipeline(config.read_profile("local"), str(path), target=request.param)
+    return next(yaml.safe_load_all(path.read_text()))
+
+
+@pytest.fixture
+def plan(tmp_path):
+    return make_plan(config.load_profile("local", {"output_dir": str(tmp_path / "out"), "run_name": "lineage"}))
+
+
+def _task(spec, display_name):
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    [(key, task)] = [(k, t) for k, t in tasks.items() if t["taskInfo"]["name"] == display_name]
+    return key, task
+
+
+def test_train_outputs_a_model_that_verify_and_export_consume(compiled):
+    spec = config.load_profile("local")
+    for stage in spec.stages:
+        train_key, train = _task(compiled, f"train {stage.name}")
+        outputs = compiled["components"][train["componentRef"]["name"]]["outputDefinitions"]["artifacts"]
+        assert outputs["model"]["artifactType"] == MODEL
+        _, verify = _task(compiled, f"verify {stage.name}")
+        wired = {"taskOutputArtifact": {"outputArtifactKey": "model", "producerTask": train_key}}
+        assert verify["inputs"]["artifacts"]["model"] == wired
+        inputs = compiled["components"][verify["componentRef"]["name"]]["inputDefinitions"]["artifacts"]
+        assert inputs["model"]["artifactType"] == MODEL
+        if stage.export:
+            export_key, export = _task(compiled, f"export {stage.name}")
+            assert export["inputs"]["artifacts"]["model"] == wired
+            verify_key, _ = _task(compiled, f"verify {stage.name}")
+            assert verify_key in export["dependentTasks"]  # only a verified checkpoint is exported
+            component = compiled["components"][export["componentRef"]["name"]]
+            assert component["inputDefinitions"]["artifacts"]["model"]["artifactType"] == MODEL
+            assert component["outputDefinitions"]["artifacts"]["hf_model"]["artifactType"] == MODEL
+        else:
+            with pytest.raises(ValueError):
+                _task(compiled, f"export {stage.name}")
+    assert [s.export for s in spec.stages] == [None, "huggingface"]  # the local profile exports stage 2
+
+
+def test_export_is_checked_when_the_profile_is_loaded():
+    with pytest.raises(config.ConfigError) as error:
+        config.load_profile("local", {"stages.tiny-8b-recipe.export": "onnx"})
+    assert "stages.0.export" in str(error.value) or "export" in str(error.value)
+    plan = make_plan(config.load_profile("local", {"output_dir": "/data/out", "run_name": "x"}))
+    assert plan.stages[0].export is None and plan.stages[0].export_dir is None
+    assert plan.stages[1].export_dir == f"{plan.stages[1].stage_dir}/export/huggingface"
+
+
+def test_a_backend_without_an_exporter_refuses_the_export_naming_the_field(plan):
+    from multislice.backends.gke.backend import GkeBackend
+    from multislice.errors import RunFailed
+
+    stage = plan.stages[1]
+    backend = GkeBackend.__new__(GkeBackend)  # the base class's run_exporter needs no state
+    with pytest.raises(RunFailed) as error:
+        backend.run_exporter(plan, stage, "run-1", print)
+    assert f"remove stages.{stage.name}.export" in str(error.value)
+
+
+def test_checkpoint_model_metadata(plan, tmp_path):
+    stage = plan.stages[1]
+    report = TrainReport(jobset=stage.jobset, final_loss=6.5, first_loss=7.0)
+    metadata = lineage.checkpoint_model(plan, stage.name, report)
+    assert set(lineage.CHECKPOINT_FIELDS) <= set(metadata)
+    assert metadata["checkpoint_uri"] == f"{stage.checkpoint_dir}/{stage.final_step}"
+    assert metadata["step"] == stage.final_step and metadata["final_train_loss"] == 6.5
+    assert metadata["maxtext_version"] == maxtext.MAXTEXT_VERSION
+    # The count of the model's dimensions: the verifier's count of this stage's real checkpoint (test_verify).
+    assert lineage.parameter_count(plan, plan.stages[0].name) == 2_098_432
+    assert "final_eval_loss" not in metadata and "data_fingerprint" not in metadata
+    written = lineage.write_manifest(str(tmp_path / "model"), metadata)
+    assert json.loads(open(written).read()) == metadata
+
+
+def test_checkpoint_model_carries_eval_loss_and_data_fingerprint_when_present(plan):
+    """The data half of issue 12 adds them; they pass through without a change here."""
+    stage = plan.stages[0]
+
+    class WithEval(TrainReport):
+        final_eval_loss: float | None = None
+
+    metadata = lineage.checkpoint_model(plan, stage.name, WithEval(jobset="j", final_loss=5.0, final_eval_loss=5.25))
+    assert metadata["final_eval_loss"] == 5.25
+    with_data = plan.stage(stage.name).model_copy(update={"data_fingerprint": "sha256:abc"})
+    object.__setattr__(plan, "stages", [with_data, *plan.stages[1:]])
+    assert lineage.checkpoint_model(plan, stage.name, TrainReport(jobset="j"))["data_fingerprint"] == "sha256:abc"
+
+
+def test_a_model_of_another_stage_is_refused(plan):
+    first, second = plan.stages
+    mine = lineage.checkpoint_model(plan, second.name, TrainReport(jobset=second.jobset))
+    lineage.check_input(plan, second.name, mine)
+    with pytest.raises(InputError) as error:
+        lineage.check_input(plan, first.name, mine)
+    assert first.checkpoint_dir in str(error.value) and "wire the stage's own train task" in str(error.value)
+
+
+def test_export_model_metadata_from_the_exporters_report(plan):
+    stage = plan.stages[1]
+    report = ExportReport.model_validate(
+        {"verdict": "PASS", "format": "huggingface", "export_dir": stage.export_dir, "checkpoint_step": 19,
+         "parameter_count": 3_672_320, "architecture": "LlamaForCausalLM", "files": ["config.json"],
+         "logits_check": {"passed": True, "max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}, "unknown": 1}
+    )  # fmt: skip
+    metadata = lineage.export_model(plan, stage.name, report)
+    assert set(lineage.EXPORT_FIELDS) <= set(metadata)
+    assert metadata["export_uri"] == stage.export_dir and metadata["logits_check_passed"] is True
+    assert metadata["source_checkpoint_uri"] == f"{stage.checkpoint_dir}/{stage.final_step}"
+
+
+def test_logits_check_passes_float_noise_and_fails_a_scrambled_conversion():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(0, 2, (16, 64)).astype(np.float32)
+    assert compare_logits(reference, reference + 3e-6)["passed"]
+    assert not compare_logits(reference, reference + 0.05)["passed"]
+    swapped = reference[:, ::-1].copy()
+    failed = compare_logits(reference, swapped)
+    assert not failed["passed"] and failed["argmax_agree"] < 1.0
+    assert not compare_logits(reference, reference[:8])["passed"]  # shapes differ
+
+
+def test_run_summary_has_the_export_line(plan, tmp_path):
+    from multislice import cli
+    from multislice.reports import write
+
+    stage = plan.stages[1]
+    report = ExportReport(
+        verdict="PASS", export_dir=stage.export_dir, logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}
+    )
+    write(plan, report, stage)
+    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path)
+    assert f"  export        PASS: huggingface at {stage.export_dir}; logits vs MaxText's max |diff| 3.2e-06 " \
+        "(tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
+    assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "
+                                                                              f"({stage.model_label}):")])  # fmt: skip

@@ -63,6 +63,7 @@ class StagePlan(BaseModel):
         tokens_per_step: ``global_batch_size * max_target_length``.
         maxtext_args: MaxText ``key=value`` arguments common to both hardware variants
             (:func:`multislice.render.jobset.worker_command` adds the CPU ones).
+        launcher: How the stage is launched: ``jobset`` or ``ray`` (:attr:`RunSpec.launcher_for`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -82,6 +83,7 @@ class StagePlan(BaseModel):
     global_batch_size: float
     tokens_per_step: float
     maxtext_args: list[str]
+    launcher: str = "jobset"
 
 
 class Plan(BaseModel):
@@ -176,6 +178,7 @@ def make_plan(spec: RunSpec) -> Plan:
                 global_batch_size=global_batch,
                 tokens_per_step=global_batch * stage.max_target_length,
                 maxtext_args=_stage_args(spec, stage, run_dir, jax_cache_dir, ici, dcn),
+                launcher=spec.launcher_for(stage),
             )
         )
     return Plan(

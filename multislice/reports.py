@@ -264,11 +264,13 @@ class TrainReport(StepReport):
         step_time_seconds: Mean step time over steady steps.
         metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
         leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
+        launcher: What launched the stage: ``jobset`` or ``ray`` (restarts are then Ray Train's worker group retries).
     """
 
     step: ClassVar[str] = "train"
     file_name: ClassVar[str] = "train.json"
     jobset: str
+    launcher: str = "jobset"
     skipped: bool = False
     steps_trained: int | None = None
     restarts: int | None = None

@@ -179,6 +179,9 @@ class Stage(_Strict):
     remat_policy: str = "full"
     checkpoint_period: int = Field(gt=0, le=MAX_STEPS, description="Steps between checkpoints.")
     dataset_type: Literal["synthetic"] = "synthetic"
+    launcher: Literal["jobset", "ray"] | None = Field(
+        None, description="How this stage is launched (jobset or ray); default: the run's launcher."
+    )
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -561,6 +564,25 @@ class TimeoutsSpec(_Strict):
         return self
 
 
+#: How a stage's training is launched: a multislice JobSet (one pod per host), or Ray Train's ``JaxTrainer``
+#: on a Ray cluster (KubeRay on GKE, a local Ray instance on the local backend). See docs/architecture.md.
+Launcher = Literal["jobset", "ray"]
+
+
+class RaySpec(_Strict):
+    """Options of the Ray launcher (``launcher: ray``).
+
+    ``min_slices`` makes the ``JaxTrainer`` elastic: Ray Train starts with as many
+    whole slices as are available, at least ``min_slices`` and at most ``num_slices``
+    (``ScalingConfig(num_workers=(min, max))``, one Ray worker per host). Unset: a fixed
+    worker count (every slice).
+    """
+
+    min_slices: int | None = Field(
+        None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
+    )
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -580,7 +602,14 @@ class RunSpec(_Strict):
     )
     tpu_type: str
     num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
-    max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        le=INT32_MAX,
+        description="JobSet failurePolicy.maxRestarts (an int32); with launcher ray, FailureConfig.max_failures.",
+    )
+    launcher: Launcher = Field("jobset", description="How stages are launched: jobset or ray (per stage: launcher).")
+    ray: RaySpec = Field(default_factory=RaySpec)
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
@@ -660,6 +689,10 @@ class RunSpec(_Strict):
                 return stage
         known = ", ".join(s.name for s in (*self.stages, *self.example_stages))
         raise KeyError(f"no stage {name!r}; stages are {known}")
+
+    def launcher_for(self, stage: Stage) -> str:
+        """The launcher of ``stage``: its own ``launcher``, else the run's."""
+        return stage.launcher or self.launcher
 
     def with_stages(self, *stages: Stage) -> RunSpec:
         """This spec training ``stages`` instead (e.g. an example stage, or a planner's candidate).

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from multislice import config
 from multislice.errors import InputError
+from multislice.render.ray import DRANET_NODE_LABEL
 
 if TYPE_CHECKING:
     from google.cloud import container_v1
@@ -93,6 +94,8 @@ class PoolShape:
         queued_provisioning: flex-start pools that only take ProvisioningRequests.
         zone: The node location, or None to leave it to GKE (zonal cluster).
         networks: Additional node networks, ``(network, subnetwork)`` pairs.
+        dranet: Label the nodes for GKE managed DRANET (``cloud.google.com/gke-networking-dra-driver=true``):
+            a stage launched by Ray claims the additional networks through DRANET (:mod:`multislice.render.ray`).
     """
 
     machine_type: str
@@ -104,6 +107,7 @@ class PoolShape:
     queued_provisioning: bool
     zone: str | None
     networks: tuple[tuple[str, str], ...]
+    dranet: bool = False
 
     @classmethod
     def of(cls, plan: Plan) -> PoolShape:
@@ -120,6 +124,7 @@ class PoolShape:
             queued_provisioning=pools.queued_provisioning,
             zone=pools.zone,
             networks=tuple((n.network, n.subnetwork) for n in pools.additional_node_networks),
+            dranet=bool(pools.additional_node_networks) and any(s.launcher == "ray" for s in plan.stages),
         )
 
     def fields(self) -> dict[str, Any]:
@@ -228,6 +233,8 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
 
     flex = shape.provisioning == "flex-start"
     node_config = container_v1.NodeConfig(machine_type=shape.machine_type, spot=shape.provisioning == "spot")
+    if shape.dranet:
+        node_config.labels = {DRANET_NODE_LABEL[0]: DRANET_NODE_LABEL[1]}
     if flex:
         node_config.flex_start = True
         node_config.reservation_affinity = container_v1.ReservationAffinity(
@@ -289,6 +296,8 @@ def gcloud_create_args(plan: Plan, name: str) -> list[str]:
     if shape.reservation:
         args += ["--reservation-affinity=specific", f"--reservation={shape.reservation}"]
     args += [f"--additional-node-network=network={n},subnetwork={s}" for n, s in shape.networks]
+    if shape.dranet:
+        args.append(f"--node-labels={DRANET_NODE_LABEL[0]}={DRANET_NODE_LABEL[1]}")
     return args
 
 

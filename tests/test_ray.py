@@ -165,3 +165,26 @@ def test_the_gke_backend_refuses_a_ray_stage_with_a_fix():
     with pytest.raises(LauncherUnsupported, match="launcher ray") as refused:
         backend.workload_manifest(plan, plan.stages[0], "run-1")
     assert "launcher=jobset" in refused.value.fix
+
+
+def test_the_driver_kill_hook_fires_on_the_leaders_step_line_once(monkeypatch):
+    import subprocess
+
+    victim = subprocess.Popen(["sleep", "600"])
+    relay = ray_driver._Relay.__new__(ray_driver._Relay)  # no queue, no thread: only the line handling
+    relay.kill_rank, relay.kill_after_step, relay.pids, relay.killed = 1, 6, {}, False
+    relay._on_line(f"multislice ray worker: rank 1 of 4 (slice 0, host 1) pid {victim.pid}")
+    relay._on_line("completed step: 5, seconds: 1.0, loss: 7.0")
+    assert victim.poll() is None and not relay.killed
+    relay._on_line("completed step: 6, seconds: 1.0, loss: 6.9")
+    assert victim.wait(timeout=60) == -9 and relay.killed
+    relay._on_line("completed step: 7, seconds: 1.0, loss: 6.8")  # no second kill
+
+
+def test_the_kill_hook_from_the_environment_applies_to_its_driver_only(monkeypatch):
+    base = ["--slices=2", "--hosts-per-slice=2", "--chips-per-host=4", "--storage-path=x"]
+    monkeypatch.setenv(ray_driver.KILL_HOOK_ENV, "run-stage-a:1:6")
+    options, _ = ray_driver.parse_args([*base, "--name=run-stage-a"])
+    assert (options.kill_rank, options.kill_after_step) == (1, 6)
+    options, _ = ray_driver.parse_args([*base, "--name=run-stage-b"])
+    assert options.kill_rank is None

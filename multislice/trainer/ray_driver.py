@@ -259,28 +259,46 @@ class _Relay:
         self.thread.join(timeout=30)
 
 
-#: Tries at starting the local Ray instance: Ray gives its raylet a fixed 30 s to register
-#: (``ray/_private/node.py``, ``raylet_start_wait_time_s``), which a loaded machine can miss.
-LOCAL_START_TRIES = 3
+#: How long the local Ray instance's raylet may take to register with its GCS, seconds. Ray gives it a
+#: fixed 30 s (``ray/_private/node.py``, ``raylet_start_wait_time_s``); the raylet first waits for its
+#: dashboard agent, a Python process that takes longer to import than that on two loaded cores.
+LOCAL_START_PATIENCE = 600.0
 
 
 def _start_local_ray(workers: int, env_vars: dict[str, str]) -> None:
-    import ray
+    """``ray.init`` a local instance, waiting up to :data:`LOCAL_START_PATIENCE` for its raylet to register.
 
-    for attempt in range(1, LOCAL_START_TRIES + 1):
-        try:
-            ray.init(
-                num_cpus=workers + 1,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": env_vars},
-            )
-            return
-        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start
-            ray.shutdown()
-            if attempt == LOCAL_START_TRIES:
-                raise
-            print(f"multislice ray driver: local Ray did not start ({error}); trying again", flush=True)
+    Ray's 30 s is a constant inside ``Node.__init__``; its loop asks
+    ``ray._private.services.get_node``, so for the length of this call that lookup retries
+    (each try is one RPC to the GCS) until the node is registered or the patience is spent.
+    """
+    import time
+
+    import ray
+    import ray._private.services as services
+
+    original = services.get_node
+
+    def patient_get_node(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + LOCAL_START_PATIENCE
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)  # a poll of the GCS, not synchronisation of a test
+
+    services.get_node = patient_get_node
+    try:
+        ray.init(
+            num_cpus=workers + 1,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": env_vars},
+        )
+    finally:
+        services.get_node = original
 
 
 def build_trainer(options: argparse.Namespace, maxtext_args: list[str], queue: Any) -> Any:
@@ -329,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # A local Ray instance: one logical CPU per worker (the workers are MaxText processes, not CPU-bound
         # Ray tasks), and one CPU device per emulated chip in every worker. On a busy machine the raylet's
-        # wait for the dashboard agent (RayConfig agent_register_timeout_ms) runs out; give it 10 minutes.
-        os.environ.setdefault("RAY_agent_register_timeout_ms", "600000")
+        # waits for its dashboard agent (RayConfig raylet_start_wait_time_s: the agent's port files, and
+        # agent_register_timeout_ms) run out; give them 10 minutes.
+        os.environ.setdefault("RAY_raylet_start_wait_time_s", f"{LOCAL_START_PATIENCE:.0f}")
+        os.environ.setdefault("RAY_agent_register_timeout_ms", f"{LOCAL_START_PATIENCE * 1000:.0f}")
         _start_local_ray(
             workers,
             {

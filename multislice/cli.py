@@ -316,7 +316,11 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
             lines.append(
                 f"  trained       {train.steps_trained}/{stage.steps} steps, loss {train.first_loss:.3f} -> "
                 f"{train.final_loss:.3f}, {train.tokens_per_second_per_device:.1f} tokens/s per device, "
-                f"{train.restarts} JobSet restarts"
+                + (
+                    f"{train.restarts} Ray Train retries (launcher ray)"
+                    if train.launcher == "ray"
+                    else f"{train.restarts} JobSet restarts"
+                )
             )
         else:
             lines.append("  trained       not completed")

@@ -69,6 +69,7 @@ class StagePlan(BaseModel):
         wait_for_lost_slice_seconds: The stage's ``elastic.wait_for_lost_slice_seconds`` (None when not elastic).
         export: The export format after verification (``huggingface``), or None for none.
         export_dir: ``<stage_dir>/export/<format>``: where the export step writes it.
+        launcher: How the stage is launched: ``jobset`` or ``ray`` (:attr:`RunSpec.launcher_for`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -90,6 +91,9 @@ class StagePlan(BaseModel):
     maxtext_args: list[str]
     elastic: list[SliceCount] = []
     wait_for_lost_slice_seconds: float | None = None
+    export: str | None = None
+    export_dir: str | None = None
+    launcher: str = "jobset"
 
     def on_slices(self, slices: int) -> SliceCount:
         """The stage on ``slices`` slices (an elastic count). Raises KeyError for a count it has not."""
@@ -101,8 +105,6 @@ class StagePlan(BaseModel):
     def runnable_counts(self) -> list[int]:
         """Slice counts the stage may train on, most first (``[]`` when not elastic)."""
         return [c.slices for c in self.elastic if c.runnable]
-    export: str | None = None
-    export_dir: str | None = None
 
 
 class Plan(BaseModel):
@@ -217,6 +219,7 @@ def make_plan(spec: RunSpec) -> Plan:
                 wait_for_lost_slice_seconds=stage.elastic.wait_for_lost_slice_seconds if stage.elastic else None,
                 export=stage.export,
                 export_dir=storage.join(stage_dir, "export", stage.export) if stage.export else None,
+                launcher=spec.launcher_for(stage),
             )
         )
     return Plan(

@@ -303,11 +303,13 @@ class TrainReport(StepReport):
         resizes: Elastic stages: each resize with its cause and cost (:class:`multislice.elastic.Resize`).
         slice_timeline: Elastic stages: slice count per step, as runs (:func:`multislice.elastic.slice_timeline`).
         global_batch_size: Elastic stages: sequences per step, the same on every slice count (gradient accumulation).
+        launcher: What launched the stage: ``jobset`` or ``ray`` (restarts are then Ray Train's worker group retries).
     """
 
     step: ClassVar[str] = "train"
     file_name: ClassVar[str] = "train.json"
     jobset: str
+    launcher: str = "jobset"
     skipped: bool = False
     steps_trained: int | None = None
     restarts: int | None = None

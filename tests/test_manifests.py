@@ -11,7 +11,7 @@ from multislice import config
 from multislice.plan import make_plan
 from multislice.render import jobset, kueue, manifests, schema
 from tests.conftest import SHARED_CRDS
-from tests.golden import PROFILES, golden_files, rendered_manifests
+from tests.golden import MANIFEST_VARIANTS, PROFILES, golden_files, rendered_manifests
 
 CRD_DIRS = [schema.CRDS_DIR] + ([SHARED_CRDS] if SHARED_CRDS.is_dir() else [])
 
@@ -130,7 +130,7 @@ def test_bad_pipeline_run_id_is_refused():
         jobset.render_jobset(plan, plan.stages[0], hardware="cpu", pipeline_run_id="not a label!")
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("profile", [*PROFILES, *MANIFEST_VARIANTS])
 def test_manifests_match_golden_files(profile):
     rendered = rendered_manifests(profile)
     stored = golden_files(profile)

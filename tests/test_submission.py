@@ -21,7 +21,8 @@ PROFILE = "gke-v6e-16x2"
 EXPECTED = {
     "run_name": "nightly-1", "tpu_type": "v6e-16", "num_slices": 2,
     "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
-    "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "skip_preflight": False,
+    "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "launcher": "jobset",
+    "skip_preflight": False,
     "unique_run_name": False, "notify_webhook_url": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
     "stage2_steps": 200, "stage2_per_device_batch_size": 1.0, "cluster_project": "your-project",
     "cluster_location": "us-east5", "cluster_name": "your-cluster", "cluster_access": "gke", "zone": "us-east5-b",

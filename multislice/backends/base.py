@@ -66,6 +66,10 @@ class WorkloadConflict(InputError):
     """A workload of that name exists with another spec (another run): nothing was changed."""
 
 
+class LauncherUnsupported(InputError):
+    """A stage's launcher is one this backend cannot launch (``launcher: ray`` on GKE, for now)."""
+
+
 class WorkloadDeleted(RunFailed):
     """A stage's workload was deleted (by a user, or another run's cleanup) while a step waited on it."""
 
@@ -184,9 +188,21 @@ class Backend(abc.ABC):
     def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
         """The workload that trains ``stage``: its multislice JobSet for this backend's hardware.
 
+        A stage with ``launcher: ray`` is, on CPU (the local backend), the one-pod JobSet of its Ray driver
+        (:func:`multislice.render.jobset.render_ray_driver_jobset`). On TPU it is a KubeRay RayJob
+        (:func:`multislice.render.ray.render_rayjob`), which ``multislice render`` writes but no backend
+        launches yet.
+
         Raises:
             ValueError: ``pipeline_run_id`` is not a valid label value.
+            LauncherUnsupported: the stage's launcher is ``ray`` and this backend runs TPU workloads.
         """
+        if stage.launcher == "ray" and self.hardware == "tpu":
+            raise LauncherUnsupported(
+                f"stage {stage.name} has launcher ray, and the {self.name} backend does not launch RayJobs yet",
+                "set launcher: jobset for this backend (or --set launcher=jobset); `multislice render --set "
+                "launcher=ray` writes the RayJob to apply yourself",
+            )
         return jobset.render_jobset(plan, stage, hardware=self.hardware, pipeline_run_id=pipeline_run_id)
 
     @abc.abstractmethod

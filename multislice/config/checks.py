@@ -28,6 +28,14 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     shape = spec.slice_type
     remote = spec.output_dir.startswith("gs://")
+    if spec.ray.min_slices is not None and spec.ray.min_slices > spec.num_slices:
+        issues.append(
+            (
+                "ray.min_slices",
+                f"ray.min_slices ({spec.ray.min_slices}) is more than num_slices ({spec.num_slices}); the JaxTrainer "
+                "can never start: set ray.min_slices to at most num_slices, or unset it for a fixed worker count",
+            )
+        )
     if spec.backend == "gke" and not remote:
         issues.append(
             (

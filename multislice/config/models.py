@@ -235,6 +235,9 @@ class Stage(_Strict):
         description="Export the final checkpoint after verification: huggingface (safetensors, config.json and "
         "the Llama 3 tokenizer, checked by its logits against MaxText's); null for none.",
     )
+    launcher: Literal["jobset", "ray"] | None = Field(
+        None, description="How this stage is launched (jobset or ray); default: the run's launcher."
+    )
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
     elastic: ElasticSpec | None = Field(
         None, description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size."
@@ -682,6 +685,25 @@ class TimeoutsSpec(_Strict):
         return self
 
 
+#: How a stage's training is launched: a multislice JobSet (one pod per host), or Ray Train's ``JaxTrainer``
+#: on a Ray cluster (KubeRay on GKE, a local Ray instance on the local backend). See docs/architecture.md.
+Launcher = Literal["jobset", "ray"]
+
+
+class RaySpec(_Strict):
+    """Options of the Ray launcher (``launcher: ray``).
+
+    ``min_slices`` makes the ``JaxTrainer`` elastic: Ray Train starts with as many
+    whole slices as are available, at least ``min_slices`` and at most ``num_slices``
+    (``ScalingConfig(num_workers=(min, max))``, one Ray worker per host). Unset: a fixed
+    worker count (every slice).
+    """
+
+    min_slices: int | None = Field(
+        None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
+    )
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -709,6 +731,14 @@ class RunSpec(_Strict):
         description="GKE: the TPU JobSet's spec.ttlSecondsAfterFinished (JobSet v0.12): a finished JobSet and its "
         "pods are deleted this long after it finishes (xpk: 43,200 s); null keeps them until cleanup.",
     )
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        le=INT32_MAX,
+        description="JobSet failurePolicy.maxRestarts (an int32); with launcher ray, FailureConfig.max_failures.",
+    )
+    launcher: Launcher = Field("jobset", description="How stages are launched: jobset or ray (per stage: launcher).")
+    ray: RaySpec = Field(default_factory=RaySpec)
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
@@ -788,6 +818,10 @@ class RunSpec(_Strict):
                 return stage
         known = ", ".join(s.name for s in (*self.stages, *self.example_stages))
         raise KeyError(f"no stage {name!r}; stages are {known}")
+
+    def launcher_for(self, stage: Stage) -> str:
+        """The launcher of ``stage``: its own ``launcher``, else the run's."""
+        return stage.launcher or self.launcher
 
     def with_stages(self, *stages: Stage) -> RunSpec:
         """This spec training ``stages`` instead (e.g. an example stage, or a planner's candidate).

@@ -42,6 +42,7 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("queue", str, "queue", "Kueue LocalQueue"),
     Parameter("priority", str, "priority", "Kueue WorkloadPriorityClass"),
     Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
+    Parameter("launcher", str, "launcher", "How stages are launched: jobset or ray (Ray Train JaxTrainer)"),
     Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
     Parameter("unique_run_name", bool, "unique_run_name", "Append the pipeline run's id to run_name (scheduled runs)"),
     Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),

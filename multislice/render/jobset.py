@@ -153,6 +153,8 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     Raises:
         ValueError: ``pipeline_run_id`` is not a valid label value.
     """
+    if stage.launcher == "ray":
+        return render_ray_driver_jobset(plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id)
     spec = plan.spec
     hosts = plan.slice.hosts
     command, args = worker_command(plan, stage, hardware)
@@ -258,6 +260,72 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
                                     }
                                 ]
                             },
+                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+                        },
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_ray_driver_jobset(
+    plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_run_id: str
+) -> dict[str, Any]:
+    """The local backend's workload for a stage with ``launcher: ray``: one pod, the Ray driver.
+
+    The driver (:mod:`multislice.trainer.ray_driver`) starts a local Ray instance whose
+    ``JaxTrainer`` runs one CPU worker per emulated host; Ray Train, not the JobSet, retries
+    failed workers (``FailureConfig(max_failures=max_restarts)``), so the JobSet itself never
+    restarts. On GKE a Ray stage is a RayJob instead (:func:`multislice.render.ray.render_rayjob`).
+
+    Raises:
+        ValueError: ``hardware`` is ``tpu`` (a TPU Ray stage is a RayJob), or a bad ``pipeline_run_id``.
+    """
+    from multislice.render import ray
+
+    if hardware != "cpu":
+        raise ValueError(f"stage {stage.name} has launcher ray: on TPU it is a RayJob (multislice.render.ray)")
+    spec = plan.spec
+    labels = run_labels(plan, pipeline_run_id, stage)
+    command = ray.driver_command(plan, stage, "cpu")
+    container = {
+        "name": names.TRAINER_CONTAINER,
+        "image": spec.images.trainer,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command[:3],
+        "args": command[3:],
+        "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": stage.jobset,
+            "namespace": spec.namespace,
+            "labels": {names.KUEUE_QUEUE_LABEL: spec.queue, names.KUEUE_PRIORITY_LABEL: spec.priority, **labels},
+        },
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0, "restartStrategy": "Recreate"},
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "replicatedJobs": [
+                {
+                    "name": names.REPLICATED_JOB,
+                    "replicas": 1,
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
                             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
                         },
                     },

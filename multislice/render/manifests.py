@@ -18,14 +18,17 @@ from typing import Any
 import yaml
 
 from multislice.plan import Plan
-from multislice.render import jobset, kueue, rbac, schema
+from multislice.render import jobset, kueue, ray, rbac, schema
 
 #: Where the node pool plan goes, relative to the output directory.
 NODE_POOL_PLAN = "gke-api/node-pools.json"
 
 
 def object_problems(obj: dict[str, Any]) -> list[str]:
-    """Why the API server would reject ``obj``: CRD kinds against their CRD, built-in (RBAC) kinds by :mod:`rbac`."""
+    """Why the API server would reject ``obj``: CRD kinds against their CRD, built-in kinds by :mod:`rbac`
+    (RBAC) or :mod:`ray` (DRA ResourceClaimTemplates)."""
+    if (obj.get("apiVersion"), obj.get("kind")) == (ray.CLAIM_API_VERSION, "ResourceClaimTemplate"):
+        return ray.claim_template_problems(obj)
     if (obj.get("apiVersion"), obj.get("kind")) in schema.BUILTIN_KINDS:
         return rbac.problems(obj)
     return schema.problems(obj)
@@ -36,7 +39,10 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
 
     Kueue objects (``kueue-<kind>-<name>.yaml``), each stage's JobSet in both
     hardware variants (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
-    RBAC objects (``rbac-<kind>-<name>.yaml``).
+    RBAC objects (``rbac-<kind>-<name>.yaml``). A stage with ``launcher: ray`` has instead
+    its RayJob for GKE (``rayjob-<stage>.tpu.yaml``), its DRANET claim templates
+    (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
+    backend's driver JobSet (``jobset-<stage>.cpu.yaml``, :func:`multislice.render.jobset.render_jobset`).
 
     Raises:
         multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
@@ -45,6 +51,14 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     for obj in kueue.render_kueue_objects(plan):
         out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
     for stage in plan.stages:
+        if stage.launcher == "ray":
+            out[f"rayjob-{stage.name}.tpu.yaml"] = ray.render_rayjob(plan, stage, pipeline_run_id=pipeline_run_id)
+            for obj in ray.render_claim_templates(plan, stage, pipeline_run_id=pipeline_run_id):
+                out[f"resourceclaimtemplate-{obj['metadata']['name']}.yaml"] = obj
+            out[f"jobset-{stage.name}.cpu.yaml"] = jobset.render_jobset(
+                plan, stage, hardware="cpu", pipeline_run_id=pipeline_run_id
+            )
+            continue
         for hardware in ("tpu", "cpu"):
             out[f"jobset-{stage.name}.{hardware}.yaml"] = jobset.render_jobset(
                 plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id

@@ -222,13 +222,15 @@ def _metadata_problems(obj: dict[str, Any], namespaced: bool) -> list[str]:
     return problems
 
 
-#: Built-in kinds this project renders (RBAC), which have no CRD: ``(apiVersion, kind)`` -> namespaced.
+#: Built-in kinds this project renders (RBAC, DRA), which have no CRD: ``(apiVersion, kind)`` -> namespaced.
 BUILTIN_KINDS: dict[tuple[str, str], bool] = {
     ("v1", "ServiceAccount"): True,
     ("rbac.authorization.k8s.io/v1", "Role"): True,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): True,
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): False,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): False,
+    # DRANET claims of the Ray launcher (multislice.render.ray).
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): True,
 }
 
 

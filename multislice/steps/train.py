@@ -34,7 +34,7 @@ __all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
 
 #: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
 ECHO = re.compile(
-    r"completed step:|multislice worker:|emulated multislice mesh|Num_devices: \d|"
+    r"completed step:|multislice worker:|multislice ray (worker|driver):|emulated multislice mesh|Num_devices: \d|"
     r"restoring from this run's directory step|No existing checkpoints found"
 )
 
@@ -127,10 +127,12 @@ def run(
             metrics_file=stage.metrics_file,
             leader_logs=finished.leader_logs,
             **fields,
+            launcher=stage.launcher,
         )
         tell(
             f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
-            f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts}"
+            f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts} "
+            f"(launcher {stage.launcher})"
         )
         return write_report(plan, report, stage)
 

@@ -18,13 +18,33 @@ from multislice.render import manifests
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 PROFILES = ("local", "gke-v6e-16x2")
+#: Manifest-only goldens of a profile with changes: name -> (profile, top-level spec fields replaced).
+#: ``gke-v6e-16x2-ray``: every stage launched by Ray (RayJobs) on node pools with an extra network for
+#: DCN traffic (DRANET ResourceClaimTemplates), as ``multislice render --set launcher=ray`` writes them.
+MANIFEST_VARIANTS: dict[str, tuple[str, dict]] = {
+    "gke-v6e-16x2-ray": (
+        "gke-v6e-16x2",
+        {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]},
+    ),
+}
 #: The pipeline/runid label value in golden manifests.
 GOLDEN_RUN_ID = "golden-run"
 
 
 def rendered_manifests(profile: str) -> dict[str, str]:
-    """Relative path -> text of every file ``multislice render`` writes for a profile."""
-    plan = make_plan(config.load_profile(profile))
+    """Relative path -> text of every file ``multislice render`` writes for a profile or :data:`MANIFEST_VARIANTS`."""
+    if profile in MANIFEST_VARIANTS:
+        base, changes = MANIFEST_VARIANTS[profile]
+        data = config.spec_to_data(config.load_profile(base))
+        for path, value in changes.items():
+            *parents, last = path.split(".")
+            target = data
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[last] = value
+        plan = make_plan(config.load_spec(data))
+    else:
+        plan = make_plan(config.load_profile(profile))
     return manifests.render_files(plan, GOLDEN_RUN_ID)
 
 
@@ -51,7 +71,7 @@ def compiled_pipeline(profile: str, target: str = "kfp") -> str:
 def regenerate() -> list[Path]:
     """Rewrite every golden file; returns the paths written."""
     written = []
-    for profile in PROFILES:
+    for profile in (*PROFILES, *MANIFEST_VARIANTS):
         directory = GOLDEN_DIR / profile / "manifests"
         directory.mkdir(parents=True, exist_ok=True)
         for stale in golden_files(profile).values():
@@ -60,6 +80,8 @@ def regenerate() -> list[Path]:
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text, encoding="utf-8")
             written.append(directory / name)
+        if profile in MANIFEST_VARIANTS:
+            continue
         for target, name in PIPELINE_GOLDENS.items():
             pipeline = GOLDEN_DIR / profile / name
             pipeline.write_text(compiled_pipeline(profile, target), encoding="utf-8")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from multislice import config
 from multislice.errors import InputError
+from multislice.render.ray import DRANET_NODE_LABEL
 
 if TYPE_CHECKING:
     from google.cloud import container_v1
@@ -97,6 +98,8 @@ class PoolShape:
             with them.
         service_account: The nodes' Google service account (``config.serviceAccount``), None: GKE's default
             (the project's Compute Engine default service account).
+        dranet: Label the nodes for GKE managed DRANET (``cloud.google.com/gke-networking-dra-driver=true``):
+            a stage launched by Ray claims the additional networks through DRANET (:mod:`multislice.render.ray`).
     """
 
     machine_type: str
@@ -110,6 +113,7 @@ class PoolShape:
     networks: tuple[tuple[str, str], ...]
     oauth_scopes: tuple[str, ...] = ()
     service_account: str | None = None
+    dranet: bool = False
 
     @classmethod
     def of(cls, plan: Plan) -> PoolShape:
@@ -128,6 +132,7 @@ class PoolShape:
             networks=tuple((n.network, n.subnetwork) for n in pools.additional_node_networks),
             oauth_scopes=tuple(pools.oauth_scopes),
             service_account=pools.service_account,
+            dranet=bool(pools.additional_node_networks) and any(s.launcher == "ray" for s in plan.stages),
         )
 
     def fields(self) -> dict[str, Any]:
@@ -259,6 +264,8 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
         oauth_scopes=list(shape.oauth_scopes),
         service_account=shape.service_account or "",
     )
+    if shape.dranet:
+        node_config.labels = {DRANET_NODE_LABEL[0]: DRANET_NODE_LABEL[1]}
     if flex:
         node_config.flex_start = True
         node_config.reservation_affinity = container_v1.ReservationAffinity(
@@ -324,6 +331,8 @@ def gcloud_create_args(plan: Plan, name: str) -> list[str]:
     if shape.reservation:
         args += ["--reservation-affinity=specific", f"--reservation={shape.reservation}"]
     args += [f"--additional-node-network=network={n},subnetwork={s}" for n, s in shape.networks]
+    if shape.dranet:
+        args.append(f"--node-labels={DRANET_NODE_LABEL[0]}={DRANET_NODE_LABEL[1]}")
     return args
 
 

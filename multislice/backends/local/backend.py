@@ -17,6 +17,7 @@ processes too. What it models and what it does not:
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,9 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     except FileNotFoundError:
         return ""
 
+
+#: The line each Ray worker group attempt's leader prints (:mod:`multislice.trainer.ray_driver`).
+_RAY_LEADER = re.compile(r"multislice ray worker: rank 0 of \d+")
 
 #: How many times one train step replaces a lost local supervisor before it fails the stage.
 MAX_TAKEOVERS = 3
@@ -174,17 +178,23 @@ class LocalBackend(Backend):
             for p in state.pods
         }
         expected, slices = plan.spec.num_slices * plan.slice.hosts, {p.slice for p in placement.values()}
-        if len(placement) != expected or len(slices) != plan.spec.num_slices:
+        want_slices = plan.spec.num_slices
+        if stage.launcher == "ray":  # one pod: the Ray driver; its JaxTrainer starts a worker per emulated host
+            expected, want_slices = 1, 1
+        if len(placement) != expected or len(slices) != want_slices:
             raise LaunchFailed(
                 f"JobSet {stage.jobset} runs {len(placement)} pods in {len(slices)} slices; the plan has "
                 f"{plan.spec.num_slices} slices x {plan.slice.hosts} hosts",
                 "render the JobSet (`multislice render`) and compare its replicas and parallelism with the plan",
             )
-        return Running(
-            placement=placement,
-            note="local backend: every pod is a process on this machine; a slice is the set of processes of one "
-            "child Job",
-        )
+        note = "local backend: every pod is a process on this machine; a slice is the set of processes of one child Job"
+        if stage.launcher == "ray":
+            note = (
+                "local backend, launcher ray: the driver pod runs a local Ray instance whose JaxTrainer starts "
+                f"{plan.spec.num_slices * plan.slice.hosts} CPU workers, one per emulated host; worker rank r is "
+                f"host r % {plan.slice.hosts} of slice r // {plan.slice.hosts}"
+            )
+        return Running(placement=placement, note=note)
 
     def available_slices(self, plan: Plan) -> int | None:
         """Slices the capacity model (:mod:`.capacity`) holds now; ``num_slices`` when it models none."""
@@ -222,6 +232,18 @@ class LocalBackend(Backend):
         cluster restarts a JobSet controller, at most :data:`MAX_TAKEOVERS` times.
         """
         name = stage.jobset
+        leader_starts = 0
+        if stage.launcher == "ray":
+            # The driver pod never restarts; Ray Train retries inside it. Each worker group attempt's leader
+            # announces itself once (multislice.trainer.ray_driver), so retries = leader starts - 1.
+            passed_on = on_line
+
+            def on_line(line: str) -> None:
+                nonlocal leader_starts
+                if _RAY_LEADER.search(line):
+                    leader_starts += 1
+                passed_on(line)
+
         read: dict[int, int] = {}  # attempt -> bytes of its leader log passed on
         events_seen = 0
         takeovers = 0
@@ -255,7 +277,8 @@ class LocalBackend(Backend):
                 )
             time.sleep(self.timings.poll_seconds)
         logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
-        return Finished(phase=state.phase, restarts=state.restarts, leader_logs=logs)
+        restarts = max(0, leader_starts - 1) if stage.launcher == "ray" else state.restarts
+        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs)
 
     @staticmethod
     def _pass_on(path: Path, offset: int, on_line: Callable[[str], None], final: bool) -> int:

@@ -142,6 +142,9 @@ class Supervisor:
         }
         if os.environ.get("PYTHONPATH"):  # a source checkout run with PYTHONPATH: pods run the same code
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        # The Ray driver's test hook (multislice.trainer.ray_driver.KILL_HOOK_ENV), set by the end-to-end test.
+        if os.environ.get("MULTISLICE_RAY_KILL_WORKER"):
+            env["MULTISLICE_RAY_KILL_WORKER"] = os.environ["MULTISLICE_RAY_KILL_WORKER"]
         env.update(pod.env)
         return env
 

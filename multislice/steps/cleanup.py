@@ -95,9 +95,9 @@ def run(
                     f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
                 )
         if notify_webhook_url:
-            state = pipeline_status or "UNKNOWN"
+            state = notify.normalize_state(pipeline_status)  # KFP's COMPLETE/CANCELED, Vertex's SUCCEEDED/CANCELLED
             step = notify.failed_step(error_message, identity.run_dir) if state != "SUCCEEDED" else None
-            payload = notify.status_payload(identity.run_name, state, error_message, step, pipeline_job)
+            payload = notify.status_payload(identity.run_name, pipeline_status, error_message, step, pipeline_job)
             problem = notify.post(notify_webhook_url, payload)
             say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
             report.notified, report.failed_step = (True if problem is None else problem), step

@@ -396,6 +396,33 @@ def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served
     assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
 
 
+def test_a_run_continuing_an_earlier_one_replaces_its_finished_jobset_and_a_running_one_is_a_conflict(
+    served, play, plan
+):
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)  # pipeline run RUN_ID
+    play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")  # cleanup keeps it
+
+    def kueue():  # once the new JobSet exists (the old one deleted first)
+        wait_until(lambda: (kube.get_jobset(js) or {"metadata": {}})["metadata"].get("labels", {}).get(
+            names.LABEL_PIPELINE_RUN_ID) == "run-2222", what="the replacing JobSet")  # fmt: skip
+        play.custom.delete_namespaced_custom_object(  # the garbage collector: the old JobSet's Workload goes with it
+            "kueue.x-k8s.io", "v1beta2", play.ns, "workloads", play.workload_name(js)
+        )
+        play.kueue_queues(js, "waiting")
+        play.kueue_admits(js)
+
+    with Background(kueue):
+        again = admit.run(plan, stage_of(plan).name, "run-2222", backend=GkeBackend(kube))
+    assert again.replaced == RUN_ID and again.adopted is False and again.admitted is True
+    stored = kube.get_jobset(js)
+    assert stored["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
+    assert jobsets.phase(stored) != "Completed"
+    with pytest.raises(jobsets.JobSetConflict, match=r"pipeline run run-2222"):  # unfinished: never deleted
+        admit.run(plan, stage_of(plan).name, "run-3333", backend=GkeBackend(kube))
+    assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
+
+
 def test_evicted_then_readmitted_during_training(served, play, plan, told, capsys):
     kube, admitted, pods, js = training(served, play, plan)
 

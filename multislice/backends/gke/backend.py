@@ -130,9 +130,16 @@ class GkeBackend(Backend):
     # -- a stage's workload -------------------------------------------------
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet with its spec-hash annotation, or adopt it when the hash matches (:mod:`.jobset`)."""
-        created, adopted = jobset.create_or_adopt(self.kube, manifest)
-        return Submission(name=manifest["metadata"]["name"], adopted=adopted, uid=created["metadata"].get("uid"))
+        """Create the JobSet with its spec-hash annotation, adopt it when the hash matches, or replace a finished
+        one of another pipeline run (:mod:`.jobset`)."""
+        replaced: list[str] = []
+        created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
+        return Submission(
+            name=manifest["metadata"]["name"],
+            adopted=adopted,
+            uid=created["metadata"].get("uid"),
+            replaced=replaced[-1] if replaced else None,
+        )
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""

@@ -553,7 +553,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from multislice.delivery import submission
 
     profile, overrides = _profile_and_overrides(args)
-    run = submission.submit(profile, overrides, target=args.target, **submission.targets_from_args(args))
+    run = submission.submit(
+        profile, overrides, target=args.target, continue_run=args.continue_run, **submission.targets_from_args(args)
+    )
     print(f"submitted run {run.run_name} to {run.target}: {run.run_id}")
     for name, value in run.parameters.items():
         print(f"  {name} = {value!r}")
@@ -684,6 +686,12 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     submit = sub.add_parser("submit", help="submit one run to Vertex AI Pipelines or a KFP endpoint")
     with_profile(submit)
     add_target_arguments(submit)
+    submit.add_argument(
+        "--continue",
+        dest="continue_run",
+        metavar="RUN",
+        help="continue the earlier run RUN (its run_name as it ran): resume from its checkpoints instead of a new run",
+    )
     submit.set_defaults(func=cmd_submit)
 
     sched = sub.add_parser("schedule", help="recurring runs: create, list, pause, resume, delete")

@@ -18,6 +18,13 @@ run is a named pipeline parameter whose default is the profile's value
 ``stage<N>_per_device_batch_size``. The plan tasks validate them with the same
 code as the CLI's ``--set``.
 
+Reruns: ``unique_run_name`` defaults to true in the compiled pipeline
+(:data:`COMPILED_DEFAULTS`), so a second run with the defaults is a new run
+with its own directory and JobSets. To continue an earlier run (resume from
+its checkpoints), set ``unique_run_name=false`` and ``run_name`` to that run's
+full name (``multislice submit --continue RUN`` does): its admit steps replace
+the JobSets the earlier run left finished.
+
 Caching is off for every task: a cached train or admit would report work
 that did not happen in this run.
 """
@@ -43,10 +50,18 @@ from multislice.delivery import targets
 PIPELINE_NAME = "multislice-training"
 
 
+#: Defaults of the compiled pipeline that are not the profile's: a run started from the UI or an API with the
+#: defaults is a new run (``<run_name>-<8 characters of its run id>``), never a second writer of an earlier one;
+#: continuing a run is the explicit ``unique_run_name=false`` with ``run_name`` the earlier run's full name.
+COMPILED_DEFAULTS: dict[str, Any] = {"unique_run_name": True}
+
+
 def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
-    """The pipeline's parameters, with types and the profile's values as defaults."""
+    """The pipeline's parameters, with types and the profile's values as defaults (but :data:`COMPILED_DEFAULTS`)."""
     return [
-        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value, annotation=kind)
+        inspect.Parameter(
+            name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=COMPILED_DEFAULTS.get(name, value), annotation=kind
+        )
         for name, (kind, value) in parameters.parameter_values(spec).items()
     ]
 

@@ -10,6 +10,8 @@ field names in snake_case as the API server's grpc-gateway writes them):
 ``/apis/v2beta1/healthz``, ``pipelines`` (list by display_name filter),
 ``pipelines/upload``, ``pipelines/upload_version``, ``pipelines/{id}/versions``,
 ``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
+a second version of one name under a pipeline is refused (409, code 6), as
+the API server's unique index on (pipeline, version name) refuses it;
 GCS (JSON API paths): get bucket, get object and its media.
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
 (e.g. write the run's reports and mark it SUCCEEDED).
@@ -159,6 +161,14 @@ class _Handler(BaseHTTPRequestHandler):
             pipeline_id = query["pipelineid"]
             if pipeline_id not in s.pipelines:
                 return 404, {"error_message": f"pipeline {pipeline_id} not found", "code": 5}
+            name = query.get("name")
+            if any(v["pipeline_id"] == pipeline_id and v["name"] == name for v in s.versions.values()):
+                # The API server's pipeline_versions table has a unique index on (PipelineId, Name).
+                return 409, {
+                    "error_message": f"Failed to create a pipeline version: a version named {name} "
+                    "already exists for this pipeline: Already exist error",
+                    "code": 6,
+                }
             return 200, self._add_version(s, pipeline_id, query.get("name"), body)
         if route.startswith("/pipelines/") and route.endswith("/versions") and method == "GET":
             pipeline_id = route.split("/")[2]

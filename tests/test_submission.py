@@ -1,5 +1,6 @@
 """Submit: parameters validated before any request; Vertex AI PipelineJob bodies and KFP API requests as sent."""
 
+import re
 import warnings
 from unittest import mock
 
@@ -42,6 +43,10 @@ class VertexTransport:
         self.requests = []
 
     def __call__(self, request, **kwargs):
+        from google.api_core import exceptions
+
+        if any(r.pipeline_job_id == request.pipeline_job_id for r in self.requests):  # job IDs are unique
+            raise exceptions.AlreadyExists(f"PipelineJob {request.pipeline_job_id} already exists")
         self.requests.append(request)
         job = gca_pipeline_job.PipelineJob(request.pipeline_job)
         job.name = f"{request.parent}/pipelineJobs/{request.pipeline_job_id}"
@@ -112,14 +117,15 @@ def test_submit_to_vertex_sends_the_pipeline_job(fake):
         run = multislice.submit(PROFILE, VALUES, target="vertex", vertex=where)
     [request] = transport.requests
     assert request.parent == "projects/team-project/locations/us-east5"
-    assert request.pipeline_job_id == "nightly-1"
+    assert re.fullmatch(r"nightly-1-[0-9a-f]{8}", request.pipeline_job_id)
+    assert request.pipeline_job.display_name == "nightly-1"
     sent = gca_pipeline_job.PipelineJob.to_dict(request.pipeline_job)
     assert sent["service_account"] == "runner@team-project.iam.gserviceaccount.com"
     assert sent["network"] == "projects/123/global/networks/tpu-vpc"
     assert sent["labels"] == {"multislice-pipeline": "multislice-training", "team": "ml-platform"}
     assert sent["runtime_config"]["gcs_output_directory"] == "gs://team-bucket/runs/pipeline-root"
     assert sent["runtime_config"]["parameter_values"] == EXPECTED
-    assert run.run_id == "projects/team-project/locations/us-east5/pipelineJobs/nightly-1"
+    assert run.run_id == f"projects/team-project/locations/us-east5/pipelineJobs/{request.pipeline_job_id}"
     # Besides the PipelineJob, the SDK only reads the pipeline root's bucket (exists, then ownership).
     assert {(r.method, r.path) for r in fake.state.requests} == {("GET", "/storage/v1/b/team-bucket")}
 
@@ -131,7 +137,7 @@ def test_submit_to_kfp_uploads_then_versions_then_runs(fake):
     state = fake.state
     assert len(state.sent("POST", "/pipelines/upload")) == 1  # the pipeline once, then versions
     versions = state.sent("POST", "/pipelines/upload_version")
-    assert [v.query["name"] for v in versions] == ["nightly-1", "nightly-2"]
+    assert [v.query["name"][: -len("-0123abcd")] for v in versions] == ["nightly-1", "nightly-2"]
     assert {v.query["pipelineid"] for v in versions} == {first.pipeline_id}
     assert len(state.sent("POST", "/experiments")) == 1
     runs = [r.body for r in state.sent("POST", "/runs")]
@@ -181,3 +187,41 @@ def test_cli_submit_vertex_needs_project_and_location(capsys):
     assert cli.main(["submit", "--profile", PROFILE, "--target", "vertex"]) == 2
     err = capsys.readouterr().err
     assert "--project: required with --target vertex" in err and "--location" in err
+
+
+def test_a_second_run_with_defaults_and_the_same_run_name_twice_succeed_on_both_targets(fake):
+    """Problem 4: neither a rerun with the defaults nor the same explicit run_name collides on KFP or Vertex AI."""
+    kfp = submission.KfpTarget(host=fake.url)
+    runs = [multislice.submit(PROFILE, {"output_dir": "gs://bucket/r"}, target="kfp", kfp=kfp) for _ in range(2)]
+    runs += [multislice.submit(PROFILE, VALUES, target="kfp", kfp=kfp) for _ in range(2)]
+    versions = [v.query["name"] for v in fake.state.sent("POST", "/pipelines/upload_version")]
+    assert len(set(versions)) == 4 and len({r.run_id for r in runs}) == 4
+    transport = VertexTransport()
+    with transport.patch():
+        jobs = [multislice.submit(PROFILE, VALUES, target="vertex", vertex=vertex_target()) for _ in range(2)]
+    assert len({r.pipeline_job_id for r in transport.requests}) == 2 and jobs[0].run_id != jobs[1].run_id
+    assert {r.pipeline_job.display_name for r in transport.requests} == {"nightly-1"}
+
+
+def test_continue_is_explicit_and_keeps_the_earlier_run_name(fake, capsys):
+    kfp = submission.KfpTarget(host=fake.url)
+    run = multislice.submit(
+        PROFILE, {"output_dir": "gs://bucket/r"}, target="kfp", kfp=kfp, continue_run="nightly-ab12"
+    )
+    assert run.parameters["run_name"] == "nightly-ab12" and run.parameters["unique_run_name"] is False
+    with pytest.raises(ConfigError, match="contradicts --continue"):
+        submission.prepare(config.read_profile(PROFILE), {"run_name": "other"}, "kfp", continue_run="nightly-ab12")
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+                       "output_dir=gs://bucket/r", "--continue", "Not_A_Run"])  # fmt: skip
+    assert status == 2 and "is not a run name" in capsys.readouterr().err
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+                       "output_dir=gs://bucket/r", "--continue", "nightly-ab12"])  # fmt: skip
+    assert status == 0 and "submitted run nightly-ab12 to kfp" in capsys.readouterr().out
+
+
+def test_the_compiled_pipeline_makes_each_run_new_by_default(tmp_path):
+    import yaml
+
+    path = submission.compile_for(config.read_profile(PROFILE), "kfp", tmp_path)
+    spec = next(yaml.safe_load_all(path.read_text()))
+    assert spec["root"]["inputDefinitions"]["parameters"]["unique_run_name"]["defaultValue"] is True

@@ -38,7 +38,13 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("priority", str, "priority", "Kueue WorkloadPriorityClass"),
     Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
     Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
-    Parameter("unique_run_name", bool, "unique_run_name", "Append the pipeline run's id to run_name (scheduled runs)"),
+    Parameter(
+        "unique_run_name",
+        bool,
+        "unique_run_name",
+        "Append the pipeline run's id to run_name: a new run "
+        "(default of a compiled pipeline); false with run_name an earlier run's full name continues that run",
+    ),
     Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),
 )
 

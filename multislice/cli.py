@@ -181,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.multislice_training import compile_pipeline
 
     compiled = run_dir / "pipeline.yaml"
-    compile_pipeline(config.spec_to_data(spec), str(compiled))
+    compile_pipeline(config.spec_to_data(spec), str(compiled), retries=False)  # a local failure is final
     pipeline = components.load_component_from_file(str(compiled))
     where = "emulated on this machine" if spec.backend == "local" else f"on backend {spec.backend}"
     print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} x {spec.tpu_type} slices, {where}")

@@ -25,6 +25,16 @@ its checkpoints), set ``unique_run_name=false`` and ``run_name`` to that run's
 full name (``multislice submit --continue RUN`` does): its admit steps replace
 the JobSets the earlier run left finished.
 
+Retries: the steps that are idempotent against the cluster get a task retry
+policy (:data:`RETRIED_STEPS`, :data:`RETRY`; kfp ``PipelineTask.set_retry``,
+kept in the PipelineSpec, so KFP and Vertex AI both honour it): provision
+applies what exists already, admit adopts its JobSet by spec hash, launch and
+train re-attach to the running JobSet, verify_checkpoint reads. plan and
+preflight are not retried: their failures (a bad value, a model that does not
+fit) are the same on every try. The exit handler is not retried. ``multislice
+run`` (kfp.local, which also honours the policy) compiles without it: a local
+failure is reported at once.
+
 Caching is off for every task: a cached train or admit would report work
 that did not happen in this run.
 """
@@ -48,6 +58,11 @@ from multislice.config import parameters
 from multislice.delivery import targets
 
 PIPELINE_NAME = "multislice-training"
+#: Steps (component names) that get the task retry policy: idempotent against the cluster.
+RETRIED_STEPS = ("provision", "admit", "launch", "train", "verify-checkpoint")
+#: ``set_retry`` arguments: 2 retries, 60 s then 120 s apart (a node or API blip, a lost component pod).
+RETRY: dict[str, Any] = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0,
+                         "backoff_max_duration": "600s"}  # fmt: skip
 
 
 #: Defaults of the compiled pipeline that are not the profile's: a run started from the UI or an API with the
@@ -67,7 +82,10 @@ def pipeline_parameters(spec: config.RunSpec) -> list[inspect.Parameter]:
 
 
 def build_pipeline(
-    profile: dict[str, Any], base_image: str | None = None, kubernetes: targets.KubernetesConfig | None = None
+    profile: dict[str, Any],
+    base_image: str | None = None,
+    kubernetes: targets.KubernetesConfig | None = None,
+    retries: bool = True,
 ):
     """Build the pipeline for a profile's content.
 
@@ -76,6 +94,7 @@ def build_pipeline(
         base_image: Image the components run in; default the profile's ``images.pipeline``.
         kubernetes: kfp-kubernetes platform config put on every task (``kfp``
             target); None for none (``vertex`` target).
+        retries: Give :data:`RETRIED_STEPS` the task retry policy :data:`RETRY` (False: none, for kfp.local).
 
     Returns:
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
@@ -146,6 +165,8 @@ def build_pipeline(
                 previous = verify
             for task in [*plans, *tasks]:
                 task.set_caching_options(False)
+                if retries and task.component_spec.name in RETRIED_STEPS:
+                    task.set_retry(**RETRY)
             if kubernetes is not None:
                 for task in [exit_task, *plans, *tasks]:
                     kubernetes.apply(task, task.component_spec.name.replace("-", "_"), spec)
@@ -167,12 +188,14 @@ def compile_pipeline(
     base_image: str | None = None,
     target: str = "kfp",
     kubernetes: targets.KubernetesConfig | None = None,
+    retries: bool = True,
 ) -> str:
     """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.delivery.targets`).
 
     ``kfp``: the PipelineSpec plus the kfp-kubernetes platform config
     (``kubernetes``, default :class:`multislice.delivery.targets.KubernetesConfig()`), two
     YAML documents. ``vertex``: the PipelineSpec alone, one document.
+    ``retries``: the task retry policy of :func:`build_pipeline` (off for kfp.local runs).
     Returns the path.
 
     Raises:
@@ -180,5 +203,5 @@ def compile_pipeline(
     """
     targets.check_target(target)
     platform = None if target == "vertex" else (kubernetes or targets.KubernetesConfig())
-    compiler.Compiler().compile(build_pipeline(profile, base_image, platform), output)
+    compiler.Compiler().compile(build_pipeline(profile, base_image, platform, retries), output)
     return output

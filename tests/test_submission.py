@@ -225,3 +225,20 @@ def test_the_compiled_pipeline_makes_each_run_new_by_default(tmp_path):
     path = submission.compile_for(config.read_profile(PROFILE), "kfp", tmp_path)
     spec = next(yaml.safe_load_all(path.read_text()))
     assert spec["root"]["inputDefinitions"]["parameters"]["unique_run_name"]["defaultValue"] is True
+
+
+@pytest.mark.parametrize("target", ["kfp", "vertex"])
+def test_idempotent_steps_get_a_retry_policy_on_both_targets(tmp_path, target):
+    import yaml
+
+    from pipelines.multislice_training import compile_pipeline
+
+    path = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "p.yaml"), target=target)
+    tasks = next(yaml.safe_load_all(open(path)))["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    retried = {name for name, task in tasks.items() if "retryPolicy" in task}
+    assert retried == {f"{step}{suffix}" for step in ("admit", "launch", "train", "verify-checkpoint")
+                       for suffix in ("", "-2")} | {"provision"}  # fmt: skip
+    assert tasks["train"]["retryPolicy"] == {"maxRetryCount": 2, "backoffDuration": "60s", "backoffFactor": 2.0,
+                                             "backoffMaxDuration": "600s"}  # fmt: skip
+    local = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "l.yaml"), target=target, retries=False)
+    assert "retryPolicy" not in open(local).read()

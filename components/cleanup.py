@@ -13,12 +13,14 @@ def cleanup(
     namespace: str,
     cluster: dict,
     unique_run_name: bool,
-    notify_webhook_url: str,
+    notify_webhook_secret: str,
     status: PipelineTaskFinalStatus,
 ) -> dict:
     """Deletes this pipeline run's unfinished JobSets; posts the final status to the webhook, if one is set.
 
     ``cluster`` is the profile's cluster reference (project, location, name, access): no credentials.
+    The webhook URL is no parameter: on KFP it is ``$MULTISLICE_NOTIFY_WEBHOOK_URL`` from the Kubernetes
+    Secret the compiled pipeline mounts; on Vertex AI it is read from Secret Manager (``notify_webhook_secret``).
     """
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
@@ -35,7 +37,7 @@ def cleanup(
         namespace=namespace,
         cluster=cluster,
         unique_run_name=unique_run_name,
-        notify_webhook_url=notify_webhook_url,
+        notify_webhook_secret=notify_webhook_secret,
         error_message=status.error_message,
         pipeline_job=status.pipeline_job_resource_name,
     )

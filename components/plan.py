@@ -18,7 +18,7 @@ def plan(
     max_restarts: int,
     skip_preflight: bool,
     unique_run_name: bool,
-    notify_webhook_url: str,
+    notify_webhook_secret: str,
     pipeline_run_id: str,
     steps: int,
     per_device_batch_size: float,
@@ -43,7 +43,7 @@ def plan(
         "max_restarts": max_restarts,
         "skip_preflight": skip_preflight,
         "unique_run_name": unique_run_name,
-        "notify_webhook_url": notify_webhook_url,
+        "notify_webhook_secret": notify_webhook_secret,
         f"stages.{stage}.steps": steps,
         f"stages.{stage}.per_device_batch_size": per_device_batch_size,
     }

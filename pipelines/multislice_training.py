@@ -127,7 +127,7 @@ def build_pipeline(
             namespace=values["namespace"],
             cluster=profile_data["cluster"],
             unique_run_name=values["unique_run_name"],
-            notify_webhook_url=values["notify_webhook_url"],
+            notify_webhook_secret=values["notify_webhook_secret"],
         ).set_display_name("cleanup")
         exit_task.set_caching_options(False)
         with dsl.ExitHandler(exit_task, name="stages"):
@@ -170,6 +170,7 @@ def build_pipeline(
             if kubernetes is not None:
                 for task in [exit_task, *plans, *tasks]:
                     kubernetes.apply(task, task.component_spec.name.replace("-", "_"), spec)
+                kubernetes.mount_webhook_secret(exit_task)
 
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}

@@ -12,13 +12,15 @@ field names in snake_case as the API server's grpc-gateway writes them):
 ``experiments``, ``runs``, ``recurringruns`` (with ``:enable``/``:disable``);
 a second version of one name under a pipeline is refused (409, code 6), as
 the API server's unique index on (pipeline, version name) refuses it;
-GCS (JSON API paths): get bucket, get object and its media.
+GCS (JSON API paths): get bucket, get object and its media; Secret Manager
+(REST ``v1/{name}:access``: the payload base64-encoded in ``payload.data``).
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
 (e.g. write the run's reports and mark it SUCCEEDED).
 """
 
 from __future__ import annotations
 
+import base64
 import email.parser
 import email.policy
 import itertools
@@ -60,6 +62,7 @@ class FakeState:
     recurring_runs: dict[str, dict] = field(default_factory=dict)
     hooks: list[dict] = field(default_factory=list)
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
+    secrets: dict[str, bytes] = field(default_factory=dict)  # Secret Manager secret version name -> payload
     on_run: Callable[[dict], None] | None = None
     hook_status: int = 200
     ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -135,6 +138,12 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, {"bucket": bucket, "name": urllib.parse.unquote(name), "size": str(len(data))}
         if path.startswith("/storage/v1/b/"):  # google-cloud-storage: get bucket
             return 200, {"kind": "storage#bucket", "name": path.rsplit("/", 1)[-1], "location": "US-EAST5"}
+        if path.startswith("/v1/projects/") and path.endswith(":access") and method == "GET":
+            name = path[len("/v1/") : -len(":access")]  # Secret Manager projects.secrets.versions.access
+            if name not in s.secrets:
+                return 404, {"error": {"code": 404, "message": f"Secret [{name}] not found or has no versions.",
+                                       "status": "NOT_FOUND"}}  # fmt: skip
+            return 200, {"name": name, "payload": {"data": base64.b64encode(s.secrets[name]).decode()}}
         if path.startswith("/hook"):
             s.hooks.append(body)
             return s.hook_status, {"ok": s.hook_status < 300}

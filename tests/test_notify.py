@@ -165,3 +165,64 @@ def test_states_normalize_and_task_names_map_to_steps():
     assert notify.step_of_task("provision", stages) == "provision"
     assert notify.step_of_task("train-3", stages) == "train-3"  # no third stage: the name as given
     assert notify.step_of_task("exit-handler-1", stages) == "exit-handler-1"
+
+
+# ---------------------------------------------------------------- the webhook URL is a secret
+
+SECRET_URL = "https://hooks.slack.com/services/T0/B0/s3cr3t-t0k3n"
+SECRET_NAME = "projects/team-project/secrets/multislice-webhook/versions/latest"
+
+
+def test_no_secret_value_in_either_compiled_target(tmp_path, monkeypatch):
+    """Problem 7: compile with a webhook set (environment and a Secret Manager reference): no value in the YAML."""
+    import yaml
+
+    from pipelines.multislice_training import compile_pipeline
+
+    monkeypatch.setenv(notify.WEBHOOK_ENV, SECRET_URL)
+    profile = {**config.read_profile("gke-v6e-16x2"), "notify_webhook_secret": SECRET_NAME}
+    texts = {}
+    for target in ("kfp", "vertex"):
+        path = compile_pipeline(profile, str(tmp_path / f"{target}.yaml"), target=target)
+        texts[target] = Path(path).read_text()
+        assert "s3cr3t" not in texts[target] and "hooks.slack.com" not in texts[target]
+        assert "notify_webhook_url" not in texts[target]
+    platform = list(yaml.safe_load_all(texts["kfp"]))[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert platform["exec-cleanup"]["secretAsEnv"] == [
+        {"secretName": "multislice-notify-webhook", "keyToEnv": [{"secretKey": "url", "envVar": notify.WEBHOOK_ENV}],
+         "optional": True, "secretNameParameter": {"runtimeValue": {"constant": "multislice-notify-webhook"}}}
+    ]  # fmt: skip
+    assert not any("secretAsEnv" in e for name, e in platform.items() if name != "exec-cleanup")
+    with pytest.raises(config.ConfigError, match="notify_webhook_url"):  # the old plain parameter is gone
+        config.load_spec({**config.read_profile("gke-v6e-16x2"), "notify_webhook_url": SECRET_URL})
+    with pytest.raises(config.ConfigError) as refused:  # a URL where the reference goes is refused, not echoed
+        config.load_spec(profile, {"notify_webhook_secret": SECRET_URL})
+    assert "store it in Secret Manager" in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+def test_kfp_exit_handler_takes_the_url_from_the_kubernetes_secret_env(tmp_path, monkeypatch):
+    with FakeServer() as hook:
+        monkeypatch.setenv(notify.WEBHOOK_ENV, f"{hook.url}/hook")
+        result = cleanup.run("local", str(tmp_path), "nightly", "x", "COMPLETE")
+        [posted] = hook.state.hooks
+    assert posted["status"] == "SUCCEEDED" and result.notified is True
+
+
+def test_vertex_exit_handler_reads_the_url_from_secret_manager(tmp_path, monkeypatch):
+    from google.auth.credentials import AnonymousCredentials
+
+    monkeypatch.delenv(notify.WEBHOOK_ENV, raising=False)
+    with FakeServer() as server:
+        monkeypatch.setattr(notify, "SECRET_MANAGER_ENDPOINT", server.url)
+        monkeypatch.setattr("google.auth.default", lambda scopes=None: (AnonymousCredentials(), "team-project"))
+        server.state.secrets[SECRET_NAME] = f"{server.url}/hook\n".encode()
+        result = cleanup.run("local", str(tmp_path), "nightly", "x", "FAILED", notify_webhook_secret=SECRET_NAME,
+                             error_message=VERTEX_DAG_ERROR)  # fmt: skip
+        [posted] = server.state.hooks
+        assert posted["status"] == "FAILED" and result.notified is True
+        [access] = server.state.sent("GET", ":access")
+        assert access.path == f"/v1/{SECRET_NAME}:access"
+        missing = SECRET_NAME.replace("multislice-webhook", "absent")
+        assert notify.webhook_url(missing) == (None, f"Secret Manager answered HTTP 404 for {missing}")
+        server.state.secrets[SECRET_NAME] = b"not a url"
+        assert notify.webhook_url(SECRET_NAME) == (None, "the webhook secret does not hold an http(s) URL")

@@ -12,7 +12,7 @@ RUN_PARAMETERS = {
     "run_name": "String", "backend": "String", "tpu_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
     "priority": "String", "max_restarts": "Integer", "skip_preflight": "Boolean", "unique_run_name": "Boolean",
-    "notify_webhook_url": "String",
+    "notify_webhook_secret": "String",
 }  # fmt: skip
 
 

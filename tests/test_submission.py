@@ -22,7 +22,7 @@ EXPECTED = {
     "run_name": "nightly-1", "backend": "gke", "tpu_type": "v6e-16", "num_slices": 2,
     "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
     "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "skip_preflight": False,
-    "unique_run_name": False, "notify_webhook_url": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
+    "unique_run_name": False, "notify_webhook_secret": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
     "stage2_steps": 200, "stage2_per_device_batch_size": 1.0,
 }  # fmt: skip
 VALUES = {"run_name": "nightly-1", "output_dir": "gs://team-bucket/runs", "stage1_steps": 100}
@@ -72,7 +72,7 @@ def vertex_target(**kwargs):
         ({"unique_run_name": "yes"}, "unique_run_name", "expected true or false"),
         ({"stage1_per_device_batch_size": True}, "stage1_per_device_batch_size", "expected a number"),
         ({"stage1_steps": 10}, "stages[0] (llama3-8b).checkpoint_period", "exceeds steps 10"),
-        ({"notify_webhook_url": "hooks.example"}, "notify_webhook_url", "is not an http(s) URL"),
+        ({"notify_webhook_secret": "https://hooks.example/T0"}, "notify_webhook_secret", "store it in Secret Manager"),
         ({"backend": "local", "output_dir": "/data/runs"}, "backend", "set backend=gke"),
     ],
 )

@@ -45,7 +45,13 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
         "Append the pipeline run's id to run_name: a new run "
         "(default of a compiled pipeline); false with run_name an earlier run's full name continues that run",
     ),
-    Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),
+    Parameter(
+        "notify_webhook_secret",
+        str,
+        "notify_webhook_secret",
+        "Vertex AI: Secret Manager secret version with the webhook URL for the final status ('' for none); "
+        "KFP reads the URL from the Kubernetes Secret multislice-notify-webhook",
+    ),
 )
 
 #: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.

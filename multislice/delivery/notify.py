@@ -25,13 +25,28 @@ kfp.local's "Task exit-handler-1 failed."), the run directory tells it: the
 first step of the pipeline's order whose report is missing in the run
 directory, local or ``gs://`` (:func:`failed_step_from_reports`).
 
+The webhook URL is a secret (whoever has it can post to the channel), so it
+is never a pipeline parameter and never in the compiled YAML
+(:func:`webhook_url`): on KFP the compiled pipeline mounts key ``url`` of the
+Kubernetes Secret ``multislice-notify-webhook`` as ``$MULTISLICE_NOTIFY_WEBHOOK_URL``
+into the exit handler (kfp-kubernetes ``use_secret_as_env``); on Vertex AI,
+which runs no Kubernetes platform config, the ``notify_webhook_secret``
+parameter names a Secret Manager secret version, read at run time
+(Secret Manager REST API ``projects.secrets.versions.access``:
+``GET https://secretmanager.googleapis.com/v1/{name}:access``, the payload's
+``data`` base64-encoded) with the run's service account (it needs
+``roles/secretmanager.secretAccessor`` on the secret); locally the variable
+comes from the user's environment.
+
 A post that fails never fails the exit handler: the error is returned and
 printed, and cleanup goes on.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -48,6 +63,46 @@ AFTER_PROVISION = (
 #: Reports written even when their step fails (then before it raises): file -> the verdicts of a step that passed.
 PASSING_VERDICTS = {"preflight.json": ("fits", "skipped"), "verification.json": ("PASS",)}
 POST_TIMEOUT_SECONDS = 10.0
+#: Environment variable the exit handler reads the webhook URL from (KFP: set from the Kubernetes Secret).
+WEBHOOK_ENV = "MULTISLICE_NOTIFY_WEBHOOK_URL"
+#: Secret Manager's REST endpoint (tests point it at a loopback fake).
+SECRET_MANAGER_ENDPOINT = "https://secretmanager.googleapis.com"
+_URL = re.compile(r"https?://[^\s/]+(/\S*)?")
+
+
+def webhook_url(secret: str = "", credentials: object = None) -> tuple[str | None, str | None]:
+    """The webhook URL for this run, and a problem if it could not be had: ``(url or None, problem or None)``.
+
+    ``$MULTISLICE_NOTIFY_WEBHOOK_URL`` when set (KFP's Kubernetes Secret, or
+    the local environment); else, with ``secret`` (a Secret Manager secret
+    version name), that version's payload, read with ``credentials`` (default:
+    the environment's, i.e. the run's service account on Vertex AI). Never
+    raises: a notification must not fail the exit handler. Neither the URL nor
+    the payload is ever printed; a problem names the secret, not its value.
+    """
+    url = os.environ.get(WEBHOOK_ENV, "").strip()
+    if not url and secret:
+        try:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            if credentials is None:
+                credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            answer = AuthorizedSession(credentials).get(
+                f"{SECRET_MANAGER_ENDPOINT}/v1/{secret}:access", timeout=POST_TIMEOUT_SECONDS
+            )
+            if answer.status_code != 200:
+                return None, f"Secret Manager answered HTTP {answer.status_code} for {secret}"
+            url = base64.b64decode(answer.json()["payload"]["data"]).decode("utf-8").strip()
+        except Exception as error:  # noqa: BLE001 - best effort, as the post is
+            return None, f"could not read {secret} from Secret Manager: {type(error).__name__}"
+    if not url:
+        return None, None
+    if not _URL.fullmatch(url):
+        return None, "the webhook secret does not hold an http(s) URL"
+    return url, None
+
+
 _FAILED_TASKS = re.compile(r"failed tasks are: \[([^\]]*)\]")
 #: Final states by orchestrator spelling -> the one the message uses.
 STATES = {

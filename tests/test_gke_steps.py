@@ -656,3 +656,69 @@ def test_preflight_on_gke_compiles_each_stage_in_a_trainer_job_and_fails_before_
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     out = capsys.readouterr().out
     assert "[preflight llama3-8b] fits on 2 x v6e-16: 22.06 GiB of 31.24 GiB HBM per chip" in out
+
+
+# ---------------------------------------------------------------- the cluster's safety net (problem 5)
+
+KILLED_IN = ["admission wait", "launch", "train"]
+
+
+@pytest.mark.parametrize("phase", KILLED_IN)
+def test_a_run_killed_without_its_handlers_leaves_no_jobset_after_the_lease_bound(served, play, plan, phase):
+    """Terminate on KFP may run no exit handler (kubeflow/pipelines#10917) and SIGKILL runs no step handler: the step's
+    Lease renewals stop, and the reaper deletes the JobSet once the Lease expired, within ``lease.orphan_bound()``."""
+    import datetime
+
+    from multislice.backends.base import WorkloadDeleted
+    from multislice.backends.gke import lease
+
+    kube, stage = served.kube(), stage_of(plan)
+    js, backend = stage.jobset, GkeBackend(kube, lease_seconds=3)
+    step = {"admission wait": "admit", "launch": "launch", "train": "train"}[phase]
+    seen = {}
+
+    def killed_then_reaped():
+        if phase == "admission wait":
+            wait_until(lambda: kube.get_jobset(js), what="admit creating the JobSet")
+            play.kueue_queues(js, "insufficient quota for google.com/tpu")  # admit waits for admission
+        held = wait_until(
+            lambda: [h for h in backend.holders if h.holder.startswith(step) and h.renewals], what=f"{step} holding"
+        )[-1]
+        held.stop()  # SIGKILL: the step's process is gone; nothing renews its Lease and no handler runs
+        held.thread.join()
+        last = lease.get(kube, js)
+        expires = lease.expires(kube.get_jobset(js), last)
+        seen["early"] = lease.reap(kube, now=expires - datetime.timedelta(seconds=1), tell=print)
+        seen["kept"] = kube.get_jobset(js) is not None
+        renewed = datetime.datetime.fromisoformat(last["spec"]["renewTime"].replace("Z", "+00:00"))
+        seen["reaped"] = lease.reap(kube, now=renewed + datetime.timedelta(seconds=lease.orphan_bound(3)), tell=print)
+
+    if phase == "admission wait":
+        running = lambda: admit.run(plan, stage.name, RUN_ID, backend=backend)  # noqa: E731
+    else:
+        admitted = admitted_jobset(play, plan, kube)
+        if phase == "train":
+            running_pods(play, plan)
+        run = {"launch": launch.run, "train": train.run}[phase]
+        running = lambda: run(plan, stage.name, admitted, backend=backend)  # noqa: E731
+    with pytest.raises(WorkloadDeleted, match="deleted"), Background(killed_then_reaped):
+        running()  # here the orphaned wait itself ends too; a killed step's pod is gone already
+    assert seen == {"early": [], "kept": True, "reaped": [js]}  # held until it expired, then reaped
+    assert kube.get_jobset(js) is None and lease.get(kube, js) is None  # nothing of the run is left
+
+
+def test_the_reaper_spares_held_finished_and_foreign_jobsets(served, play, plan):
+    import datetime
+
+    from multislice.backends.gke import lease
+
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)
+    lease.renew(kube, js, "train/pod-1", seconds=600)
+    assert lease.reap(kube, tell=print) == []  # held
+    late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
+    assert lease.reap(kube, now=late, tell=print) == []  # finished: holds no TPUs, kept as cleanup keeps it
+    cron = lease.reaper_cronjob("default", "multislice-pipeline:0.1.0", "pipeline-runner")
+    container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and container["command"][:2] == ["multislice", "reap"]

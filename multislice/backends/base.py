@@ -270,6 +270,15 @@ class Backend(abc.ABC):
     # -- cancellation -------------------------------------------------------
 
     @contextlib.contextmanager
+    def holding(self, name: str, step: str, tell: Tell) -> Iterator[Any]:
+        """While this context runs, the step holds workload ``name``: a workload no step holds is removed by the
+        cluster's safety net once its hold expires (GKE: a renewed Lease and a reaper, :mod:`.gke.lease`).
+
+        Here (the local backend): nothing to hold; its pods stop with the run's processes.
+        """
+        yield None
+
+    @contextlib.contextmanager
     def deleting_on_cancel(self, name: str, tell: Tell, labels: dict[str, str] | None = None) -> Iterator[None]:
         """Within this context SIGTERM or SIGINT (the run was cancelled) deletes workload ``name``.
 

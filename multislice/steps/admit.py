@@ -72,9 +72,10 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
             + f"; queue {plan.spec.queue}, priority {plan.spec.priority}",
             stage.name,
         )
-        cancel.point("admit:waiting")
         try:
-            admission = backend.wait_admitted(plan, stage, teller("admit", stage))
+            with backend.holding(stage.jobset, "admit", teller("admit", stage)):
+                cancel.point("admit:waiting")
+                admission = backend.wait_admitted(plan, stage, teller("admit", stage))
         except AdmissionTimeout as error:
             if submitted.adopted:
                 raise

@@ -69,7 +69,10 @@ def run(
                 tell(line.split("] ", 1)[-1].strip())
 
         started = time.monotonic()
-        with backend.deleting_on_cancel(stage.jobset, tell, removal.labels):
+        with (
+            backend.deleting_on_cancel(stage.jobset, tell, removal.labels),
+            backend.holding(stage.jobset, "train", tell),
+        ):
             finished = backend.follow(plan, stage, on_line, tell)
         if finished.phase != "Completed":
             raise TrainingFailed(

@@ -17,6 +17,10 @@ kueue.x-k8s.io     workloads                              get, list, watch (admi
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch (provision: server-side apply)
 =================  =====================================  ===================================
 
+and ``coordination.k8s.io`` ``leases``: get, create, patch (admit, launch and
+train renew their JobSet's Lease), list and delete (``multislice reap``, the
+safety net of :mod:`multislice.backends.gke.lease`).
+
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
 ``nodes`` (get, list, watch: launch maps pods to node pools). The
@@ -78,6 +82,7 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("", ["events"], READ),
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], ["get", "patch"], [plan.spec.queue]),
+        _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
     ]
 
 

@@ -262,8 +262,8 @@ def create(
             )
             return Schedule("vertex", created.resource_name, display, cron_sent, "ACTIVE", arguments)
         client = kfp.make_client()
-        stamp = submission.default_run_name(display)
-        pipeline_id, version_id = submission._kfp_upload(client, template, stamp, f"schedule {display}")
+        version = submission.submission_id(display)  # unique: KFP refuses a version name given twice
+        pipeline_id, version_id = submission._kfp_upload(client, template, version, f"schedule {display}")
         experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
         recurring = client.create_recurring_run(
             experiment_id=experiment.experiment_id,

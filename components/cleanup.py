@@ -17,13 +17,15 @@ def cleanup(
     cluster_name: str,
     cluster_access: str,
     unique_run_name: bool,
-    notify_webhook_url: str,
+    notify_webhook_secret: str,
     status: PipelineTaskFinalStatus,
 ) -> dict:
     """Deletes this pipeline run's unfinished JobSets; posts the final status to the webhook, if one is set.
 
     ``cluster`` is the profile's cluster section (no credentials); the run's ``cluster_*`` parameters
     replace its project, location, name and access ('' unsets one), as the plan step applies them.
+    The webhook URL is no parameter: on KFP it is ``$MULTISLICE_NOTIFY_WEBHOOK_URL`` from the Kubernetes
+    Secret the compiled pipeline mounts; on Vertex AI it is read from Secret Manager (``notify_webhook_secret``).
     """
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
@@ -43,7 +45,7 @@ def cleanup(
         namespace=namespace,
         cluster=cluster,
         unique_run_name=unique_run_name,
-        notify_webhook_url=notify_webhook_url,
+        notify_webhook_secret=notify_webhook_secret,
         error_message=status.error_message,
         pipeline_job=status.pipeline_job_resource_name,
     )

@@ -203,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.multislice_training import compile_pipeline
 
     compiled = run_dir / "pipeline.yaml"
-    compile_pipeline(config.spec_to_data(spec), str(compiled), remote=False)
+    compile_pipeline(config.spec_to_data(spec), str(compiled), remote=False, retries=False)  # a local failure is final
     pipeline = components.load_component_from_file(str(compiled))
     where = "emulated on this machine" if spec.backend == "local" else f"on backend {spec.backend}"
     print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} x {spec.tpu_type} slices, {where}")
@@ -522,6 +522,27 @@ def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reap(args: argparse.Namespace) -> int:
+    """Delete the unfinished JobSets of pipeline runs whose Lease expired (:func:`multislice.backends.gke.lease.reap`).
+
+    The cluster's safety net for a cancelled run whose steps were killed before their handlers ran; the
+    CronJob of :func:`multislice.backends.gke.lease.reaper_cronjob` runs it every minute. The cluster and
+    namespace come from ``--profile`` (and ``--set``); ``--in-cluster`` uses the pod's service account.
+    """
+    from multislice.backends.gke import lease
+
+    profile, overrides = _profile_and_overrides(args)
+    if args.in_cluster:
+        overrides["cluster.access"] = "in-cluster"
+    if args.namespace:
+        overrides["namespace"] = args.namespace
+    spec = config.load_spec(profile, {**overrides, "backend": "gke"})
+    backend = backends.create("gke", run_dir="", namespace=spec.namespace, cluster=spec.cluster.model_dump(), say=print)
+    deleted = lease.reap(backend.kube, tell=print)
+    print(f"namespace {spec.namespace}: deleted {', '.join(deleted) if deleted else 'nothing (no expired Lease)'}")
+    return 0
+
+
 def _preflight_plan(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> tuple[Plan, list]:
     """The plan to check and its stages: the profile's, or the one ``--stage`` names (example stages too)."""
     profile, overrides = _profile_and_overrides(args)
@@ -641,7 +662,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from multislice.delivery import submission
 
     profile, overrides = _profile_and_overrides(args)
-    run = submission.submit(profile, overrides, target=args.target, **submission.targets_from_args(args))
+    run = submission.submit(
+        profile, overrides, target=args.target, continue_run=args.continue_run, **submission.targets_from_args(args)
+    )
     print(f"submitted run {run.run_name} to {run.target}: {run.run_id}")
     for name, value in run.parameters.items():
         print(f"  {name} = {value!r}")
@@ -845,7 +868,19 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     submit = sub.add_parser("submit", help="submit one run to Vertex AI Pipelines or a KFP endpoint")
     with_profile(submit)
     add_target_arguments(submit)
+    submit.add_argument(
+        "--continue",
+        dest="continue_run",
+        metavar="RUN",
+        help="continue the earlier run RUN (its run_name as it ran): resume from its checkpoints instead of a new run",
+    )
     submit.set_defaults(func=cmd_submit)
+
+    reaper = sub.add_parser("reap", help="delete unfinished JobSets whose Lease expired (a cancelled run's orphans)")
+    with_profile(reaper)
+    reaper.add_argument("--namespace", help="namespace of the JobSets (default the profile's)")
+    reaper.add_argument("--in-cluster", action="store_true", help="use the pod's service account (the CronJob)")
+    reaper.set_defaults(func=cmd_reap)
 
     sched = sub.add_parser("schedule", help="recurring runs: create, list, update, pause, resume, delete")
     sched.add_argument("action", choices=["create", "list", "update", "pause", "resume", "delete"])

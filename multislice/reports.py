@@ -241,6 +241,8 @@ class AdmitReport(StepReport):
     Attributes:
         skipped: The stage's final checkpoint already existed (a rerun): nothing was created.
         adopted: A workload of this name and spec existed (a retried step) and was taken over.
+        replaced: The pipeline run id of a finished workload of this name (an earlier run this one continues)
+            that was deleted and created anew; None when there was none.
         flavors: Kueue ResourceFlavors assigned.
         wait_seconds: From submission to admission.
         workload: The Kueue Workload's name (GKE).
@@ -254,6 +256,7 @@ class AdmitReport(StepReport):
     reason: str = ""
     admitted: bool = False
     adopted: bool = False
+    replaced: str | None = None
     local_queue: str | None = None
     cluster_queue: str | None = None
     flavors: list[str] = Field(default_factory=list)

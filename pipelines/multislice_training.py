@@ -34,6 +34,23 @@ placeholder (``gs://your-bucket/...``) fails only after the run started.
 The plan tasks carry the compiling release (:mod:`multislice.release`) and
 refuse to run in an image of another.
 
+Reruns: ``unique_run_name`` defaults to true in the compiled pipeline
+(:data:`COMPILED_DEFAULTS`), so a second run with the defaults is a new run
+with its own directory and JobSets. To continue an earlier run (resume from
+its checkpoints), set ``unique_run_name=false`` and ``run_name`` to that run's
+full name (``multislice submit --continue RUN`` does): its admit steps replace
+the JobSets the earlier run left finished.
+
+Retries: the steps that are idempotent against the cluster get a task retry
+policy (:data:`RETRIED_STEPS`, :data:`RETRY`; kfp ``PipelineTask.set_retry``,
+kept in the PipelineSpec, so KFP and Vertex AI both honour it): provision
+applies what exists already, admit adopts its JobSet by spec hash, launch and
+train re-attach to the running JobSet, verify_checkpoint reads. plan and
+preflight are not retried: their failures (a bad value, a model that does not
+fit) are the same on every try. The exit handler is not retried. ``multislice
+run`` (kfp.local, which also honours the policy) compiles without it: a local
+failure is reported at once.
+
 Caching is off for every task: a cached train or admit would report work
 that did not happen in this run.
 """
@@ -58,6 +75,17 @@ from multislice.config import parameters
 from multislice.delivery import targets
 
 PIPELINE_NAME = "multislice-training"
+#: Steps (component names) that get the task retry policy: idempotent against the cluster.
+RETRIED_STEPS = ("provision", "admit", "launch", "train", "verify-checkpoint")
+#: ``set_retry`` arguments: 2 retries, 60 s then 120 s apart (a node or API blip, a lost component pod).
+RETRY: dict[str, Any] = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0,
+                         "backoff_max_duration": "600s"}  # fmt: skip
+
+
+#: Defaults of the compiled pipeline that are not the profile's: a run started from the UI or an API with the
+#: defaults is a new run (``<run_name>-<8 characters of its run id>``), never a second writer of an earlier one;
+#: continuing a run is the explicit ``unique_run_name=false`` with ``run_name`` the earlier run's full name.
+COMPILED_DEFAULTS: dict[str, Any] = {"unique_run_name": True}
 
 
 #: Parameters a remote pipeline's run form must be given (no default): see the module's docstring.
@@ -71,7 +99,7 @@ def pipeline_parameters(spec: config.RunSpec, remote: bool = False) -> list[insp
         inspect.Parameter(
             name,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=inspect.Parameter.empty if remote and name in REQUIRED_REMOTE else value,
+            default=inspect.Parameter.empty if remote and name in REQUIRED_REMOTE else COMPILED_DEFAULTS.get(name, value),
             annotation=kind,
         )
         for name, (kind, value) in parameters.parameter_values(spec, remote).items()
@@ -95,6 +123,7 @@ def build_pipeline(
     base_image: str | None = None,
     kubernetes: targets.KubernetesConfig | None = None,
     remote: bool = False,
+    retries: bool = True,
 ):
     """Build the pipeline for a profile's content.
 
@@ -105,6 +134,7 @@ def build_pipeline(
             target); None for none (``vertex`` target).
         remote: For KFP or Vertex AI (not ``multislice run``'s kfp.local): no ``backend``
             parameter, ``output_dir`` required, the compiling release checked by the plan tasks.
+        retries: Give :data:`RETRIED_STEPS` the task retry policy :data:`RETRY` (False: none, for kfp.local).
 
     Returns:
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
@@ -144,7 +174,7 @@ def build_pipeline(
             cluster_name=values["cluster_name"],
             cluster_access=values["cluster_access"],
             unique_run_name=values["unique_run_name"],
-            notify_webhook_url=values["notify_webhook_url"],
+            notify_webhook_secret=values["notify_webhook_secret"],
         ).set_display_name("cleanup")
         exit_task.set_caching_options(False)
         with dsl.ExitHandler(exit_task, name="stages"):
@@ -195,9 +225,12 @@ def build_pipeline(
                 previous = verify
             for task in [*plans, *tasks]:
                 task.set_caching_options(False)
+                if retries and task.component_spec.name in RETRIED_STEPS:
+                    task.set_retry(**RETRY)
             if kubernetes is not None:
                 for task in [exit_task, *plans, *tasks]:
                     kubernetes.apply(task, task.component_spec.name.replace("-", "_"), spec)
+                kubernetes.mount_webhook_secret(exit_task)
 
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}
@@ -213,6 +246,7 @@ def compile_pipeline(
     target: str = "kfp",
     kubernetes: targets.KubernetesConfig | None = None,
     remote: bool = True,
+    retries: bool = True,
 ) -> str:
     """Compile the profile's pipeline to a YAML file at ``output`` for a target (:mod:`multislice.delivery.targets`).
 
@@ -222,6 +256,7 @@ def compile_pipeline(
     ``kfp``: the PipelineSpec plus the kfp-kubernetes platform config
     (``kubernetes``, default :class:`multislice.delivery.targets.KubernetesConfig()`), two
     YAML documents. ``vertex``: the PipelineSpec alone, one document.
+    ``retries``: the task retry policy of :func:`build_pipeline` (off for kfp.local runs).
     Returns the path.
 
     Raises:
@@ -229,5 +264,5 @@ def compile_pipeline(
     """
     targets.check_target(target)
     platform = None if target == "vertex" else (kubernetes or targets.KubernetesConfig())
-    compiler.Compiler().compile(build_pipeline(profile, base_image, platform, remote), output)
+    compiler.Compiler().compile(build_pipeline(profile, base_image, platform, remote, retries), output)
     return output

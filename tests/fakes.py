@@ -14,13 +14,15 @@ unique index), ``pipelines/{id}/versions`` (display_name filter),
 GCS (JSON API paths): get bucket, get object and its media. Vertex AI
 PipelineService over REST (``/v1/projects/*/locations/*/pipelineJobs``:
 create, get, ``:cancel``), as aiplatform sends it with ``api_transport="rest"``
-and ``api_endpoint`` set to the server.
+and ``api_endpoint`` set to the server; Secret Manager
+(REST ``v1/{name}:access``: the payload base64-encoded in ``payload.data``).
 Runs are created PENDING; a test may pass ``on_run`` to act as the cluster
 (e.g. write the run's reports and mark it SUCCEEDED).
 """
 
 from __future__ import annotations
 
+import base64
 import email.parser
 import email.policy
 import itertools
@@ -62,6 +64,7 @@ class FakeState:
     recurring_runs: dict[str, dict] = field(default_factory=dict)
     hooks: list[dict] = field(default_factory=list)
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)  # GCS (bucket, object name) -> content
+    secrets: dict[str, bytes] = field(default_factory=dict)  # Secret Manager secret version name -> payload
     on_run: Callable[[dict], None] | None = None
     kfp_version: str = "2.17.0"  # healthz tag_name, as the API server's TAG_NAME
     on_get_run: Callable[[dict], None] | None = None  # called on each GET of a run: a test moves its state
@@ -143,6 +146,12 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, {"kind": "storage#bucket", "name": path.rsplit("/", 1)[-1], "location": "US-EAST5"}
         if path.startswith("/v1/projects/") and "/pipelineJobs" in path:
             return self._vertex(method, path.removeprefix("/v1/"), query, body, s)
+        if path.startswith("/v1/projects/") and path.endswith(":access") and method == "GET":
+            name = path[len("/v1/") : -len(":access")]  # Secret Manager projects.secrets.versions.access
+            if name not in s.secrets:
+                return 404, {"error": {"code": 404, "message": f"Secret [{name}] not found or has no versions.",
+                                       "status": "NOT_FOUND"}}  # fmt: skip
+            return 200, {"name": name, "payload": {"data": base64.b64encode(s.secrets[name]).decode()}}
         if path.startswith("/hook"):
             s.hooks.append(body)
             return s.hook_status, {"ok": s.hook_status < 300}

@@ -411,6 +411,33 @@ def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served
     assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
 
 
+def test_a_run_continuing_an_earlier_one_replaces_its_finished_jobset_and_a_running_one_is_a_conflict(
+    served, play, plan
+):
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)  # pipeline run RUN_ID
+    play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")  # cleanup keeps it
+
+    def kueue():  # once the new JobSet exists (the old one deleted first)
+        wait_until(lambda: (kube.get_jobset(js) or {"metadata": {}})["metadata"].get("labels", {}).get(
+            names.LABEL_PIPELINE_RUN_ID) == "run-2222", what="the replacing JobSet")  # fmt: skip
+        play.custom.delete_namespaced_custom_object(  # the garbage collector: the old JobSet's Workload goes with it
+            "kueue.x-k8s.io", "v1beta2", play.ns, "workloads", play.workload_name(js)
+        )
+        play.kueue_queues(js, "waiting")
+        play.kueue_admits(js)
+
+    with Background(kueue):
+        again = admit.run(plan, stage_of(plan).name, "run-2222", backend=GkeBackend(kube))
+    assert again.replaced == RUN_ID and again.adopted is False and again.admitted is True
+    stored = kube.get_jobset(js)
+    assert stored["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
+    assert jobsets.phase(stored) != "Completed"
+    with pytest.raises(jobsets.JobSetConflict, match=r"pipeline run run-2222"):  # unfinished: never deleted
+        admit.run(plan, stage_of(plan).name, "run-3333", backend=GkeBackend(kube))
+    assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
+
+
 def test_evicted_then_readmitted_during_training(served, play, plan, told, capsys):
     kube, admitted, pods, js = training(served, play, plan)
 
@@ -763,3 +790,69 @@ def test_log_rotation_during_training_loses_no_step_line(served, play, plan, tol
         trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 6.5)
     assert trained.records == 4  # each step once: nothing lost, nothing repeated
+
+
+# ---------------------------------------------------------------- the cluster's safety net (problem 5)
+
+KILLED_IN = ["admission wait", "launch", "train"]
+
+
+@pytest.mark.parametrize("phase", KILLED_IN)
+def test_a_run_killed_without_its_handlers_leaves_no_jobset_after_the_lease_bound(served, play, plan, phase):
+    """Terminate on KFP may run no exit handler (kubeflow/pipelines#10917) and SIGKILL runs no step handler: the step's
+    Lease renewals stop, and the reaper deletes the JobSet once the Lease expired, within ``lease.orphan_bound()``."""
+    import datetime
+
+    from multislice.backends.base import WorkloadDeleted
+    from multislice.backends.gke import lease
+
+    kube, stage = served.kube(), stage_of(plan)
+    js, backend = stage.jobset, GkeBackend(kube, lease_seconds=3)
+    step = {"admission wait": "admit", "launch": "launch", "train": "train"}[phase]
+    seen = {}
+
+    def killed_then_reaped():
+        if phase == "admission wait":
+            wait_until(lambda: kube.get_jobset(js), what="admit creating the JobSet")
+            play.kueue_queues(js, "insufficient quota for google.com/tpu")  # admit waits for admission
+        held = wait_until(
+            lambda: [h for h in backend.holders if h.holder.startswith(step) and h.renewals], what=f"{step} holding"
+        )[-1]
+        held.stop()  # SIGKILL: the step's process is gone; nothing renews its Lease and no handler runs
+        held.thread.join()
+        last = lease.get(kube, js)
+        expires = lease.expires(kube.get_jobset(js), last)
+        seen["early"] = lease.reap(kube, now=expires - datetime.timedelta(seconds=1), tell=print)
+        seen["kept"] = kube.get_jobset(js) is not None
+        renewed = datetime.datetime.fromisoformat(last["spec"]["renewTime"].replace("Z", "+00:00"))
+        seen["reaped"] = lease.reap(kube, now=renewed + datetime.timedelta(seconds=lease.orphan_bound(3)), tell=print)
+
+    if phase == "admission wait":
+        running = lambda: admit.run(plan, stage.name, RUN_ID, backend=backend)  # noqa: E731
+    else:
+        admitted = admitted_jobset(play, plan, kube)
+        if phase == "train":
+            running_pods(play, plan)
+        run = {"launch": launch.run, "train": train.run}[phase]
+        running = lambda: run(plan, stage.name, admitted, backend=backend)  # noqa: E731
+    with pytest.raises(WorkloadDeleted, match="deleted"), Background(killed_then_reaped):
+        running()  # here the orphaned wait itself ends too; a killed step's pod is gone already
+    assert seen == {"early": [], "kept": True, "reaped": [js]}  # held until it expired, then reaped
+    assert kube.get_jobset(js) is None and lease.get(kube, js) is None  # nothing of the run is left
+
+
+def test_the_reaper_spares_held_finished_and_foreign_jobsets(served, play, plan):
+    import datetime
+
+    from multislice.backends.gke import lease
+
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)
+    lease.renew(kube, js, "train/pod-1", seconds=600)
+    assert lease.reap(kube, tell=print) == []  # held
+    late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
+    assert lease.reap(kube, now=late, tell=print) == []  # finished: holds no TPUs, kept as cleanup keeps it
+    cron = lease.reaper_cronjob("default", "multislice-pipeline:0.1.0", "pipeline-runner")
+    container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and container["command"][:2] == ["multislice", "reap"]

@@ -142,7 +142,7 @@ NAME_FIELDS = {
 OTHER_FIELDS = [
     "num_slices", "stage1_steps", "stage1_per_device_batch_size", "stages.0.max_target_length", "priority_value",
     "max_restarts", "output_dir", "trainer_image", "images.pipeline", "cluster.project", "cluster.location",
-    "cluster.name", "stages.0.model.decoder_block", "stages.0.checkpoint_period", "notify_webhook_url",
+    "cluster.name", "stages.0.model.decoder_block", "stages.0.checkpoint_period", "notify_webhook_secret",
     "stages.0.maxtext_overrides.weight_dtype", "stages.0.maxtext_overrides.optimizer_memory_host_offload",
     "stages.0.maxtext_overrides.no_such_maxtext_key", "stages.0.model.mlp_activations", "tpu_type", "backend",
 ]  # fmt: skip
@@ -314,7 +314,7 @@ REFUSED_SETS = {
     "cluster.project=../../other-project": "project",
     "cluster.name=Cluster_1": "name",
     "cluster.location=us-east5/../x": "location",
-    "notify_webhook_url=https://hooks.example.com/a\nb": "notify_webhook_url",
+    "notify_webhook_secret=projects/p/secrets/s/versions/1\nb": "notify_webhook_secret",
 }
 
 

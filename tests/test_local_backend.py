@@ -192,6 +192,22 @@ def test_delete_stops_every_process_and_frees_the_name(tmp_path):
     backend.delete_jobset(name)
 
 
+def test_a_finished_jobset_of_an_earlier_pipeline_run_is_replaced(tmp_path):
+    """A run continuing an earlier one (same run_name, another pipeline run) replaces its finished JobSet."""
+    from multislice.backends.local.backend import LocalBackend
+
+    plan, obj = scripted_jobset(tmp_path, "ok")
+    local = LocalBackend(plan.run_dir)
+    backend, name = local.jobsets, obj["metadata"]["name"]
+    backend.create_jobset(obj)
+    assert finish(backend, name).phase == "Completed"
+    other = dict(obj, metadata={**obj["metadata"], "labels": {**obj["metadata"]["labels"], "pipeline/runid": "b"}})
+    result = local.submit(other)
+    assert result.replaced == "run-a" and result.adopted is False
+    assert any(p.name.startswith(f"{name}.replaced-") for p in backend.jobsets_dir.iterdir())
+    assert finish(backend, name).labels["pipeline/runid"] == "b"
+
+
 def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "sleep")
     backend = LocalJobSets(plan.run_dir)

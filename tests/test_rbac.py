@@ -42,6 +42,7 @@ def test_namespaced_role_grants_exactly_what_the_steps_use():
         ("", "events"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "workloads"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "localqueues"): (["create", "get", "patch"], ["multislice-queue"]),
+        ("coordination.k8s.io", "leases"): (["create", "delete", "get", "list", "patch"], None),
     }
 
 

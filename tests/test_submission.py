@@ -23,7 +23,7 @@ EXPECTED = {
     "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
     "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "launcher": "jobset",
     "skip_preflight": False,
-    "unique_run_name": False, "notify_webhook_url": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
+    "unique_run_name": False, "notify_webhook_secret": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
     "stage2_steps": 200, "stage2_per_device_batch_size": 1.0, "cluster_project": "your-project",
     "cluster_location": "us-east5", "cluster_name": "your-cluster", "cluster_access": "gke", "zone": "us-east5-b",
     "pipeline_service_account": "multislice-pipeline", "trainer_service_account": "multislice-trainer",
@@ -46,6 +46,10 @@ class VertexTransport:
         self.requests = []
 
     def __call__(self, request, **kwargs):
+        from google.api_core import exceptions
+
+        if any(r.pipeline_job_id == request.pipeline_job_id for r in self.requests):  # job IDs are unique
+            raise exceptions.AlreadyExists(f"PipelineJob {request.pipeline_job_id} already exists")
         self.requests.append(request)
         job = gca_pipeline_job.PipelineJob(request.pipeline_job)
         job.name = f"{request.parent}/pipelineJobs/{request.pipeline_job_id}"
@@ -71,7 +75,7 @@ def vertex_target(**kwargs):
         ({"unique_run_name": "yes"}, "unique_run_name", "expected true or false"),
         ({"stage1_per_device_batch_size": True}, "stage1_per_device_batch_size", "expected a number"),
         ({"stage1_steps": 10}, "stages[0] (llama3-8b).checkpoint_period", "exceeds steps 10"),
-        ({"notify_webhook_url": "hooks.example"}, "notify_webhook_url", "is not an http(s) URL"),
+        ({"notify_webhook_secret": "https://hooks.example/T0"}, "notify_webhook_secret", "store it in Secret Manager"),
         ({"backend": "local", "output_dir": "/data/runs"}, "backend", "set backend=gke"),
     ],
 )
@@ -116,14 +120,15 @@ def test_submit_to_vertex_sends_the_pipeline_job(fake):
         run = multislice.submit(PROFILE, VALUES, target="vertex", vertex=where)
     [request] = transport.requests
     assert request.parent == "projects/team-project/locations/us-east5"
-    assert request.pipeline_job_id == "nightly-1"
+    assert re.fullmatch(r"nightly-1-[0-9a-f]{8}", request.pipeline_job_id)
+    assert request.pipeline_job.display_name == "nightly-1"
     sent = gca_pipeline_job.PipelineJob.to_dict(request.pipeline_job)
     assert sent["service_account"] == "runner@team-project.iam.gserviceaccount.com"
     assert sent["network"] == "projects/123/global/networks/tpu-vpc"
     assert sent["labels"] == {"multislice-pipeline": "multislice-training", "team": "ml-platform"}
     assert sent["runtime_config"]["gcs_output_directory"] == "gs://team-bucket/runs/pipeline-root"
     assert sent["runtime_config"]["parameter_values"] == EXPECTED
-    assert run.run_id == "projects/team-project/locations/us-east5/pipelineJobs/nightly-1"
+    assert run.run_id == f"projects/team-project/locations/us-east5/pipelineJobs/{request.pipeline_job_id}"
     # Besides the PipelineJob, the SDK only reads the pipeline root's bucket (exists, then ownership).
     assert {(r.method, r.path) for r in fake.state.requests} == {("GET", "/storage/v1/b/team-bucket")}
 
@@ -255,3 +260,58 @@ def test_labels_are_strings_as_written():
     }  # fmt: skip
     with pytest.raises(ConfigError):
         submission.check_labels({"n": 7})
+
+
+def test_a_second_run_with_defaults_and_the_same_run_name_twice_succeed_on_both_targets(fake):
+    """Problem 4: neither a rerun with the defaults nor the same explicit run_name collides on KFP or Vertex AI."""
+    kfp = submission.KfpTarget(host=fake.url)
+    runs = [multislice.submit(PROFILE, {"output_dir": "gs://bucket/r"}, target="kfp", kfp=kfp) for _ in range(2)]
+    runs += [multislice.submit(PROFILE, VALUES, target="kfp", kfp=kfp) for _ in range(2)]
+    versions = [v.query["name"] for v in fake.state.sent("POST", "/pipelines/upload_version")]
+    assert len(set(versions)) == len(versions) and len({r.run_id for r in runs}) == 4  # no version name twice
+    transport = VertexTransport()
+    with transport.patch():
+        jobs = [multislice.submit(PROFILE, VALUES, target="vertex", vertex=vertex_target()) for _ in range(2)]
+    assert len({r.pipeline_job_id for r in transport.requests}) == 2 and jobs[0].run_id != jobs[1].run_id
+    assert {r.pipeline_job.display_name for r in transport.requests} == {"nightly-1"}
+
+
+def test_continue_is_explicit_and_keeps_the_earlier_run_name(fake, capsys):
+    kfp = submission.KfpTarget(host=fake.url)
+    run = multislice.submit(
+        PROFILE, {"output_dir": "gs://bucket/r"}, target="kfp", kfp=kfp, continue_run="nightly-ab12"
+    )
+    assert run.parameters["run_name"] == "nightly-ab12" and run.parameters["unique_run_name"] is False
+    with pytest.raises(ConfigError, match="contradicts --continue"):
+        submission.prepare(config.read_profile(PROFILE), {"run_name": "other"}, "kfp", continue_run="nightly-ab12")
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+                       "output_dir=gs://bucket/r", "--continue", "Not_A_Run"])  # fmt: skip
+    assert status == 2 and "is not a run name" in capsys.readouterr().err
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set",
+                       "output_dir=gs://bucket/r", "--continue", "nightly-ab12"])  # fmt: skip
+    assert status == 0 and "submitted run nightly-ab12 to kfp" in capsys.readouterr().out
+
+
+def test_the_compiled_pipeline_makes_each_run_new_by_default(tmp_path):
+    import yaml
+
+    path = submission.compile_for(config.read_profile(PROFILE), "kfp", tmp_path)
+    spec = next(yaml.safe_load_all(path.read_text()))
+    assert spec["root"]["inputDefinitions"]["parameters"]["unique_run_name"]["defaultValue"] is True
+
+
+@pytest.mark.parametrize("target", ["kfp", "vertex"])
+def test_idempotent_steps_get_a_retry_policy_on_both_targets(tmp_path, target):
+    import yaml
+
+    from pipelines.multislice_training import compile_pipeline
+
+    path = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "p.yaml"), target=target)
+    tasks = next(yaml.safe_load_all(open(path)))["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    retried = {name for name, task in tasks.items() if "retryPolicy" in task}
+    assert retried == {f"{step}{suffix}" for step in ("admit", "launch", "train", "verify-checkpoint")
+                       for suffix in ("", "-2")} | {"provision"}  # fmt: skip
+    assert tasks["train"]["retryPolicy"] == {"maxRetryCount": 2, "backoffDuration": "60s", "backoffFactor": 2.0,
+                                             "backoffMaxDuration": "600s"}  # fmt: skip
+    local = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "l.yaml"), target=target, retries=False)
+    assert "retryPolicy" not in open(local).read()

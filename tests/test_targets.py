@@ -66,4 +66,4 @@ def test_vertex_target_is_one_document(tmp_path):
     assert cli.main(["compile", "--profile", "local", "--target", "vertex", "--output", str(output)]) == 0
     [spec] = targets.documents(output)
     assert spec["pipelineInfo"]["name"] == "multislice-training"
-    assert components.load_component_from_file(str(output)).component_spec.inputs["notify_webhook_url"].default == ""
+    assert components.load_component_from_file(str(output)).component_spec.inputs["notify_webhook_secret"].default == ""

@@ -86,11 +86,14 @@ class Submission:
         name: The workload's name.
         adopted: The workload existed with the same spec (a retried step) and was taken over, not created.
         uid: Its API uid (GKE), or None.
+        replaced: The pipeline run id of a finished workload of the same name (an earlier run this one
+            continues) that was deleted and created anew for this run; None when there was none.
     """
 
     name: str
     adopted: bool
     uid: str | None = None
+    replaced: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the workload, or adopt an existing one of the same name and spec (a retried step).
+        """Create the workload, adopt an existing one of the same name and spec (a retried step), or replace a
+        finished one of another pipeline run (a run that continues an earlier one).
 
         Raises:
             multislice.render.schema.ManifestInvalid: it fails CRD validation.
@@ -328,6 +332,15 @@ class Backend(abc.ABC):
         """
 
     # -- cancellation -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def holding(self, name: str, step: str, tell: Tell) -> Iterator[Any]:
+        """While this context runs, the step holds workload ``name``: a workload no step holds is removed by the
+        cluster's safety net once its hold expires (GKE: a renewed Lease and a reaper, :mod:`.gke.lease`).
+
+        Here (the local backend): nothing to hold; its pods stop with the run's processes.
+        """
+        yield None
 
     @contextlib.contextmanager
     def deleting_on_cancel(self, name: str, tell: Tell, labels: dict[str, str] | None = None) -> Iterator[None]:

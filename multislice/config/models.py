@@ -755,17 +755,22 @@ class RunSpec(_Strict):
         False,
         description="Append the pipeline run's id to run_name (as scheduled runs do), so runs never share a directory.",
     )
-    notify_webhook_url: str = Field(
-        "", description="http(s) URL the exit handler posts the run's final status to (Slack-compatible); '' for none."
+    notify_webhook_secret: str = Field(
+        "",
+        description="Secret Manager secret version holding the webhook URL the exit handler posts the final status "
+        "to on Vertex AI (projects/<p>/secrets/<s>/versions/<v>); '' for none. Never the URL itself: on KFP the "
+        "URL comes from the Kubernetes Secret multislice-notify-webhook (key url), locally from "
+        "$MULTISLICE_NOTIFY_WEBHOOK_URL.",
     )
 
-    @field_validator("notify_webhook_url")
+    @field_validator("notify_webhook_secret")
     @classmethod
-    def _webhook(cls, value: str) -> str:
-        if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
-            raise ValueError(
-                f"{value!r} is not an http(s) URL: give the webhook's full URL, e.g. "
-                "https://hooks.slack.com/services/..., or '' for no notification"
+    def _webhook_secret(cls, value: str) -> str:
+        if value and not re.fullmatch(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)", value):
+            given = "a URL (a secret: store it in Secret Manager)" if "://" in value else repr(value[:80])
+            raise ValueError(  # a URL is not echoed: it is the secret
+                f"{given} is not a Secret Manager secret version: give "
+                "projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for no notification"
             )
         return value
 

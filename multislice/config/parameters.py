@@ -44,8 +44,20 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("max_restarts", int, "max_restarts", "JobSet failurePolicy.maxRestarts"),
     Parameter("launcher", str, "launcher", "How stages are launched: jobset or ray (Ray Train JaxTrainer)"),
     Parameter("skip_preflight", bool, "preflight.skip", "Skip the AOT-compile HBM check before provision"),
-    Parameter("unique_run_name", bool, "unique_run_name", "Append the pipeline run's id to run_name (scheduled runs)"),
-    Parameter("notify_webhook_url", str, "notify_webhook_url", "Webhook URL for the final status ('' for none)"),
+    Parameter(
+        "unique_run_name",
+        bool,
+        "unique_run_name",
+        "Append the pipeline run's id to run_name: a new run "
+        "(default of a compiled pipeline); false with run_name an earlier run's full name continues that run",
+    ),
+    Parameter(
+        "notify_webhook_secret",
+        str,
+        "notify_webhook_secret",
+        "Vertex AI: Secret Manager secret version with the webhook URL for the final status ('' for none); "
+        "KFP reads the URL from the Kubernetes Secret multislice-notify-webhook",
+    ),
     # Where the run goes: the deployment's values, so that one compiled YAML serves any cluster.
     Parameter("cluster_project", str, "cluster.project", "Google Cloud project of the GKE cluster", optional=True),
     Parameter("cluster_location", str, "cluster.location", "Region or zone of the GKE cluster", optional=True),

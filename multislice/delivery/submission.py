@@ -19,7 +19,16 @@
 
 Every run is sent with every pipeline parameter's value, explicitly, and
 with a unique ``run_name`` (``<profile run_name>-<UTC timestamp>`` unless one
-is given), so a run never writes into another run's checkpoints.
+is given), so a run never writes into another run's checkpoints. Continuing
+an earlier run (resuming from its checkpoints) is an explicit choice:
+``continue_run=<its run name>`` (``multislice submit --continue RUN``) sends
+``run_name=RUN`` and ``unique_run_name=false``; the run's admit steps replace
+the JobSets the earlier run left finished, and a stage whose final
+checkpoint exists is not trained again. Submitting the same run name twice
+never collides on the services: the Vertex AI ``job_id`` and the KFP
+pipeline version's name are ``<run_name>-<8 random hex characters>``
+(a Vertex job ID is unique per project and location; KFP keeps a unique
+index on a pipeline's version names).
 
 Sources: google-cloud-aiplatform ``PipelineJob`` (``template_path``,
 ``parameter_values``, ``pipeline_root``, ``job_id``; ``submit(service_account,
@@ -35,6 +44,7 @@ import hashlib
 import json
 import re
 import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +164,18 @@ def default_run_name(base: str, now: datetime.datetime | None = None) -> str:
     return f"{base}-{stamp}"
 
 
+def submission_id(run_name: str) -> str:
+    """``<run_name>-<8 random hex characters>``: a Vertex AI job ID or KFP version name no other submission has.
+
+    Vertex job IDs match ``[a-z][-a-z0-9]{0,127}`` (the run name, a DNS-1035
+    label, does); a run submitted again under the same run name gets a new one.
+    """
+    return f"{run_name[:118]}-{uuid.uuid4().hex[:8]}"
+
+
+_RUN_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
 def _check_type(name: str, kind: type, value: Any) -> str | None:
     if kind is bool:
         ok = isinstance(value, bool)
@@ -209,15 +231,42 @@ def validate_parameters(
 
 
 def prepare(
-    profile: Mapping[str, Any], values: Mapping[str, Any] | None, target: str
+    profile: Mapping[str, Any], values: Mapping[str, Any] | None, target: str, continue_run: str | None = None
 ) -> tuple[config.RunSpec, dict[str, Any]]:
     """Validate parameters for a remote target and give the run a unique name when none is set.
 
+    With ``continue_run`` (an earlier run's full run name, the last part of
+    its run directory) the run continues it: ``run_name`` is that name and
+    ``unique_run_name`` false, so it resumes from that run's checkpoints.
+
     Raises:
-        ConfigError: as :func:`validate_parameters`, and ``backend: local`` (a
-            remote run cannot use this machine's processes).
+        ConfigError: as :func:`validate_parameters`, ``backend: local`` (a
+            remote run cannot use this machine's processes), and a
+            ``continue_run`` that is no run name or disagrees with ``run_name``/``unique_run_name``.
     """
     values = dict(values or {})
+    if continue_run is not None:
+        issues = []
+        if not _RUN_NAME.fullmatch(continue_run):
+            issues.append(
+                (
+                    "--continue",
+                    f"{continue_run!r} is not a run name; give the earlier run's run_name as "
+                    "it ran (the last part of its run directory, e.g. nightly-ab12cd34)",
+                )
+            )
+        for key, wanted in (("run_name", continue_run), ("unique_run_name", False)):
+            if key in values and values[key] != wanted:
+                issues.append(
+                    (
+                        key,
+                        f"{values[key]!r} contradicts --continue {continue_run}: a continued run keeps "
+                        f"its name; drop {key}",
+                    )
+                )
+        if issues:
+            raise ConfigError(issues)
+        values.update(run_name=continue_run, unique_run_name=False)
     if "run_name" not in values:
         values["run_name"] = default_run_name(str(profile.get("run_name", "run")))
     spec, arguments = validate_parameters(profile, values)
@@ -250,7 +299,8 @@ def vertex_job(
 ) -> Any:
     """Build (not send) the ``aiplatform.PipelineJob`` of a run; works offline.
 
-    The job ID and display name are the run name; caching is off, as in the
+    The display name is the run name, the job ID :func:`submission_id` (a
+    second submission of one run name does not collide); caching is off, as in the
     compiled pipeline; the labels are ``where.labels`` plus
     ``multislice-pipeline``.
 
@@ -270,7 +320,7 @@ def vertex_job(
     return aiplatform.PipelineJob(
         display_name=spec.run_name,
         template_path=str(template_path),
-        job_id=spec.run_name,
+        job_id=submission_id(spec.run_name),
         pipeline_root=root,
         parameter_values=dict(arguments),
         enable_caching=False,
@@ -419,6 +469,7 @@ def submit(
     target: str,
     vertex: VertexTarget | None = None,
     kfp: KfpTarget | None = None,
+    continue_run: str | None = None,
 ) -> SubmittedRun:
     """Validate, compile and submit one run of the profile's pipeline.
 
@@ -428,6 +479,7 @@ def submit(
         target: ``vertex`` or ``kfp``.
         vertex: Where on Vertex AI (``target="vertex"``).
         kfp: Which KFP endpoint (``target="kfp"``).
+        continue_run: An earlier run's run name to continue (resume from its checkpoints); see :func:`prepare`.
 
     Returns:
         The :class:`SubmittedRun`.
@@ -442,7 +494,7 @@ def submit(
         raise ConfigError([(target, f"target={target} needs its settings (the {target}= argument)")])
     if target not in ("vertex", "kfp"):
         raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
-    spec, arguments = prepare(data, parameters, target)
+    spec, arguments = prepare(data, parameters, target, continue_run)
     data = compiled_profile(data, parameters)
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)

@@ -44,10 +44,31 @@ class KubernetesConfig:
             :func:`multislice.timings.step_deadline` of the run spec: its longest
             wait plus a margin, so a pod is never stopped while its step still
             waits for something that would end in an actionable message.
+        webhook_secret: Kubernetes Secret (key ``url``) with the exit handler's webhook URL
+            (:meth:`mount_webhook_secret`); create it with
+            ``kubectl create secret generic multislice-notify-webhook --from-literal=url=https://...``.
     """
 
     node_selector: Mapping[str, str] = field(default_factory=dict)
     timeouts: Mapping[str, int] = field(default_factory=dict)
+    webhook_secret: str = "multislice-notify-webhook"
+
+    def mount_webhook_secret(self, task: Any) -> None:
+        """Put the webhook URL into the exit handler's environment from a Kubernetes Secret, by reference.
+
+        kfp-kubernetes ``use_secret_as_env`` (``optional``: a cluster without the
+        Secret runs the exit handler without a notification): key ``url`` of
+        Secret ``webhook_secret`` in the run's namespace becomes
+        ``$MULTISLICE_NOTIFY_WEBHOOK_URL`` (:data:`multislice.delivery.notify.WEBHOOK_ENV`).
+        The compiled YAML names the Secret, never its value.
+        """
+        from kfp import kubernetes
+
+        from multislice.delivery.notify import WEBHOOK_ENV
+
+        kubernetes.use_secret_as_env(
+            task, secret_name=self.webhook_secret, secret_key_to_env={"url": WEBHOOK_ENV}, optional=True
+        )
 
     def deadlines(self, spec: RunSpec) -> dict[str, int]:
         """Every step's pod deadline for a run spec, seconds: ``timeouts`` where given, else the spec's."""

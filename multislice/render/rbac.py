@@ -24,6 +24,10 @@ the object's name (``k8s.io/apiserver/pkg/endpoints/handlers/patch.go``,
 ``createAuthorizerAttributes``), so every applied object is granted
 ``get, patch, create`` by name (:data:`APPLY`).
 
+The pipeline also gets ``coordination.k8s.io`` ``leases``: get, create, patch (admit, launch and
+train renew their JobSet's Lease), list and delete (``multislice reap``, the
+safety net of :mod:`multislice.backends.gke.lease`).
+
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
 ``nodes`` (get, list, watch: launch maps pods to node pools). The
@@ -87,6 +91,7 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("", ["events"], READ),
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
+        _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
     ]
 
 

@@ -3,7 +3,8 @@
 Renders the stage's workload for the backend (a multislice JobSet: TPU pods on
 GKE, CPU processes locally), validates it against the JobSet CRD, writes it to
 ``<run_dir>/manifests/``, submits it (created, or adopted from a retried step
-by its spec) and waits for admission: on GKE the Kueue Workload's
+by its spec, or replacing a finished JobSet of the same name that an earlier
+pipeline run left: a run continuing that one) and waits for admission: on GKE the Kueue Workload's
 QuotaReserved and Admitted conditions, reporting the pending reason at
 intervals; on the local backend there is no Kueue and a JobSet is admitted on
 creation, which the report says. When admission times out, a workload this
@@ -35,7 +36,8 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
 
     Raises:
         multislice.render.schema.ManifestInvalid: the rendered workload fails CRD validation.
-        multislice.backends.base.WorkloadConflict: the name is taken by another spec.
+        multislice.backends.base.WorkloadConflict: the name is taken by another spec (an unfinished workload of
+            another pipeline run: two runs of one run_name at once).
         multislice.backends.base.AdmissionTimeout: not admitted in time, or at once (AdmissionBlocked) when
             Kueue cannot admit it as configured (a workload this step created is deleted).
     """
@@ -61,13 +63,20 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         say(
             "admit",
             f"JobSet {plan.spec.namespace}/{stage.jobset} "
-            + ("exists with this spec (a retried step): adopted" if submitted.adopted else "created")
+            + (
+                "exists with this spec (a retried step): adopted"
+                if submitted.adopted
+                else f"of pipeline run {submitted.replaced} had finished: replaced for this run"
+                if submitted.replaced
+                else "created"
+            )
             + f"; queue {plan.spec.queue}, priority {plan.spec.priority}",
             stage.name,
         )
-        cancel.point("admit:waiting")
         try:
-            admission = backend.wait_admitted(plan, stage, teller("admit", stage))
+            with backend.holding(stage.jobset, "admit", teller("admit", stage)):
+                cancel.point("admit:waiting")
+                admission = backend.wait_admitted(plan, stage, teller("admit", stage))
         except AdmissionTimeout as error:
             if submitted.adopted:
                 raise
@@ -78,6 +87,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
             jobset=stage.jobset,
             admitted=True,
             adopted=submitted.adopted,
+            replaced=submitted.replaced,
             local_queue=plan.spec.queue,
             cluster_queue=admission.cluster_queue,
             flavors=admission.flavors,

@@ -35,6 +35,7 @@ def run(
     backend: Backend | None = None,
     unique_run_name: bool = False,
     notify_webhook_url: str = "",
+    notify_webhook_secret: str = "",
     error_message: str | None = None,
     pipeline_job: str = "",
 ) -> CleanupReport:
@@ -48,7 +49,9 @@ def run(
         backend_name: ``local`` or ``gke`` (the ``backend`` parameter).
         namespace, cluster: Where the run's objects are (gke; ``cluster`` is the profile's section).
         backend: Act through this backend instead of one built from the parameters (tests).
-        notify_webhook_url: Post :func:`multislice.delivery.notify.status_payload` here ('' for none).
+        notify_webhook_url: Post :func:`multislice.delivery.notify.status_payload` here (tests; '' to take it
+            from :func:`multislice.delivery.notify.webhook_url`: the environment, or ``notify_webhook_secret``).
+        notify_webhook_secret: Secret Manager secret version holding the URL (Vertex AI; '' for none).
         error_message, pipeline_job: From the orchestrator's ``PipelineTaskFinalStatus``.
 
     Returns:
@@ -94,10 +97,16 @@ def run(
                     f"pipeline {pipeline_status or 'finished'}; pipeline run {pipeline_run_id}: deleted "
                     f"{report.deleted or 'nothing'}; kept completed {report.kept or 'none'}"
                 )
+        problem = None
+        if not notify_webhook_url:
+            notify_webhook_url, problem = notify.webhook_url(notify_webhook_secret)
+        if problem:
+            say("cleanup", f"notification not sent: {problem}")
+            report.notified = problem
         if notify_webhook_url:
-            state = pipeline_status or "UNKNOWN"
+            state = notify.normalize_state(pipeline_status)  # KFP's COMPLETE/CANCELED, Vertex's SUCCEEDED/CANCELLED
             step = notify.failed_step(error_message, identity.run_dir) if state != "SUCCEEDED" else None
-            payload = notify.status_payload(identity.run_name, state, error_message, step, pipeline_job)
+            payload = notify.status_payload(identity.run_name, pipeline_status, error_message, step, pipeline_job)
             problem = notify.post(notify_webhook_url, payload)
             say("cleanup", f"notification {'sent' if problem is None else 'not sent: ' + problem}")
             report.notified, report.failed_step = (True if problem is None else problem), step

@@ -42,9 +42,10 @@ def run(
         return write_report(plan, LaunchReport(jobset=stage.jobset, skipped=True), stage)
     with cancellable("launch", stage, stage_labels(plan, stage), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "launch", stage)
-        cancel.point("launch:waiting")
         started = time.monotonic()
-        running = backend.wait_running(plan, stage, teller("launch", stage))
+        with backend.holding(stage.jobset, "launch", teller("launch", stage)):
+            cancel.point("launch:waiting")
+            running = backend.wait_running(plan, stage, teller("launch", stage))
         report = LaunchReport(
             jobset=stage.jobset,
             pods=len(running.placement),

@@ -83,7 +83,10 @@ def run(
 
         started = time.monotonic()
         resizes: list[elastic.Resize] = []
-        with backend.deleting_on_cancel(stage.jobset, tell, removal.labels):
+        with (
+            backend.deleting_on_cancel(stage.jobset, tell, removal.labels),
+            backend.holding(stage.jobset, "train", tell),
+        ):
             if stage.elastic and backend.elastic:
                 finished = follow_elastic(
                     plan, stage, backend, records, lambda line: on_line(line, hook=False), tell, resizes, on_record

@@ -9,8 +9,10 @@ webhooks, controllers, the scheduler) is listed in ``docs/testing.md``.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from multislice import names
@@ -27,7 +29,7 @@ from multislice.backends.base import (
     VerifierTimeout,
     WorkloadDeleted,
 )
-from multislice.backends.gke import access, cluster, jobset, logs, nodepool, pods, verifier, watch, workload
+from multislice.backends.gke import access, cluster, jobset, lease, logs, nodepool, pods, verifier, watch, workload
 from multislice.backends.gke.aot import JobAotSession
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
 from multislice.config import ClusterSpec
@@ -54,9 +56,11 @@ class GkeBackend(Backend):
     name = "gke"
     hardware = "tpu"
 
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, lease_seconds: int = lease.LEASE_SECONDS):
         super().__init__(kube.timings)
         self.kube = kube
+        self.lease_seconds = lease_seconds
+        self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
 
     @classmethod
     def connect(
@@ -130,9 +134,16 @@ class GkeBackend(Backend):
     # -- a stage's workload -------------------------------------------------
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet with its spec-hash annotation, or adopt it when the hash matches (:mod:`.jobset`)."""
-        created, adopted = jobset.create_or_adopt(self.kube, manifest)
-        return Submission(name=manifest["metadata"]["name"], adopted=adopted, uid=created["metadata"].get("uid"))
+        """Create the JobSet with its spec-hash annotation, adopt it when the hash matches, or replace a finished
+        one of another pipeline run (:mod:`.jobset`)."""
+        replaced: list[str] = []
+        created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
+        return Submission(
+            name=manifest["metadata"]["name"],
+            adopted=adopted,
+            uid=created["metadata"].get("uid"),
+            replaced=replaced[-1] if replaced else None,
+        )
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""
@@ -304,6 +315,14 @@ class GkeBackend(Backend):
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles)."""
         return self._delete_selected(jobset.run_selector(pipeline_run_id))
+
+    @contextlib.contextmanager
+    def holding(self, name: str, step: str, tell: Tell) -> Iterator[lease.Holder]:
+        """Renew the JobSet's Lease while the step waits on it (:class:`.lease.Holder`); the reaper deletes an
+        unfinished JobSet whose Lease expired (:func:`.lease.reap`)."""
+        with lease.Holder(self.kube, name, f"{step}/{socket.gethostname()}", self.lease_seconds, tell) as held:
+            self.holders.append(held)
+            yield held
 
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
         """Delete the JobSets (not Completed) and unfinished Jobs carrying ``labels``, as cleanup does for a run."""

@@ -9,14 +9,20 @@ sets while the Workload is not admitted
 
 Idempotency: the JobSet carries the annotation :data:`SPEC_HASH_ANNOTATION`,
 a SHA-256 of the manifest as rendered (labels, annotations and spec). A
-retried step that finds a JobSet of its name with the same hash adopts it; a
-different hash is :class:`JobSetConflict`, never a silent delete.
+retried step that finds a JobSet of its name with the same hash adopts it.
+A JobSet of the same name that another pipeline run left finished
+(``Completed`` or ``Failed``: cleanup keeps completed ones, and a run that
+continues an earlier one finds them) is replaced by design: deleted, then
+created for this run, which resumes from the run directory's checkpoints.
+Any other difference (an unfinished JobSet of another pipeline run, or of
+this one with another spec) is :class:`JobSetConflict`, never a silent delete.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -71,14 +77,53 @@ def adopt_or_conflict(kind: str, existing: dict[str, Any], wanted: str, namespac
     )
 
 
-def create_or_adopt(kube: Kube, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Create the JobSet, or adopt the existing one of the same name and spec hash.
+def replaceable(existing: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """The earlier pipeline run's id when ``existing`` is a finished JobSet of another pipeline run, else None.
+
+    Finished: :func:`phase` ``Completed`` or ``Failed`` and not being deleted.
+    Such a JobSet holds no TPUs; its checkpoints are in the run directory, so
+    a run of the same name (one that continues it) replaces it.
+    """
+    meta = existing.get("metadata", {})
+    if meta.get("deletionTimestamp") or phase(existing) not in ("Completed", "Failed"):
+        return None
+    owner = (meta.get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID)
+    ours = (manifest.get("metadata", {}).get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID)
+    return owner if owner and ours and owner != ours else None
+
+
+def wait_gone(kube: Kube, name: str, timeout: float) -> None:
+    """Poll until the JobSet ``name`` no longer exists (a foreground delete ends once its Jobs are gone).
+
+    Raises:
+        JobSetConflict: it still exists after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while kube.get_jobset(name) is not None:
+        if time.monotonic() > deadline:
+            raise JobSetConflict(
+                f"JobSet {kube.namespace}/{name} of an earlier run was deleted to be replaced, but still exists "
+                f"after {timeout:.0f} s",
+                f"check its Jobs' finalizers (kubectl get jobs -n {kube.namespace} -l "
+                f"jobset.sigs.k8s.io/jobset-name={name}) and retry the step",
+            )
+        time.sleep(kube.timings.poll_seconds)
+
+
+def create_or_adopt(
+    kube: Kube, manifest: dict[str, Any], replaced: list[str] | None = None
+) -> tuple[dict[str, Any], bool]:
+    """Create the JobSet, adopt the existing one of the same name and spec hash, or replace a finished one.
+
+    A finished JobSet of another pipeline run (:func:`replaceable`) is deleted
+    (foreground), waited for and created anew; its pipeline run's id is
+    appended to ``replaced`` when given.
 
     Returns:
         ``(JobSet as stored, adopted)``.
 
     Raises:
-        JobSetConflict: the name is taken by another spec.
+        JobSetConflict: the name is taken by another spec (an unfinished JobSet, or one of this pipeline run).
         kubernetes.client.exceptions.ApiException: the API refused the JobSet (e.g. 422 from JobSet's webhook).
     """
     body = with_spec_hash(manifest)
@@ -94,8 +139,15 @@ def create_or_adopt(kube: Kube, manifest: dict[str, Any]) -> tuple[dict[str, Any
             raise
     existing = kube.get_jobset(name)
     if existing is None:  # deleted between the two calls: create once more
-        return create_or_adopt(kube, manifest)
+        return create_or_adopt(kube, manifest, replaced)
     wanted = body["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    earlier = replaceable(existing, manifest)
+    if earlier and existing["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != wanted:
+        delete(kube, name)
+        wait_gone(kube, name, kube.timings.admit_timeout)
+        if replaced is not None:
+            replaced.append(earlier)
+        return create_or_adopt(kube, manifest, replaced)
     return adopt_or_conflict("JobSet", existing, wanted, kube.namespace), True
 
 

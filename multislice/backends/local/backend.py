@@ -39,7 +39,7 @@ from multislice.backends.base import (
 from multislice.backends.local import capacity, environment, exporter, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
-from multislice.backends.local.jobsets import LocalJobSets
+from multislice.backends.local.jobsets import FINISHED, LocalJobSets
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import work_dir_for
@@ -138,12 +138,16 @@ class LocalBackend(Backend):
     # -- a stage's workload -------------------------------------------------
 
     def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet (its supervisor starts the pods), or adopt an identical one."""
+        """Create the JobSet (its supervisor starts the pods), adopt an identical one, or replace a finished one
+        of another pipeline run (:meth:`.LocalJobSets.create_jobset`)."""
         name = manifest["metadata"]["name"]
         before = self.jobsets.get_jobset(name)
         state = self.jobsets.create_jobset(manifest)
         adopted = before is not None and before.phase != "Deleted" and before.created_at == state.created_at
-        return Submission(name=name, adopted=adopted)
+        replaced = None
+        if before is not None and not adopted and before.phase in FINISHED:
+            replaced = before.labels.get(names.LABEL_PIPELINE_RUN_ID)
+        return Submission(name=name, adopted=adopted, replaced=replaced)
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """At once: there is no Kueue here; a created JobSet runs."""

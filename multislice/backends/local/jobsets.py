@@ -12,7 +12,10 @@ same process.
 Kubernetes semantics kept: a JobSet is validated against the JobSet CRD
 before it is created; creating a name that exists is AlreadyExists unless it
 is the same manifest (then the existing JobSet is adopted: a retried step
-does not start a second copy); a deleted JobSet stops every pod it started.
+does not start a second copy) or a finished (Completed or Failed) JobSet of
+another pipeline run, which is replaced, its state directory kept aside as
+``<name>.replaced-<time>`` (a run continuing an earlier one, as on GKE);
+a deleted JobSet stops every pod it started.
 Not modelled: scheduling, node pools and Kueue (there is one machine; every
 JobSet is admitted on creation), and pod network namespaces: all pods share
 this machine's ports, so each JobSet attempt gets a free JAX coordinator port
@@ -39,6 +42,9 @@ from multislice.backends.local.environment import trainer_env
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
 from multislice.backends.local.state import JobSetState, read_state, write_state
 from multislice.render import schema
+
+#: Phases of a JobSet that holds nothing and may be replaced by another pipeline run of the same name.
+FINISHED = frozenset({"Completed", "Failed"})
 
 
 class AlreadyExists(WorkloadConflict):
@@ -116,14 +122,18 @@ class LocalJobSets:
             old = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
             if old == manifest and existing.phase != "Deleted":
                 return existing
-            if existing.phase != "Deleted":
+            earlier = existing.labels.get(names.LABEL_PIPELINE_RUN_ID)
+            ours = manifest["metadata"].get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID)
+            replace = existing.phase in FINISHED and earlier and ours and earlier != ours
+            if existing.phase != "Deleted" and not replace:
                 raise AlreadyExists(
                     f"JobSet {name} already exists ({existing.phase}, pipeline run "
                     f"{existing.labels.get(names.LABEL_PIPELINE_RUN_ID, '?')}) with a different spec; nothing was "
                     f"changed (its state is in {state_dir})",
                     "choose another run_name, or delete that JobSet first",
                 )
-            state_dir.rename(state_dir.with_name(f"{name}.deleted-{int(existing.finished_at or time.time())}"))
+            kind = "replaced" if replace else "deleted"  # a finished JobSet of an earlier run: its state kept aside
+            state_dir.rename(state_dir.with_name(f"{name}.{kind}-{int(existing.finished_at or time.time())}"))
         with cancel.shielded():  # a signal cannot split creating the JobSet and recording its supervisor
             state_dir.mkdir(parents=True)
             (state_dir / "jobset.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")

@@ -1,0 +1,224 @@
+"""The cluster's safety net for a cancelled run: a Lease per JobSet that its steps renew, and a reaper.
+
+Why: on KFP, Terminate sets the Argo Workflow's ``activeDeadlineSeconds`` to 0
+and the v2 exit handler most likely does not run (kubeflow/pipelines#10917);
+a step's SIGTERM handler (:mod:`multislice.cancel`) deletes its JobSet, but a
+SIGKILL after the grace period, a lost node or an evicted pod runs no
+handler. An owner reference from the JobSet to the run's Workflow would not
+bound the orphan's life: the KFP API server does not delete a terminated
+run's Workflow (it stays until the run is deleted or the Workflow's TTL,
+24 h by default, ends it), and Vertex AI has no Workflow object at all.
+
+So a JobSet is owned, while it may hold TPUs, by a ``coordination.k8s.io/v1``
+Lease of the same name (``spec.holderIdentity``, ``spec.leaseDurationSeconds``,
+``spec.renewTime``: the Kubernetes Lease API), which the step that waits on
+the JobSet renews every ``leaseDurationSeconds / 3`` (admit while it waits for
+admission, launch, train): :class:`Holder`. The Lease has an owner reference
+to its JobSet, so the garbage collector removes it with the JobSet. The
+reaper (:func:`reap`; ``multislice reap``, run every minute by the CronJob of
+:func:`reaper_cronjob`) deletes every unfinished JobSet of this project whose
+Lease expired (or, without a Lease, whose creation is older than one lease
+duration). An orphan is thus gone within ``lease_seconds`` plus the reaper's
+period after its last renewal: :func:`orphan_bound`.
+
+The gaps between steps (a step's pod ends, the next one's starts; a retried
+step's backoff) are covered by the lease duration (:data:`LEASE_SECONDS`,
+10 min: longer than the retry policy's longest backoff plus a pod start).
+Finished JobSets (Completed, Failed) hold no TPUs and are never reaped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from multislice import names
+from multislice.backends.gke import jobset
+from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_VERSION, Kube
+
+#: How long a Lease holds its JobSet without a renewal, seconds.
+LEASE_SECONDS = 600
+#: How often the reaper CronJob runs (its schedule), seconds.
+REAP_PERIOD_SECONDS = 60
+LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL = "coordination.k8s.io", "v1", "leases"
+
+
+def orphan_bound(lease_seconds: int = LEASE_SECONDS, period: int = REAP_PERIOD_SECONDS) -> int:
+    """The longest an orphaned JobSet outlives its last Lease renewal, seconds: the lease plus one reaper period."""
+    return lease_seconds + period
+
+
+def _micro_time(when: datetime.datetime) -> str:
+    """A Kubernetes ``MicroTime`` (RFC 3339 with microseconds, UTC)."""
+    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now: datetime.datetime | None = None):
+    """Create or renew the Lease of JobSet ``name`` (owned by the JobSet); returns the Lease, None if no JobSet."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    found = kube.get_jobset(name)
+    if found is None:
+        return None
+    meta = found["metadata"]
+    body = {
+        "apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": kube.namespace,
+            "labels": {
+                k: v
+                for k, v in (meta.get("labels") or {}).items()
+                if k.startswith("multislice") or k == names.LABEL_PIPELINE_RUN_ID
+            },  # fmt: skip
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
+                    "kind": "JobSet",
+                    "name": name,
+                    "uid": meta.get("uid", ""),
+                }
+            ],  # fmt: skip
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": int(seconds), "renewTime": _micro_time(now)},
+    }
+    try:
+        return kube.call(
+            kube.custom.patch_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+            name, {"spec": body["spec"]}, what=f"renew Lease {name}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status != 404:
+            raise
+    return kube.call(
+        kube.custom.create_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+        body, what=f"create Lease {name}",
+    )  # fmt: skip
+
+
+def get(kube: Kube, name: str) -> dict[str, Any] | None:
+    """The Lease ``name``, or None."""
+    return kube._get(LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL, name)
+
+
+def expires(found_jobset: dict[str, Any], found_lease: dict[str, Any] | None) -> datetime.datetime:
+    """When the JobSet's hold ends: the Lease's ``renewTime + leaseDurationSeconds``; without one, its creation plus
+    :data:`LEASE_SECONDS` (a step that died between creating the JobSet and its Lease)."""
+    spec = (found_lease or {}).get("spec") or {}
+    if spec.get("renewTime"):
+        return _parse_time(spec["renewTime"]) + datetime.timedelta(seconds=int(spec.get("leaseDurationSeconds", 0)))
+    created = found_jobset["metadata"].get("creationTimestamp")
+    start = _parse_time(created) if created else datetime.datetime.now(datetime.UTC)
+    return start + datetime.timedelta(seconds=LEASE_SECONDS)
+
+
+def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str], None] = print) -> list[str]:
+    """Delete every unfinished JobSet of a pipeline run (label ``pipeline/runid``) whose hold expired; their names.
+
+    Finished JobSets are kept (cleanup's rule); JobSets of no pipeline run are never touched.
+    """
+    now = now or datetime.datetime.now(datetime.UTC)
+    deleted = []
+    for found in kube.list_jobsets(""):
+        meta = found["metadata"]
+        if names.LABEL_PIPELINE_RUN_ID not in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
+            continue
+        if jobset.phase(found) in ("Completed", "Failed"):
+            continue
+        ends = expires(found, get(kube, meta["name"]))
+        if now > ends:
+            tell(
+                f"JobSet {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
+                f": its Lease expired at {_micro_time(ends)} with no step left to renew it; deleting it"
+            )
+            if jobset.delete(kube, meta["name"]):
+                deleted.append(meta["name"])
+            delete(kube, meta["name"])  # the garbage collector would too (owner reference): not left to it
+    return deleted
+
+
+def delete(kube: Kube, name: str) -> None:
+    """Delete the Lease ``name`` (gone already is fine)."""
+    try:
+        kube.call(
+            kube.custom.delete_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+            name, what=f"delete Lease {name}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+class Holder:
+    """Renews a JobSet's Lease every ``seconds / 3`` in a daemon thread while its step waits on the JobSet.
+
+    Use as a context manager; the first renewal happens on entry. ``stop()``
+    ends the renewals (as a killed step's do). Renewal errors are told, not
+    raised: the step's own waits report what is wrong with the cluster.
+    """
+
+    def __init__(self, kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, tell=None):
+        self.kube, self.name, self.holder, self.seconds, self.tell = kube, name, holder, seconds, tell
+        self.stopped = threading.Event()
+        self.renewals = 0
+        self.thread = threading.Thread(target=self._run, name=f"lease {name}", daemon=True)
+
+    def _renew(self) -> None:
+        try:
+            renew(self.kube, self.name, self.holder, self.seconds)
+            self.renewals += 1
+        except Exception as error:  # noqa: BLE001 - told; the step's waits report the cluster's state
+            if self.tell:
+                self.tell(f"could not renew Lease {self.name}: {error}")
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.seconds / 3):
+            self._renew()
+
+    def stop(self) -> None:
+        """End the renewals (the Lease then expires ``seconds`` after the last one)."""
+        self.stopped.set()
+
+    def __enter__(self) -> Holder:
+        self._renew()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def reaper_cronjob(
+    namespace: str, image: str, service_account: str, profile: str = "gke-v6e-16x2", schedule: str = "* * * * *"
+) -> dict[str, Any]:
+    """The CronJob that runs ``multislice reap`` in ``namespace`` every minute (the cluster-owned safety net).
+
+    Its service account needs ``list``/``delete`` on ``jobsets`` and ``get`` on
+    ``leases`` in the namespace (the pipeline runner's Role has them).
+    ``concurrencyPolicy: Forbid``: one reaper at a time.
+    """
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "multislice-reaper", "namespace": namespace},
+        "spec": {
+            "schedule": schedule,
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
+                "serviceAccountName": service_account,
+                "restartPolicy": "Never",
+                "containers": [{"name": "reaper", "image": image, "command": [
+                    "multislice", "reap", "--profile", profile, "--in-cluster", "--namespace", namespace]}],
+            }}}},
+        },
+    }  # fmt: skip

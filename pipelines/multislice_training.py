@@ -99,7 +99,9 @@ def pipeline_parameters(spec: config.RunSpec, remote: bool = False) -> list[insp
         inspect.Parameter(
             name,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=inspect.Parameter.empty if remote and name in REQUIRED_REMOTE else COMPILED_DEFAULTS.get(name, value),
+            default=inspect.Parameter.empty
+            if remote and name in REQUIRED_REMOTE
+            else COMPILED_DEFAULTS.get(name, value),
             annotation=kind,
         )
         for name, (kind, value) in parameters.parameter_values(spec, remote).items()

@@ -12,7 +12,8 @@ from tests.golden import GOLDEN_DIR, PIPELINE_GOLDENS, PROFILES, compiled_pipeli
 RUN_PARAMETERS = {
     "run_name": "String", "tpu_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
-    "priority": "String", "max_restarts": "Integer", "launcher": "String", "skip_preflight": "Boolean", "unique_run_name": "Boolean",
+    "priority": "String", "max_restarts": "Integer", "launcher": "String", "skip_preflight": "Boolean",
+    "unique_run_name": "Boolean",
     "notify_webhook_secret": "String", "cluster_project": "String", "cluster_location": "String",
     "cluster_name": "String", "cluster_access": "String", "zone": "String", "pipeline_service_account": "String",
     "trainer_service_account": "String",

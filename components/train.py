@@ -1,14 +1,23 @@
 """Component ``train``: follow training to its end and emit KFP metrics (see ``multislice.steps.train``)."""
 
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components import make
 
 
 def train(
-    plan: str, stage: str, admitted: dict, metrics: Output[Metrics], curves: Output[HTML], summary: Output[Markdown]
+    plan: str,
+    stage: str,
+    admitted: dict,
+    dataset: Input[Dataset],
+    metrics: Output[Metrics],
+    curves: Output[HTML],
+    summary: Output[Markdown],
 ) -> dict:
     """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss.
+
+    ``dataset`` is the stage's data from prepare_data (lineage: the pipelines UI shows data -> train); the
+    stage's MaxText arguments already read the same directory.
 
     ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary.
     """
@@ -32,6 +41,9 @@ def train(
             "tflops_per_second_per_device",
         ):
             metrics.log_metric(key, float(getattr(report, key)))
+        for key in ("first_eval_loss", "final_eval_loss", "final_eval_perplexity"):
+            if getattr(report, key) is not None:  # stages with an eval split and eval_interval
+                metrics.log_metric(key, float(getattr(report, key)))
     pages = step.result_pages(parsed, stage, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
         with open(artifact.path, "w", encoding="utf-8") as handle:

@@ -33,7 +33,7 @@ __all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
 
 #: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
 ECHO = re.compile(
-    r"completed step:|multislice worker:|emulated multislice mesh|Num_devices: \d|"
+    r"completed step:|Completed eval after|multislice worker:|emulated multislice mesh|Num_devices: \d|"
     r"restoring from this run's directory step|No existing checkpoints found"
 )
 
@@ -61,7 +61,7 @@ def run(
         records: list[dict[str, Any]] = []
 
         def on_line(line: str) -> None:
-            record = metrics.parse_step_line(line)
+            record = metrics.parse_step_line(line) or metrics.parse_eval_line(line)
             if record:
                 records.append(record)
                 cancel.point("train:following")
@@ -85,7 +85,7 @@ def run(
         cancel.point("train:report")
         summary = metrics.summarize(records)
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-        measured = summary.as_dict()
+        measured = summary.as_dict() | metrics.summarize_eval(records)
         report = TrainReport(
             jobset=stage.jobset,
             steps_trained=measured.pop("steps_recorded"),
@@ -98,6 +98,12 @@ def run(
         tell(
             f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
             f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts}"
+            + (
+                f"; eval loss {report.first_eval_loss:.3f} -> {report.final_eval_loss:.3f} "
+                f"(perplexity {report.final_eval_perplexity:.1f}, {report.evals} evals)"
+                if report.evals
+                else ""
+            )
         )
         return write_report(plan, report, stage)
 

@@ -39,7 +39,9 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -198,11 +200,11 @@ def prepare(
     model = build_tokenizer(resolve_path(tokenizer.path, site_packages), tokenizer.type, False, False, None)
     vocab = int(getattr(model, "n_words", 0) or model.vocab_size)
     say(f"tokenizing {len(sources)} files ({sum(s['bytes'] for s in sources):,} bytes) with {tokenizer.path}")
-    local = tempfile.mkdtemp(prefix="prepare-data-") if out_dir.startswith("gs://") else out_dir
+    remote = out_dir.startswith("gs://")
+    # Written aside, then moved into place whole: runs sharing an output directory (and so this recipe's
+    # directory) may prepare at the same time; the directory appears complete or not at all.
+    local = tempfile.mkdtemp(prefix="prepare-data-") if remote else f"{out_dir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.makedirs(local, exist_ok=True)
-    for name in os.listdir(local):  # a previous, different preparation of the same recipe
-        if name.endswith(".array_record") or name == MANIFEST:
-            os.remove(os.path.join(local, name))
     writers = {split: ShardWriter(local, split, data.shard_sequences) for split in ("train", "eval")}
     buffers: dict[str, list[int]] = {"train": [], "eval": []}
     counts = np.zeros(vocab, dtype=np.int64)
@@ -239,6 +241,7 @@ def prepare(
         writers[split].close()
     if not writers["eval"].sequences or not writers["train"].sequences:
         empty = "eval" if not writers["eval"].sequences else "train"
+        shutil.rmtree(local, ignore_errors=True)
         raise ValueError(
             f"the {empty} split got no document ({documents_seen}); with {len(sources)} files, raise "
             "data.eval_fraction or give more files (format text: each file is one document)"
@@ -246,10 +249,6 @@ def prepare(
     total = int(counts.sum())
     p = counts[counts > 0] / max(total, 1)
     shards = [*writers["train"].shards, *writers["eval"].shards]
-    if local != out_dir:
-        for name in shards:
-            epath.Path(local, name).copy(target / name, overwrite=True)
-        shutil.rmtree(local, ignore_errors=True)
     manifest = {
         "format_version": FORMAT_VERSION,
         "recipe_key": key,
@@ -278,12 +277,44 @@ def prepare(
         "seconds": round(time.monotonic() - started, 2),
     }
     manifest["tokens_per_second"] = round(total / max(manifest["seconds"], 1e-9))
-    (target / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    manifest = _publish(local, out_dir, shards, manifest)
     say(
         f"wrote {len(shards)} shards to {out_dir}: {manifest['token_count']:,} tokens "
         f"(train {writers['train'].sequences} sequences, eval {writers['eval'].sequences}) in {manifest['seconds']} s; "
         f"unigram entropy {manifest['unigram_entropy_nats']} nats (ln vocab {math.log(vocab):.2f})"
     )
+    return manifest
+
+
+def _publish(local: str, out_dir: str, shards: list[str], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Move the shards written in ``local`` to ``out_dir``, the manifest last; the manifest in place.
+
+    Local: one directory rename (atomic); when another run put the same fingerprint there first, its shards
+    are kept and ours dropped; an older preparation (other sources) is renamed away and removed. ``gs://``:
+    the shards are copied, then the manifest (Cloud Storage has no directory rename).
+    """
+    Path(local, MANIFEST).write_text(json.dumps(manifest, indent=1))
+    if out_dir.startswith("gs://"):
+        from etils import epath
+
+        for name in [*shards, MANIFEST]:
+            epath.Path(local, name).copy(epath.Path(out_dir) / name, overwrite=True)
+        shutil.rmtree(local, ignore_errors=True)
+        return manifest
+    os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
+    try:
+        os.rename(local, out_dir)
+        return manifest
+    except OSError:
+        pass
+    existing = Path(out_dir, MANIFEST)
+    if existing.exists() and json.loads(existing.read_text()).get("fingerprint") == manifest["fingerprint"]:
+        shutil.rmtree(local, ignore_errors=True)  # a run beside this one prepared the same data first
+        return json.loads(existing.read_text())
+    retired = f"{out_dir}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(out_dir, retired)
+    os.rename(local, out_dir)
+    shutil.rmtree(retired, ignore_errors=True)
     return manifest
 
 

@@ -164,7 +164,7 @@ def test_model_presets_are_files_over_which_a_stage_sets_its_own_keys():
     assert (eight.num_decoder_layers, seventy.num_decoder_layers) == (2, 4)  # the stage's key wins
     assert "about 16.7M parameters" in seventy.label
     deeper = config.load_profile("local", {"stages.1.model.num_decoder_layers": 6})
-    assert deeper.stages[1].model.num_decoder_layers == 6 and deeper.stages[1].model.emb_dim == 256
+    assert deeper.stages[1].model.num_decoder_layers == 6 and deeper.stages[1].model.emb_dim == 64
     # The loaded spec holds the dims, not the preset's name: a compiled pipeline needs no preset file.
     assert "preset" not in config.spec_to_data(spec)["stages"][0]["model"]
     assert config.load_spec(config.spec_to_data(spec)) == spec

@@ -239,16 +239,43 @@ def _glob_issue(field: str, pattern: str, site_packages: str | None) -> tuple[st
 
 
 def _parquet_issue(field: str, files: list[str], column: str) -> tuple[str, str] | None:
-    import pyarrow.parquet as pq
+    """Whether the first files are Parquet holding ``column``.
 
+    With pyarrow (the trainer image has it) the schema is read; without it (the pipeline image) a file
+    must begin and end with Parquet's magic bytes ``PAR1`` (https://parquet.apache.org/docs/file-format/),
+    which catches a file that is not Parquet or was cut short; the column is then checked by prepare_data.
+    """
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        pq = None
     for name in files[:16]:
         try:
-            schema = pq.read_schema(name)
+            if pq is not None:
+                names = pq.read_schema(name).names
+            else:
+                with _open_binary(name) as handle:
+                    head = handle.read(4)
+                    handle.seek(0, os.SEEK_END)
+                    size = handle.tell()
+                    handle.seek(max(size - 4, 0))
+                    tail = handle.read(4)
+                if head != b"PAR1" or tail != b"PAR1" or size < 12:
+                    raise ValueError("no Parquet magic bytes PAR1 at its start and end")
+                names = None
         except Exception as error:  # noqa: BLE001 - pyarrow raises many kinds for a file that is not Parquet
             return field, f"{name} is not a readable Parquet file ({type(error).__name__}: {error}); replace it"
-        if column not in schema.names:
-            return field, f"{name} has no column {column!r} (columns: {', '.join(schema.names)}); set the column"
+        if names is not None and column not in names:
+            return field, f"{name} has no column {column!r} (columns: {', '.join(names)}); set the column"
     return None
+
+
+def _open_binary(name: str):
+    if name.startswith("gs://"):
+        from etils import epath
+
+        return epath.Path(name).open("rb")
+    return open(name, "rb")
 
 
 def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list[tuple[str, str]]:

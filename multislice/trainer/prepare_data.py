@@ -203,7 +203,9 @@ def prepare(
     remote = out_dir.startswith("gs://")
     # Written aside, then moved into place whole: runs sharing an output directory (and so this recipe's
     # directory) may prepare at the same time; the directory appears complete or not at all.
-    local = tempfile.mkdtemp(prefix="prepare-data-") if remote else f"{out_dir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    local = (
+        tempfile.mkdtemp(prefix="prepare-data-") if remote else f"{out_dir}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    )
     os.makedirs(local, exist_ok=True)
     writers = {split: ShardWriter(local, split, data.shard_sequences) for split in ("train", "eval")}
     buffers: dict[str, list[int]] = {"train": [], "eval": []}

@@ -236,7 +236,7 @@ def test_the_shards_directory_is_named_by_the_recipe():
 
 
 def test_eval_lines_become_records_the_report_and_the_plot_read():
-    line = "I1123 Completed eval after train step 5, loss=7.123, perplexity=1239.400, total_weights=2048.0, avg_z_loss=0.000"
+    line = "Completed eval after train step 5, loss=7.123, perplexity=1239.400, total_weights=2048.0, avg_z_loss=0.000"
     assert metrics.parse_eval_line(line) == {
         "eval_after_step": 5,
         "eval/avg_loss": 7.123,

@@ -107,3 +107,25 @@ def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run
     assert report.skipped is True and report.reason == "final checkpoint exists"
     assert [s.name for s in jobsets.list_jobsets()] == before
     assert launch.run(plan, plan.stages[0].name, report.to_dict()).skipped is True
+
+
+def test_both_stages_train_on_the_prepared_corpus_and_eval_loss_falls(local_run):
+    plan = local_run.plan
+    for stage in plan.stages:
+        prepared = reports.read(reports.PrepareDataReport, plan, stage)
+        assert prepared.uri == stage.data_dir and prepared.manifest["tokenizer"]["vocab_size"] == 128256
+        assert f"grain_train_files={stage.data_dir}/train-*.array_record" in stage.maxtext_args
+        trained = reports.read(reports.TrainReport, plan, stage)
+        assert trained.evals == 4  # after steps 0, 5, 10 and 15 (eval_interval 5)
+        assert trained.final_eval_loss < trained.first_eval_loss - 1.0, trained  # it learned the corpus
+        assert f"eval          loss {trained.first_eval_loss:.3f} -> {trained.final_eval_loss:.3f}" in local_run.stdout
+    # the two stages share one recipe: stage 2 reused stage 1's shards
+    assert reports.read(reports.PrepareDataReport, plan, plan.stages[1]).reused
+
+
+def test_a_rerun_on_unchanged_data_reuses_the_shards(local_run):
+    from multislice.steps import prepare_data
+
+    started = time.monotonic()
+    report = prepare_data.run(local_run.plan, local_run.plan.stages[0].name)
+    assert report.reused and time.monotonic() - started < 60  # hashing 3 MB, no tokenizing

@@ -10,7 +10,7 @@ import pytest
 from multislice import config, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.plan import make_plan
-from multislice.steps import admit, launch, train, verify_checkpoint
+from multislice.steps import admit, launch, prepare_data, train, verify_checkpoint
 from multislice.storage import latest_committed_step
 
 pytestmark = pytest.mark.e2e
@@ -75,6 +75,7 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
     spec = config.load_profile("local", {"run_name": "restart", "output_dir": str(tmp_path), "max_restarts": 1})
     plan = make_plan(spec)
     stage = plan.stages[0]
+    prepare_data.run(plan, stage.name)  # the stage's shards, as the pipeline's prepare_data task makes them
     admitted = admit.run(plan, stage.name, "restart-test")
     backend = LocalJobSets(plan.run_dir)
     deadline = time.monotonic() + 600
@@ -124,8 +125,6 @@ def test_both_stages_train_on_the_prepared_corpus_and_eval_loss_falls(local_run)
 
 
 def test_a_rerun_on_unchanged_data_reuses_the_shards(local_run):
-    from multislice.steps import prepare_data
-
     started = time.monotonic()
     report = prepare_data.run(local_run.plan, local_run.plan.stages[0].name)
     assert report.reused and time.monotonic() - started < 60  # hashing 3 MB, no tokenizing

@@ -16,7 +16,7 @@ def issues(overrides, profile="local"):
     return caught.value.issues
 
 
-@pytest.mark.parametrize("profile", ["local", "gke-v6e-16x2"])
+@pytest.mark.parametrize("profile", ["local", "local-synthetic", "gke-v6e-16x2"])
 def test_profiles_are_valid(profile):
     spec = config.load_profile(profile)
     assert len(spec.stages) == 2

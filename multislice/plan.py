@@ -165,14 +165,16 @@ def prepared_dir(spec: RunSpec, stage: Stage) -> str | None:
 def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
     """MaxText's input-pipeline keys for the stage's data and tokenizer (``maxtext/configs/base.yml``).
 
-    The tokenizer path of a ``maxtext:`` tokenizer is given as its path in the package's assets, which
-    MaxText resolves against its own ``MAXTEXT_ASSETS_ROOT`` (``configs/types.py``), wherever it is installed.
+    A ``maxtext:`` tokenizer path stays so in the arguments: the worker resolves it in the pod against
+    the installed maxtext package (:func:`multislice.trainer.worker.resolve_package_paths`). MaxText's own
+    resolution (``configs/types.py``, against ``MAXTEXT_ASSETS_ROOT``) assumes its source checkout's
+    ``src/maxtext/assets`` and misses a pip install's.
     """
     source = stage.data
     if isinstance(source, data.SyntheticData):
         return {"dataset_type": "synthetic"}
     tokenizer = stage.tokenizer.maxtext_args()
-    tokenizer["tokenizer_path"] = stage.tokenizer.path.removeprefix(data.MAXTEXT_PREFIX)
+    tokenizer["tokenizer_path"] = stage.tokenizer.path
     args: dict[str, Any] = {}
     if isinstance(source, data.TextData):
         folder = prepared_dir(spec, stage)

@@ -64,7 +64,7 @@ def test_the_local_profile_trains_on_text_prepared_with_the_llama3_tokenizer():
     assert args["grain_eval_files"].endswith("/eval-*.array_record")
     assert (args["tokenizer_type"], args["tokenizer_path"]) == (
         "tiktoken",
-        "assets/tokenizers/tokenizer_llama3.tiktoken",
+        "maxtext:assets/tokenizers/tokenizer_llama3.tiktoken",  # resolved by the worker, in the pod
     )
     assert args["eval_interval"] == "5"
 
@@ -261,3 +261,15 @@ def test_eval_lines_become_records_the_report_and_the_plot_read():
                          tokens_per_second_per_device=2.0)  # fmt: skip
     assert "Eval loss **10.000 -> 8.000**" in artifacts.train_markdown("s", report)
     assert "final eval loss" in artifacts.train_columns(report).values()
+
+
+def test_the_worker_resolves_maxtext_package_paths_in_the_pod(trainer_python):
+    script = (
+        "import os\n"
+        "from multislice.trainer.worker import resolve_package_paths\n"
+        "[path] = resolve_package_paths(['tokenizer_path=maxtext:assets/tokenizers/tokenizer_llama3.tiktoken'])\n"
+        "value = path.split('=')[1]\n"
+        "print(value.endswith('maxtext/assets/tokenizers/tokenizer_llama3.tiktoken'), os.path.isfile(value))\n"
+    )
+    done = run_in_trainer(trainer_python, script)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]

@@ -1,6 +1,6 @@
 """Component ``train``: follow training to its end and emit KFP metrics (see ``multislice.steps.train``)."""
 
-from kfp.dsl import HTML, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Model, Output
 
 from components import make
 
@@ -9,6 +9,7 @@ def train(
     plan: str,
     stage: str,
     admitted: dict,
+    dataset: Input[Dataset],
     metrics: Output[Metrics],
     curves: Output[HTML],
     summary: Output[Markdown],
@@ -16,6 +17,9 @@ def train(
 ) -> dict:
     """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss
     (an elastic stage also goodput, resizes and steps lost).
+
+    ``dataset`` is the stage's data from prepare_data (lineage: the pipelines UI shows data -> train); the
+    stage's MaxText arguments already read the same directory.
 
     ``curves`` is an HTML page with the loss and step-time plots; ``summary`` the Markdown run summary;
     ``model`` the stage's final checkpoint (``multislice.delivery.lineage.checkpoint_model``: its URI, step,
@@ -46,6 +50,9 @@ def train(
             metrics.log_metric("goodput", float(report.goodput))
             metrics.log_metric("resizes", float(len(report.resizes)))
             metrics.log_metric("steps_lost", float(report.steps_lost or 0))
+        for key in ("first_eval_loss", "final_eval_loss", "final_eval_perplexity"):
+            if getattr(report, key) is not None:  # stages with an eval split and eval_interval
+                metrics.log_metric(key, float(getattr(report, key)))
     model.metadata.update(lineage.checkpoint_model(parsed, stage, report))
     lineage.write_manifest(model.path, model.metadata)
     pages = step.result_pages(parsed, stage, report)

@@ -302,6 +302,13 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
         train = reports.read(reports.TrainReport, plan, stage)
         verify = reports.read(reports.VerificationReport, plan, stage)
         lines.append(f"stage {stage.index + 1} {stage.name} ({stage.model_label}):")
+        prepared = reports.read(reports.PrepareDataReport, plan, stage)
+        if prepared and not prepared.skipped:
+            manifest = prepared.manifest
+            lines.append(
+                f"  data          {manifest.get('token_count', 0):,} tokens in {manifest.get('shard_count')} shards "
+                f"({'reused' if prepared.reused else 'tokenized'} in {prepared.seconds} s) at {prepared.uri}"
+            )
         if checked and checked.verdict == "fits":
             hbm = checked.bytes_per_chip.total
             lines.append(
@@ -322,6 +329,11 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
                     else f"{train.restarts} JobSet restarts"
                 )
             )
+            if train.evals:
+                lines.append(
+                    f"  eval          loss {train.first_eval_loss:.3f} -> {train.final_eval_loss:.3f} "
+                    f"(perplexity {train.final_eval_perplexity:.1f}) over {train.evals} evals"
+                )
         else:
             lines.append("  trained       not completed")
         if verify and verify.latest_step is not None:
@@ -349,7 +361,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
                 lines.append(f"  export        {exported.verdict if exported else 'not run'}")
     lines += [
         f"outputs     {plan.run_dir}",
-        f"reports     {reports_dir}/<stage>/(plan|preflight|admit|launch|train|verification).json",
+        f"reports     {reports_dir}/<stage>/(plan|prepare_data|preflight|admit|launch|train|verification).json",
         f"UI pages    {reports_dir}/<stage>/preflight.html (HBM per chip), train.html (loss and step-time plots), "
         "train.md, verification.md",
         f"pod logs    {backends.backend_class(plan.spec.backend).where_logs_are(plan)}",

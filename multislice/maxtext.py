@@ -81,6 +81,12 @@ MANAGED_KEYS: frozenset[str] = frozenset(
         "max_target_length", "remat_policy", "enable_checkpointing", "checkpoint_period",
         "hardware", "num_slices", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
         "compile_topology", "compile_topology_num_slices",
+        # set from the stage's data and tokenizer (multislice.config.data)
+        "dataset_type", "grain_file_type", "grain_train_files", "grain_eval_files", "train_data_columns",
+        "eval_data_columns", "tokenize_train_data", "tokenize_eval_data", "hf_path", "hf_data_dir",
+        "hf_train_files", "hf_eval_split", "train_split", "eval_split", "dataset_path", "dataset_name",
+        "eval_dataset_name", "tokenizer_type", "tokenizer_path", "add_bos", "add_eos", "eval_interval",
+        "eval_steps",
     }
     | {f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in PARALLELISM_AXES}
     | set(MODEL_DIM_KEYS.values())
@@ -119,6 +125,13 @@ MODEL_DIMS: dict[str, dict[str, int]] = {
         "llama3.3-70b": (8192, 64, 8, 80, 28672, 128, 128256),
     }.items()
 }  # fmt: skip
+
+#: Vocabulary sizes of tokenizers the maxtext package ships, by path inside it: Llama 3's tiktoken file holds
+#: 128000 ranks, and ``TikTokenTokenizer`` (``maxtext/input_pipeline/tokenizer.py``) adds 256 special tokens.
+#: ``tests/test_trainer_env.py`` checks each against the installed MaxText.
+TOKENIZER_VOCAB_SIZES: dict[str, int] = {"assets/tokenizers/tokenizer_llama3.tiktoken": 128256}
+#: Special tokens ``TikTokenTokenizer`` adds after a tiktoken file's ranks (``num_reserved_special_tokens``).
+TIKTOKEN_SPECIAL_TOKENS = 256
 
 #: Bytes per element of MaxText's ``weight_dtype`` values (``maxtext/configs/base.yml``: default float32).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}

@@ -10,6 +10,11 @@ the keys of MaxText's own metrics file (``step``, ``learning/loss``,
 directory. After a JobSet restart MaxText resumes from the last checkpoint
 and trains some steps again, so a step can appear twice: the last record of
 a step wins.
+
+With an eval split and ``eval_interval``, MaxText also logs ``Completed eval after train step N,
+loss=L, perplexity=P, ...`` (``_log_eval_metrics``); :func:`parse_eval_line` makes it a record with
+``eval_after_step``, ``eval/avg_loss`` and ``eval/avg_perplexity`` (MaxText's keys), kept in the same
+file (it has no ``step`` key, so the per-step readers pass it by); :func:`summarize_eval` summarises them.
 """
 
 from __future__ import annotations
@@ -131,6 +136,44 @@ STEP_LINE = re.compile(
     r"(?:.*?TFLOP/s/device: (?P<tflops>[0-9.]+))?(?:.*?Tokens/s/device: (?P<tokens>[0-9.]+))?"
     r".*?\bloss: (?P<loss>[-0-9.naif]+)"
 )
+
+
+#: MaxText's eval summary line (``maxtext/common/metric_logger.py``, ``_log_eval_metrics``), e.g.
+#: ``Completed eval after train step 5, loss=7.123, perplexity=1239.400, total_weights=2048.0, ...``.
+EVAL_LINE = re.compile(
+    r"Completed eval after train step (?P<step>\d+), loss=(?P<loss>[-0-9.naif]+), perplexity=(?P<ppl>[-0-9.naif]+)"
+)
+
+
+def parse_eval_line(line: str) -> dict[str, Any] | None:
+    """An eval record (``eval_after_step``, ``eval/avg_loss``, ``eval/avg_perplexity``) from MaxText's line, or None."""
+    found = EVAL_LINE.search(line)
+    if not found:
+        return None
+    return {
+        "eval_after_step": int(found["step"]),
+        "eval/avg_loss": float(found["loss"]),
+        "eval/avg_perplexity": float(found["ppl"]),
+    }
+
+
+def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval records, one per train step (the last wins, as after a restart), in step order."""
+    by_step = {int(r["eval_after_step"]): r for r in records if "eval_after_step" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def summarize_eval(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``first_eval_loss``, ``final_eval_loss``, ``final_eval_perplexity``, ``evals``; empty without evals."""
+    evals = eval_records(records)
+    if not evals:
+        return {}
+    return {
+        "first_eval_loss": float(evals[0]["eval/avg_loss"]),
+        "final_eval_loss": float(evals[-1]["eval/avg_loss"]),
+        "final_eval_perplexity": float(evals[-1]["eval/avg_perplexity"]),
+        "evals": len(evals),
+    }
 
 
 def parse_step_line(line: str) -> dict[str, Any] | None:

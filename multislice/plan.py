@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from multislice import identity, maxtext, names, storage, tpu
-from multislice.config import RunSpec, Stage
+from multislice.config import RunSpec, Stage, data
 from multislice.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
 
 
@@ -62,6 +62,7 @@ class StagePlan(BaseModel):
         dcn: Every DCN axis degree, -1 resolved; product = slices.
         global_batch_size: Sequences per step across all chips.
         tokens_per_step: ``global_batch_size * max_target_length``.
+        data_dir: Where ``prepare_data`` writes the stage's shards (``text`` data), else None.
         maxtext_args: MaxText ``key=value`` arguments common to both hardware variants
             (:func:`multislice.render.jobset.worker_command` adds the CPU ones).
         elastic: Each slice count of an elastic stage, ``max_slices`` first, with its DCN degrees,
@@ -89,6 +90,7 @@ class StagePlan(BaseModel):
     global_batch_size: float
     tokens_per_step: float
     maxtext_args: list[str]
+    data_dir: str | None = None
     elastic: list[SliceCount] = []
     wait_for_lost_slice_seconds: float | None = None
     export: str | None = None
@@ -158,7 +160,7 @@ def _stage_args(
         "steps": stage.steps,
         "per_device_batch_size": stage.per_device_batch_size,
         "max_target_length": stage.max_target_length,
-        "dataset_type": stage.dataset_type,
+        **data_args(spec, stage),
         "remat_policy": stage.remat_policy,
         "enable_checkpointing": True,
         "async_checkpointing": True,
@@ -173,6 +175,77 @@ def _stage_args(
     if accumulation is not None and (accumulation > 1 or GRADIENT_ACCUMULATION_KEY in args):
         args[GRADIENT_ACCUMULATION_KEY] = accumulation
     return [f"{key}={maxtext.format_value(value)}" for key, value in args.items()]
+
+
+def prepared_dir(spec: RunSpec, stage: Stage) -> str | None:
+    """Where ``prepare_data`` writes a ``text`` stage's shards: ``<cache_dir>/<recipe key>``; None for other data.
+
+    ``cache_dir`` defaults to ``<output_dir>/datasets``, shared by runs, so that a run on unchanged data
+    reuses the shards of an earlier one (:func:`multislice.config.data.recipe_key`).
+    """
+    if not isinstance(stage.data, data.TextData):
+        return None
+    base = stage.data.cache_dir or storage.join(spec.output_dir, "datasets")
+    return storage.join(base, data.recipe_key(stage.data, stage.tokenizer, stage.max_target_length))
+
+
+def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
+    """MaxText's input-pipeline keys for the stage's data and tokenizer (``maxtext/configs/base.yml``).
+
+    A ``maxtext:`` tokenizer path stays so in the arguments: the worker resolves it in the pod against
+    the installed maxtext package (:func:`multislice.trainer.worker.resolve_package_paths`). MaxText's own
+    resolution (``configs/types.py``, against ``MAXTEXT_ASSETS_ROOT``) assumes its source checkout's
+    ``src/maxtext/assets`` and misses a pip install's.
+    """
+    source = stage.data
+    if isinstance(source, data.SyntheticData):
+        return {"dataset_type": "synthetic"}
+    tokenizer = stage.tokenizer.maxtext_args()
+    tokenizer["tokenizer_path"] = stage.tokenizer.path
+    args: dict[str, Any] = {}
+    if isinstance(source, data.TextData):
+        folder = prepared_dir(spec, stage)
+        args = {
+            "dataset_type": "grain",
+            "grain_file_type": "arrayrecord",
+            "grain_train_files": storage.join(folder, "train-*.array_record"),
+            "grain_eval_files": storage.join(folder, "eval-*.array_record"),
+            "tokenize_train_data": False,
+            "tokenize_eval_data": False,
+        }
+    elif isinstance(source, data.GrainData):
+        args = {
+            "dataset_type": "grain",
+            "grain_file_type": source.file_type,
+            "grain_train_files": source.train_files,
+            "train_data_columns": [source.column],
+            "tokenize_train_data": not source.pretokenized,
+        }
+        if source.eval_files:
+            args.update(
+                grain_eval_files=source.eval_files,
+                eval_data_columns=[source.column],
+                tokenize_eval_data=not source.pretokenized,
+            )
+    elif isinstance(source, data.HFData):
+        args = {"dataset_type": "hf", "hf_path": source.path, "train_split": source.train_split}
+        args.update({k: v for k, v in (("hf_data_dir", source.data_dir), ("hf_train_files", source.train_files)) if v})
+        args["train_data_columns"] = [source.column]
+        if source.eval_split:
+            args.update(hf_eval_split=source.eval_split, eval_data_columns=[source.column])
+    elif isinstance(source, data.TFDSData):
+        args = {
+            "dataset_type": "tfds",
+            "dataset_path": source.dataset_path,
+            "dataset_name": source.dataset_name,
+            "train_split": source.train_split,
+        }
+        if source.eval_split:
+            args.update(eval_split=source.eval_split, eval_dataset_name=source.eval_dataset_name or source.dataset_name)
+    args.update(tokenizer)
+    if stage.eval_interval > 0:
+        args.update(eval_interval=stage.eval_interval, eval_steps=stage.eval_steps)
+    return args
 
 
 def make_plan(spec: RunSpec) -> Plan:
@@ -200,6 +273,7 @@ def make_plan(spec: RunSpec) -> Plan:
         ]
         stages.append(
             StagePlan(
+                data_dir=prepared_dir(spec, stage),
                 index=index,
                 name=stage.name,
                 model_label=stage.model.label,

@@ -299,6 +299,9 @@ class TrainReport(StepReport):
         restarts: JobSet restarts during training.
         wall_seconds: From following the training to its end.
         step_time_seconds: Mean step time over steady steps.
+        first_eval_loss: MaxText's eval loss (mean cross-entropy per target token, nats) at the first eval.
+        final_eval_loss: ... at the last eval; ``final_eval_perplexity`` is its exp.
+        evals: Evals logged (``eval_interval``); None when the stage has no eval.
         metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
         leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
         goodput: Elastic stages: productive training time (each step once) / wall time, 0-1.
@@ -321,6 +324,10 @@ class TrainReport(StepReport):
     last_step: int | None = None
     first_loss: float | None = None
     final_loss: float | None = None
+    first_eval_loss: float | None = None
+    final_eval_loss: float | None = None
+    final_eval_perplexity: float | None = None
+    evals: int | None = None
     step_time_seconds: float | None = None
     tokens_per_second_per_device: float | None = None
     tflops_per_second_per_device: float | None = None
@@ -332,6 +339,26 @@ class TrainReport(StepReport):
     resizes: list[Resize] = Field(default_factory=list)
     slice_timeline: list[dict[str, int]] = Field(default_factory=list)
     global_batch_size: float | None = None
+
+
+class PrepareDataReport(StepReport):
+    """prepare_data: the stage's tokenized shards (:mod:`multislice.trainer.prepare_data`).
+
+    Attributes:
+        skipped: The stage's data needs no preparation (not ``text``).
+        uri: The shards' directory (local or ``gs://``).
+        reused: The shards of an earlier preparation were reused (same sources and tokenizer).
+        seconds: Wall time of the step's work.
+        manifest: The shards' manifest (source files and SHA-256, tokenizer, token and shard counts).
+    """
+
+    step: ClassVar[str] = "prepare_data"
+    file_name: ClassVar[str] = "prepare_data.json"
+    skipped: bool = False
+    uri: str | None = None
+    reused: bool | None = None
+    seconds: float | None = None
+    manifest: dict[str, Any] = Field(default_factory=dict)
 
 
 class Check(BaseModel):

@@ -25,7 +25,18 @@ if TYPE_CHECKING:
     from multislice.config import RunSpec
 
 #: The pipeline's steps, in graph order (the names of their components).
-STEPS = ("plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "export", "cleanup")
+STEPS = (
+    "plan",
+    "prepare_data",
+    "preflight",
+    "provision",
+    "admit",
+    "launch",
+    "train",
+    "verify_checkpoint",
+    "export",
+    "cleanup",
+)
 #: Time a step's pod needs besides its waits: start, imports, planning, writing reports.
 START_MARGIN_SECONDS = 300
 #: How long the exit handler's webhook POST may take (:mod:`multislice.delivery.notify`).
@@ -54,6 +65,7 @@ class Timings:
         readmit_timeout: How long train waits for an evicted Workload to be admitted again (within train_timeout).
         verify_timeout: How long the checkpoint verifier may run.
         compile_timeout: How long one AOT compile may run (preflight).
+        prepare_data_timeout: How long tokenizing a stage's text may run (prepare_data).
         alternative_budget: How long preflight may search for a fitting alternative to a stage that does not fit.
         delete_timeout: How long deleting a workload may wait for its processes to stop (local backend).
         collectives_timeout: CPU pods' ``jax.distributed`` timeouts (every process joining, heartbeats,
@@ -77,6 +89,7 @@ class Timings:
     readmit_timeout: float = 6 * 3600.0
     verify_timeout: float = 1800.0
     compile_timeout: float = 1200.0
+    prepare_data_timeout: float = 6 * 3600.0
     alternative_budget: float = 600.0
     delete_timeout: float = 60.0
     collectives_timeout: float = 300.0
@@ -93,6 +106,7 @@ class Timings:
         """
         waits = {
             "plan": 0.0,
+            "prepare_data": self.prepare_data_timeout,
             "preflight": self.compile_timeout + self.alternative_budget,
             "provision": self.provision_timeout,
             "admit": self.admit_timeout,
@@ -140,6 +154,7 @@ SPEC_FIELDS = {
     "readmit": "readmit_timeout",
     "verify": "verify_timeout",
     "compile": "compile_timeout",
+    "prepare_data": "prepare_data_timeout",
     "alternative_search": "alternative_budget",
     "collectives": "collectives_timeout",
 }

@@ -4,6 +4,7 @@ Graph, for a profile with stages S1..Sn::
 
     exit handler: cleanup
     ├── plan (one task per stage, all before anything is created)
+    ├── prepare_data (one task per stage: raw text -> ArrayRecord shards, a Dataset artifact; reused when unchanged)
     ├── preflight (one task per stage: AOT compile for the TPU topology; fails before provision if HBM is short)
     ├── provision
     └── S1: admit -> launch -> train -> verify_checkpoint [-> export]
@@ -67,6 +68,7 @@ from components import export as export_component
 from components import launch as launch_component
 from components import plan as plan_component
 from components import preflight as preflight_component
+from components import prepare_data as prepare_data_component
 from components import provision as provision_component
 from components import train as train_component
 from components import verify_checkpoint as verify_component
@@ -149,6 +151,7 @@ def build_pipeline(
     image = base_image or spec.images.pipeline or DEFAULT_BASE_IMAGE
     plan_op = plan_component.component(image)
     preflight_op = preflight_component.component(image)
+    prepare_op = prepare_data_component.component(image)
     provision_op = provision_component.component(image)
     admit_op = admit_component.component(image)
     launch_op = launch_component.component(image)
@@ -192,20 +195,28 @@ def build_pipeline(
                     release=compiled_release,
                 ).set_display_name(f"plan {stage.name}")
                 plans.append(task)
-            checks = [
-                preflight_op(
-                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
-                ).set_display_name(f"preflight {stage.name}")
+            prepared = [
+                prepare_op(plan=plan_task.output, stage=stage.name).set_display_name(f"prepare_data {stage.name}")
                 for stage, plan_task in zip(spec.stages, plans, strict=True)
             ]
+            for earlier, later in zip(prepared, prepared[1:], strict=False):
+                later.after(earlier)  # stages with the same recipe share one shard directory: one writer at a time
+            checks = [
+                preflight_op(plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                .set_display_name(f"preflight {stage.name}")
+                .after(prepare)
+                for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True)
+            ]
             previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*checks)
-            tasks = [*checks, previous]
-            for stage, plan_task in zip(spec.stages, plans, strict=True):
+            tasks = [*prepared, *checks, previous]
+            for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True):
                 admit = admit_op(
                     plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
                 ).after(previous)
                 launch = launch_op(plan=plan_task.output, stage=stage.name, admitted=admit.output)
-                train = train_op(plan=plan_task.output, stage=stage.name, admitted=admit.output).after(launch)
+                train = train_op(
+                    plan=plan_task.output, stage=stage.name, admitted=admit.output, dataset=prepare.outputs["dataset"]
+                ).after(launch)
                 verify = verify_op(
                     plan=plan_task.output,
                     stage=stage.name,

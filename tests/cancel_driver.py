@@ -124,8 +124,8 @@ def main(output_dir: str, target: str, mode: str) -> None:
         elif step == "launch":
             launch(plan_json, stage, admitted)
         elif step == "train":
-            outputs = (Artifact(f"{work}/{n}") for n in ("metrics", "curves", "summary"))
-            train(plan_json, stage, admitted, *outputs, model)
+            names = ("dataset", "metrics", "curves", "summary")  # dataset: prepare_data's output (pods are fakes)
+            train(plan_json, stage, admitted, *(Artifact(f"{work}/{n}") for n in names), model)
         elif step == "verify_checkpoint":
             verify_checkpoint(plan_json, stage, RUN_ID, model, Artifact(f"{work}/verification.md"))
         elif step == "cleanup":

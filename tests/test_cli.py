@@ -8,11 +8,12 @@ from tests.gcs import FakeGcs
 
 
 def test_failed_run_names_the_step_and_its_cause(tmp_path):
-    # backend gke through a kubeconfig that does not exist: provision cannot reach the cluster.
+    # backend gke through a kubeconfig that does not exist: provision cannot reach the cluster. (local-synthetic:
+    # no corpus to prepare into the fake gs:// bucket first.)
     with FakeGcs() as gcs:
         env = {**os.environ, **gcs.env, "KUBECONFIG": str(tmp_path / "no-such-kubeconfig")}
         done = subprocess.run(
-            [sys.executable, "-m", "multislice.cli", "run", "--profile", "local", "--set", "backend=gke",
+            [sys.executable, "-m", "multislice.cli", "run", "--profile", "local-synthetic", "--set", "backend=gke",
              "--set", "output_dir=gs://bucket/runs", "--set", "run_name=fails", "--set", "cluster.project=my-project",
              "--set", "cluster.location=us-east5-b", "--set", "cluster.name=tpu-cluster",
              "--set", "skip_preflight=true", "--set", "cluster.access=kubeconfig"],

@@ -16,7 +16,7 @@ def issues(overrides, profile="local"):
     return caught.value.issues
 
 
-@pytest.mark.parametrize("profile", ["local", "gke-v6e-16x2"])
+@pytest.mark.parametrize("profile", ["local", "local-synthetic", "gke-v6e-16x2"])
 def test_profiles_are_valid(profile):
     spec = config.load_profile(profile)
     assert len(spec.stages) == 2
@@ -162,9 +162,9 @@ def test_model_presets_are_files_over_which_a_stage_sets_its_own_keys():
     eight, seventy = (s.model for s in spec.stages)
     assert eight.decoder_block == seventy.decoder_block == tiny["decoder_block"] == "llama2"
     assert (eight.num_decoder_layers, seventy.num_decoder_layers) == (2, 4)  # the stage's key wins
-    assert "about 3.7M parameters" in seventy.label
+    assert "about 16.7M parameters" in seventy.label
     deeper = config.load_profile("local", {"stages.1.model.num_decoder_layers": 6})
-    assert deeper.stages[1].model.num_decoder_layers == 6 and deeper.stages[1].model.emb_dim == 256
+    assert deeper.stages[1].model.num_decoder_layers == 6 and deeper.stages[1].model.emb_dim == 64
     # The loaded spec holds the dims, not the preset's name: a compiled pipeline needs no preset file.
     assert "preset" not in config.spec_to_data(spec)["stages"][0]["model"]
     assert config.load_spec(config.spec_to_data(spec)) == spec

@@ -10,7 +10,7 @@ import pytest
 from multislice import config, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.plan import make_plan
-from multislice.steps import admit, launch, train, verify_checkpoint
+from multislice.steps import admit, launch, prepare_data, train, verify_checkpoint
 from multislice.storage import latest_committed_step
 
 pytestmark = pytest.mark.e2e
@@ -75,6 +75,7 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(t
     spec = config.load_profile("local", {"run_name": "restart", "output_dir": str(tmp_path), "max_restarts": 1})
     plan = make_plan(spec)
     stage = plan.stages[0]
+    prepare_data.run(plan, stage.name)  # the stage's shards, as the pipeline's prepare_data task makes them
     admitted = admit.run(plan, stage.name, "restart-test")
     backend = LocalJobSets(plan.run_dir)
     deadline = time.monotonic() + 600
@@ -107,3 +108,23 @@ def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run
     assert report.skipped is True and report.reason == "final checkpoint exists"
     assert [s.name for s in jobsets.list_jobsets()] == before
     assert launch.run(plan, plan.stages[0].name, report.to_dict()).skipped is True
+
+
+def test_both_stages_train_on_the_prepared_corpus_and_eval_loss_falls(local_run):
+    plan = local_run.plan
+    for stage in plan.stages:
+        prepared = reports.read(reports.PrepareDataReport, plan, stage)
+        assert prepared.uri == stage.data_dir and prepared.manifest["tokenizer"]["vocab_size"] == 128256
+        assert f"grain_train_files={stage.data_dir}/train-*.array_record" in stage.maxtext_args
+        trained = reports.read(reports.TrainReport, plan, stage)
+        assert trained.evals == 4  # after steps 0, 5, 10 and 15 (eval_interval 5)
+        assert trained.final_eval_loss < trained.first_eval_loss - 1.0, trained  # it learned the corpus
+        assert f"eval          loss {trained.first_eval_loss:.3f} -> {trained.final_eval_loss:.3f}" in local_run.stdout
+    # the two stages share one recipe: stage 2 reused stage 1's shards
+    assert reports.read(reports.PrepareDataReport, plan, plan.stages[1]).reused
+
+
+def test_a_rerun_on_unchanged_data_reuses_the_shards(local_run):
+    started = time.monotonic()
+    report = prepare_data.run(local_run.plan, local_run.plan.stages[0].name)
+    assert report.reused and time.monotonic() - started < 60  # hashing 3 MB, no tokenizing

@@ -63,7 +63,14 @@ def test_graph_order_exit_handler_and_no_caching(compiled):
     tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     # every stage planned, then AOT-checked against its topology's HBM, before anything is provisioned
     assert set(tasks["provision"]["dependentTasks"]) == {"plan", "preflight", "preflight-2"}
-    assert tasks["preflight"]["dependentTasks"] == ["plan"] and tasks["preflight-2"]["dependentTasks"] == ["plan-2"]
+    # each stage's data prepared (one after the other: they may share a shard directory) before its preflight
+    assert tasks["prepare-data"]["dependentTasks"] == ["plan"]
+    assert set(tasks["prepare-data-2"]["dependentTasks"]) == {"plan-2", "prepare-data"}
+    assert set(tasks["preflight"]["dependentTasks"]) == {"plan", "prepare-data"}
+    assert set(tasks["preflight-2"]["dependentTasks"]) == {"plan-2", "prepare-data-2"}
+    # train consumes its stage's Dataset artifact (lineage: data -> train)
+    dataset = tasks["train"]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
+    assert dataset == {"outputArtifactKey": "dataset", "producerTask": "prepare-data"}
     assert "provision" in tasks["admit"]["dependentTasks"]
     assert "launch" in tasks["train"]["dependentTasks"] and "train" in tasks["verify-checkpoint"]["dependentTasks"]
     assert "verify-checkpoint" in tasks["admit-2"]["dependentTasks"]  # stage 2 waits for stage 1's verification

@@ -27,6 +27,7 @@ def longest_waits(waits: timings.Timings) -> dict[str, float]:
     api = waits.api_deadline
     return {
         "plan": 0.0,
+        "prepare_data": waits.prepare_data_timeout,  # tokenizing a stage's text
         "preflight": waits.compile_timeout + waits.alternative_budget,  # one stage's compile, then the search
         "provision": waits.provision_timeout,
         "admit": waits.admit_timeout,

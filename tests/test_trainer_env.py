@@ -164,3 +164,18 @@ def test_emulated_slices_across_real_jax_processes(trainer_python):
     assert results[0]["ids"] == results[0]["reference"]
     assert {p for row in results[0]["process"][:2] for p in row} == {0, 1}
     assert {p for row in results[0]["process"][2:] for p in row} == {2, 3}
+
+
+def test_tokenizer_vocab_sizes_match_maxtexts_tokenizers(trainer_python):
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "import maxtext\n"
+        "from maxtext.input_pipeline.tokenizer import build_tokenizer\n"
+        "root = Path(maxtext.__file__).parent\n"
+        "sizes = {p: build_tokenizer(str(root / p), 'tiktoken', False, False, None).n_words for p in sys.argv[1:]}\n"
+        "print(json.dumps(sizes))\n"
+    )
+    done = run_in_trainer(trainer_python, script, *maxtext.TOKENIZER_VOCAB_SIZES)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == maxtext.TOKENIZER_VOCAB_SIZES

@@ -22,9 +22,12 @@ def verify(trainer_python, checkpoint_dir, expected_step, args, *options):
 
 
 @pytest.fixture
-def stage_copy(local_run, tmp_path):
-    """A copy of stage 1's checkpoints from the end-to-end run, safe to break."""
-    stage = local_run.plan.stages[0]
+def stage_copy(local_runs, tmp_path):
+    """A copy of stage 1's checkpoints from the synthetic-data run beside the end-to-end run, safe to break.
+
+    Synthetic data: the functional checks replay the logged loss on MaxText's synthetic batch.
+    """
+    stage = local_runs[1].plan.stages[0]
     target = tmp_path / "checkpoints"
     shutil.copytree(stage.checkpoint_dir, target)
     return stage, target

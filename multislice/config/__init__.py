@@ -13,7 +13,7 @@ profile), :mod:`.parameters` (the pipeline's parameters and where each lands),
 :mod:`.values` (single values: images, GCP names, Cloud Storage paths, output directories).
 """
 
-from multislice.config import values
+from multislice.config import data, values
 from multislice.config.checks import cross_field_issues
 from multislice.config.models import (
     ZONE,
@@ -43,7 +43,8 @@ from multislice.config.profiles import (
 from multislice.errors import ConfigError
 
 __all__ = [
-    "ZONE", "AdditionalNodeNetwork", "ClusterSpec", "ConfigError", "CostSpec", "ElasticSpec", "Images", "ModelSpec",
+    "ZONE", "AdditionalNodeNetwork", "data", "ClusterSpec", "ConfigError", "CostSpec", "ElasticSpec", "Images",
+    "ModelSpec",
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
     "TimeoutsSpec",
     "apply_overrides", "cross_field_issues", "load_profile", "load_spec", "parse_set_arguments", "profile_path",

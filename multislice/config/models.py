@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from multislice import maxtext, names, tpu
 from multislice.config import values
+from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
 from multislice.config.values import INT32_MAX, INT32_MIN
 
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
@@ -229,7 +230,14 @@ class Stage(_Strict):
     dcn: dict[str, int] = Field(default_factory=dict)
     remat_policy: str = "full"
     checkpoint_period: int = Field(gt=0, le=MAX_STEPS, description="Steps between checkpoints.")
-    dataset_type: Literal["synthetic"] = "synthetic"
+    data: DataSpec = Field(
+        default_factory=SyntheticData, description="What the stage trains on (multislice.config.data); kind picks."
+    )
+    tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="Ignored by synthetic data.")
+    eval_interval: int = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Train steps between evals (MaxText eval_interval); -1: no eval."
+    )
+    eval_steps: int = Field(-1, ge=-1, le=MAX_STEPS, description="Batches per eval; -1: the whole eval split.")
     export: Literal["huggingface"] | None = Field(
         default=None,
         description="Export the final checkpoint after verification: huggingface (safetensors, config.json and "
@@ -285,6 +293,26 @@ class Stage(_Strict):
             if problem:
                 raise ValueError(f"maxtext_overrides.{key}: {problem}")
         return value
+
+    @model_validator(mode="after")
+    def _data(self) -> Stage:
+        if self.data.kind != "synthetic":
+            vocab = self.model.vocab_size or maxtext.MODEL_DIMS.get(self.model.name or "", {}).get("vocab_size")
+            problem = tokenizer_vocab_issue(vocab, self.tokenizer)
+            if problem:
+                raise ValueError(f"model.vocab_size: {problem}")
+        if self.eval_interval > 0 and (self.data.kind == "synthetic" or not self.has_eval_split()):
+            raise ValueError(
+                f"eval_interval is {self.eval_interval} but the stage's data has no eval split; give one "
+                "(data.eval_files, data.eval_split, or data kind text, which holds one out) or set eval_interval: -1"
+            )
+        return self
+
+    def has_eval_split(self) -> bool:
+        """Whether the stage's data names (or, for ``text``, holds out) an eval split."""
+        return self.data.kind == "text" or bool(
+            getattr(self.data, "eval_files", None) or getattr(self.data, "eval_split", None)
+        )
 
     def full_ici(self) -> dict[str, int]:
         """ICI degrees with MaxText's defaults filled in for axes not given."""
@@ -668,6 +696,7 @@ class TimeoutsSpec(_Strict):
     readmit: float | None = Field(None, gt=0, description="Waiting for an evicted Workload to be admitted again.")
     verify: float | None = Field(None, gt=0, description="The checkpoint verifier.")
     compile: float | None = Field(None, gt=0, description="One AOT compile in preflight.")
+    prepare_data: float | None = Field(None, gt=0, description="Tokenizing a stage's text (prepare_data).")
     alternative_search: float | None = Field(None, gt=0, description="Preflight's search for a fitting alternative.")
     collectives: float | None = Field(
         None, gt=0, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."

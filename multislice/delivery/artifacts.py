@@ -149,7 +149,12 @@ def training_figure(records: Sequence[Mapping[str, Any]], title: str) -> Any:
     steps = _last_record_per_step(records)
     x = [int(r["step"]) for r in steps]
     figure, (loss_axes, time_axes) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
-    loss_axes.plot(x, [float(r.get("learning/loss", math.nan)) for r in steps], marker=".")
+    loss_axes.plot(x, [float(r.get("learning/loss", math.nan)) for r in steps], marker=".", label="train")
+    evals = [r for r in records if "eval_after_step" in r]
+    if evals:  # MaxText's eval loss after train step N (multislice.metrics.parse_eval_line), beside train loss
+        by_step = {int(r["eval_after_step"]): float(r["eval/avg_loss"]) for r in evals}
+        loss_axes.plot(list(by_step), list(by_step.values()), marker="o", color="C2", label="eval")
+        loss_axes.legend()
     loss_axes.set(title="loss", xlabel="step", ylabel="loss")
     time_axes.plot(x, [float(r.get("perf/step_time_seconds", math.nan)) for r in steps], marker=".", color="C1")
     time_axes.set(title="step time", xlabel="step", ylabel="seconds")
@@ -172,6 +177,23 @@ TRAIN_COLUMNS = {
 }
 
 
+#: Columns added for a stage with evals (an eval split and ``eval_interval``).
+EVAL_COLUMNS = {
+    "first_eval_loss": "first eval loss",
+    "final_eval_loss": "final eval loss",
+    "final_eval_perplexity": "final eval perplexity",
+}
+
+
+def train_columns(report: TrainReport) -> dict[str, str]:
+    """:data:`TRAIN_COLUMNS`, with :data:`EVAL_COLUMNS` after the losses when the stage logged evals."""
+    if not report.evals:
+        return TRAIN_COLUMNS
+    keys = list(TRAIN_COLUMNS)
+    at = keys.index("final_loss") + 1
+    return {k: ({**TRAIN_COLUMNS, **EVAL_COLUMNS})[k] for k in [*keys[:at], *EVAL_COLUMNS, *keys[at:]]}
+
+
 def train_html(stage: str, report: TrainReport, records: Sequence[Mapping[str, Any]]) -> str:
     """The train step's HTML page: a table of the train report and the loss and step-time plots (embedded PNG).
 
@@ -181,7 +203,9 @@ def train_html(stage: str, report: TrainReport, records: Sequence[Mapping[str, A
         records: MaxText's per-step metrics records of the stage.
     """
     figure = training_figure(records, f"{stage}: loss and step time per step")
-    body = html_table([report.to_dict()], TRAIN_COLUMNS) + png_data_uri(figure, f"{stage} loss and step time per step")
+    body = html_table([report.to_dict()], train_columns(report)) + png_data_uri(
+        figure, f"{stage} loss and step time per step"
+    )
     if report.goodput is not None:
         body += "<h2>elastic: slice count per step and resizes</h2>" + "<p>" + elastic_summary(report) + "</p>"
         body += html_table(report.slice_timeline, {"first_step": "first step", "last_step": "last step",
@@ -224,8 +248,15 @@ def train_markdown(stage: str, report: TrainReport) -> str:
         f"Trained **{report.steps_trained}** steps (JobSet `{report.jobset}`): loss "
         f"**{report.first_loss:.3f} -> {report.final_loss:.3f}**, "
         f"{report.tokens_per_second_per_device:.1f} tokens/s per device, "
-        f"{report.restarts} JobSet restarts.\n\n"
-        + markdown_table([report.to_dict()], TRAIN_COLUMNS)
+        f"{report.restarts} JobSet restarts."
+        + (
+            f" Eval loss **{report.first_eval_loss:.3f} -> {report.final_eval_loss:.3f}** "
+            f"(perplexity {report.final_eval_perplexity:.1f}, {report.evals} evals)."
+            if report.evals
+            else ""
+        )
+        + "\n\n"
+        + markdown_table([report.to_dict()], train_columns(report))
         + "\n"
         + (
             "\n## elastic\n\n"

@@ -10,12 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from multislice import cancel, config
+from multislice.config import data
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.release import check as release_check
 from multislice.render import manifests
 from multislice.reports import PlanReport
 from multislice.steps import cancellable, say, write_report
+
+
+def _trainer_site_packages() -> str | None:
+    """The local trainer environment's site-packages (where ``site-packages:`` data globs point), or None."""
+    from multislice.backends.local.environment import TrainerEnvMissing, trainer_env
+
+    try:
+        found = sorted(trainer_env().glob("lib/python3*/site-packages"))
+    except TrainerEnvMissing:
+        return None
+    return str(found[0]) if found else None
 
 
 def run(
@@ -41,7 +53,9 @@ def run(
 
     Raises:
         multislice.release.ReleaseMismatch: the pipeline YAML and this image are different releases.
-        multislice.config.ConfigError: naming every bad field and its fix.
+        multislice.config.ConfigError: naming every bad field and its fix, the stages' data included (a
+            missing path, an empty glob, a missing split, an unreadable Parquet file:
+            :func:`multislice.config.data.data_issues`).
         multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
             by the API server; checked here, before preflight and provision.
     """
@@ -57,6 +71,10 @@ def run(
         parameters.update(run_name=identity.run_name, output_dir=identity.output_dir)
         spec = config.load_spec(profile, parameters)
         plan = make_plan(spec)
+        # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
+        issues = data.data_issues(spec, _trainer_site_packages() if spec.backend == "local" else None)
+        if issues:
+            raise config.ConfigError(issues)
         # Every manifest the run will submit, validated against its CRD (or API fields) now, before
         # preflight and provision ask for anything.
         manifests.render_all(plan, pipeline_run_id or "manual")

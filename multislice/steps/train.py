@@ -34,7 +34,8 @@ __all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
 
 #: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
 ECHO = re.compile(
-    r"completed step:|multislice worker:|multislice ray (worker|driver):|emulated multislice mesh|Num_devices: \d|"
+    r"completed step:|Completed eval after|multislice worker:|multislice ray (worker|driver):|"
+    r"emulated multislice mesh|Num_devices: \d|"
     r"restoring from this run's directory step|No existing checkpoints found"
 )
 
@@ -72,7 +73,7 @@ def run(
         records: list[dict[str, Any]] = []
 
         def on_line(line: str, hook: bool = True) -> None:
-            record = metrics.parse_step_line(line)
+            record = metrics.parse_step_line(line) or metrics.parse_eval_line(line)
             if record:
                 records.append(record)
                 if hook and on_record is not None:
@@ -109,7 +110,7 @@ def run(
         cancel.point("train:report")
         summary = metrics.summarize(records)
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-        measured = summary.as_dict()
+        measured = summary.as_dict() | metrics.summarize_eval(records)
         wall = time.monotonic() - started
         fields: dict[str, Any] = {}
         if stage.elastic:
@@ -136,6 +137,12 @@ def run(
             f"completed {summary.steps_recorded} steps, loss {summary.first_loss:.3f} -> {summary.final_loss:.3f}, "
             f"{summary.tokens_per_second_per_device:.0f} tokens/s/device, restarts {finished.restarts} "
             f"(launcher {stage.launcher})"
+            + (
+                f"; eval loss {report.first_eval_loss:.3f} -> {report.final_eval_loss:.3f} "
+                f"(perplexity {report.final_eval_perplexity:.1f}, {report.evals} evals)"
+                if report.evals
+                else ""
+            )
         )
         return write_report(plan, report, stage)
 

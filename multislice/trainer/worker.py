@@ -87,6 +87,25 @@ def initialize_cpu_distributed(timeout_seconds: int, env: dict[str, str] | os._E
     )
 
 
+def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
+    """The arguments with ``key=maxtext:<path>`` made ``key=<path inside the installed maxtext package>``.
+
+    The plan names the tokenizers maxtext ships so (``tokenizer_path=maxtext:assets/tokenizers/...``),
+    as the package's place differs between the trainer image, a venv and a source checkout.
+    """
+    from multislice.config.data import MAXTEXT_PREFIX
+
+    resolved = []
+    for argument in maxtext_args:
+        key, _, value = argument.partition("=")
+        if value.startswith(MAXTEXT_PREFIX):
+            import maxtext
+
+            value = str(Path(maxtext.__file__).parent / value.removeprefix(MAXTEXT_PREFIX))
+        resolved.append(f"{key}={value}")
+    return resolved
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split the worker's own options from the MaxText ``key=value`` arguments after ``--``."""
     if "--" in argv:
@@ -129,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     from maxtext.trainers.pre_train import train
 
     base_yml = Path(configs.__file__).with_name("base.yml")
-    argv_for_maxtext = [TRAIN_MODULE, str(base_yml), *maxtext_args]
+    argv_for_maxtext = [TRAIN_MODULE, str(base_yml), *resolve_package_paths(maxtext_args)]
     if options.emulate_slices:
         from multislice.trainer import emulated_slices
 

@@ -1,0 +1,275 @@
+"""Data specs, tokenizer and prepare_data: each maps onto MaxText's input pipelines; bad specs fail in the plan step."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from multislice import config, metrics
+from multislice.config.data import TextData, TokenizerSpec, recipe_key
+from multislice.delivery import artifacts
+from multislice.plan import make_plan
+from multislice.reports import TrainReport
+from multislice.steps import plan as plan_step
+from multislice.steps import prepare_data
+from tests.conftest import run_in_trainer
+
+
+def profile_with(tmp_path, data, **stage):
+    """The local profile, output in ``tmp_path``, both stages on ``data`` (and ``stage``'s keys)."""
+    profile = copy.deepcopy(config.read_profile("local"))
+    profile["output_dir"] = str(tmp_path / "out")
+    for entry in profile["stages"]:
+        entry["data"] = data
+        entry.update(stage)
+    return profile
+
+
+def args_of(profile, index=0):
+    return dict(a.split("=", 1) for a in make_plan(config.load_spec(profile)).stages[index].maxtext_args)
+
+
+def refused(profile):
+    with pytest.raises(config.ConfigError) as caught:
+        plan_step.run(profile, {})
+    return str(caught.value)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"doc{i:02d}.txt").write_text(
+            f"Document {i}. " + "The quick brown fox jumps over the lazy dog. " * 30
+        )
+    return folder
+
+
+def test_the_local_profile_trains_on_text_prepared_with_the_llama3_tokenizer():
+    spec = config.load_profile("local")
+    for stage in spec.stages:
+        assert stage.data.kind == "text" and stage.tokenizer.path.endswith("tokenizer_llama3.tiktoken")
+        assert stage.model.vocab_size == stage.tokenizer.vocab_size() == 128256
+        assert stage.eval_interval > 0
+    args = dict(a.split("=", 1) for a in make_plan(spec).stages[0].maxtext_args)
+    assert (args["dataset_type"], args["grain_file_type"], args["tokenize_train_data"]) == (
+        "grain",
+        "arrayrecord",
+        "false",
+    )
+    assert args["grain_train_files"].endswith("/train-*.array_record")
+    assert args["grain_eval_files"].endswith("/eval-*.array_record")
+    assert (args["tokenizer_type"], args["tokenizer_path"]) == (
+        "tiktoken",
+        "maxtext:assets/tokenizers/tokenizer_llama3.tiktoken",  # resolved by the worker, in the pod
+    )
+    assert args["eval_interval"] == "5"
+
+
+def test_each_data_kind_maps_onto_maxtexts_own_arguments(tmp_path):
+    assert args_of(profile_with(tmp_path, {"kind": "synthetic"}, eval_interval=-1))["dataset_type"] == "synthetic"
+    grain = args_of(
+        profile_with(
+            tmp_path,
+            {
+                "kind": "grain",
+                "file_type": "parquet",
+                "train_files": "gs://b/train-*.parquet",
+                "eval_files": "gs://b/e*",
+            },
+        )
+    )
+    assert (grain["dataset_type"], grain["grain_file_type"], grain["grain_train_files"]) == (
+        "grain", "parquet", "gs://b/train-*.parquet"
+    )  # fmt: skip
+    assert (grain["grain_eval_files"], grain["tokenize_train_data"], grain["train_data_columns"]) == (
+        "gs://b/e*", "true", "[text]"
+    )  # fmt: skip
+    hf = args_of(
+        profile_with(tmp_path, {"kind": "hf", "path": "allenai/c4", "data_dir": "en", "eval_split": "validation"})
+    )
+    assert (hf["dataset_type"], hf["hf_path"], hf["hf_data_dir"], hf["hf_eval_split"]) == (
+        "hf", "allenai/c4", "en", "validation"
+    )  # fmt: skip
+    tfds = args_of(
+        profile_with(
+            tmp_path,
+            {"kind": "tfds", "dataset_path": "gs://b/tfds", "dataset_name": "c4/en:3.1.0", "eval_split": "validation"},
+        )
+    )
+    assert (tfds["dataset_type"], tfds["dataset_name"], tfds["eval_dataset_name"], tfds["eval_split"]) == (
+        "tfds", "c4/en:3.1.0", "c4/en:3.1.0", "validation"
+    )  # fmt: skip
+
+
+def test_vocab_size_must_match_the_tokenizer(tmp_path):
+    profile = profile_with(tmp_path, {"kind": "text", "files": [str(tmp_path / "*.txt")]})
+    profile["stages"][0]["model"]["vocab_size"] = 32000
+    with pytest.raises(
+        config.ConfigError, match=r"stages\[0\] \(tiny-8b-recipe\): model\.vocab_size: .* 32000 .* 128256 tokens"
+    ):
+        config.load_spec(profile)
+
+
+def test_eval_interval_needs_an_eval_split(tmp_path):
+    with pytest.raises(config.ConfigError, match="eval_interval is 5 but the stage's data has no eval split"):
+        config.load_spec(profile_with(tmp_path, {"kind": "synthetic"}))
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "says"),
+    [
+        ({"kind": "text", "files": ["/nonexistent/corpus.txt"]}, "data.files[0]", "matches no file"),
+        ({"kind": "text", "files": ["{tmp}/empty/*.jsonl"], "format": "jsonl"}, "data.files[0]", "matches no file"),
+        ({"kind": "grain", "train_files": "{tmp}/empty/*.array_record"}, "data.train_files", "matches no file"),
+        (
+            {"kind": "grain", "file_type": "parquet", "train_files": "{tmp}/bad.parquet"},
+            "data.train_files",
+            "is not a readable Parquet file",
+        ),
+        (
+            {"kind": "text", "format": "parquet", "files": ["{tmp}/cut.parquet"]},
+            "data.files",
+            "is not a readable Parquet file",
+        ),
+        ({"kind": "hf", "path": "{tmp}/hf", "eval_split": "validation"}, "data.eval_split", "split 'validation'"),
+        ({"kind": "hf", "path": "{tmp}/missing-dir"}, "data.path", "is not a directory"),
+        (
+            {"kind": "tfds", "dataset_path": "{tmp}/tfds", "dataset_name": "c4/en:3.1.0", "eval_split": "validation"},
+            "data.eval_split",
+            "has no 'validation' split files",
+        ),
+    ],
+    ids=[
+        "missing-path",
+        "empty-glob",
+        "grain-empty-glob",
+        "unreadable-parquet",
+        "parquet-cut-short",
+        "hf-split",
+        "hf-path",
+        "tfds-split",
+    ],  # fmt: skip
+)
+def test_bad_data_specs_fail_in_the_plan_step_naming_the_field(tmp_path, data, field, says):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.parquet").write_bytes(b"this is not parquet")
+    (tmp_path / "cut.parquet").write_bytes(b"PAR1" + b"\0" * 64)  # begun but never finished (no footer)
+    (tmp_path / "hf" / "data").mkdir(parents=True)
+    (tmp_path / "hf" / "data" / "train-00000-of-00001.parquet").write_bytes(b"")
+    (tmp_path / "tfds" / "c4" / "en" / "3.1.0").mkdir(parents=True)
+    (tmp_path / "tfds" / "c4" / "en" / "3.1.0" / "c4-train.array_record-00000-of-00001").write_bytes(b"")
+    data = json.loads(json.dumps(data).replace("{tmp}", str(tmp_path)))
+    message = refused(profile_with(tmp_path, data, eval_interval=-1))
+    assert f"stages[0] (tiny-8b-recipe).{field}: " in message and says in message
+    assert "nothing was created or started" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))  # no report: nothing ran
+
+
+def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, capsys, trainer_python):
+    profile = profile_with(tmp_path, {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2})
+    plan = plan_step.run(profile, {})
+    first = prepare_data.run(plan, "tiny-8b-recipe")
+    manifest = first.manifest
+    assert not first.reused and first.uri == plan.stages[0].data_dir
+    assert len(manifest["sources"]) == 40 and all(len(s["sha256"]) == 64 for s in manifest["sources"])
+    assert manifest["tokenizer"]["vocab_size"] == 128256 and manifest["shard_count"] == len(manifest["shards"])
+    train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
+    assert train["documents"] + held["documents"] == 40 and held["documents"] > 0
+    assert manifest["token_count"] == train["tokens"] + held["tokens"]
+    assert train["sequences"] * 128 >= train["tokens"] > (train["sequences"] - 1) * 128  # packed: all full but the last
+    # the same inputs and tokenizer: the second stage (same recipe) reuses the shards, and says so
+    second = prepare_data.run(plan, "tiny-70b-recipe")
+    assert second.reused and second.manifest["fingerprint"] == manifest["fingerprint"]
+    assert f"reusing {manifest['shard_count']} shards" in capsys.readouterr().out
+    # MaxText's own grain parser reads the records as pre-tokenized sequences
+    script = (
+        "import sys, grain.python as grain\n"
+        "from maxtext.input_pipeline.input_pipeline_utils import ParseFeatures\n"
+        "source = grain.ArrayRecordDataSource(sys.argv[1:])\n"
+        "row = ParseFeatures(['text'], False).map(source[0])['text']\n"
+        "print(len(source), row.dtype, len(row), row[0])\n"
+    )
+    shards = [f"{first.uri}/{name}" for name in manifest["splits"]["train"]["shards"]]
+    done = run_in_trainer(trainer_python, script, *shards)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(train["sequences"]), "int32", "128", "128000"]  # begins with Llama 3's BOS
+    # a changed source file: tokenized again
+    (corpus / "doc00.txt").write_text("Something else entirely. " * 50)
+    third = prepare_data.run(plan, "tiny-8b-recipe")
+    assert not third.reused and third.manifest["fingerprint"] != manifest["fingerprint"]
+
+
+def test_prepare_data_reads_json_lines_and_parquet_without_packing(tmp_path, trainer_python):
+    rows = [{"text": f"Row {i}: " + "word " * (20 + 40 * (i % 3))} for i in range(60)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write = "import sys, json, pyarrow as pa, pyarrow.parquet as pq\n" + (
+        "pq.write_table(pa.table({'text': [json.loads(l)['text'] for l in open(sys.argv[1])]}), sys.argv[2])"
+    )  # pyarrow is the trainer environment's
+    done = run_in_trainer(trainer_python, write, str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifests = {}
+    for fmt, name in (("jsonl", "a.jsonl"), ("parquet", "b.parquet")):
+        data = {"kind": "text", "files": [str(tmp_path / name)], "format": fmt, "packing": False, "eval_fraction": 0.3}
+        plan = plan_step.run(profile_with(tmp_path, data), {})
+        manifests[fmt] = prepare_data.run(plan, "tiny-8b-recipe").manifest
+    for manifest in manifests.values():
+        splits = manifest["splits"]
+        assert splits["train"]["documents"] + splits["eval"]["documents"] == 60
+        # not packed: every document (at most ~105 tokens with BOS and EOS) is a sequence of its own
+        assert splits["train"]["sequences"] + splits["eval"]["sequences"] == 60
+    assert manifests["jsonl"]["token_count"] == manifests["parquet"]["token_count"]
+
+
+def test_the_shards_directory_is_named_by_the_recipe():
+    data = TextData(files=("a/*.txt",))
+    key = recipe_key(data, TokenizerSpec(), 128)
+    assert key == recipe_key(TextData(files=("a/*.txt",), cache_dir="/elsewhere"), TokenizerSpec(), 128)
+    assert (
+        key
+        != recipe_key(data, TokenizerSpec(), 256)
+        != recipe_key(TextData(files=("a/*.txt",), packing=False), TokenizerSpec(), 128)
+    )
+
+
+def test_eval_lines_become_records_the_report_and_the_plot_read():
+    line = "Completed eval after train step 5, loss=7.123, perplexity=1239.400, total_weights=2048.0, avg_z_loss=0.000"
+    assert metrics.parse_eval_line(line) == {
+        "eval_after_step": 5,
+        "eval/avg_loss": 7.123,
+        "eval/avg_perplexity": 1239.4,
+    }
+    records = [
+        metrics.parse_step_line(
+            f"completed step: {s}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: 2.0, loss: {9 - s / 10}"
+        )
+        for s in range(12)
+    ] + [
+        metrics.parse_eval_line(line.replace("step 5", f"step {s}").replace("7.123", str(10 - s / 5)))
+        for s in (0, 5, 10)
+    ]
+    assert metrics.summarize(records).steps_recorded == 12  # eval records have no step: the train summary ignores them
+    summary = metrics.summarize_eval(records)
+    assert summary == {"first_eval_loss": 10.0, "final_eval_loss": 8.0, "final_eval_perplexity": 1239.4, "evals": 3}
+    figure = artifacts.training_figure(records, "t")
+    loss_axes = figure.axes[0]
+    assert [list(line.get_ydata()) for line in loss_axes.lines][1] == [10.0, 9.0, 8.0]  # eval beside train
+    report = TrainReport(jobset="j", steps_trained=12, first_loss=9, final_loss=7.9, **summary, restarts=0,
+                         tokens_per_second_per_device=2.0)  # fmt: skip
+    assert "Eval loss **10.000 -> 8.000**" in artifacts.train_markdown("s", report)
+    assert "final eval loss" in artifacts.train_columns(report).values()
+
+
+def test_the_worker_resolves_maxtext_package_paths_in_the_pod(trainer_python):
+    script = (
+        "import os\n"
+        "from multislice.trainer.worker import resolve_package_paths\n"
+        "[path] = resolve_package_paths(['tokenizer_path=maxtext:assets/tokenizers/tokenizer_llama3.tiktoken'])\n"
+        "value = path.split('=')[1]\n"
+        "print(value.endswith('maxtext/assets/tokenizers/tokenizer_llama3.tiktoken'), os.path.isfile(value))\n"
+    )
+    done = run_in_trainer(trainer_python, script)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]

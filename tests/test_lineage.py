@@ -89,8 +89,10 @@ def test_checkpoint_model_metadata(plan, tmp_path):
     assert metadata["checkpoint_uri"] == f"{stage.checkpoint_dir}/{stage.final_step}"
     assert metadata["step"] == stage.final_step and metadata["final_train_loss"] == 6.5
     assert metadata["maxtext_version"] == maxtext.MAXTEXT_VERSION
-    # The count of the model's dimensions: the verifier's count of this stage's real checkpoint (test_verify).
-    assert lineage.parameter_count(plan, plan.stages[0].name) == 2_098_432
+    # The count of the model's dimensions: the verifier's count of the synthetic profile's real checkpoint
+    # (test_verify reads the twin run of local-synthetic).
+    synthetic = make_plan(config.load_profile("local-synthetic", {"output_dir": str(tmp_path / "s"), "run_name": "s"}))
+    assert lineage.parameter_count(synthetic, synthetic.stages[0].name) == 2_098_432
     assert "final_eval_loss" not in metadata and "data_fingerprint" not in metadata
     written = lineage.write_manifest(str(tmp_path / "model"), metadata)
     assert json.loads(open(written).read()) == metadata

@@ -54,6 +54,8 @@ def train(
             if getattr(report, key) is not None:  # stages with an eval split and eval_interval
                 metrics.log_metric(key, float(getattr(report, key)))
     model.metadata.update(lineage.checkpoint_model(parsed, stage, report))
+    if dataset.metadata.get("fingerprint"):  # prepare_data's manifest: the data this model was trained on
+        model.metadata["data_fingerprint"] = dataset.metadata["fingerprint"]
     lineage.write_manifest(model.path, model.metadata)
     pages = step.result_pages(parsed, stage, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):

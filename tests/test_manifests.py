@@ -156,7 +156,7 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
                 assert schema.problems(obj, crds_dir) == [], (path.name, crds_dir)
     assert kinds == {
         "JobSet", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass",
-        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CronJob",
     }  # fmt: skip
     # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
     node_pools = json.loads((tmp_path / manifests.NODE_POOL_PLAN).read_text())
@@ -198,3 +198,24 @@ def test_finished_tpu_jobsets_have_a_ttl_from_the_profile():
     assert ttl() == 43200  # xpk's
     assert ttl(jobset_ttl_seconds=600) == 600
     assert ttl(jobset_ttl_seconds=None) is None
+
+
+def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would():
+    """The cancel safety net is part of what ``multislice render`` writes, and a broken CronJob is refused."""
+    import copy
+
+    from multislice import config
+    from multislice.plan import make_plan
+    from multislice.render import manifests
+
+    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    reaper = manifests.render_all(plan, "run-1")["cronjob-multislice-reaper.yaml"]
+    container = reaper["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:2] == ["multislice", "reap"] and container["image"] == plan.spec.images.pipeline
+    assert reaper["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] == "multislice-pipeline"
+    broken = copy.deepcopy(reaper)
+    del broken["spec"]["schedule"]
+    assert manifests.object_problems(broken) == ["spec: Invalid value for `schedule`, must not be `None`"]
+    broken = copy.deepcopy(reaper)
+    broken["spec"]["schedul"] = "* * * * *"
+    assert "unknown fields ['schedul']" in manifests.object_problems(broken)[0]

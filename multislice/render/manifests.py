@@ -6,7 +6,9 @@ GKE) and for CPU (what the local backend runs). For the
 ``gke`` backend also the RBAC objects (:mod:`multislice.render.rbac`) and the node
 pool plan: the GKE API requests provision would send to create the run's TPU
 node pools (:func:`multislice.backends.gke.nodepool.node_pool_plan`), written under
-``gke-api/`` so that ``kubectl apply -f DIR`` does not read it.
+``gke-api/`` so that ``kubectl apply -f DIR`` does not read it, and the reaper CronJob
+(``cronjob-multislice-reaper.yaml``, :func:`multislice.backends.gke.lease.reaper_cronjob`): the
+cluster-owned safety net that deletes a cancelled run's JobSets once their Lease expired.
 """
 
 from __future__ import annotations
@@ -29,9 +31,32 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
     (RBAC) or :mod:`ray` (DRA ResourceClaimTemplates)."""
     if (obj.get("apiVersion"), obj.get("kind")) == (ray.CLAIM_API_VERSION, "ResourceClaimTemplate"):
         return ray.claim_template_problems(obj)
+    if (obj.get("apiVersion"), obj.get("kind")) == ("batch/v1", "CronJob"):
+        return schema.builtin_problems(obj) + cronjob_problems(obj)
     if (obj.get("apiVersion"), obj.get("kind")) in schema.BUILTIN_KINDS:
         return rbac.problems(obj)
     return schema.problems(obj)
+
+
+def cronjob_problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would reject a rendered ``batch/v1`` CronJob's spec; empty when valid.
+
+    Read into the official client's ``V1CronJob`` model, whose setters refuse a missing required field
+    (``schedule``, ``jobTemplate``, a container's ``name``) as the API's OpenAPI schema marks them; unknown
+    fields are refused by name (the model would drop them silently).
+    """
+    from kubernetes import client
+
+    found: list[str] = []
+    if set(obj.get("spec", {})) - set(client.V1CronJobSpec.attribute_map.values()):
+        found.append(
+            f"spec: unknown fields {sorted(set(obj['spec']) - set(client.V1CronJobSpec.attribute_map.values()))}"
+        )
+    try:
+        client.ApiClient()._ApiClient__deserialize(obj, "V1CronJob")  # the client's own model check
+    except (ValueError, TypeError) as error:
+        found.append(f"spec: {error}")
+    return found
 
 
 def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
@@ -64,8 +89,14 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
                 plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id
             )
     if plan.spec.backend == "gke":
+        from multislice.backends.gke import lease
+
         for obj in rbac.render_rbac_objects(plan):
             out[f"rbac-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        reaper = lease.reaper_cronjob(
+            plan.spec.namespace, plan.spec.images.pipeline, plan.spec.service_accounts.pipeline
+        )
+        out[f"cronjob-{reaper['metadata']['name']}.yaml"] = reaper
     for obj in out.values():
         found = object_problems(obj)
         if found:

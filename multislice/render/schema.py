@@ -231,6 +231,8 @@ BUILTIN_KINDS: dict[tuple[str, str], bool] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): False,
     # DRANET claims of the Ray launcher (multislice.render.ray).
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): True,
+    # The reaper of cancelled runs' JobSets (multislice.backends.gke.lease.reaper_cronjob).
+    ("batch/v1", "CronJob"): True,
 }
 
 

@@ -118,6 +118,7 @@ def cancel_at(tmp_path: Path, point: str, step: str, mode: str, sig: int = signa
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.cancel_driver", str(tmp_path / "runs"), step, mode],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+            preexec_fn=cancel.die_with_parent(),  # an interrupted suite leaves no driver waiting at its FIFO
         )  # fmt: skip
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     pidfd = os.pidfd_open(proc.pid)
@@ -230,6 +231,7 @@ def test_sigterm_to_multislice_run_is_passed_on_to_the_running_step(tmp_path):
         [sys.executable, "-m", "multislice.cli", "run", "--profile", "local",
          "--set", "run_name=sigterm", "--set", f"output_dir={tmp_path}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+        preexec_fn=cancel.die_with_parent(),
     )  # fmt: skip
     with open(fifo, encoding="utf-8") as announced:  # the plan step (a child of the CLI) is at the point
         assert announced.read().strip() == "plan:report"

@@ -129,7 +129,10 @@ def main(output_dir: str, target: str, mode: str) -> None:
         elif step == "verify_checkpoint":
             verify_checkpoint(plan_json, stage, RUN_ID, model, Artifact(f"{work}/verification.md"))
         elif step == "cleanup":
-            cleanup("local", output_dir, RUN_NAME, RUN_ID, "default", {}, False, "", Status())
+            cleanup(
+                "local", output_dir, RUN_NAME, RUN_ID, "default", {}, cluster_project="", cluster_location="",
+                cluster_name="", cluster_access="", unique_run_name=False, notify_webhook_secret="", status=Status(),
+            )  # fmt: skip
     print(json.dumps({"finished": target}))
 
 

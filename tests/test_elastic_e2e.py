@@ -1,6 +1,6 @@
 """End to end on the local backend with real MaxText: 2 slices -> 1 (gradient accumulation 2) -> 2, same global batch.
 
-One elastic run of the local profile's 8B-recipe stage (tiny Llama 3 architecture, 12 steps, a checkpoint every
+One elastic run of the local-synthetic profile's 8B-recipe stage (tiny Llama 3 architecture, 12 steps, a checkpoint every
 3), shared by the tests here (session-scoped). From the train step's ``on_record`` hook (no clock): once the
 checkpoint of step 3 is committed, slice 1 is preempted (its processes are SIGKILLed and its capacity withdrawn);
 the stage relaunches on 1 slice at once (``wait_for_lost_slice_seconds: 0``); at its first step the capacity
@@ -32,7 +32,7 @@ LOSS_TOLERANCE = 0.05
 def elastic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("elastic")
     spec = config.load_profile(
-        "local",
+        "local-synthetic",  # the recipes of the local profile on synthetic data (nothing to prepare)
         {
             "run_name": "elastic-e2e",
             "output_dir": str(out),

@@ -1,7 +1,7 @@
 """End to end on the local backend with real MaxText: 2 slices -> 1 (gradient accumulation 2) -> 2, same global batch.
 
-One elastic run of the local-synthetic profile's 8B-recipe stage (tiny Llama 3 architecture, 12 steps, a checkpoint every
-3), shared by the tests here (session-scoped). From the train step's ``on_record`` hook (no clock): once the
+One elastic run of the local-synthetic profile's 8B-recipe stage (tiny Llama 3 architecture, 12 steps, a checkpoint
+every 3), shared by the tests here (session-scoped). From the train step's ``on_record`` hook (no clock): once the
 checkpoint of step 3 is committed, slice 1 is preempted (its processes are SIGKILLed and its capacity withdrawn);
 the stage relaunches on 1 slice at once (``wait_for_lost_slice_seconds: 0``); at its first step the capacity
 comes back, and at the next checkpoint the stage grows back to 2 slices and trains to the end. The final

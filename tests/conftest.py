@@ -79,7 +79,7 @@ def _finish_run(
     proc: subprocess.Popen, settings: dict[str, object], output: Path, started: float, profile: str = "local"
 ) -> LocalRun:
     try:
-        proc.wait(timeout=2400)
+        proc.wait(timeout=3600)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

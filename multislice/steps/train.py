@@ -179,7 +179,7 @@ class _Watch:
         # Grow back at a checkpoint whose own step line has been read: MaxText prints a step's metrics one step
         # late, so relaunching as soon as checkpoint S commits would leave step S's loss unlogged (the verifier's
         # final_loss check reads the last steps' losses).
-        logged = max((int(r["step"]) for r in self.records), default=-1)
+        logged = max((int(r["step"]) for r in self.records if "step" in r), default=-1)
         since = self.capacity_at is not None and latest is not None and latest > then and logged >= latest
         decision = elastic.decide(
             self.runnable,
@@ -232,7 +232,7 @@ def follow_elastic(
         for record in records[before:]:
             record["slices"] = current["slices"]
             resize = pending["resize"]
-            if resize is not None:
+            if resize is not None and "step" in record:  # a step record (eval records have eval_after_step)
                 resize.resumed_at_seconds = round(time.monotonic() - started, 1)
                 resize.resumed_from_step = int(record["step"]) - 1
                 if resize.last_step_before is not None:
@@ -253,7 +253,7 @@ def follow_elastic(
         if finished.phase != "Interrupted":
             return Finished(phase=finished.phase, restarts=current["restarts"], leader_logs=finished.leader_logs)
         decision = watch.decision
-        last = records[-1] if records else None
+        last = next((r for r in reversed(records) if "step" in r), None)
         resize = elastic.Resize(
             from_slices=running,
             to_slices=decision.slices,

@@ -432,6 +432,24 @@ def _run_spec_of(run_dir: str) -> dict[str, Any] | None:
     return None
 
 
+def _locate_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, identity.RunIdentity]:
+    """The profile's spec for ``--run`` (None without ``--profile``) and where the run is: ``<output_dir>/<run>``.
+
+    ``output_dir`` is ``--output-dir``, else the profile's.
+
+    Raises:
+        InputError: neither gives an output directory.
+    """
+    spec: dict[str, Any] | None = None
+    if args.profile:
+        profile, overrides = _profile_and_overrides(args)
+        spec = config.spec_to_data(config.load_spec(profile, {**overrides, "run_name": args.run}))
+    output_dir = args.output_dir or (spec or {}).get("output_dir")
+    if not output_dir:
+        raise InputError("--output-dir is missing", "give --output-dir (the run's output_dir) or --profile")
+    return spec, identity.run_identity(args.run, output_dir)
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove what a crashed or cancelled run left: its unfinished JobSets (local: their supervisors and pods).
 
@@ -450,14 +468,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             "starting with a letter)",
             "give the run_name of the run to clean up, e.g. --run e2e (the last path part of its run directory)",
         )
-    spec: dict[str, Any] | None = None
-    if args.profile:
-        profile, overrides = _profile_and_overrides(args)
-        spec = config.spec_to_data(config.load_spec(profile, {**overrides, "run_name": args.run}))
-    output_dir = args.output_dir or (spec or {}).get("output_dir")
-    if not output_dir:
-        raise InputError("--output-dir is missing", "give --output-dir (the run's output_dir) or --profile")
-    found = identity.run_identity(args.run, output_dir)
+    spec, found = _locate_run(args)
     spec = spec or _run_spec_of(found.run_dir)
     backend_name = (spec or {}).get("backend", "local")
     if backend_name == "local" and not storage.path(found.run_dir).is_dir():
@@ -496,14 +507,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
     if not names.DNS1035_LABEL.fullmatch(args.run or ""):
         raise InputError(f"--run {args.run!r} is not a run name (a DNS-1035 label)", "give the run's run_name")
-    spec: dict[str, Any] | None = None
-    if args.profile:
-        profile, overrides = _profile_and_overrides(args)
-        spec = config.spec_to_data(config.load_spec(profile, {**overrides, "run_name": args.run}))
-    output_dir = args.output_dir or (spec or {}).get("output_dir")
-    if not output_dir:
-        raise InputError("--output-dir is missing", "give --output-dir (the run's output_dir) or --profile")
-    found = identity.run_identity(args.run, output_dir)
+    spec, found = _locate_run(args)
     spec = _run_spec_of(found.run_dir) or spec
     if spec is None or not storage.path(found.run_dir).is_dir():
         raise InputError(f"--run {args.run}: no run directory {found.run_dir}", "check --run and --output-dir")

@@ -45,7 +45,6 @@ export could not be made (the JSON report, printed last, says why).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -355,11 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # the report must say why the export could not be made
         report = {"verdict": "ERROR", "error": f"{type(error).__name__}: {error}", "export_dir": options.output}
         status = 2
-    text = json.dumps(report, indent=1)
-    if options.report:
-        options.report.parent.mkdir(parents=True, exist_ok=True)
-        options.report.write_text(text, encoding="utf-8")
-    print(text)
+    verify.emit_report(report, options.report)
     return status
 
 

@@ -749,12 +749,17 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint_dir": str(options.checkpoint_dir),
         }
         status = 2
-    text = json.dumps(report, indent=1)
-    if options.report:
-        options.report.parent.mkdir(parents=True, exist_ok=True)
-        options.report.write_text(text, encoding="utf-8")
-    print(text)
+    emit_report(report, options.report)
     return status
+
+
+def emit_report(report: dict[str, Any], path: Path | None) -> None:
+    """Print ``report`` as JSON (what :func:`parse_report` reads back) and write it to ``path`` too, if given."""
+    text = json.dumps(report, indent=1)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -6,17 +6,12 @@ JSON report from the process's output, as :mod:`.verifier` does for the checkpoi
 
 from __future__ import annotations
 
-import subprocess
-
-from multislice import cancel
-from multislice.backends.base import VerifierTimeout
-from multislice.backends.local.environment import trainer_env, trainer_process_env
-from multislice.cancel import die_with_parent
+from multislice.backends.local.environment import trainer_env
+from multislice.backends.local.tools import report_of, run_tool
 from multislice.errors import RunFailed
 from multislice.plan import StagePlan
 from multislice.reports import ExportReport
 from multislice.trainer import export
-from multislice.trainer.verify import parse_report
 
 
 class ExporterFailed(RunFailed):
@@ -34,31 +29,9 @@ def run(stage: StagePlan, timeout: float) -> tuple[int, ExportReport]:
         multislice.backends.base.VerifierTimeout: it ran past ``timeout`` seconds (it was stopped).
         multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
     """
-    env = trainer_env()
     argv = export.command(
         stage.checkpoint_dir, stage.final_step, str(stage.export_dir), list(stage.maxtext_args),
-        str(env / "bin" / "python"),
+        str(trainer_env() / "bin" / "python"),
     )  # fmt: skip
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_process_env(env),
-        preexec_fn=die_with_parent(),  # a SIGKILLed step's exporter goes with it
-    )  # fmt: skip
-    try:
-        cancel.point("export:exporting")
-        stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException as error:  # a timeout, or a cancel (multislice.cancel.Cancelled): stop it first
-        process.kill()
-        process.communicate()
-        if not isinstance(error, subprocess.TimeoutExpired):
-            raise
-        raise VerifierTimeout(
-            f"the Hugging Face export of {stage.checkpoint_dir} ran past {timeout:.0f} s and was stopped",
-            "raise timeouts.verify if the checkpoint is that large",
-        ) from None
-    found = parse_report(stdout)
-    if found is None:
-        raise ExporterFailed(
-            f"the exporter wrote no report (exit {process.returncode}):\n{stderr[-3000:]}",
-            "check the trainer environment (`make env`) and the checkpoint directory",
-        )
-    return process.returncode, ExportReport.model_validate(found)
+    done = run_tool(argv, timeout, "export:exporting", f"the Hugging Face export of {stage.checkpoint_dir}")
+    return done.returncode, ExportReport.model_validate(report_of(done, ExporterFailed, "exporter"))

@@ -7,12 +7,8 @@ it from the verifier Job's log.
 
 from __future__ import annotations
 
-import subprocess
-
-from multislice import cancel
-from multislice.backends.base import VerifierTimeout
-from multislice.backends.local.environment import trainer_env, trainer_process_env
-from multislice.cancel import die_with_parent
+from multislice.backends.local.environment import trainer_env
+from multislice.backends.local.tools import report_of, run_tool
 from multislice.errors import RunFailed
 from multislice.plan import StagePlan
 from multislice.reports import VerificationReport
@@ -34,29 +30,9 @@ def run(stage: StagePlan, checkpoint_dir: str, timeout: float) -> tuple[int, Ver
         VerifierTimeout: it ran past ``timeout`` seconds (it was stopped).
         multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
     """
-    env = trainer_env()
-    argv = verify.command(checkpoint_dir, stage.final_step, list(stage.maxtext_args), str(env / "bin" / "python"))
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_process_env(env),
-        preexec_fn=die_with_parent(),  # a SIGKILLed step's verifier goes with it
-    )  # fmt: skip
-    try:
-        cancel.point("verify_checkpoint:verifying")
-        stdout, stderr = process.communicate(timeout=timeout)
-    except BaseException as error:  # a timeout, or a cancel (multislice.cancel.Cancelled): stop it first
-        process.kill()
-        process.communicate()
-        if not isinstance(error, subprocess.TimeoutExpired):
-            raise
-        raise VerifierTimeout(
-            f"the checkpoint verifier of {checkpoint_dir} ran past {timeout:.0f} s and was stopped",
-            "raise timeouts.verify if the checkpoint is that large",
-        ) from None
-    done = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-    found = verify.parse_report(done.stdout)
-    if found is None:
-        raise VerifierFailed(
-            f"the checkpoint verifier wrote no report (exit {done.returncode}):\n{done.stderr[-3000:]}",
-            "check the trainer environment (`make env`) and the checkpoint directory",
-        )
+    argv = verify.command(
+        checkpoint_dir, stage.final_step, list(stage.maxtext_args), str(trainer_env() / "bin" / "python")
+    )
+    done = run_tool(argv, timeout, "verify_checkpoint:verifying", f"the checkpoint verifier of {checkpoint_dir}")
+    found = report_of(done, VerifierFailed, "checkpoint verifier")
     return done.returncode, VerificationReport.model_validate(found)

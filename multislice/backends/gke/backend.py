@@ -70,7 +70,8 @@ class GkeBackend(Backend):
         self.kube = kube
         self.lease_seconds = lease_seconds
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
-        self.following: str | None = None  # the JobSet last submitted or followed (its quota counts as the run's own)
+        self.following: str | None = None  # the JobSet last submitted or followed
+        self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
 
     @classmethod
     def connect(
@@ -299,6 +300,9 @@ class GkeBackend(Backend):
                     break
                 if interrupt is not None and interrupt():
                     # Stop the pods first, then pass on what the leader logged up to then.
+                    labels = js.get("metadata", {}).get("labels") or {}
+                    if names.LABEL_PIPELINE_RUN_ID in labels:
+                        self.run_ids[stage.jobset] = labels[names.LABEL_PIPELINE_RUN_ID]
                     jobset.delete(self.kube, stage.jobset)
                     jobset.wait_gone(self.kube, stage.jobset, timings.delete_timeout)
                     follower.stop()
@@ -334,7 +338,8 @@ class GkeBackend(Backend):
         """Delete the stage's JobSet, create it for ``plan.spec.num_slices`` slices (its gradient accumulation in the
         trainer's arguments) with the same pipeline run label, and wait for Kueue to admit the new request."""
         old = self.kube.get_jobset(stage.jobset)
-        run_id = ((old or {}).get("metadata", {}).get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID, "manual")
+        labels = (old or {}).get("metadata", {}).get("labels") or {}
+        run_id = labels.get(names.LABEL_PIPELINE_RUN_ID) or self.run_ids.get(stage.jobset, "manual")
         if old is not None:
             jobset.delete(self.kube, stage.jobset)
             jobset.wait_gone(self.kube, stage.jobset, self.timings.delete_timeout)

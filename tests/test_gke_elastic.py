@@ -235,3 +235,61 @@ def test_shrink_after_spot_preemption_then_grow_back(served, play, plan):
     play.log(play.pod_name(stage.jobset, 0, 0), step_line(5, 2.5))
     assert follow.finished().phase == "Interrupted"
     assert follow.watch.decision.slices == 2
+
+
+def test_wait_then_shrink(served, play, plan):
+    """A slice lost and no capacity for 2 slices returns within ``wait_for_lost_slice_seconds`` (2 s): the watch
+    waits, telling so, and only then relaunches on 1 slice."""
+    stage = elastic_stage(plan)
+    cluster_queue(play, plan, nominal_slices=2, reserved_slices=2)
+    backend = launched(served, play, plan, stage)
+    follow = Follow(backend, plan, stage, running=2, wait_seconds=2.0)
+    preempt_spot(play, plan, stage.jobset, 1)
+    cluster_queue(play, plan, nominal_slices=1, reserved_slices=2)
+    finished = follow.finished()
+    assert finished.phase == "Interrupted"
+    waited = [line for line in follow.told if "waiting up to 2 s for its capacity" in line]
+    assert waited and follow.told.index(waited[0]) < len(follow.told)
+    decision = follow.watch.decision
+    assert (decision.action, decision.slices) == ("relaunch", 1)
+    assert follow.watch.detected == follow.watch.lost_at  # the resize's cost counts from the loss
+    assert backend.kube.get_jobset(stage.jobset) is None  # deleted before the relaunch
+
+
+def test_preemption_during_a_resize(served, play, plan):
+    """Growing back from 1 to 2 slices: the new JobSet is admitted, then slice 1's Spot nodes are reclaimed
+    before its pods are scheduled. Its pods stay Unschedulable: the slice is lost again and, with capacity for
+    1 slice only, the stage shrinks back to 1 slice."""
+    stage = elastic_stage(plan)
+    cluster_queue(play, plan, nominal_slices=2, reserved_slices=1)
+    backend = launched(served, play, plan, stage, slices=1)
+    told: list[str] = []
+    watcher = threading.Thread(
+        target=lambda: (
+            wait_until(lambda: backend.kube.get_jobset(stage.jobset) is None, what="the deletion"),
+            delete_old_pods(play, stage.jobset),
+        ),
+        daemon=True,
+    )
+    watcher.start()
+    relaunch_admitted(backend, play, plan, stage, 2, told)
+    watcher.join(timeout=60)
+    assert backend.kube.get_jobset(stage.jobset)["spec"]["replicatedJobs"][0]["replicas"] == 2
+    # Reclaimed during the resize: slice 1's nodes go, its new pods cannot be scheduled.
+    for host in range(plan.slice.hosts):
+        play.core.delete_node(f"gke-{POOLS[1]}-{host}")
+    cluster_queue(play, plan, nominal_slices=1, reserved_slices=2)
+    play.pods(stage.jobset, 1, plan.slice.hosts, pools=POOLS[:1])
+    unschedulable = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                     "reason": "Unschedulable", "message": "0/4 nodes are available: node affinity"}]}  # fmt: skip
+    for host in range(plan.slice.hosts):
+        body = {"metadata": {"name": play.pod_name(stage.jobset, 1, host), "labels": {
+            "jobset.sigs.k8s.io/jobset-name": stage.jobset, "jobset.sigs.k8s.io/job-index": "1",
+            "jobset.sigs.k8s.io/restart-attempt": "0", "batch.kubernetes.io/job-completion-index": str(host)}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer"}]}, "status": unschedulable}  # fmt: skip
+        play.core.create_namespaced_pod(play.ns, body)
+    follow = Follow(backend, plan, stage, running=2, wait_seconds=0.0)
+    assert follow.finished().phase == "Interrupted"
+    lost = [line for line in follow.told if line.startswith("slice lost: slice 1 (pod ")]
+    assert lost and "Unschedulable: 0/4 nodes are available" in lost[0]
+    assert follow.watch.decision.slices == 1

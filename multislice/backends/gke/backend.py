@@ -47,13 +47,6 @@ def waiting_states(current: list[Any], running: list[Any]) -> list[str]:
     return sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
 
 
-def _polls(deadline: float, every: float) -> Iterator[tuple[str, Any]]:
-    """``(IDLE, None)`` every ``every`` seconds until ``deadline`` (``time.monotonic()``)."""
-    while time.monotonic() < deadline:
-        yield watch.IDLE, None
-        time.sleep(every)
-
-
 class GkeBackend(Backend):
     """Acts on a GKE cluster through its Kubernetes API (``kube``) and the GKE API (node pools).
 
@@ -259,15 +252,14 @@ class GkeBackend(Backend):
         started = time.monotonic()
         seen_restarts, suspended_since, final = 0, None, None
         try:
-            if interrupt is None:
-                events = watch.follow(
-                    self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
-                    self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
-                    what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
-                )  # fmt: skip
-            else:
-                # A lost slice shows in pods and nodes, not in the JobSet: poll, asking ``interrupt`` each time.
-                events = _polls(started + timings.train_timeout, timings.poll_seconds)
+            # An elastic stage's lost slice shows in pods and nodes, not in the JobSet: each watch request then
+            # lasts at most poll_seconds, and ``interrupt`` is asked after each event and each idle end.
+            events = watch.follow(
+                self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
+                self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
+                what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
+                watch_seconds=None if interrupt is None else max(1.0, timings.poll_seconds),
+            )  # fmt: skip
             for kind, js in events:
                 if kind == watch.IDLE:
                     js = self.kube.get_jobset(stage.jobset)

@@ -114,12 +114,13 @@ def run(
         wall = time.monotonic() - started
         fields: dict[str, Any] = {}
         if stage.elastic:
-            value, lost = elastic.goodput(records, wall)
+            steps = [r for r in records if "step" in r]  # eval records (eval_after_step) are not steps
+            value, lost = elastic.goodput(steps, wall)
             fields = {
                 "goodput": round(value, 4),
                 "steps_lost": lost,
                 "resizes": resizes,
-                "slice_timeline": elastic.slice_timeline(records),
+                "slice_timeline": elastic.slice_timeline(steps),
                 "global_batch_size": stage.global_batch_size,
             }
         report = TrainReport(

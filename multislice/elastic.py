@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from multislice import maxtext
+from multislice import maxtext, storage
 from multislice.config.models import RunSpec, Stage
 
 #: MaxText's key for micro-batches per step (``maxtext/configs/base.yml``: ``gradient_accumulation_steps: 1``).
@@ -299,6 +299,8 @@ class Resize(BaseModel):
         cost_seconds: ``resumed_at_seconds - detected_at_seconds``: time with no productive step.
         last_loss_before: Loss of the last step before the resize.
         first_loss_after: Loss of the first step after it (the curve should continue: same global batch).
+        checkpoints_discarded: Checkpoint steps the stopped workload committed after the decision whose step line
+            was never logged (:func:`discard_unlogged_checkpoints`); training resumed before them.
     """
 
     from_slices: int
@@ -312,6 +314,33 @@ class Resize(BaseModel):
     cost_seconds: float | None = None
     last_loss_before: float | None = None
     first_loss_after: float | None = None
+    checkpoints_discarded: list[int] = []
+
+
+def discard_unlogged_checkpoints(checkpoint_dir: str, logged_step: int | None, kept_step: int | None) -> list[int]:
+    """Delete the committed checkpoints newer than both the last logged step and ``kept_step``; their steps.
+
+    A workload stopped for a resize goes on training until its processes exit (the pods get SIGTERM and
+    ``terminationGracePeriodSeconds``; JAX's preemption notifier keeps MaxText running to its next sync point), so it
+    can commit a checkpoint S after the resize was decided. MaxText prints step S's line only when step S+1 completes
+    (``maxtext/common/metric_logger.py`` buffers a step's metrics one step), so S's loss may never be logged; the
+    relaunch would restore S, and the curve (and the verifier's ``final_loss``, which reads the final steps'
+    losses) would lack step S. Deleting S makes the relaunch resume from the newest checkpoint whose steps were all
+    logged: at most ``checkpoint_period`` steps are trained again, on the same global batch, and logged.
+
+    Args:
+        checkpoint_dir: The stage's checkpoint directory (local or ``gs://``).
+        logged_step: The last step whose line was read (None: none).
+        kept_step: The newest checkpoint committed when the resize was decided (None: none); never deleted, nor any
+            older (a resumed run's earlier checkpoints have no line in this run).
+
+    Returns: the deleted steps, ascending.
+    """
+    floor = max(-1 if logged_step is None else logged_step, -1 if kept_step is None else kept_step)
+    doomed = [step for step in storage.committed_steps(checkpoint_dir) if step > floor]
+    for step in doomed:
+        storage.path(checkpoint_dir).joinpath(str(step)).rmtree()
+    return doomed
 
 
 def goodput(records: list[dict[str, Any]], wall_seconds: float) -> tuple[float, int]:

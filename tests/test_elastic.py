@@ -293,6 +293,23 @@ def test_goodput_counts_each_step_once_and_the_timeline_shows_each_size():
     assert elastic.goodput(records, 0) == (0.0, 2)
 
 
+def test_a_checkpoint_committed_while_stopping_whose_step_was_never_logged_is_discarded(tmp_path):
+    from multislice import storage
+
+    checkpoints = tmp_path / "checkpoints"
+    for number in (0, 3, 6, 9):  # 9: committed by the stopping workload, after the grow back was decided at 6
+        (checkpoints / str(number)).mkdir(parents=True)
+        (checkpoints / str(number) / storage.COMMIT_FILE).write_text("")
+    (checkpoints / "12").mkdir()  # an uncommitted attempt: not a checkpoint, left alone
+    # The last line read was step 7 (MaxText prints step 8's only when step 9 completes).
+    assert elastic.discard_unlogged_checkpoints(str(checkpoints), logged_step=7, kept_step=6) == [9]
+    assert storage.committed_steps(checkpoints) == [0, 3, 6] and (checkpoints / "12").is_dir()
+    # A resumed run's earlier checkpoints have no line in this run: kept_step protects them.
+    assert elastic.discard_unlogged_checkpoints(str(checkpoints), logged_step=None, kept_step=6) == []
+    assert elastic.discard_unlogged_checkpoints(str(checkpoints), logged_step=4, kept_step=3) == [6]
+    assert storage.committed_steps(checkpoints) == [0, 3]
+
+
 def test_the_train_pages_show_goodput_the_slice_timeline_and_each_resize():
     from multislice.delivery import artifacts
     from multislice.reports import TrainReport

@@ -46,13 +46,14 @@ def test_namespaced_role_grants_exactly_what_the_steps_use():
     }
 
 
-def test_cluster_wide_rights_are_reads_of_crds_and_nodes_only():
+def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_only():
     objs = objects()
     cluster_roles = [o for (kind, _), o in objs.items() if kind == "ClusterRole"]
     assert len(cluster_roles) == 1
     assert rules_table(cluster_roles[0]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions"): (["get", "list"], None),
         ("", "nodes"): (["get", "list", "watch"], None),
+        ("kueue.x-k8s.io", "clusterqueues"): (["get"], ["multislice-cluster-queue"]),  # elastic: what Kueue admits
     }
     binding = objs[("ClusterRoleBinding", "multislice-pipeline-cluster-read-default")]
     assert binding["roleRef"] == {

@@ -10,7 +10,8 @@ jobset.x-k8s.io    jobsets                                create, get, list, wat
                                                           launch, train), delete (cleanup)
 batch              jobs                                   create, get, list, watch (verifier
                                                           Job), delete (cleanup)
-"" (core)          pods                                   get, list, watch (launch, train)
+"" (core)          pods                                   get, list, watch (launch, train:
+                                                          an elastic stage's lost slice)
 "" (core)          pods/log                               get (train: the leader's log)
 "" (core)          events                                 get, list, watch (launch: why a pod waits)
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
@@ -30,7 +31,9 @@ safety net of :mod:`multislice.backends.gke.lease`).
 
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
-``nodes`` (get, list, watch: launch maps pods to node pools). The
+``nodes`` (get, list, watch: launch maps pods to node pools, train sees a
+lost slice's nodes) and the run's ClusterQueue by name (get: train, how many
+slices of an elastic stage Kueue can admit). The
 cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
 WorkloadPriorityClass) are applied once by a cluster admin from
 ``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
@@ -95,12 +98,16 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
-def cluster_read_rules() -> list[dict[str, Any]]:
-    """The only cluster-wide rights of the pipeline: read CRDs and nodes."""
-    return [
+def cluster_read_rules(plan: Plan | None = None) -> list[dict[str, Any]]:
+    """The only cluster-wide rights of the pipeline: read CRDs and nodes, and get the run's ClusterQueue by name
+    (train, elastic stages: what Kueue can admit)."""
+    rules = [
         _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list"]),
         _rule("", ["nodes"], READ),
     ]
+    if plan is not None:
+        rules.append(_rule("kueue.x-k8s.io", ["clusterqueues"], ["get"], [plan.spec.cluster_queue]))
+    return rules
 
 
 def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
@@ -168,7 +175,12 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
             "subjects": subjects,
         },
-        {"apiVersion": RBAC_API, "kind": "ClusterRole", "metadata": _meta(cluster_read), "rules": cluster_read_rules()},
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRole",
+            "metadata": _meta(cluster_read),
+            "rules": cluster_read_rules(plan),
+        },
         {
             "apiVersion": RBAC_API,
             "kind": "ClusterRoleBinding",

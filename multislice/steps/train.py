@@ -114,12 +114,13 @@ def run(
         wall = time.monotonic() - started
         fields: dict[str, Any] = {}
         if stage.elastic:
-            value, lost = elastic.goodput(records, wall)
+            steps = [r for r in records if "step" in r]  # eval records (eval_after_step) are not steps
+            value, lost = elastic.goodput(steps, wall)
             fields = {
                 "goodput": round(value, 4),
                 "steps_lost": lost,
                 "resizes": resizes,
-                "slice_timeline": elastic.slice_timeline(records),
+                "slice_timeline": elastic.slice_timeline(steps),
                 "global_batch_size": stage.global_batch_size,
             }
         report = TrainReport(
@@ -156,6 +157,7 @@ class _Watch:
         self.lost_at: float | None = None
         self.capacity_at: float | None = None
         self.checkpoint_then: int | None = None
+        self.checkpoint_at_decision: int | None = None
         self.decision: elastic.Decision | None = None
         self.detected = 0.0
 
@@ -192,6 +194,7 @@ class _Watch:
         )
         if decision.action == "relaunch" and decision.slices != self.running:
             self.decision, self.detected = decision, self.lost_at or self.capacity_at or now
+            self.checkpoint_at_decision = latest
             return True
         return False
 
@@ -262,9 +265,17 @@ def follow_elastic(
             last_step_before=int(last["step"]) if last else None,
             last_loss_before=last["learning/loss"] if last else None,
         )
+        resize.checkpoints_discarded = elastic.discard_unlogged_checkpoints(
+            stage.checkpoint_dir, resize.last_step_before, watch.checkpoint_at_decision
+        )
         resizes.append(resize)
         pending["resize"] = resize
         tell(f"resize {running} -> {decision.slices} slice(s): {decision.cause}")
+        if resize.checkpoints_discarded:
+            tell(
+                f"checkpoint(s) {resize.checkpoints_discarded} committed while the workload stopped, their step "
+                f"line never logged: deleted, training resumes from an earlier one"
+            )
         new_plan, new_stage = (
             on_slices(plan, stage, decision.slices)
             if decision.slices != runnable[0]

@@ -30,6 +30,7 @@ from multislice.backends.base import (
     WorkloadDeleted,
 )
 from multislice.backends.gke import access, cluster, jobset, lease, logs, nodepool, pods, verifier, watch, workload
+from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.aot import JobAotSession
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
 from multislice.config import ClusterSpec
@@ -55,12 +56,15 @@ class GkeBackend(Backend):
 
     name = "gke"
     hardware = "tpu"
+    elastic = True
 
     def __init__(self, kube: Kube, lease_seconds: int = lease.LEASE_SECONDS):
         super().__init__(kube.timings)
         self.kube = kube
         self.lease_seconds = lease_seconds
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
+        self.following: str | None = None  # the JobSet last submitted or followed
+        self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
 
     @classmethod
     def connect(
@@ -137,6 +141,7 @@ class GkeBackend(Backend):
         """Create the JobSet with its spec-hash annotation, adopt it when the hash matches, or replace a finished
         one of another pipeline run (:mod:`.jobset`)."""
         replaced: list[str] = []
+        self.following = manifest["metadata"]["name"]
         created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
         return Submission(
             name=manifest["metadata"]["name"],
@@ -241,15 +246,19 @@ class GkeBackend(Backend):
         waits to be admitted again, up to ``timings.readmit_timeout``.
         """
         timings = self.timings
+        self.following = stage.jobset
         follower = logs.LeaderLog(self.kube, stage.jobset, lambda pod, line: on_line(line), timings.poll_seconds)
         follower.start()
         started = time.monotonic()
         seen_restarts, suspended_since, final = 0, None, None
         try:
+            # An elastic stage's lost slice shows in pods and nodes, not in the JobSet: each watch request then
+            # lasts at most poll_seconds, and ``interrupt`` is asked after each event and each idle end.
             events = watch.follow(
                 self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
                 self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
                 what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
+                watch_seconds=None if interrupt is None else max(1.0, timings.poll_seconds),
             )  # fmt: skip
             for kind, js in events:
                 if kind == watch.IDLE:
@@ -281,6 +290,19 @@ class GkeBackend(Backend):
                 if state in ("Completed", "Failed"):
                     final = js
                     break
+                if interrupt is not None and interrupt():
+                    # Stop the pods first, then pass on what the leader logged up to then.
+                    labels = js.get("metadata", {}).get("labels") or {}
+                    if names.LABEL_PIPELINE_RUN_ID in labels:
+                        self.run_ids[stage.jobset] = labels[names.LABEL_PIPELINE_RUN_ID]
+                    jobset.delete(self.kube, stage.jobset)
+                    jobset.wait_gone(self.kube, stage.jobset, timings.delete_timeout)
+                    follower.stop()
+                    follower.join(timeout=timings.poll_seconds * 4 + 5)
+                    follower.catch_up()
+                    return Finished(
+                        phase="Interrupted", restarts=jobset.restarts(js), leader_logs=follower.pods_followed
+                    )
         finally:
             follower.stop()
         if final is None:
@@ -291,6 +313,32 @@ class GkeBackend(Backend):
         follower.join(timeout=timings.poll_seconds * 4 + 5)
         follower.catch_up()
         return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed)
+
+    # -- elastic training ----------------------------------------------------
+
+    def lost_slice(self, name: str) -> str | None:
+        """Why JobSet ``name`` lost a slice: a pod of its current attempt failed or was disrupted, its node went
+        (deleted, Spot termination, NotReady) or it is Unschedulable (:func:`.elastic.lost_slice`); else None."""
+        return gke_elastic.lost_slice(self.kube, name)
+
+    def available_slices(self, plan: Plan) -> int | None:
+        """Slices the ClusterQueue can admit beside the other workloads and the node pools hold ready nodes for
+        (:func:`.elastic.available`; approximations listed there)."""
+        return gke_elastic.available(self.kube, plan, self.following or "")
+
+    def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
+        """Delete the stage's JobSet, create it for ``plan.spec.num_slices`` slices (its gradient accumulation in the
+        trainer's arguments) with the same pipeline run label, and wait for Kueue to admit the new request."""
+        old = self.kube.get_jobset(stage.jobset)
+        labels = (old or {}).get("metadata", {}).get("labels") or {}
+        run_id = labels.get(names.LABEL_PIPELINE_RUN_ID) or self.run_ids.get(stage.jobset, "manual")
+        if old is not None:
+            jobset.delete(self.kube, stage.jobset)
+            jobset.wait_gone(self.kube, stage.jobset, self.timings.delete_timeout)
+        self.submit(self.workload_manifest(plan, stage, run_id))
+        tell(f"JobSet {stage.jobset} relaunched on {plan.spec.num_slices} slice(s); waiting for Kueue to admit it")
+        admitted = self.wait_admitted(plan, stage, tell)
+        tell(f"JobSet {stage.jobset} admitted on {plan.spec.num_slices} slice(s) after {admitted.wait_seconds:g} s")
 
     def failure_report(self, name: str) -> str:
         """The JobSet's conditions and restarts, then each failed pod's exit code and last log lines."""

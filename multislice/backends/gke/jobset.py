@@ -202,3 +202,8 @@ def delete(kube: Kube, name: str) -> bool:
         if error.status == 404:
             return False
         raise
+
+
+def replicas(obj: dict[str, Any]) -> int:
+    """Slices of a JobSet: the summed ``replicas`` of its replicated jobs (``spec.replicatedJobs[].replicas``)."""
+    return sum(int(job.get("replicas", 1)) for job in obj.get("spec", {}).get("replicatedJobs", []))

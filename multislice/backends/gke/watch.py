@@ -33,6 +33,7 @@ def follow(
     what: str,
     deadline: float,
     on_relist: Callable[[str], None] | None = None,
+    watch_seconds: float | None = None,
     **kwargs: Any,
 ) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """Yield ``(type, object)`` for the objects ``list_fn`` lists, until ``deadline`` (``time.monotonic()``).
@@ -40,7 +41,8 @@ def follow(
     First every listed object as ``LISTED``, then watch events (``ADDED``,
     ``MODIFIED``, ``DELETED``); ``(IDLE, None)`` whenever a watch request ends
     with nothing new. After 410 Gone it lists again (``LISTED`` again) and
-    tells ``on_relist`` why.
+    tells ``on_relist`` why. ``watch_seconds`` (default ``kube.timings.watch_seconds``) bounds each watch request,
+    so an ``IDLE`` comes at least that often.
 
     Raises:
         multislice.backends.gke.retry.ApiUnavailable: the API kept failing past ``kube.timings.api_deadline``.
@@ -54,7 +56,7 @@ def follow(
             resource_version = listed.get("metadata", {}).get("resourceVersion") or "0"
             for item in listed.get("items", []):
                 yield LISTED, item
-        timeout = max(1, int(min(kube.timings.watch_seconds, deadline - time.monotonic())))
+        timeout = max(1, int(min(watch_seconds or kube.timings.watch_seconds, deadline - time.monotonic())))
         stream = k8s_watch.Watch()
         try:
             for event in stream.stream(

@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from multislice import names
-from multislice.backends.gke import jobset
+from multislice.backends.gke import jobset, rayjob
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_VERSION, Kube
 
 #: How long a Lease holds its JobSet without a renewal, seconds.
@@ -62,9 +62,11 @@ def _parse_time(text: str) -> datetime.datetime:
 
 
 def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now: datetime.datetime | None = None):
-    """Create or renew the Lease of JobSet ``name`` (owned by the JobSet); returns the Lease, None if no JobSet."""
+    """Create or renew the Lease of JobSet (or RayJob) ``name``, owned by it; the Lease, or None if neither exists."""
     now = now or datetime.datetime.now(datetime.UTC)
-    found = kube.get_jobset(name)
+    found, owner_api, owner_kind = kube.get_jobset(name), f"{JOBSET_GROUP}/{JOBSET_VERSION}", "JobSet"
+    if found is None:  # a stage launched by Ray: its RayJob (multislice.backends.gke.rayjob) owns the Lease
+        found, owner_api, owner_kind = rayjob.get(kube, name), "ray.io/v1", "RayJob"
     if found is None:
         return None
     meta = found["metadata"]
@@ -81,8 +83,8 @@ def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now:
             },  # fmt: skip
             "ownerReferences": [
                 {
-                    "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
-                    "kind": "JobSet",
+                    "apiVersion": owner_api,
+                    "kind": owner_kind,
                     "name": name,
                     "uid": meta.get("uid", ""),
                 }

@@ -307,6 +307,21 @@ class KubeRay:
         """Lines the submitter pod prints (``ray job submit`` tailing the driver's and its workers' output)."""
         self.play.log(self.submitter_pod, text)
 
+    def submitter_retried(self) -> str:
+        """The submitter pod fails (its node went away) and the Job controller starts another (Running); its name.
+
+        KubeRay's retried submitter runs ``ray job logs --follow``, which prints the Ray job's log from its start:
+        the new pod's log begins with every line the old one had.
+        """
+        old = self.submitter_pod
+        self.play.pod_status(old, {"phase": "Failed"})
+        self.submitter_pod = f"{self.name}-sbm5u"
+        self._pod(self.submitter_pod, {"job-name": self.name}, "ray-job-submitter", "gke-cpu-0", "Running")
+        with self.play.cluster.log_lock:
+            replay = "".join(line for _, line in self.play.cluster.logs.get((self.play.ns, old), []))
+        self.driver_logs(replay)
+        return self.submitter_pod
+
     def worker_killed(self, slice_index: int, host: int, exit_code: int = 137) -> str:
         """The worker pod of ``(slice, host)`` fails (its container killed); returns its name."""
         name = self.worker_name(slice_index, host)

@@ -169,6 +169,27 @@ def test_a_killed_worker_that_ray_train_recovers_is_not_a_failure(served, play, 
     assert "KubeRay replaces it and Ray Train retries the worker group (max_failures 4)" in out
 
 
+def test_a_retried_submitter_replaying_the_log_passes_no_line_twice(served, play, plan, told):
+    kube = served.kube()
+    report, ray, workers = launched(play, plan, kube, told)
+
+    def submitter_lost():
+        first = ray.submitter_pod
+        ray.driver_logs(leader() + step_line(0, 8.0) + step_line(1, 7.5))
+        told.wait_for("completed step: 1,")
+        second = ray.submitter_retried()  # its log starts with the first pod's three lines again
+        told.wait_for(f"submitter pod {second} follows the Ray job's log again")
+        ray.driver_logs(step_line(2, 7.0))
+        told.wait_for("completed step: 2,")
+        ray.job_ends("SUCCEEDED")
+        assert first != second
+
+    with Background(submitter_lost, told):
+        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+    assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (3, 8.0, 7.0)
+    assert trained.restarts == 0 and len(trained.leader_logs) == 2
+
+
 def test_a_failed_ray_job_fails_train_with_its_cause(served, play, plan, told):
     kube = served.kube()
     report, ray, workers = launched(play, plan, kube, told)

@@ -492,15 +492,32 @@ class GkeBackend(Backend):
     def _ray_follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
         """Poll the RayJob and follow its submitter pod's log (the driver's and workers' lines) to the end.
 
+        A retried submitter pod (KubeRay's submitter Job, ``backoffLimit`` 2) does not submit again but runs
+        ``ray job logs --follow`` (KubeRay ``common/job.go``, ``BuildJobSubmitCommand``), which prints the Ray job's
+        log from its start: the lines already passed on are skipped.
+
         A worker pod that fails is told, not fatal: Ray Train restarts the worker group inside the driver, up to
         ``FailureConfig(max_failures=max_restarts)``; only the RayJob's own end decides. Restarts are counted from
         the leader's start lines (:data:`.rayjob.LEADER_LINE`).
         """
         timings, name = self.timings, stage.jobset
         leader_starts = 0
+        passed: list[str] = []  # every line passed on, in order
+        replayed: dict[str, int | None] = {}  # submitter pod -> lines of ``passed`` it has replayed (None: past them)
 
         def passed_on(pod: str, line: str) -> None:
             nonlocal leader_starts
+            if pod not in replayed:
+                replayed[pod] = 0 if passed else None
+                if passed:
+                    tell(f"submitter pod {pod} follows the Ray job's log again from its start (a Job retry)")
+            at = replayed[pod]
+            if at is not None:  # a retried submitter runs `ray job logs --follow` of the same Ray job: a replay
+                if at < len(passed) and passed[at] == line:
+                    replayed[pod] = at + 1
+                    return
+                replayed[pod] = None
+            passed.append(line)
             if rayjob.LEADER_LINE.search(line):
                 leader_starts += 1
                 if leader_starts > 1:

@@ -348,6 +348,33 @@ class KubeRay:
             status["reason"] = reason or "AppFailed"
         self.patch({"status": status}, status=True)
 
+    def kueue_evicts(self, message: str) -> None:
+        """Kueue evicts the Workload and suspends the RayJob; KubeRay (``Suspending``) deletes the RayCluster with its
+        pods and the submitter Job with its pod, clears ``rayClusterName`` and reaches ``Suspended``."""
+        play = self.play
+        status = {"conditions": [
+            {"type": "Evicted", "status": "True", "reason": "Preempted", "message": message},
+            {"type": "Admitted", "status": "False", "reason": "NoReservation", "message": "evicted"},
+        ]}  # fmt: skip
+        play.custom.patch_namespaced_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads", self.workload, {"status": status}
+        )
+        self.patch({"spec": {"suspend": True}})
+        self._cluster_gone()
+        self.patch({"status": {"jobDeploymentStatus": "Suspended", "jobStatus": "", "rayClusterName": "",
+                               "rayClusterStatus": {}}}, status=True)  # fmt: skip
+        self.cluster = f"{self.name}-y8m3q"  # the next admission's RayCluster (GenerateRayClusterName again)
+        self.submitter_pod = f"{self.name}-sbm6v"
+
+    def _cluster_gone(self) -> None:
+        play = self.play
+        play.custom.delete_namespaced_custom_object("ray.io", "v1", play.ns, "rayclusters", self.cluster)
+        for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"ray.io/cluster={self.cluster}").items:
+            play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
+        play.batch.delete_namespaced_job(self.name, play.ns)
+        for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"job-name={self.name}").items:
+            play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
+
     def garbage_collected(self) -> None:
         """Once the RayJob is gone, what it owned goes: the RayCluster and its pods, the submitter Job and its pod,
         Kueue's Workload (the garbage collector's part; KubeRay's finalizer is not modelled)."""
@@ -360,11 +387,7 @@ class KubeRay:
             return not found["items"]
 
         wait_until(gone, what=f"RayJob {self.name} deleted")
-        play.custom.delete_namespaced_custom_object("ray.io", "v1", play.ns, "rayclusters", self.cluster)
-        for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"ray.io/cluster={self.cluster}").items:
-            play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
-        play.batch.delete_namespaced_job(self.name, play.ns)
-        play.core.delete_namespaced_pod(self.submitter_pod, play.ns)
+        self._cluster_gone()
         play.custom.delete_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads", self.workload)
 
 

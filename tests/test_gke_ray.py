@@ -190,6 +190,29 @@ def test_a_retried_submitter_replaying_the_log_passes_no_line_twice(served, play
     assert trained.restarts == 0 and len(trained.leader_logs) == 2
 
 
+def test_evicted_by_kueue_then_readmitted_the_rayjob_trains_on_a_new_raycluster(served, play, plan, told, capsys):
+    kube = served.kube()
+    report, ray, workers = launched(play, plan, kube, told)
+
+    def preempted_then_resumed():
+        ray.driver_logs(leader() + step_line(0, 8.0))
+        told.wait_for("completed step: 0,")
+        ray.kueue_evicts("Preempted to accommodate a workload (UID: 42) due to prioritization in the ClusterQueue")
+        told.wait_for(r"RayJob suspended by Kueue \(Evicted True: Preempted: ")
+        ray.kueue_admits()
+        told.wait_for("RayJob admitted again after")
+        ray.starts()  # a new RayCluster, a new submitter; the new Ray job restores step 0's checkpoint
+        ray.driver_logs(leader() + step_line(1, 7.0))
+        told.wait_for("completed step: 1,")
+        ray.job_ends("SUCCEEDED")
+
+    with Background(preempted_then_resumed, told):
+        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+    assert trained.steps_trained == 2 and trained.final_loss == 7.0
+    assert trained.leader_logs == [f"{ray.name}-sbm4t", ray.submitter_pod]
+    assert "RayJob admitted again after" in capsys.readouterr().out
+
+
 def test_a_failed_ray_job_fails_train_with_its_cause(served, play, plan, told):
     kube = served.kube()
     report, ray, workers = launched(play, plan, kube, told)

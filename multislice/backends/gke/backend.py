@@ -545,6 +545,9 @@ class GkeBackend(Backend):
                 if state == "Suspended":
                     if suspended_since is None:
                         suspended_since = time.monotonic()
+                        # KubeRay deletes the RayCluster and the submitter Job and, once admitted again, submits
+                        # a new Ray job (rayjob_controller.go, Suspending): its log is new, not a replay.
+                        passed.clear()
                         found.setdefault("kind", "RayJob")
                         queued = workload.find(self.kube, found)
                         reason = workload.pending_reason(queued, name, plan.spec.queue, "RayJob")

@@ -268,3 +268,25 @@ def test_cancelled_rayjob_is_deleted_and_nothing_of_the_run_is_left(served, play
     assert play.core.list_namespaced_pod("default", label_selector=f"job-name={ray.name}").items == []
     assert play.batch.list_namespaced_job("default", label_selector=selector).items == []
     assert play.batch.list_namespaced_job("default").items == []
+
+
+def test_the_reaper_deletes_an_unfinished_rayjob_whose_lease_expired_and_spares_a_finished_one(
+    served, play, plan, told
+):
+    """A step killed without its handlers stops renewing the Lease the RayJob owns; ``multislice reap`` deletes it."""
+    import datetime
+
+    from multislice.backends.gke import lease
+
+    kube, name = served.kube(), stage_of(plan).jobset
+    admitted(play, plan, kube, told)
+    held = lease.renew(kube, name, "train/pod-1", seconds=3)
+    assert held["metadata"]["ownerReferences"][0]["kind"] == "RayJob"  # the garbage collector removes it with it
+    renewed = datetime.datetime.fromisoformat(held["spec"]["renewTime"].replace("Z", "+00:00"))
+    assert lease.reap(kube, now=renewed + datetime.timedelta(seconds=1), tell=print) == []  # still held
+    late = renewed + datetime.timedelta(seconds=lease.orphan_bound(3))
+    kuberay(play, plan).job_ends("SUCCEEDED")
+    assert lease.reap(kube, now=late, tell=print) == []  # finished: holds no TPUs, kept as cleanup keeps it
+    kuberay(play, plan).patch({"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}, status=True)
+    assert lease.reap(kube, now=late, tell=print) == [name]
+    assert rayjob.get(kube, name) is None and lease.get(kube, name) is None

@@ -123,25 +123,29 @@ def expires(found_jobset: dict[str, Any], found_lease: dict[str, Any] | None) ->
 
 
 def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str], None] = print) -> list[str]:
-    """Delete every unfinished JobSet of a pipeline run (label ``pipeline/runid``) whose hold expired; their names.
+    """Delete every unfinished JobSet (or RayJob) of a pipeline run (label ``pipeline/runid``) whose hold expired;
+    their names.
 
-    Finished JobSets are kept (cleanup's rule); JobSets of no pipeline run are never touched.
+    Finished ones are kept (cleanup's rule); those of no pipeline run are never touched.
     """
     now = now or datetime.datetime.now(datetime.UTC)
     deleted = []
-    for found in kube.list_jobsets(""):
+    workloads = [("JobSet", found, jobset.phase, jobset.delete) for found in kube.list_jobsets("")]
+    # Stages launched by Ray: their RayJobs (none when KubeRay or the Ray RBAC rules are absent, rayjob.NO_RAY).
+    workloads += [("RayJob", found, rayjob.phase, rayjob.delete) for found in rayjob.list_rayjobs(kube, "")]
+    for kind, found, phase_of, delete_workload in workloads:
         meta = found["metadata"]
         if names.LABEL_PIPELINE_RUN_ID not in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
             continue
-        if jobset.phase(found) in ("Completed", "Failed"):
+        if phase_of(found) in ("Completed", "Failed"):
             continue
         ends = expires(found, get(kube, meta["name"]))
         if now > ends:
             tell(
-                f"JobSet {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
+                f"{kind} {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
                 f": its Lease expired at {_micro_time(ends)} with no step left to renew it; deleting it"
             )
-            if jobset.delete(kube, meta["name"]):
+            if delete_workload(kube, meta["name"]):
                 deleted.append(meta["name"])
             delete(kube, meta["name"])  # the garbage collector would too (owner reference): not left to it
     return deleted
@@ -203,8 +207,8 @@ def reaper_cronjob(
 ) -> dict[str, Any]:
     """The CronJob that runs ``multislice reap`` in ``namespace`` every minute (the cluster-owned safety net).
 
-    Its service account needs ``list``/``delete`` on ``jobsets`` and ``get`` on
-    ``leases`` in the namespace (the pipeline runner's Role has them).
+    Its service account needs ``list``/``delete`` on ``jobsets`` (and on ``rayjobs`` when a stage is launched by
+    Ray) and ``get`` on ``leases`` in the namespace (the pipeline runner's Role has them).
     ``concurrencyPolicy: Forbid``: one reaper at a time.
     """
     return {

@@ -290,3 +290,14 @@ def test_the_reaper_deletes_an_unfinished_rayjob_whose_lease_expired_and_spares_
     kuberay(play, plan).patch({"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}, status=True)
     assert lease.reap(kube, now=late, tell=print) == [name]
     assert rayjob.get(kube, name) is None and lease.get(kube, name) is None
+
+
+def test_provision_for_a_ray_run_needs_kuberays_rayjob_crd(served, plan):
+    from multislice.backends.gke import cluster
+    from tests.kube_controllers import Play
+
+    Play(served).install_crds(skip=("rayjobs.ray.io",))
+    with pytest.raises(
+        cluster.CrdsMissing, match=r"rayjobs\.ray\.io needs v1, the cluster serves nothing.*Ray operator add-on"
+    ):
+        provision.run(plan, backend=GkeBackend(served.kube()))

@@ -112,13 +112,14 @@ class GkeBackend(Backend):
         RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
 
         Raises:
-            cluster.CrdsMissing: JobSet or Kueue not installed at the needed versions.
+            cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
+                needed versions.
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
         pools = nodepool.ensure_node_pools(
             plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
         )
-        crds = cluster.check_crds(self.kube)
+        crds = cluster.check_crds(self.kube, ray=any(stage.launcher == "ray" for stage in plan.stages))
         tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
         applied, left = [], []
         for obj in kueue_objects:

@@ -4,7 +4,10 @@ Kueue (suspends the JobSet, creates its Workload, sets QuotaReserved /
 Admitted / Evicted and unsuspends), the JobSet and Job controllers and the
 kubelet (pods through phases, container states, exit codes, logs, events,
 JobSet conditions and restarts), GKE (nodes labelled with their node pool and
-TPU shape) and the installed CRDs (the upstream files in multislice/crds).
+TPU shape), the installed CRDs (the upstream files in multislice/crds), and
+KubeRay for a stage launched by Ray (:class:`KubeRay`: the RayCluster, its
+head and worker pods, the submitter Job and pod with the driver's log, the
+RayJob's status, a worker killed and replaced, the garbage collector).
 """
 
 from __future__ import annotations
@@ -93,11 +96,16 @@ class Play:
         """Kueue's webhook suspends the JobSet; its controller creates a pending Workload (QuotaReserved False)."""
         js = self.jobset(jobset)
         self.patch_jobset(jobset, {"spec": {"suspend": True}})
-        owner = {"apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "name": jobset,
+        self._pending_workload(js, self.workload_name(jobset), f"{JOBSET_GROUP}/{JOBSET_VERSION}", message, reason)
+
+    def _pending_workload(self, owner_obj: dict[str, Any], name: str, api: str, message: str, reason: str) -> None:
+        jobset = owner_obj["metadata"]["name"]
+        js = owner_obj
+        owner = {"apiVersion": api, "kind": owner_obj["kind"], "name": jobset,
                  "uid": js["metadata"]["uid"], "controller": True}  # fmt: skip
         workload = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "Workload",
-            "metadata": {"name": self.workload_name(jobset), "namespace": self.ns, "ownerReferences": [owner]},
+            "metadata": {"name": name, "namespace": self.ns, "ownerReferences": [owner]},
             "spec": {"queueName": js["metadata"]["labels"][names.KUEUE_QUEUE_LABEL]},
             "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": reason,
                                        "message": message}]},
@@ -108,6 +116,10 @@ class Play:
         self, jobset: str, cluster_queue: str = "multislice-cluster-queue", flavor: str = "v6e-4x4"
     ) -> None:
         """QuotaReserved and Admitted; the JobSet is unsuspended."""
+        self._admit_workload(self.workload_name(jobset), cluster_queue, flavor)
+        self.patch_jobset(jobset, {"spec": {"suspend": False}})
+
+    def _admit_workload(self, name: str, cluster_queue: str, flavor: str) -> None:
         status = {
             "conditions": [
                 {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved"},
@@ -117,9 +129,8 @@ class Play:
                           "podSetAssignments": [{"name": "slice", "flavors": {tpu.TPU_RESOURCE: flavor}}]},
         }  # fmt: skip
         self.custom.patch_namespaced_custom_object_status(
-            KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", self.workload_name(jobset), {"status": status}
+            KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", name, {"status": status}
         )
-        self.patch_jobset(jobset, {"spec": {"suspend": False}})
 
     def kueue_evicts(self, jobset: str, message: str) -> None:
         """Evicted (Preempted): Admitted False, the JobSet suspended again."""
@@ -188,6 +199,196 @@ class Play:
         self.batch.patch_namespaced_job_status(
             name, self.ns, {"status": {"conditions": [{"type": kind, "status": "True"}]}}
         )
+
+
+class KubeRay:
+    """Plays Kueue's RayJob integration, KubeRay's RayJob and RayCluster controllers, the Job controller, the
+    kubelet and the garbage collector for one RayJob, through the API (as :class:`Play` does for a JobSet).
+
+    Names as KubeRay v1.7.0 makes them: the RayCluster ``<rayjob>-<5 random>`` (``utils.GenerateRayClusterName``),
+    the submitter Job named as the RayJob, its pod labelled ``job-name``; the Workload ``rayjob-<name>-<hash>``
+    (Kueue ``GetWorkloadNameForRayJob``). What it does not model is listed in docs/testing.md.
+    """
+
+    def __init__(self, play: Play, name: str, slices: int, hosts: int, pools: list[str]):
+        self.play, self.name, self.slices, self.hosts, self.pools = play, name, slices, hosts, pools
+        self.cluster = f"{name}-x7k2p"
+        self.workload = f"rayjob-{name}-1a2b3"
+        self.submitter_pod = f"{name}-sbm4t"
+        self.replaced: dict[tuple[int, int], int] = {}  # (slice, host) -> pods KubeRay created for it so far
+
+    def rayjob(self) -> dict[str, Any]:
+        """Wait for the RayJob to exist; returns it."""
+        play = self.play
+
+        def get() -> Any:
+            found = play.custom.list_namespaced_custom_object(
+                "ray.io", "v1", play.ns, "rayjobs", field_selector=f"metadata.name={self.name}"
+            )
+            return found["items"][0] if found["items"] else None
+
+        return wait_until(get, what=f"RayJob {self.name}")
+
+    def patch(self, body: dict[str, Any], status: bool = False) -> dict[str, Any]:
+        """Merge-patch the RayJob (its status subresource when ``status``)."""
+        play = self.play
+        patch = (
+            play.custom.patch_namespaced_custom_object_status if status else play.custom.patch_namespaced_custom_object
+        )
+        return patch("ray.io", "v1", play.ns, "rayjobs", self.name, body)
+
+    def _owner(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "ray.io/v1", "kind": obj["kind"], "name": obj["metadata"]["name"],
+                "uid": obj["metadata"]["uid"], "controller": True}  # fmt: skip
+
+    def kueue_queues(self, message: str = "waiting", reason: str = "Pending") -> None:
+        """Kueue's RayJob webhook suspends it; its controller creates a pending Workload owned by it."""
+        found = self.rayjob()
+        self.patch({"spec": {"suspend": True}})
+        self.patch({"status": {"jobDeploymentStatus": "Suspended"}}, status=True)
+        self.play._pending_workload(found, self.workload, "ray.io/v1", message, reason)
+
+    def kueue_admits(self, cluster_queue: str = "multislice-cluster-queue", flavor: str = "v6e-4x4") -> None:
+        """QuotaReserved and Admitted; the RayJob is unsuspended (KubeRay moves it to Initializing)."""
+        self.play._admit_workload(self.workload, cluster_queue, flavor)
+        self.patch({"spec": {"suspend": False}})
+        self.patch({"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": self.cluster}}, status=True)
+
+    def _pod(self, name: str, labels: dict[str, str], container: str, node: str | None, phase: str) -> None:
+        play = self.play
+        spec: dict[str, Any] = {"containers": [{"name": container, "image": "trainer"}]}
+        if node:
+            spec["nodeName"] = node
+        body = {"metadata": {"name": name, "namespace": play.ns, "labels": labels}, "spec": spec,
+                "status": {"phase": phase}}  # fmt: skip
+        play.core.create_namespaced_pod(play.ns, body)
+
+    def worker_name(self, slice_index: int, host: int) -> str:
+        """The current worker pod of ``(slice, host)``."""
+        return f"{self.cluster}-slice-worker-{slice_index}-{host}-r{self.replaced.get((slice_index, host), 0)}"
+
+    def _worker(self, slice_index: int, host: int) -> str:
+        name = self.worker_name(slice_index, host)
+        labels = {"ray.io/cluster": self.cluster, "ray.io/node-type": "worker", "ray.io/group": "slice",
+                  "ray.io/is-ray-node": "yes", "ray.io/worker-group-replica-index": str(slice_index),
+                  "ray.io/worker-group-replica-name": f"{self.cluster}-slice-{slice_index}",
+                  "ray.io/replica-host-index": str(host)}  # fmt: skip
+        self._pod(name, labels, "ray-worker", f"gke-{self.pools[slice_index]}-{host}", "Running")
+        return name
+
+    def starts(self) -> list[str]:
+        """The RayCluster (owned by the RayJob), its head and worker pods (replicas x numOfHosts) Running, the
+        submitter Job and its pod Running; the RayJob Running. Returns the worker pod names."""
+        play, found = self.play, self.rayjob()
+        cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                   "metadata": {"name": self.cluster, "namespace": play.ns, "ownerReferences": [self._owner(found)],
+                                "labels": {"ray.io/originated-from-cr-name": self.name,
+                                           "ray.io/originated-from-crd": "RayJob"}},
+                   "spec": found["spec"]["rayClusterSpec"]}  # fmt: skip
+        play.custom.create_namespaced_custom_object("ray.io", "v1", play.ns, "rayclusters", cluster)
+        self._pod(f"{self.cluster}-head", {"ray.io/cluster": self.cluster, "ray.io/node-type": "head"},
+                  "ray-head", "gke-cpu-0", "Running")  # fmt: skip
+        workers = [self._worker(j, h) for j in range(self.slices) for h in range(self.hosts)]
+        job = {"metadata": {"name": self.name, "namespace": play.ns, "ownerReferences": [self._owner(found)],
+                            "labels": {"ray.io/originated-from-cr-name": self.name}},
+               "spec": {"backoffLimit": 2, "template": {"spec": {"restartPolicy": "Never",
+                        "containers": [{"name": "ray-job-submitter", "image": "trainer"}]}}}}  # fmt: skip
+        play.batch.create_namespaced_job(play.ns, job)
+        self._pod(self.submitter_pod, {"job-name": self.name}, "ray-job-submitter", "gke-cpu-0", "Running")
+        count = self.slices * self.hosts
+        self.patch({"status": {
+            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": self.cluster,
+            "rayClusterStatus": {"state": "ready", "readyWorkerReplicas": count, "availableWorkerReplicas": count,
+                                 "desiredWorkerReplicas": count},
+        }}, status=True)  # fmt: skip
+        return workers
+
+    def driver_logs(self, text: str) -> None:
+        """Lines the submitter pod prints (``ray job submit`` tailing the driver's and its workers' output)."""
+        self.play.log(self.submitter_pod, text)
+
+    def submitter_retried(self) -> str:
+        """The submitter pod fails (its node went away) and the Job controller starts another (Running); its name.
+
+        KubeRay's retried submitter runs ``ray job logs --follow``, which prints the Ray job's log from its start:
+        the new pod's log begins with every line the old one had.
+        """
+        old = self.submitter_pod
+        self.play.pod_status(old, {"phase": "Failed"})
+        self.submitter_pod = f"{self.name}-sbm5u"
+        self._pod(self.submitter_pod, {"job-name": self.name}, "ray-job-submitter", "gke-cpu-0", "Running")
+        with self.play.cluster.log_lock:
+            replay = "".join(line for _, line in self.play.cluster.logs.get((self.play.ns, old), []))
+        self.driver_logs(replay)
+        return self.submitter_pod
+
+    def worker_killed(self, slice_index: int, host: int, exit_code: int = 137) -> str:
+        """The worker pod of ``(slice, host)`` fails (its container killed); returns its name."""
+        name = self.worker_name(slice_index, host)
+        terminated = {"name": "ray-worker", "ready": False, "restartCount": 0, "image": "t", "imageID": "",
+                      "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}  # fmt: skip
+        self.play.pod_status(name, {"phase": "Failed", "containerStatuses": [terminated]})
+        return name
+
+    def worker_replaced(self, slice_index: int, host: int) -> str:
+        """KubeRay deletes the failed worker pod and creates a new one for the replica (Running); its name."""
+        self.play.core.delete_namespaced_pod(self.worker_name(slice_index, host), self.play.ns)
+        self.replaced[(slice_index, host)] = self.replaced.get((slice_index, host), 0) + 1
+        return self._worker(slice_index, host)
+
+    def job_ends(self, job_status: str, message: str = "", reason: str = "") -> None:
+        """The Ray job ends: the submitter pod finishes, the RayJob reaches Complete (SUCCEEDED) or, when the Ray job
+        FAILED, Failed with reason AppFailed (rayjob_controller.go)."""
+        ok = job_status == "SUCCEEDED"
+        if self.play.core.list_namespaced_pod(self.play.ns, label_selector=f"job-name={self.name}").items:
+            self.play.pod_status(self.submitter_pod, {"phase": "Succeeded" if ok else "Failed"})
+        deployment = "Complete" if job_status in ("SUCCEEDED", "STOPPED") else "Failed"
+        status = {"jobStatus": job_status, "jobDeploymentStatus": deployment, "message": message}
+        if deployment == "Failed":
+            status["reason"] = reason or "AppFailed"
+        self.patch({"status": status}, status=True)
+
+    def kueue_evicts(self, message: str) -> None:
+        """Kueue evicts the Workload and suspends the RayJob; KubeRay (``Suspending``) deletes the RayCluster with its
+        pods and the submitter Job with its pod, clears ``rayClusterName`` and reaches ``Suspended``."""
+        play = self.play
+        status = {"conditions": [
+            {"type": "Evicted", "status": "True", "reason": "Preempted", "message": message},
+            {"type": "Admitted", "status": "False", "reason": "NoReservation", "message": "evicted"},
+        ]}  # fmt: skip
+        play.custom.patch_namespaced_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads", self.workload, {"status": status}
+        )
+        self.patch({"spec": {"suspend": True}})
+        self._cluster_gone()
+        self.patch({"status": {"jobDeploymentStatus": "Suspended", "jobStatus": "", "rayClusterName": "",
+                               "rayClusterStatus": {}}}, status=True)  # fmt: skip
+        self.cluster = f"{self.name}-y8m3q"  # the next admission's RayCluster (GenerateRayClusterName again)
+        self.submitter_pod = f"{self.name}-sbm6v"
+
+    def _cluster_gone(self) -> None:
+        play = self.play
+        play.custom.delete_namespaced_custom_object("ray.io", "v1", play.ns, "rayclusters", self.cluster)
+        for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"ray.io/cluster={self.cluster}").items:
+            play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
+        play.batch.delete_namespaced_job(self.name, play.ns)
+        for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"job-name={self.name}").items:
+            play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
+
+    def garbage_collected(self) -> None:
+        """Once the RayJob is gone, what it owned goes: the RayCluster and its pods, the submitter Job and its pod,
+        Kueue's Workload (the garbage collector's part; KubeRay's finalizer is not modelled)."""
+        play = self.play
+
+        def gone() -> bool:
+            found = play.custom.list_namespaced_custom_object(
+                "ray.io", "v1", play.ns, "rayjobs", field_selector=f"metadata.name={self.name}"
+            )
+            return not found["items"]
+
+        wait_until(gone, what=f"RayJob {self.name} deleted")
+        self._cluster_gone()
+        play.custom.delete_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads", self.workload)
 
 
 def step_line(step: int, loss: float, seconds: float = 2.0) -> str:

@@ -156,14 +156,18 @@ def test_driver_refuses_bad_arguments():
                                "--name=n", "--", "notakeyvalue"])  # fmt: skip
 
 
-def test_the_gke_backend_refuses_a_ray_stage_with_a_fix():
-    from multislice.backends.base import LauncherUnsupported
+def test_the_gke_backend_renders_a_ray_stage_as_its_rayjob_and_the_default_refuses_it_with_a_fix():
+    from multislice.backends.base import Backend, LauncherUnsupported
     from multislice.backends.gke import GkeBackend
 
     plan = _plan(launcher="ray")
-    backend = GkeBackend.__new__(GkeBackend)  # no cluster needed: the manifest is refused before any call
-    with pytest.raises(LauncherUnsupported, match="launcher ray") as refused:
-        backend.workload_manifest(plan, plan.stages[0], "run-1")
+    backend = GkeBackend.__new__(GkeBackend)  # no cluster needed: rendering makes no call
+    backend._claims = {}
+    manifest = backend.workload_manifest(plan, plan.stages[0], "run-1")
+    assert manifest["kind"] == "RayJob" and manifest["metadata"]["name"] == plan.stages[0].jobset
+    assert list(backend._claims) == [plan.stages[0].jobset]  # submit creates these first (none without networks)
+    with pytest.raises(LauncherUnsupported, match="launcher ray") as refused:  # a TPU backend without RayJobs
+        Backend.workload_manifest(backend, plan, plan.stages[0], "run-1")
     assert "launcher=jobset" in refused.value.fix
 
 

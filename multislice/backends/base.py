@@ -67,7 +67,7 @@ class WorkloadConflict(InputError):
 
 
 class LauncherUnsupported(InputError):
-    """A stage's launcher is one this backend cannot launch (``launcher: ray`` on GKE, for now)."""
+    """A stage's launcher is one this backend cannot launch (``launcher: ray`` on a TPU backend without RayJobs)."""
 
 
 class WorkloadDeleted(RunFailed):
@@ -193,8 +193,8 @@ class Backend(abc.ABC):
 
         A stage with ``launcher: ray`` is, on CPU (the local backend), the one-pod JobSet of its Ray driver
         (:func:`multislice.render.jobset.render_ray_driver_jobset`). On TPU it is a KubeRay RayJob
-        (:func:`multislice.render.ray.render_rayjob`), which ``multislice render`` writes but no backend
-        launches yet.
+        (:func:`multislice.render.ray.render_rayjob`): a TPU backend that launches RayJobs overrides this method
+        (:class:`multislice.backends.gke.GkeBackend`); this default refuses them.
 
         Raises:
             ValueError: ``pipeline_run_id`` is not a valid label value.
@@ -202,7 +202,7 @@ class Backend(abc.ABC):
         """
         if stage.launcher == "ray" and self.hardware == "tpu":
             raise LauncherUnsupported(
-                f"stage {stage.name} has launcher ray, and the {self.name} backend does not launch RayJobs yet",
+                f"stage {stage.name} has launcher ray, and the {self.name} backend does not launch RayJobs",
                 "set launcher: jobset for this backend (or --set launcher=jobset); `multislice render --set "
                 "launcher=ray` writes the RayJob to apply yourself",
             )

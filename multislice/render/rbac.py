@@ -17,6 +17,10 @@ batch              jobs                                   create, get, list, wat
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:
                                                           server-side apply)
+ray.io             rayjobs (a stage with launcher: ray)   create, get, list, watch (admit,
+                                                          launch, train), delete (cleanup)
+resource.k8s.io    resourceclaimtemplates (idem)          create, get, list (admit), delete
+                                                          (cleanup)
 =================  =====================================  ===================================
 
 Server-side apply is a PATCH, authorized as ``patch``; when the object does
@@ -95,6 +99,23 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
         _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
+        *ray_rules(plan),
+    ]
+
+
+def ray_rules(plan: Plan) -> list[dict[str, Any]]:
+    """What a stage with ``launcher: ray`` adds (none without one): the stage's RayJob (admit creates it, launch and
+    train read its status, cleanup deletes it) and its DRANET ResourceClaimTemplates (admit creates, cleanup deletes).
+
+    No ``rayclusters`` rule: the backend reads the RayCluster's state from the RayJob's ``status.rayClusterStatus``
+    and its pods by label, and deleting the RayJob removes the RayCluster (an owned object,
+    :mod:`multislice.backends.gke.rayjob`). No ``rayjobs/status``: a status is read with the object (``get``).
+    """
+    if not any(stage.launcher == "ray" for stage in plan.stages):
+        return []
+    return [
+        _rule("ray.io", ["rayjobs"], [*READ, "create", "delete"]),
+        _rule("resource.k8s.io", ["resourceclaimtemplates"], ["get", "list", "create", "delete"]),
     ]
 
 

@@ -62,7 +62,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         cancel.point("admit:created")
         say(
             "admit",
-            f"JobSet {plan.spec.namespace}/{stage.jobset} "
+            f"{manifest.get('kind', 'JobSet')} {plan.spec.namespace}/{stage.jobset} "
             + (
                 "exists with this spec (a retried step): adopted"
                 if submitted.adopted
@@ -81,7 +81,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
             if submitted.adopted:
                 raise
             backend.delete(stage.jobset)
-            deleted = f"; JobSet {stage.jobset} (created by this step) was deleted"
+            deleted = f"; {manifest.get('kind', 'JobSet')} {stage.jobset} (created by this step) was deleted"
             raise type(error)(error.message + deleted, error.fix) from None
         report = AdmitReport(
             jobset=stage.jobset,

@@ -29,12 +29,25 @@ from multislice.backends.base import (
     VerifierTimeout,
     WorkloadDeleted,
 )
-from multislice.backends.gke import access, cluster, jobset, lease, logs, nodepool, pods, verifier, watch, workload
+from multislice.backends.gke import (
+    access,
+    cluster,
+    jobset,
+    lease,
+    logs,
+    nodepool,
+    pods,
+    rayjob,
+    verifier,
+    watch,
+    workload,
+)
 from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.aot import JobAotSession
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
 from multislice.config import ClusterSpec
 from multislice.plan import Plan, StagePlan
+from multislice.render import ray as render_ray
 from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 
@@ -65,6 +78,7 @@ class GkeBackend(Backend):
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
         self.following: str | None = None  # the JobSet last submitted or followed
         self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
+        self._claims: dict[str, list[dict[str, Any]]] = {}  # RayJob name -> its DRANET claim templates
 
     @classmethod
     def connect(
@@ -102,13 +116,14 @@ class GkeBackend(Backend):
         RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
 
         Raises:
-            cluster.CrdsMissing: JobSet or Kueue not installed at the needed versions.
+            cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
+                needed versions.
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
         pools = nodepool.ensure_node_pools(
             plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
         )
-        crds = cluster.check_crds(self.kube)
+        crds = cluster.check_crds(self.kube, ray=any(stage.launcher == "ray" for stage in plan.stages))
         tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
         applied, left = [], []
         for obj in kueue_objects:
@@ -137,12 +152,33 @@ class GkeBackend(Backend):
 
     # -- a stage's workload -------------------------------------------------
 
+    def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+        """The stage's JobSet, or with ``launcher: ray`` its RayJob (:func:`multislice.render.ray.render_rayjob`).
+
+        A RayJob's DRANET ResourceClaimTemplates (when the node pools have additional networks) are rendered with it
+        and created by :meth:`submit` before the RayJob.
+        """
+        if stage.launcher != "ray":
+            return super().workload_manifest(plan, stage, pipeline_run_id)
+        manifest = render_ray.render_rayjob(plan, stage, pipeline_run_id=pipeline_run_id)
+        self._claims[stage.jobset] = render_ray.render_claim_templates(plan, stage, pipeline_run_id=pipeline_run_id)
+        return manifest
+
+    def _launcher(self, stage: StagePlan) -> str:
+        return "RayJob" if stage.launcher == "ray" else "JobSet"
+
     def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet with its spec-hash annotation, adopt it when the hash matches, or replace a finished
-        one of another pipeline run (:mod:`.jobset`)."""
+        """Create the JobSet (or RayJob) with its spec-hash annotation, adopt it when the hash matches, or replace a
+        finished one of another pipeline run (:mod:`.jobset`, :mod:`.rayjob`). A RayJob's claim templates are
+        created first: its worker pods cannot be created without them."""
         replaced: list[str] = []
         self.following = manifest["metadata"]["name"]
-        created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
+        if manifest.get("kind") == "RayJob":
+            for template in self._claims.get(manifest["metadata"]["name"], []):
+                rayjob.apply_claim_template(self.kube, template)
+            created, adopted = rayjob.create_or_adopt(self.kube, manifest, replaced)
+        else:
+            created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
         return Submission(
             name=manifest["metadata"]["name"],
             adopted=adopted,
@@ -152,9 +188,11 @@ class GkeBackend(Backend):
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""
+        ray = stage.launcher == "ray"
         admitted, waited = workload.wait_admitted(
-            self.kube, stage.jobset, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell
-        )
+            self.kube, stage.jobset, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell,
+            kind=self._launcher(stage), get=rayjob.get if ray else None,
+        )  # fmt: skip
         where = workload.admission(admitted)
         return Admission(
             cluster_queue=where["cluster_queue"],
@@ -175,6 +213,8 @@ class GkeBackend(Backend):
         Fails at once on image pulls and crash loops; on pods Unschedulable past
         ``timings.unschedulable_grace``, quoting their events.
         """
+        if stage.launcher == "ray":
+            return self._ray_wait_running(plan, stage, tell)
         timings = self.timings
         expected = plan.spec.num_slices * plan.slice.hosts
         started = time.monotonic()
@@ -245,6 +285,8 @@ class GkeBackend(Backend):
         Tells restarts and Kueue evictions (the JobSet suspended again) while it
         waits to be admitted again, up to ``timings.readmit_timeout``.
         """
+        if stage.launcher == "ray":
+            return self._ray_follow(plan, stage, on_line, tell)
         timings = self.timings
         self.following = stage.jobset
         follower = logs.LeaderLog(self.kube, stage.jobset, lambda pod, line: on_line(line), timings.poll_seconds)
@@ -344,7 +386,8 @@ class GkeBackend(Backend):
         """The JobSet's conditions and restarts, then each failed pod's exit code and last log lines."""
         js = self.kube.get_jobset(name)
         if js is None:
-            return f"JobSet {name} does not exist"
+            found = rayjob.get(self.kube, name)
+            return self._ray_failure_report(found) if found else f"JobSet {name} does not exist"
         lines = [f"JobSet {name} {jobset.describe(js)}"]
         for pod in pods.list_pods(self.kube, name):
             code = pods.exit_code(pod)
@@ -357,8 +400,19 @@ class GkeBackend(Backend):
         return "\n".join(lines)
 
     def delete(self, name: str) -> bool:
-        """Delete the JobSet with foreground propagation (its Jobs and pods go first)."""
-        return jobset.delete(self.kube, name)
+        """Delete the JobSet (or the RayJob and its claim templates) with foreground propagation (its Jobs and pods,
+        or its RayCluster and submitter Job, go first)."""
+        if jobset.delete(self.kube, name):
+            return True
+        found = rayjob.get(self.kube, name)
+        if found is None:
+            return False
+        gone = rayjob.delete(self.kube, name)
+        labels = found["metadata"].get("labels") or {}
+        keys = (names.LABEL_PIPELINE_RUN_ID, names.LABEL_STAGE)
+        if all(labels.get(key) for key in keys):
+            rayjob.delete_claim_templates(self.kube, ",".join(f"{key}={labels[key]}" for key in keys))
+        return gone
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles)."""
@@ -389,6 +443,14 @@ class GkeBackend(Backend):
                 continue
             if jobset.delete(kube, name):
                 deleted.append(f"JobSet {name} ({state})")
+        for found in rayjob.list_rayjobs(kube, selector):
+            name, state = found["metadata"]["name"], rayjob.phase(found)
+            if state == "Completed":
+                kept.append(name)
+                continue
+            if rayjob.delete(kube, name):
+                deleted.append(f"RayJob {name} ({state})")
+        deleted += [f"ResourceClaimTemplate {name}" for name in rayjob.delete_claim_templates(kube, selector)]
         found = kube.call(kube.batch.list_namespaced_job, kube.namespace, label_selector=selector, what="list Jobs")
         for job in found.items:
             finished = any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
@@ -401,6 +463,191 @@ class GkeBackend(Backend):
             )  # fmt: skip
             deleted.append(f"Job {job.metadata.name}")
         return deleted, kept
+
+    # -- a stage launched by Ray (a KubeRay RayJob, :mod:`.rayjob`) ----------
+
+    def _ray_wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
+        """Wait for the RayJob's head and every worker pod (slices x hosts) to run; one slice per node pool.
+
+        Fails at once when the RayJob fails, on image pulls and crash loops; on pods Unschedulable past
+        ``timings.unschedulable_grace``, quoting their events.
+        """
+        timings = self.timings
+        expected = plan.spec.num_slices * plan.slice.hosts
+        started, last_report = time.monotonic(), 0.0
+        unschedulable_since: dict[str, float] = {}
+        while True:
+            found = rayjob.get(self.kube, stage.jobset)
+            if found is None:
+                raise WorkloadDeleted(f"RayJob {stage.jobset} was deleted before all its pods ran")
+            state = rayjob.phase(found)
+            if state == "Failed":
+                raise LaunchFailed(f"RayJob {stage.jobset} failed before all its pods ran: {rayjob.describe(found)}")
+            heads, workers = rayjob.cluster_pods(self.kube, found)
+            now = time.monotonic()
+            for pod in heads + workers:
+                problem = pods.waiting_problem(pod)
+                if problem:
+                    raise LaunchFailed(
+                        self._pod_line(pod, f"cannot start: {problem}"),
+                        f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
+                        "(Artifact Registry reader role for the node service account)",
+                    )
+                message = pods.unschedulable(pod)
+                if message is None:
+                    unschedulable_since.pop(pod.metadata.name, None)
+                    continue
+                since = unschedulable_since.setdefault(pod.metadata.name, now)
+                if now - since > timings.unschedulable_grace:
+                    raise LaunchFailed(
+                        self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
+                        f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
+                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready",
+                    )
+            running = [p for p in workers if p.status.phase == "Running"]
+            head_up = any(p.status.phase == "Running" for p in heads)
+            if state == "Completed" or (state == "Running" and head_up and len(running) >= expected):
+                break
+            if now - last_report >= timings.report_seconds:
+                ready = (found.get("status", {}).get("rayClusterStatus") or {}).get("readyWorkerReplicas", 0)
+                tell(
+                    f"{len(running)}/{expected} Ray worker pods Running, head {'Running' if head_up else 'not yet'}; "
+                    f"RayJob {rayjob.describe(found)}; readyWorkerReplicas {ready}; others: "
+                    f"{waiting_states(heads + workers, running + [p for p in heads if p.status.phase == 'Running'])}"
+                )
+                last_report = now
+            if now - started > timings.launch_timeout:
+                raise LaunchFailed(
+                    f"RayJob {stage.jobset}: {len(running)}/{expected} worker pods Running after "
+                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(workers, running)}",
+                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
+                )
+            time.sleep(timings.poll_seconds)
+        where = pods.placement(self.kube, running)
+        problems = pods.exclusive_placement_problems(where) if state != "Completed" else []
+        if problems:
+            raise LaunchFailed(
+                f"RayJob {stage.jobset} is not placed one slice per node pool: {'; '.join(problems)}",
+                "check the worker group's TPU node selectors and that one node pool holds exactly one slice's hosts",
+            )
+        placement = {name: PodPlacement(**info) for name, info in where.items()}
+        return Running(
+            placement=placement,
+            node_pools=sorted({str(p.node_pool) for p in placement.values()}),
+            note=f"RayCluster {rayjob.cluster_name(found)}: worker group {render_ray.WORKER_GROUP}, "
+            f"{plan.spec.num_slices} replicas x {plan.slice.hosts} hosts, and its head",
+        )
+
+    def _ray_follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
+        """Poll the RayJob and follow its submitter pod's log (the driver's and workers' lines) to the end.
+
+        A retried submitter pod (KubeRay's submitter Job, ``backoffLimit`` 2) does not submit again but runs
+        ``ray job logs --follow`` (KubeRay ``common/job.go``, ``BuildJobSubmitCommand``), which prints the Ray job's
+        log from its start: the lines already passed on are skipped.
+
+        A worker pod that fails is told, not fatal: Ray Train restarts the worker group inside the driver, up to
+        ``FailureConfig(max_failures=max_restarts)``; only the RayJob's own end decides. Restarts are counted from
+        the leader's start lines (:data:`.rayjob.LEADER_LINE`).
+        """
+        timings, name = self.timings, stage.jobset
+        leader_starts = 0
+        passed: list[str] = []  # every line passed on, in order
+        replayed: dict[str, int | None] = {}  # submitter pod -> lines of ``passed`` it has replayed (None: past them)
+
+        def passed_on(pod: str, line: str) -> None:
+            nonlocal leader_starts
+            if pod not in replayed:
+                replayed[pod] = 0 if passed else None
+                if passed:
+                    tell(f"submitter pod {pod} follows the Ray job's log again from its start (a Job retry)")
+            at = replayed[pod]
+            if at is not None:  # a retried submitter runs `ray job logs --follow` of the same Ray job: a replay
+                if at < len(passed) and passed[at] == line:
+                    replayed[pod] = at + 1
+                    return
+                replayed[pod] = None
+            passed.append(line)
+            if rayjob.LEADER_LINE.search(line):
+                leader_starts += 1
+                if leader_starts > 1:
+                    count = f"{leader_starts - 1}/{plan.spec.max_restarts}"
+                    tell(f"Ray Train restarted the worker group ({count} failures)")
+            on_line(line)
+
+        follower = logs.LeaderLog(
+            self.kube, name, passed_on, timings.poll_seconds,
+            find_pod=lambda: rayjob.submitter(self.kube, name), container=rayjob.SUBMITTER_CONTAINER,
+        )  # fmt: skip
+        follower.start()
+        deadline = time.monotonic() + timings.train_timeout
+        failed_pods: set[str] = set()
+        suspended_since, final = None, None
+        try:
+            while time.monotonic() < deadline:
+                found = rayjob.get(self.kube, name)
+                if found is None:
+                    raise WorkloadDeleted(f"RayJob {name} was deleted during training")
+                state = rayjob.phase(found)
+                if state in ("Completed", "Failed"):
+                    final = found
+                    break
+                if state == "Suspended":
+                    if suspended_since is None:
+                        suspended_since = time.monotonic()
+                        # KubeRay deletes the RayCluster and the submitter Job and, once admitted again, submits
+                        # a new Ray job (rayjob_controller.go, Suspending): its log is new, not a replay.
+                        passed.clear()
+                        found.setdefault("kind", "RayJob")
+                        queued = workload.find(self.kube, found)
+                        reason = workload.pending_reason(queued, name, plan.spec.queue, "RayJob")
+                        tell(f"RayJob suspended by Kueue ({reason}); waiting to be admitted again")
+                    elif time.monotonic() - suspended_since > timings.readmit_timeout:
+                        raise TrainingFailed(
+                            f"RayJob {name} evicted and not admitted again within {timings.readmit_timeout:.0f} s",
+                            "free capacity in the ClusterQueue, or raise timeouts.readmit",
+                        )
+                elif suspended_since is not None:
+                    tell(f"RayJob admitted again after {time.monotonic() - suspended_since:.0f} s; training resumes")
+                    suspended_since = None
+                for pod in rayjob.cluster_pods(self.kube, found)[1]:
+                    if pod.status.phase == "Failed" and pod.metadata.name not in failed_pods:
+                        failed_pods.add(pod.metadata.name)
+                        code = pods.exit_code(pod, rayjob.WORKER_CONTAINER)
+                        tell(
+                            f"Ray worker pod {pod.metadata.name} (slice {rayjob.slice_of(pod)}, host "
+                            f"{rayjob.host_of(pod)}) failed (exit code {code}); KubeRay replaces it "
+                            f"and Ray Train retries the worker group (max_failures {plan.spec.max_restarts})"
+                        )
+                time.sleep(timings.poll_seconds)
+        finally:
+            follower.stop()
+        if final is None:
+            raise TrainingFailed(
+                f"RayJob {name} still running after {timings.train_timeout:.0f} s",
+                "raise timeouts.train if the stage needs longer",
+            )
+        follower.join(timeout=timings.poll_seconds * 4 + 5)
+        follower.catch_up()
+        return Finished(
+            phase=rayjob.phase(final), restarts=max(0, leader_starts - 1), leader_logs=follower.pods_followed
+        )
+
+    def _ray_failure_report(self, found: dict[str, Any]) -> str:
+        """The RayJob's status (reason, message), its submitter's last log lines, and each failed worker pod's."""
+        name = found["metadata"]["name"]
+        lines = [f"RayJob {name} {rayjob.describe(found)}"]
+        pod = rayjob.submitter(self.kube, name)
+        if pod is not None:
+            lines.append(f"submitter pod {pod.metadata.name} (the driver's output); last log lines:")
+            lines.append(logs.tail(self.kube, pod.metadata.name, TAIL_LINES, rayjob.SUBMITTER_CONTAINER))
+        for pod in rayjob.cluster_pods(self.kube, found)[1]:
+            code = pods.exit_code(pod, rayjob.WORKER_CONTAINER)
+            if pod.status.phase == "Failed" or code not in (None, 0):
+                lines.append(
+                    f"Ray worker pod {pod.metadata.name} (slice {rayjob.slice_of(pod)}, host {rayjob.host_of(pod)}) "
+                    f"exit code {code}"
+                )
+        return "\n".join(lines)
 
     # -- work in the trainer image ------------------------------------------
 

@@ -33,9 +33,14 @@ REQUIRED_CRDS: dict[str, str] = {
     f"resourceflavors.{KUEUE_GROUP}": KUEUE_VERSION,
     f"workloadpriorityclasses.{KUEUE_GROUP}": KUEUE_VERSION,
 }
+#: What a run with a stage launched by Ray needs besides: KubeRay's RayJob (``ray.io/v1``, KubeRay v1.7.0).
+RAY_CRDS: dict[str, str] = {"rayjobs.ray.io": "v1"}
 INSTALL_HINT = {
     JOBSET_GROUP: "install JobSet v0.12.0 or later (https://jobset.sigs.k8s.io/docs/installation/)",
     KUEUE_GROUP: "install Kueue v0.19 or later, which serves v1beta2 (https://kueue.sigs.k8s.io/docs/installation/)",
+    "ray.io": "enable GKE's Ray operator add-on, which installs KubeRay "
+    "(https://cloud.google.com/kubernetes-engine/docs/add-on/ray-on-gke/how-to/enable-ray-on-gke), or install "
+    "KubeRay v1.7.0 yourself",
 }
 #: Kind -> (plural, namespaced) of the Kueue objects :mod:`multislice.render.kueue` renders.
 KUEUE_RESOURCES: dict[str, tuple[str, bool]] = {
@@ -50,14 +55,15 @@ class CrdsMissing(InputError):
     """A CRD the run needs is not installed or does not serve the needed version; the message says what to install."""
 
 
-def served_versions(kube: Kube) -> dict[str, list[str]]:
-    """The served versions of each required CRD (empty list: not installed or not established).
+def served_versions(kube: Kube, required: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """The served versions of each required CRD (``required``, default :data:`REQUIRED_CRDS`; empty list: not
+    installed or not established).
 
     Raises:
         multislice.backends.gke.retry.ApiUnavailable: the API kept failing.
     """
     found: dict[str, list[str]] = {}
-    for name in REQUIRED_CRDS:
+    for name in required or REQUIRED_CRDS:
         try:
             # Raw JSON: the client's models would parse every CRD's whole OpenAPI schema for nothing.
             response = kube.call(
@@ -75,8 +81,9 @@ def served_versions(kube: Kube) -> dict[str, list[str]]:
     return found
 
 
-def check_crds(kube: Kube) -> dict[str, list[str]]:
-    """Check the JobSet and Kueue CRDs are served at the versions this project uses.
+def check_crds(kube: Kube, ray: bool = False) -> dict[str, list[str]]:
+    """Check the JobSet and Kueue CRDs (and with ``ray``, KubeRay's RayJob) are served at the versions this project
+    uses.
 
     Returns:
         CRD name -> served versions, e.g. ``{"jobsets.jobset.x-k8s.io": ["v1alpha2"], ...}``.
@@ -84,9 +91,10 @@ def check_crds(kube: Kube) -> dict[str, list[str]]:
     Raises:
         CrdsMissing: naming each missing CRD or version, what is served instead, and what to install.
     """
-    found = served_versions(kube)
+    required = {**REQUIRED_CRDS, **(RAY_CRDS if ray else {})}
+    found = served_versions(kube, required)
     problems, hints = [], []
-    for name, needed in REQUIRED_CRDS.items():
+    for name, needed in required.items():
         if needed not in found[name]:
             group = name.split(".", 1)[1]
             served = ", ".join(found[name]) or "nothing (not installed)"

@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from multislice import names
-from multislice.backends.gke import jobset
+from multislice.backends.gke import jobset, rayjob
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_VERSION, Kube
 
 #: How long a Lease holds its JobSet without a renewal, seconds.
@@ -62,9 +62,11 @@ def _parse_time(text: str) -> datetime.datetime:
 
 
 def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now: datetime.datetime | None = None):
-    """Create or renew the Lease of JobSet ``name`` (owned by the JobSet); returns the Lease, None if no JobSet."""
+    """Create or renew the Lease of JobSet (or RayJob) ``name``, owned by it; the Lease, or None if neither exists."""
     now = now or datetime.datetime.now(datetime.UTC)
-    found = kube.get_jobset(name)
+    found, owner_api, owner_kind = kube.get_jobset(name), f"{JOBSET_GROUP}/{JOBSET_VERSION}", "JobSet"
+    if found is None:  # a stage launched by Ray: its RayJob (multislice.backends.gke.rayjob) owns the Lease
+        found, owner_api, owner_kind = rayjob.get(kube, name), "ray.io/v1", "RayJob"
     if found is None:
         return None
     meta = found["metadata"]
@@ -81,8 +83,8 @@ def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now:
             },  # fmt: skip
             "ownerReferences": [
                 {
-                    "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
-                    "kind": "JobSet",
+                    "apiVersion": owner_api,
+                    "kind": owner_kind,
                     "name": name,
                     "uid": meta.get("uid", ""),
                 }
@@ -121,25 +123,29 @@ def expires(found_jobset: dict[str, Any], found_lease: dict[str, Any] | None) ->
 
 
 def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str], None] = print) -> list[str]:
-    """Delete every unfinished JobSet of a pipeline run (label ``pipeline/runid``) whose hold expired; their names.
+    """Delete every unfinished JobSet (or RayJob) of a pipeline run (label ``pipeline/runid``) whose hold expired;
+    their names.
 
-    Finished JobSets are kept (cleanup's rule); JobSets of no pipeline run are never touched.
+    Finished ones are kept (cleanup's rule); those of no pipeline run are never touched.
     """
     now = now or datetime.datetime.now(datetime.UTC)
     deleted = []
-    for found in kube.list_jobsets(""):
+    workloads = [("JobSet", found, jobset.phase, jobset.delete) for found in kube.list_jobsets("")]
+    # Stages launched by Ray: their RayJobs (none when KubeRay or the Ray RBAC rules are absent, rayjob.NO_RAY).
+    workloads += [("RayJob", found, rayjob.phase, rayjob.delete) for found in rayjob.list_rayjobs(kube, "")]
+    for kind, found, phase_of, delete_workload in workloads:
         meta = found["metadata"]
         if names.LABEL_PIPELINE_RUN_ID not in (meta.get("labels") or {}) or meta.get("deletionTimestamp"):
             continue
-        if jobset.phase(found) in ("Completed", "Failed"):
+        if phase_of(found) in ("Completed", "Failed"):
             continue
         ends = expires(found, get(kube, meta["name"]))
         if now > ends:
             tell(
-                f"JobSet {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
+                f"{kind} {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
                 f": its Lease expired at {_micro_time(ends)} with no step left to renew it; deleting it"
             )
-            if jobset.delete(kube, meta["name"]):
+            if delete_workload(kube, meta["name"]):
                 deleted.append(meta["name"])
             delete(kube, meta["name"])  # the garbage collector would too (owner reference): not left to it
     return deleted
@@ -201,8 +207,8 @@ def reaper_cronjob(
 ) -> dict[str, Any]:
     """The CronJob that runs ``multislice reap`` in ``namespace`` every minute (the cluster-owned safety net).
 
-    Its service account needs ``list``/``delete`` on ``jobsets`` and ``get`` on
-    ``leases`` in the namespace (the pipeline runner's Role has them).
+    Its service account needs ``list``/``delete`` on ``jobsets`` (and on ``rayjobs`` when a stage is launched by
+    Ray) and ``get`` on ``leases`` in the namespace (the pipeline runner's Role has them).
     ``concurrencyPolicy: Forbid``: one reaper at a time.
     """
     return {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -47,11 +48,23 @@ class LeaderLog(threading.Thread):
         jobset: JobSet name.
         on_line: Called from this thread (under a lock) for each complete new line.
         poll_seconds: Wait between looks for a leader pod that is not running yet.
+        find_pod: Finds the pod to follow instead of the JobSet's leader (a RayJob's submitter pod), or None.
+        container: The container whose log is read.
     """
 
-    def __init__(self, kube: Kube, jobset: str, on_line: Callable[[str, str], None], poll_seconds: float):
+    def __init__(
+        self,
+        kube: Kube,
+        jobset: str,
+        on_line: Callable[[str, str], None],
+        poll_seconds: float,
+        find_pod: Callable[[], Any] | None = None,
+        container: str = names.TRAINER_CONTAINER,
+    ):
         super().__init__(name=f"leader-log-{jobset}", daemon=True)
         self.kube, self.jobset, self.on_line, self.poll = kube, jobset, on_line, poll_seconds
+        self.find_pod = find_pod or (lambda: pod_state.leader(pod_state.list_pods(self.kube, self.jobset)))
+        self.container = container
         self.read: dict[str, tuple[str, set[str]]] = {}  # pod -> (last timestamp passed on, lines passed at it)
         self.pods_followed: list[str] = []
         self._lock = threading.Lock()
@@ -64,7 +77,7 @@ class LeaderLog(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             try:
-                pod = pod_state.leader(pod_state.list_pods(self.kube, self.jobset))
+                pod = self.find_pod()
                 if pod is not None and pod.status.phase in ("Running", "Succeeded", "Failed"):
                     self._read(pod.metadata.name, follow=pod.status.phase == "Running")
             except (ApiException, retry.ApiUnavailable, *retry.TRANSPORT_ERRORS):
@@ -74,14 +87,14 @@ class LeaderLog(threading.Thread):
     def catch_up(self) -> None:
         """Read what is left of the current leader's log without following (call after :meth:`stop`)."""
         try:
-            pod = pod_state.leader(pod_state.list_pods(self.kube, self.jobset))
+            pod = self.find_pod()
             if pod is not None:
                 self._read(pod.metadata.name, follow=False)
         except (ApiException, retry.ApiUnavailable, *retry.TRANSPORT_ERRORS):
             pass
 
     def _read(self, pod_name: str, follow: bool) -> None:
-        query = [("container", names.TRAINER_CONTAINER), ("timestamps", "true"), ("follow", str(follow).lower())]
+        query = [("container", self.container), ("timestamps", "true"), ("follow", str(follow).lower())]
         last = self.read.get(pod_name)
         if last is not None:
             query.append(("sinceTime", last[0][:19] + "Z"))  # metav1.Time has whole seconds
@@ -109,11 +122,11 @@ class LeaderLog(threading.Thread):
             response.release_conn()
 
 
-def tail(kube: Kube, pod_name: str, lines: int) -> str:
-    """The last ``lines`` lines of a pod's trainer container log ('' when unreadable)."""
+def tail(kube: Kube, pod_name: str, lines: int, container: str = names.TRAINER_CONTAINER) -> str:
+    """The last ``lines`` lines of a pod's ``container`` log (the trainer's by default; '' when unreadable)."""
     try:
         return kube.call(
-            kube.core.read_namespaced_pod_log, pod_name, kube.namespace, container=names.TRAINER_CONTAINER,
+            kube.core.read_namespaced_pod_log, pod_name, kube.namespace, container=container,
             tail_lines=lines, what=f"read log of pod {pod_name}",
         )  # fmt: skip
     except (ApiException, retry.ApiUnavailable):

@@ -36,13 +36,13 @@ def _label(pod: Any, key: str) -> str | None:
 
 
 def slice_index(pod: Any) -> int:
-    """The pod's slice (JobSet job index)."""
-    return int(_label(pod, names.JOB_INDEX_KEY) or 0)
+    """The pod's slice (JobSet job index; a Ray worker's multi-host replica index, :mod:`.rayjob`)."""
+    return int(_label(pod, names.JOB_INDEX_KEY) or _label(pod, "ray.io/worker-group-replica-index") or 0)
 
 
 def host_index(pod: Any) -> int:
-    """The pod's host within its slice (Job completion index)."""
-    return int(_label(pod, names.JOB_COMPLETION_INDEX_KEY) or 0)
+    """The pod's host within its slice (Job completion index; a Ray worker's ``ray.io/replica-host-index``)."""
+    return int(_label(pod, names.JOB_COMPLETION_INDEX_KEY) or _label(pod, "ray.io/replica-host-index") or 0)
 
 
 def attempt(pod: Any) -> int:
@@ -96,10 +96,10 @@ def unschedulable(pod: Any) -> str | None:
     return None
 
 
-def exit_code(pod: Any) -> int | None:
-    """Exit code of the trainer container's last termination, if it terminated."""
+def exit_code(pod: Any, container: str = names.TRAINER_CONTAINER) -> int | None:
+    """Exit code of the trainer container's (or ``container``'s) last termination, if it terminated."""
     for status in pod.status.container_statuses or []:
-        if status.name != names.TRAINER_CONTAINER:
+        if status.name != container:
             continue
         for state in (status.state, status.last_state):
             if state and state.terminated:

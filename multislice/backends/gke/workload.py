@@ -43,10 +43,13 @@ from multislice.backends.gke.client import Kube
 
 
 def owned_by(workload: dict[str, Any], js: dict[str, Any]) -> bool:
-    """True when the Workload's owner references name this JobSet (by uid when both have one)."""
+    """True when the Workload's owner references name this JobSet (or RayJob: its ``kind``; by uid when both have
+    one). Kueue's RayJob integration owns the Workload by the RayJob the same way (``rayjob-<name>-<hash>``,
+    ``pkg/controller/jobs/rayjob/rayjob_controller.go``, ``GetWorkloadNameForRayJob``)."""
     uid = js["metadata"].get("uid")
+    kind = js.get("kind") or "JobSet"
     for ref in workload.get("metadata", {}).get("ownerReferences", []) or []:
-        if ref.get("kind") == "JobSet" and ref.get("name") == js["metadata"]["name"]:
+        if ref.get("kind") == kind and ref.get("name") == js["metadata"]["name"]:
             if not uid or not ref.get("uid") or ref["uid"] == uid:
                 return True
     return False
@@ -65,13 +68,17 @@ def admitted(workload: dict[str, Any] | None) -> bool:
     return bool(workload) and bool(jobset.condition(workload, "Admitted")) and not jobset.condition(workload, "Evicted")
 
 
-def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str) -> str:
+#: Kueue's ``integrations.frameworks`` entry of each workload kind.
+FRAMEWORKS = {"JobSet": "jobset.x-k8s.io/jobset", "RayJob": "ray.io/rayjob"}
+
+
+def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str, kind: str = "JobSet") -> str:
     """Why the Workload is not admitted, from its conditions (most telling first)."""
     if workload is None:
         return (
-            f"no Kueue Workload for JobSet {js_name} yet; if this lasts, check that Kueue's JobSet integration "
-            f"is enabled (integrations.frameworks: jobset.x-k8s.io/jobset), that LocalQueue {queue} exists and "
-            "that the JobSet's WorkloadPriorityClass (label kueue.x-k8s.io/priority-class) exists"
+            f"no Kueue Workload for {kind} {js_name} yet; if this lasts, check that Kueue's {kind} integration "
+            f"is enabled (integrations.frameworks: {FRAMEWORKS[kind]}), that LocalQueue {queue} exists and "
+            f"that the {kind}'s WorkloadPriorityClass (label kueue.x-k8s.io/priority-class) exists"
         )
     conditions = {c.get("type"): c for c in workload.get("status", {}).get("conditions", []) or []}
     for kind in ("Evicted", "QuotaReserved", "Admitted"):
@@ -110,20 +117,20 @@ _BLOCKING_EVENTS = {
 }
 
 
-def jobset_events(kube: Kube, js_name: str) -> list[Any]:
-    """The events whose involved object is the JobSet (``V1Event``; empty when none or unreadable)."""
+def jobset_events(kube: Kube, js_name: str, kind: str = "JobSet") -> list[Any]:
+    """The events whose involved object is the JobSet (or the RayJob: ``kind``; ``V1Event``; empty when none)."""
     try:
         found = kube.call(
             kube.core.list_namespaced_event, kube.namespace,
-            field_selector=f"involvedObject.kind=JobSet,involvedObject.name={js_name}",
-            what=f"list events of JobSet {js_name}",
+            field_selector=f"involvedObject.kind={kind},involvedObject.name={js_name}",
+            what=f"list events of {kind} {js_name}",
         )  # fmt: skip
     except ApiException:
         return []
     return list(found.items)
 
 
-def blocked(kube: Kube, js_name: str, workload: dict[str, Any] | None) -> tuple[str, str] | None:
+def blocked(kube: Kube, js_name: str, workload: dict[str, Any] | None, kind: str = "JobSet") -> tuple[str, str] | None:
     """``(cause, fix)`` when the JobSet cannot be admitted until something is changed, else None.
 
     Reads the Workload's QuotaReserved condition, and when there is no Workload, the JobSet's
@@ -143,9 +150,9 @@ def blocked(kube: Kube, js_name: str, workload: dict[str, Any] | None) -> tuple[
                 cause = f"Workload {workload['metadata']['name']}: QuotaReserved False: {cond.get('reason')}: {message}"
                 return cause, fix.format(match.group(1))
         return None
-    for event in reversed(jobset_events(kube, js_name)):
+    for event in reversed(jobset_events(kube, js_name, kind)):
         if event.type == "Warning" and event.reason in _BLOCKING_EVENTS:
-            return f"JobSet {js_name} event {event.reason}: {event.message}", _BLOCKING_EVENTS[event.reason]
+            return f"{kind} {js_name} event {event.reason}: {event.message}", _BLOCKING_EVENTS[event.reason]
     return None
 
 
@@ -167,6 +174,8 @@ def wait_admitted(
     *,
     timeout: float,
     on_progress: Callable[[str], None],
+    kind: str = "JobSet",
+    get: Callable[[Kube, str], dict[str, Any] | None] | None = None,
 ) -> tuple[dict[str, Any], float]:
     """Wait until the JobSet's Workload has QuotaReserved and then Admitted.
 
@@ -179,28 +188,32 @@ def wait_admitted(
         AdmissionTimeout: not admitted within ``timeout`` seconds (message: the last reason).
         AdmissionBlocked: Kueue cannot admit it as configured (:func:`blocked`): at once, with the cause and fix.
         WorkloadDeleted: the JobSet disappeared while waiting.
+
+    ``kind`` and ``get`` (``get(kube, name)``) wait on another kind of workload (a RayJob) the same way.
     """
     started = time.monotonic()
     last_reason, last_report = None, 0.0
+    read = get or (lambda k, n: k.get_jobset(n))
     while True:
-        js = kube.get_jobset(js_name)
+        js = read(kube, js_name)
         if js is None:
-            raise WorkloadDeleted(f"JobSet {kube.namespace}/{js_name} was deleted while waiting for admission")
+            raise WorkloadDeleted(f"{kind} {kube.namespace}/{js_name} was deleted while waiting for admission")
+        js.setdefault("kind", kind)
         workload = find(kube, js)
         if admitted(workload):
             return workload, time.monotonic() - started
-        stop = blocked(kube, js_name, workload)
+        stop = blocked(kube, js_name, workload, kind)
         if stop is not None:
             cause, fix = stop
-            raise AdmissionBlocked(f"JobSet {js_name} cannot be admitted by Kueue: {cause}", fix)
-        reason = pending_reason(workload, js_name, queue)
+            raise AdmissionBlocked(f"{kind} {js_name} cannot be admitted by Kueue: {cause}", fix)
+        reason = pending_reason(workload, js_name, queue, kind)
         now = time.monotonic()
         if reason != last_reason or now - last_report >= kube.timings.report_seconds:
             on_progress(f"waiting for admission ({now - started:.0f} s): {reason}")
             last_reason, last_report = reason, now
         if now - started > timeout:
             raise AdmissionTimeout(
-                f"JobSet {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {reason}",
+                f"{kind} {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {reason}",
                 "raise the ClusterQueue's quota or free capacity, or wait longer (timeouts.admit)",
             )
         time.sleep(kube.timings.poll_seconds)

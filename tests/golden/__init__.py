@@ -167,7 +167,9 @@ def seed_verdict_cache(cache: Path) -> None:
         "model_tflops_per_step_per_device": 3548.09, "tokens_per_step_per_device": 8192.0, "versions": found,
         "maxtext_args": request["maxtext_args"],
     }  # fmt: skip
-    key = aot.cache_key(request["compile_topology"], request["num_slices"], request["maxtext_args"], found)
+    key = aot.cache_key(
+        request["compile_topology"], request["num_slices"], request["maxtext_args"], found, request["libtpu_flags"]
+    )
     aot.cache_write(str(cache), key, result)
 
 

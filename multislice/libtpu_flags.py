@@ -18,7 +18,8 @@ flag groups from ``benchmarks/xla_flags_library.py``, combined per model in
 the recipe (the ``MaxTextModel`` variable) and the groups it takes. A model
 without its own recipe gets the generation's ``*`` entry: the groups every
 dense-model recipe of that generation shares. Generations with no recipe here
-(v5litepod, v4) get no flags.
+(v5litepod, v4) get no flags. Recipe flags that the trainer image's libtpu
+refuses on a generation (:data:`REFUSED`, measured by preflight) are left out.
 
 A profile (``libtpu_flags``) or a stage (``libtpu_flags``) adds flags or removes
 table flags by name (:func:`resolve`); the stage's changes apply after the profile's.
@@ -151,6 +152,30 @@ RECIPES: dict[tuple[str, str], Recipe] = {
 }
 
 
+#: The libtpu version of the trainer image (``requirements``) these refusals were measured with.
+LIBTPU_VERSION = "0.0.52"
+
+#: Recipe flags that libtpu :data:`LIBTPU_VERSION` refuses on a generation: left out of the table's
+#: flags there (a profile's ``libtpu_flags.add`` may still set them). Measured here by preflight: the
+#: seed 70B stage on 2 x v6e-16 with MaxText's ``llama3_70b_8192`` flags ends in the compile error
+#: "FAILED_PRECONDITION: Continuation fusion for AllGather is enabled on platform ghostlite (variant: ),
+#: but it is not supported/recommended on platforms other than TPU v5e, and this might lead to many
+#: errors including but not limited to: incorrect results, hang, SDC, etc. Please disable it with
+#: xla_tpu_enable_async_collective_fusion=false" (ghostlite is libtpu's name for v6e).
+CONTINUATION_FUSION = (
+    "xla_tpu_enable_async_collective_fusion",
+    "xla_tpu_enable_async_collective_fusion_fuse_all_gather",
+    "xla_tpu_enable_async_collective_fusion_multiple_steps",
+)
+REFUSED: dict[str, dict[str, str]] = {
+    "v6e": {
+        name: f"libtpu {LIBTPU_VERSION} refuses continuation fusion on v6e (FAILED_PRECONDITION: not "
+        "supported/recommended on platforms other than TPU v5e)"
+        for name in CONTINUATION_FUSION
+    },
+}
+
+
 def recipe_for(generation: str, model_name: str | None) -> Recipe | None:
     """The table row for a generation (``v6e``) and MaxText ``model_name`` (None: a custom model), or None."""
     return RECIPES.get((generation, model_name or "")) or RECIPES.get((generation, "*"))
@@ -178,12 +203,19 @@ def name_problem(name: str) -> str | None:
     return f"{name!r} is not a libtpu flag name (letters, digits and '_', e.g. xla_tpu_scoped_vmem_limit_kib)"
 
 
+def table_flags(generation: str, model_name: str | None) -> dict[str, str]:
+    """The table's flags for a generation and model: the recipe's, less those :data:`REFUSED` there."""
+    row = recipe_for(generation, model_name)
+    refused = REFUSED.get(generation, {})
+    return {k: v for k, v in (row.flags() if row else {}).items() if k not in refused}
+
+
 def resolve(
     generation: str,
     model_name: str | None,
     changes: list[tuple[dict[str, str | int | float | bool], tuple[str, ...]]],
 ) -> dict[str, str]:
-    """The flags of a stage: the table's row, then each ``(add, remove)`` change in order (profile, stage).
+    """The flags of a stage: the table's (:func:`table_flags`), then each ``(add, remove)`` change in order.
 
     Args:
         generation: TPU generation name (:attr:`multislice.tpu.TpuGeneration.name`).
@@ -193,8 +225,7 @@ def resolve(
     Returns:
         Flag name -> value (strings), in order; empty for a generation without a recipe.
     """
-    row = recipe_for(generation, model_name)
-    flags = row.flags() if row else {}
+    flags = table_flags(generation, model_name)
     for add, remove in changes:
         for name in remove:
             flags.pop(name, None)

@@ -25,6 +25,8 @@ RECIPE_8B = {  # benchmarks/maxtext_trillium_model_configs.py llama3_8b_8192: DE
     "xla_tpu_overlap_compute_collective_tc": "true",
     "xla_enable_async_all_gather": "true",
 }
+#: What v6e pods get of it: libtpu 0.0.52 refuses continuation fusion on v6e (libtpu_flags.REFUSED).
+V6E_8B = {k: v for k, v in RECIPE_8B.items() if "async_collective_fusion" not in k}
 
 
 def gke_spec(**overrides):
@@ -42,19 +44,19 @@ def trainer_container(obj):
 def test_the_v6e_recipes_give_8b_and_70b_their_flags_in_the_tpu_jobset():
     plan = make_plan(gke_spec())
     eight, seventy = plan.stages
-    assert eight.libtpu_flags == RECIPE_8B
+    assert eight.libtpu_flags == V6E_8B
     value = env_of(trainer_container(jobset.render_jobset(plan, eight, hardware="tpu", pipeline_run_id="r")))
-    assert value == {"LIBTPU_INIT_ARGS": " ".join(f"--{k}={v}" for k, v in RECIPE_8B.items())}
+    assert value == {"LIBTPU_INIT_ARGS": " ".join(f"--{k}={v}" for k, v in V6E_8B.items())}
     # llama3_70b_8192: the 8B groups + HOST_OFFLOAD_FLAGS, then --xla_tpu_scheduler_percent_shared_memory_limit=90,
     # which replaces HOST_OFFLOAD_FLAGS' 100 (a later flag wins in absl; one occurrence is rendered).
     args = env_of(trainer_container(jobset.render_jobset(plan, seventy, hardware="tpu", pipeline_run_id="r")))
     args = args["LIBTPU_INIT_ARGS"].split(" ")
-    assert args[: len(RECIPE_8B)] == [f"--{k}={v}" for k, v in RECIPE_8B.items()]
+    assert args[: len(V6E_8B)] == [f"--{k}={v}" for k, v in V6E_8B.items()]
     assert "--xla_tpu_host_transfer_overlap_limit=24" in args and "--xla_latency_hiding_scheduler_rerun=2" in args
     assert [a for a in args if "percent_shared_memory_limit" in a] == [
         "--xla_tpu_scheduler_percent_shared_memory_limit=90"
     ]
-    assert len(args) == len(set(args)) == 17
+    assert len(args) == len(set(args)) == 17 - 3  # less the 3 refused continuation-fusion flags
 
 
 def test_cpu_jobsets_and_generations_without_a_recipe_get_no_flags():
@@ -78,6 +80,18 @@ def test_v5p_gets_the_dense_v5p_recipe_and_any_other_v6e_model_the_shared_groups
     assert libtpu_flags.recipe_for("v6e", None).flags() == RECIPE_8B  # a custom model on v6e
     assert libtpu_flags.recipe_for("v5litepod", "llama3-8b") is None
     assert libtpu_flags.recipe_for("v6e", "llama3.1-70b").flags()["xla_tpu_assign_all_reduce_scatter_layout"] == "true"
+
+
+def test_flags_libtpu_refuses_on_v6e_are_left_out_but_a_profile_may_set_them():
+    assert set(libtpu_flags.REFUSED["v6e"]) == set(RECIPE_8B) - set(V6E_8B)
+    assert libtpu_flags.table_flags("v6e", "llama3-8b") == V6E_8B
+    assert libtpu_flags.table_flags("v5p", "llama3-8b")["xla_tpu_enable_async_collective_fusion"] == "true"
+    plan = make_plan(gke_spec(**{"libtpu_flags.add.xla_tpu_enable_async_collective_fusion": "true"}))
+    assert plan.stages[0].libtpu_flags["xla_tpu_enable_async_collective_fusion"] == "true"
+    data = gke_spec().model_dump(mode="json")
+    data["libtpu_flags"] = {"remove": ["xla_tpu_enable_async_collective_fusion"]}  # not in the v6e table
+    with pytest.raises(ConfigError, match="libtpu_flags.remove: xla_tpu_enable_async_collective_fusion is not"):
+        config.load_spec(data)
 
 
 def test_every_table_row_names_its_maxtext_source_and_valid_flags():
@@ -157,7 +171,7 @@ def test_the_ray_tpu_workers_get_the_flags_too():
     plan = make_plan(spec)
     worker_group = render_rayjob(plan, plan.stages[0], pipeline_run_id="r")["spec"]["rayClusterSpec"]
     worker = worker_group["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert env_of(worker)["LIBTPU_INIT_ARGS"] == libtpu_flags.init_args(RECIPE_8B)
+    assert env_of(worker)["LIBTPU_INIT_ARGS"] == libtpu_flags.init_args(V6E_8B)
 
 
 def test_a_compile_process_refuses_a_request_with_other_flags(monkeypatch):

@@ -134,8 +134,7 @@ def _libtpu_flag_issues(spec: RunSpec) -> list[tuple[str, str]]:
     stages = (*spec.stages, *spec.example_stages)
 
     def table(stage) -> dict[str, str]:
-        row = libtpu_flags.recipe_for(generation, stage.model.name)
-        return row.flags() if row else {}
+        return libtpu_flags.table_flags(generation, stage.model.name)
 
     known = set().union(*(table(stage) for stage in stages))
     for name in spec.libtpu_flags.remove:

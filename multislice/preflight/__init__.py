@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -343,7 +344,14 @@ def check_stages(
 
 
 def work_dir_for(plan: Plan) -> Path:
-    """Local scratch for compiles on this machine: in the run directory when it is local, else a temporary one."""
+    """Local scratch for compiles on this machine: in the run directory when it is local, else a temporary one.
+
+    The temporary one is new for each call (``<TMPDIR>/multislice-preflight/<run_name>-XXXX``): two processes
+    checking the same profile at once (a CLI preflight beside a test, or two CI jobs) must not read each
+    other's results file.
+    """
     if not storage.is_remote(plan.run_dir):
         return Path(plan.run_dir) / "preflight"
-    return Path(os.environ.get("TMPDIR", "/tmp")) / "multislice-preflight" / plan.spec.run_name
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / "multislice-preflight"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{plan.spec.run_name}-", dir=base))

@@ -71,6 +71,8 @@ class StagePlan(BaseModel):
         export: The export format after verification (``huggingface``), or None for none.
         export_dir: ``<stage_dir>/export/<format>``: where the export step writes it.
         launcher: How the stage is launched: ``jobset`` or ``ray`` (:attr:`RunSpec.launcher_for`).
+        libtpu_flags: libtpu/XLA flags of the stage on TPU, name -> value (:meth:`RunSpec.libtpu_flags_for`):
+            the TPU JobSet's ``LIBTPU_INIT_ARGS`` and preflight's compile flags; unused on CPU.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -96,6 +98,7 @@ class StagePlan(BaseModel):
     export: str | None = None
     export_dir: str | None = None
     launcher: str = "jobset"
+    libtpu_flags: dict[str, str] = {}
 
     def on_slices(self, slices: int) -> SliceCount:
         """The stage on ``slices`` slices (an elastic count). Raises KeyError for a count it has not."""
@@ -294,6 +297,7 @@ def make_plan(spec: RunSpec) -> Plan:
                 export=stage.export,
                 export_dir=storage.join(stage_dir, "export", stage.export) if stage.export else None,
                 launcher=spec.launcher_for(stage),
+                libtpu_flags=spec.libtpu_flags_for(stage),
             )
         )
     return Plan(

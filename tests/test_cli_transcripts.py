@@ -30,5 +30,5 @@ def test_cli_output_matches_its_golden_transcript(name):
 
 def test_the_readme_preflight_example_names_the_verdict_without_credentials():
     text = cli_golden("preflight-does-not-fit").read_text(encoding="utf-8")
-    assert "does not fit on 2 x v6e-16: needs 49.82 GiB per chip, 31.24 GiB available" in text
+    assert "does not fit on 2 x v6e-16: needs 50.33 GiB per chip, 31.24 GiB available" in text
     assert "on the local backend" in text  # compiled on this machine, though the profile's backend is gke

@@ -863,3 +863,45 @@ def test_the_reaper_spares_held_finished_and_foreign_jobsets(served, play, plan)
     cron = lease.reaper_cronjob("default", "multislice-pipeline:0.1.0", "pipeline-runner")
     container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert cron["spec"]["concurrencyPolicy"] == "Forbid" and container["command"][:2] == ["multislice", "reap"]
+
+
+def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served, play, node_pools, told, capsys):
+    """``num_slices: 1`` (GKE's single-slice TPU shape: one Indexed child Job of 4 hosts, no DCN) through every step."""
+    overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True,
+                 "num_slices": 1, "stages.llama3-70b.dcn.fsdp": 1}  # fmt: skip
+    plan = plan_step.run(config.read_profile("gke-v6e-16x2"), overrides, "llama3-8b", RUN_ID)
+    served.as_user(service_account_user(plan.spec.namespace, plan.spec.service_accounts.pipeline),
+                   rbac.render_rbac_objects(plan))  # fmt: skip
+    stage, kube = stage_of(plan), served.kube()
+    assert plan.total_chips == 16 and set(stage.dcn.values()) == {1}
+    rendered = render_jobset.render_jobset(plan, stage, hardware=GkeBackend.hardware, pipeline_run_id=RUN_ID)
+    schema.validate(rendered)
+    [slices] = rendered["spec"]["replicatedJobs"]
+    assert slices["replicas"] == 1 and slices["template"]["spec"]["completionMode"] == "Indexed"
+    assert slices["template"]["spec"]["parallelism"] == slices["template"]["spec"]["completions"] == 4
+
+    with Background(lambda: compile_job_finishes(play, plan, stage, FITS)):
+        checked = preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(kube))[stage.name]
+    assert checked.verdict == "fits" and checked.target.num_slices == 1
+    provision.run(plan, backend=GkeBackend(kube))
+    queue = play.custom.get_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", "multislice-cluster-queue"
+    )
+    assert queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 16
+
+    admitted = admitted_jobset(play, plan, kube)
+    assert admitted.admitted and play.jobset(stage.jobset)["spec"]["replicatedJobs"][0]["replicas"] == 1
+    pods = play.pods(stage.jobset, 1, plan.slice.hosts, pools=POOLS[:1])
+    launched = launch.run(plan, stage.name, admitted, backend=GkeBackend(kube))
+    assert launched.pods == 4 and launched.node_pools == POOLS[:1]
+    assert {p.slice for p in launched.placement.values()} == {0}
+
+    def leader_trains():
+        for step in range(3):
+            play.log(pods[0], step_line(step, 8.0 - step))
+            told.wait_for(f"completed step: {step},")
+        finishes(play, pods[0], stage.jobset)
+
+    with Background(leader_trains, told):
+        trained = train.run(plan, stage.name, admitted, backend=GkeBackend(kube))
+    assert (trained.steps_trained, trained.final_loss, trained.restarts) == (3, 6.0, 0)

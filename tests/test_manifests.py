@@ -93,7 +93,8 @@ def test_tpu_jobset_is_a_gke_multislice_jobset():
     assert isinstance(container["args"], list) and "model_name=llama3-70b" in container["args"]
     policy = obj["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 4 and all(rule["name"] for rule in policy["rules"])
-    assert "env" not in container
+    # GKE's webhook injects TPU_WORKER_* and MEGASCALE_*; we set only libtpu's flags (multislice.libtpu_flags).
+    assert [e["name"] for e in container["env"]] == ["LIBTPU_INIT_ARGS"]
 
 
 def test_cpu_jobset_passes_maxtext_cpu_environment():

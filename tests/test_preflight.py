@@ -28,6 +28,11 @@ def recorded_oom_messages() -> dict[str, str]:
     ("name", "required", "available"),
     [
         ("v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command)", "49.82", "31.24"),
+        (
+            "v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command, with the v6e libtpu flags)",
+            "50.33",
+            "31.24",
+        ),
         ("v5e-16, llama3-70b, per_device_batch_size 4", "98.74", "15.75"),
         ("v5p-16, llama3-70b, per_device_batch_size 4", "172.38", "95.73"),
         ("v4-16, llama3-70b, per_device_batch_size 4", "172.07", "30.75"),
@@ -169,7 +174,8 @@ def test_the_readme_example_compiles_here_without_credentials_and_a_rerun_is_cac
     assert "[preflight seed-llama3-70b] does not fit on 2 x v6e-16: needs " in done.stdout
     [first] = json.loads(report.read_text())["stages"]
     assert first["verdict"] == "does_not_fit" and not first["cached"]
-    assert 45 * GIB < first["required_bytes_per_chip"] < 55 * GIB  # measured here: 49.82 GiB
+    # Measured here: 50.33 GiB with the v6e libtpu flags the run's pods get (49.82 GiB without; docs/preflight.md).
+    assert 45 * GIB < first["required_bytes_per_chip"] < 55 * GIB
     assert first["model_tflops_per_step_per_device"] > 3000  # MaxText's count: 3548 TFLOP per chip per step
     plan = gke_plan("seed-llama3-70b")
     request = preflight.request_for(plan, plan.stages[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from multislice import names
+from multislice import libtpu_flags, names
 from multislice.config.models import RunSpec
 
 
@@ -27,6 +27,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
     """
     issues: list[tuple[str, str]] = []
     shape = spec.slice_type
+    issues += _libtpu_flag_issues(spec)
     remote = spec.output_dir.startswith("gs://")
     if spec.ray.min_slices is not None and spec.ray.min_slices > spec.num_slices:
         issues.append(
@@ -123,4 +124,38 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
             )
         )
+    return issues
+
+
+def _libtpu_flag_issues(spec: RunSpec) -> list[tuple[str, str]]:
+    """A ``libtpu_flags.remove`` name that removes nothing (not a table flag of the stage(s) it applies to)."""
+    generation = spec.slice_type.generation.name
+    issues = []
+    stages = (*spec.stages, *spec.example_stages)
+
+    def table(stage) -> dict[str, str]:
+        return libtpu_flags.table_flags(generation, stage.model.name)
+
+    known = set().union(*(table(stage) for stage in stages))
+    for name in spec.libtpu_flags.remove:
+        if name not in known:
+            issues.append(
+                (
+                    "libtpu_flags.remove",
+                    f"{name} is not a flag of any stage's recipe on {generation} (multislice.libtpu_flags); "
+                    f"they are: {', '.join(sorted(known)) or 'none'}. Remove it from libtpu_flags.remove",
+                )
+            )
+    for where, group in (("stages", spec.stages), ("example_stages", spec.example_stages)):
+        for i, stage in enumerate(group):
+            mine = set(table(stage)) | set(spec.libtpu_flags.add)
+            issues += [
+                (
+                    f"{where}[{i}] ({stage.name}).libtpu_flags.remove",
+                    f"{name} is not among stage {stage.name}'s flags on {generation} "
+                    f"({', '.join(sorted(mine)) or 'none'}); remove it from libtpu_flags.remove",
+                )
+                for name in stage.libtpu_flags.remove
+                if name not in mine
+            ]
     return issues

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from multislice import maxtext, names, tpu
+from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
 from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
 from multislice.config.values import INT32_MAX, INT32_MIN
@@ -205,6 +205,52 @@ class ElasticSpec(_Strict):
         return self
 
 
+class LibtpuFlagsSpec(_Strict):
+    """Changes to the libtpu / XLA:TPU flags of the table (:mod:`multislice.libtpu_flags`).
+
+    The table gives each stage MaxText's recipe flags for its TPU generation and model; ``remove`` drops
+    some by name, then ``add`` sets flags (a new one, or a table flag with another value). On a profile
+    the changes apply to every stage; a stage's own apply after the profile's. Names are libtpu's,
+    without the leading ``--`` (``xla_tpu_scoped_vmem_limit_kib``).
+    """
+
+    add: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Flags to set, name -> value (true/false, a number or a word)."
+    )
+    remove: tuple[str, ...] = Field((), description="Table flags to leave out, by name.")
+
+    @field_validator("add")
+    @classmethod
+    def _add(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name, item in value.items():
+            problem = libtpu_flags.name_problem(name)
+            if problem:
+                raise ValueError(f"add: {problem}")
+            problem = libtpu_flags.value_problem(item)
+            if problem:
+                raise ValueError(f"add.{name}: {problem}")
+        return value
+
+    @field_validator("remove")
+    @classmethod
+    def _remove(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            problem = libtpu_flags.name_problem(name)
+            if problem:
+                raise ValueError(f"remove: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _both(self) -> LibtpuFlagsSpec:
+        both = sorted(set(self.add) & set(self.remove))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)} is both in add and in remove; keep it in add to change its value, "
+                "or in remove to leave it out"
+            )
+        return self
+
+
 class Stage(_Strict):
     """One training stage: a model, a batch and a parallelism plan.
 
@@ -249,6 +295,10 @@ class Stage(_Strict):
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
     elastic: ElasticSpec | None = Field(
         None, description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size."
+    )
+    libtpu_flags: LibtpuFlagsSpec = Field(
+        default_factory=LibtpuFlagsSpec,
+        description="Changes to this stage's libtpu/XLA flags (LIBTPU_INIT_ARGS), after the profile's.",
     )
 
     @field_validator("name")
@@ -776,6 +826,10 @@ class RunSpec(_Strict):
     preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     cost: CostSpec = Field(default_factory=CostSpec)
     timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+    libtpu_flags: LibtpuFlagsSpec = Field(
+        default_factory=LibtpuFlagsSpec,
+        description="Changes to every stage's libtpu/XLA flags (LIBTPU_INIT_ARGS; multislice.libtpu_flags).",
+    )
     stages: tuple[Stage, ...] = Field(min_length=1)
     example_stages: tuple[Stage, ...] = Field(
         (), description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage)."
@@ -852,6 +906,21 @@ class RunSpec(_Strict):
                 return stage
         known = ", ".join(s.name for s in (*self.stages, *self.example_stages))
         raise KeyError(f"no stage {name!r}; stages are {known}")
+
+    def libtpu_flags_for(self, stage: Stage) -> dict[str, str]:
+        """The libtpu/XLA flags of ``stage`` on this run's TPU generation, name -> value, in order.
+
+        :func:`multislice.libtpu_flags.resolve`: MaxText's recipe row for (generation, ``model.name``),
+        then the profile's ``libtpu_flags`` changes, then the stage's.
+        """
+        return libtpu_flags.resolve(
+            self.slice_type.generation.name,
+            stage.model.name,
+            [
+                (self.libtpu_flags.add, self.libtpu_flags.remove),
+                (stage.libtpu_flags.add, stage.libtpu_flags.remove),
+            ],
+        )
 
     def launcher_for(self, stage: Stage) -> str:
         """The launcher of ``stage``: its own ``launcher``, else the run's."""

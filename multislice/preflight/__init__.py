@@ -21,6 +21,8 @@ the planner that searches fitting configs are :mod:`.memory` and :mod:`.planner`
 from __future__ import annotations
 
 import os
+import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,13 +77,35 @@ def user_cache_dir() -> str:
 
 
 def request_for(plan: Plan, stage: StagePlan) -> dict[str, Any]:
-    """The AOT request of one stage: its MaxText arguments for ``num_slices`` x the slice's topology."""
+    """The AOT request of one stage: its MaxText arguments for ``num_slices`` x the slice's topology.
+
+    ``libtpu_flags`` (name -> value) are the flags the stage's TPU pods get in ``LIBTPU_INIT_ARGS``
+    (:mod:`multislice.libtpu_flags`): the compile process runs with the same ones, so the HBM figure is the
+    run's and a flag libtpu does not know fails here.
+    """
     return {
         "name": stage.name,
         "compile_topology": plan.spec.slice_type.maxtext_topology,
         "num_slices": plan.spec.num_slices,
         "maxtext_args": list(stage.maxtext_args),
+        "libtpu_flags": dict(stage.libtpu_flags),
     }
+
+
+#: What libtpu prints before exiting on a flag it does not know (libtpu 0.0.52).
+UNKNOWN_FLAG = re.compile(r"Unknown command line flag '(?P<name>[^']+)'")
+
+
+def unknown_flag_fix(log: str) -> str:
+    """The fix for a compile that libtpu ended over an unknown flag (named in ``log``), or ``''``."""
+    match = UNKNOWN_FLAG.search(log)
+    if not match:
+        return ""
+    return (
+        f"libtpu does not know the flag --{match.group('name')} (LIBTPU_INIT_ARGS): take it out of the profile's or "
+        "the stage's libtpu_flags.add, or list it in libtpu_flags.remove if it comes from the recipe table "
+        "(multislice.libtpu_flags), or use a libtpu version that has it"
+    )
 
 
 def cost_estimate(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> CostEstimate | None:
@@ -320,7 +344,14 @@ def check_stages(
 
 
 def work_dir_for(plan: Plan) -> Path:
-    """Local scratch for compiles on this machine: in the run directory when it is local, else a temporary one."""
+    """Local scratch for compiles on this machine: in the run directory when it is local, else a temporary one.
+
+    The temporary one is new for each call (``<TMPDIR>/multislice-preflight/<run_name>-XXXX``): two processes
+    checking the same profile at once (a CLI preflight beside a test, or two CI jobs) must not read each
+    other's results file.
+    """
     if not storage.is_remote(plan.run_dir):
         return Path(plan.run_dir) / "preflight"
-    return Path(os.environ.get("TMPDIR", "/tmp")) / "multislice-preflight" / plan.spec.run_name
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / "multislice-preflight"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{plan.spec.run_name}-", dir=base))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from multislice import maxtext, names, tpu
+from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.errors import ConfigError
 from multislice.plan import Plan, StagePlan
 from multislice.timings import timings_for
@@ -181,6 +181,8 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
             {"containerPort": 8080, "name": "megascale", "protocol": "TCP"},
         ]
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
+        if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
+            container["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
         # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
         # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
         # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity

@@ -42,7 +42,7 @@ from typing import Any
 
 import jsonschema
 
-from multislice import names, tpu
+from multislice import libtpu_flags, names, tpu
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
 
@@ -138,6 +138,8 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
     worker = _container(
         plan, "ray-worker", {"limits": {tpu.TPU_RESOURCE: chips}, "requests": {tpu.TPU_RESOURCE: chips}}
     )
+    if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
+        worker["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
     worker["ports"] = [
         {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
         {"containerPort": 8081, "name": "megascale", "protocol": "TCP"},

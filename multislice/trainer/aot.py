@@ -5,7 +5,8 @@ Usage (trainer environment: MaxText 0.2.5 with libtpu installed)::
     python -m multislice.trainer.aot [--requests requests.jsonl] [--results results.jsonl] [--cache-dir DIR]
 
 Each request is one line of JSON, ``{"name": ..., "compile_topology": "v6e-16",
-"num_slices": 2, "maxtext_args": ["model_name=llama3-70b", ...]}``, read from
+"num_slices": 2, "maxtext_args": ["model_name=llama3-70b", ...], "libtpu_flags":
+{"xla_tpu_scoped_vmem_limit_kib": "98304", ...}}``, read from
 ``--requests`` or from stdin as they come (a planner sends the next request
 after reading the last result). All are compiled in this one process (MaxText
 and JAX are imported once). Each result is printed as one line
@@ -37,7 +38,13 @@ whose key is there is answered from it without importing MaxText, so a rerun
 with the same configs takes seconds. The config hash covers the compile
 topology, the slice count and the MaxText arguments that shape the compiled
 program; it leaves out names, output paths, step counts and checkpoint settings
-(:data:`KEY_EXCLUDED_ARGS`), which do not change memory use.
+(:data:`KEY_EXCLUDED_ARGS`), which do not change memory use; and the libtpu flags.
+
+libtpu flags: the process sets ``LIBTPU_INIT_ARGS`` to the request's ``libtpu_flags``
+(the TPU pods' value, :mod:`multislice.libtpu_flags`) before its first compile;
+libtpu reads it once, so a later request with other flags gets verdict ``error``
+(callers start a process per set of flags). libtpu ends the process (status 1,
+``ERROR: Unknown command line flag '<name>'``) on a flag it does not know.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from multislice import storage
+from multislice.libtpu_flags import ENV as LIBTPU_ENV
+from multislice.libtpu_flags import init_args
 
 #: MaxText arguments that do not change the compiled train step's memory: left out of the cache key
 #: and replaced by local scratch values for the compile.
@@ -156,10 +165,21 @@ def split_args(maxtext_args: list[str]) -> dict[str, str]:
     return out
 
 
-def cache_key(compile_topology: str, num_slices: int, maxtext_args: list[str], found: dict[str, str]) -> str:
-    """Hex SHA-256 of (versions, topology, slices, the compile-relevant MaxText arguments)."""
+def cache_key(
+    compile_topology: str,
+    num_slices: int,
+    maxtext_args: list[str],
+    found: dict[str, str],
+    libtpu_flags: dict[str, str] | None = None,
+) -> str:
+    """Hex SHA-256 of (versions, topology, slices, the compile-relevant MaxText arguments, libtpu flags).
+
+    The libtpu flags enter the key only when there are some, so a request without flags keeps its key.
+    """
     args = {k: v for k, v in split_args(maxtext_args).items() if k not in KEY_EXCLUDED_ARGS}
     payload = {"versions": found, "topology": compile_topology, "num_slices": num_slices, "args": sorted(args.items())}
+    if libtpu_flags:
+        payload["libtpu_flags"] = list(libtpu_flags.items())  # in order: a later repeat of a flag wins in libtpu
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -189,13 +209,43 @@ def compile_args(maxtext_args: list[str], compile_topology: str, num_slices: int
     return [f"{k}={v}" for k, v in args.items()]
 
 
-_prepared = False
+#: The libtpu flags this process was prepared with (None before the first compile): libtpu reads
+#: ``LIBTPU_INIT_ARGS`` once, when it initialises, so one process compiles with one set of flags.
+_prepared: dict[str, str] | None = None
+
+#: What MaxText's ``train_compile.main`` appends to ``LIBTPU_INIT_ARGS`` (and its ``train.main`` too).
+MAXTEXT_LIBTPU_FLAG = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
 
 
-def _prepare() -> None:
-    """What MaxText's ``train_compile.main`` sets before its first compile (once per process)."""
+class FlagsMismatch(RuntimeError):
+    """A request's libtpu flags differ from those this process's libtpu was initialised with."""
+
+
+def flags_mismatch(flags: dict[str, str]) -> str | None:
+    """Why this process cannot compile with ``flags`` (its libtpu was initialised with others), or None."""
+    if _prepared is None or _prepared == flags:
+        return None
+    return (
+        f"this compile process's libtpu was initialised with LIBTPU_INIT_ARGS={init_args(_prepared)!r}, "
+        f"the request asks for {init_args(flags)!r}: compile it in a new process"
+    )
+
+
+def _prepare(flags: dict[str, str]) -> None:
+    """What MaxText's ``train_compile.main`` sets before its first compile, with the request's libtpu flags.
+
+    ``LIBTPU_INIT_ARGS`` becomes the request's flags (:func:`multislice.libtpu_flags.init_args`, the
+    same value the TPU pods get) plus MaxText's own flag; libtpu reads it when the first compile
+    initialises it, once per process.
+
+    Raises:
+        FlagsMismatch: a request after the first asks for other flags (the caller starts a new process).
+    """
     global _prepared
-    if _prepared:
+    problem = flags_mismatch(flags)
+    if problem:
+        raise FlagsMismatch(problem)
+    if _prepared is not None:
         return
     # libtpu takes /tmp/libtpu_lockfile unless told that several processes may load it; an AOT
     # compile uses no TPU, so two compiles on one machine (two pipeline runs) must not exclude each other.
@@ -203,10 +253,8 @@ def _prepare() -> None:
     import jax
 
     jax.config.update("jax_default_prng_impl", "unsafe_rbg")
-    os.environ["LIBTPU_INIT_ARGS"] = (
-        os.environ.get("LIBTPU_INIT_ARGS", "") + " --xla_tpu_spmd_rng_bit_generator_unsafe=true"
-    )
-    _prepared = True
+    os.environ[LIBTPU_ENV] = " ".join(filter(None, (init_args(flags), MAXTEXT_LIBTPU_FLAG)))
+    _prepared = dict(flags)
 
 
 def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
@@ -214,8 +262,15 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
 
     Never raises for a config problem: an out-of-HBM compile is verdict
     ``does_not_fit``; any other failure (a bad argument MaxText rejects, an
-    unsupported topology) is verdict ``error`` with the exception text.
+    unsupported topology, libtpu flags other than this process's) is verdict
+    ``error`` with the exception text.
     """
+    topology, slices = request["compile_topology"], int(request["num_slices"])
+    flags = dict(request.get("libtpu_flags") or {})
+    problem = flags_mismatch(flags)
+    if problem:
+        return {"name": request.get("name"), "compile_topology": topology, "num_slices": slices,
+                "verdict": "error", "error": f"FlagsMismatch: {problem}"}  # fmt: skip
     import jax
     from flax.core.spmd import logical_axis_rules as axis_rules
     from maxtext import configs
@@ -223,8 +278,7 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
     from maxtext.trainers.pre_train import train, train_compile
     from maxtext.utils import maxtext_utils, sharding
 
-    _prepare()
-    topology, slices = request["compile_topology"], int(request["num_slices"])
+    _prepare(flags)
     args = compile_args(request["maxtext_args"], topology, slices, scratch)
     base_yml = str(Path(configs.__file__).with_name("base.yml"))
     seconds: dict[str, float] = {}
@@ -272,6 +326,7 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
     result["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     result["compile_seconds"] = round(time.monotonic() - started, 1)
     result["maxtext_args"] = args
+    result["libtpu_init_args"] = os.environ.get(LIBTPU_ENV, "")
     return result
 
 
@@ -282,7 +337,10 @@ RESULT_PREFIX = "AOT_RESULT "
 
 def answer(request: dict[str, Any], cache_dir: str | None, scratch: str, found: dict[str, str]) -> dict[str, Any]:
     """One request's result: from the cache when its key is there, else by compiling (then cached)."""
-    key = cache_key(request["compile_topology"], int(request["num_slices"]), request["maxtext_args"], found)
+    key = cache_key(
+        request["compile_topology"], int(request["num_slices"]), request["maxtext_args"], found,
+        request.get("libtpu_flags"),
+    )  # fmt: skip
     result = cache_read(cache_dir, key) if cache_dir else None
     if result is not None:
         return {**result, "name": request.get("name"), "cached": True}

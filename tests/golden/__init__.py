@@ -117,10 +117,10 @@ CLI_COMMANDS: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 
-#: The seed 70B command's verdict on 2 x v6e-16 as the compiler gave it here (libtpu 0.0.52;
-#: tests/data/oom_messages.json): what the transcript's verdict cache holds, so the transcript shows the
-#: CLI's output without a 30 s compile.
-SEED_VERDICT_MESSAGE = "v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command)"
+#: The seed 70B command's verdict on 2 x v6e-16 as the compiler gave it here, with the v6e libtpu flags
+#: the run's pods get (libtpu 0.0.52; tests/data/oom_messages.json): what the transcript's verdict cache
+#: holds, so the transcript shows the CLI's output without a 30 s compile.
+SEED_VERDICT_MESSAGE = "v6e-16 x 2, llama3-70b, per_device_batch_size 2 (the seed command, with the v6e libtpu flags)"
 
 
 def no_cloud_env(home: Path) -> dict[str, str]:
@@ -167,7 +167,9 @@ def seed_verdict_cache(cache: Path) -> None:
         "model_tflops_per_step_per_device": 3548.09, "tokens_per_step_per_device": 8192.0, "versions": found,
         "maxtext_args": request["maxtext_args"],
     }  # fmt: skip
-    key = aot.cache_key(request["compile_topology"], request["num_slices"], request["maxtext_args"], found)
+    key = aot.cache_key(
+        request["compile_topology"], request["num_slices"], request["maxtext_args"], found, request["libtpu_flags"]
+    )
     aot.cache_write(str(cache), key, result)
 
 

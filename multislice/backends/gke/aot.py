@@ -21,11 +21,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from multislice import libtpu_flags
 from multislice.backends.gke import jobs
 from multislice.backends.gke import pods as pod_state
 from multislice.backends.gke.client import Kube
 from multislice.plan import Plan
-from multislice.preflight import RESULT_PREFIX, CompileTimeout, PreflightError
+from multislice.preflight import RESULT_PREFIX, CompileTimeout, PreflightError, unknown_flag_fix
 from multislice.render.trainer_job import render_trainer_job
 
 #: What one compile asks of a CPU node: a 70B-class compile peaked at about 4 GiB resident here.
@@ -39,13 +40,20 @@ def job_name(plan: Plan, request: dict[str, Any]) -> str:
 
 
 def render_job(plan: Plan, request: dict[str, Any], cache_dir: str | None, pipeline_run_id: str) -> dict[str, Any]:
-    """The AOT compile Job (batch/v1): one pod, no retries, the trainer image, CPU only."""
+    """The AOT compile Job (batch/v1): one pod, no retries, the trainer image, CPU only.
+
+    Its container's ``LIBTPU_INIT_ARGS`` is the request's ``libtpu_flags`` as the TPU pods get them
+    (:mod:`multislice.libtpu_flags`); :mod:`multislice.trainer.aot` sets the same value before compiling.
+    """
     command = ["python", "-m", "multislice.trainer.aot", "--request-json", json.dumps(request)]
     if cache_dir:
         command += ["--cache-dir", cache_dir]
+    env = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    if request.get("libtpu_flags"):
+        env[libtpu_flags.ENV] = libtpu_flags.init_args(request["libtpu_flags"])
     return render_trainer_job(
         plan, job_name(plan, request), command, pipeline_run_id,
-        env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}, resources=RESOURCES,
+        env=env, resources=RESOURCES,
         node_selector=plan.spec.preflight.node_selector,
     )  # fmt: skip
 
@@ -113,6 +121,7 @@ class JobAotSession:
             detail = pod_state.events(self.kube, pod) if pod else "no pod found"
             raise PreflightError(
                 f"AOT compile Job {body['metadata']['name']} {state} without a result; events:\n{detail}\n"
-                "last log lines:\n" + "\n".join(log.splitlines()[-20:])
+                "last log lines:\n" + "\n".join(log.splitlines()[-20:]),
+                unknown_flag_fix(log),
             )
         return result

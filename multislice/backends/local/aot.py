@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multislice import cancel
+from multislice import cancel, libtpu_flags
 from multislice.backends.local.environment import trainer_env, trainer_process_env
 from multislice.cancel import die_with_parent
-from multislice.preflight import AOT_MODULE, CompileTimeout, PreflightError
+from multislice.preflight import AOT_MODULE, CompileTimeout, PreflightError, unknown_flag_fix
 
 
 class AotSession:
@@ -46,11 +46,12 @@ class AotSession:
         self.cache_dir = cache_dir
         self.process: subprocess.Popen | None = None
         self._read = 0
+        self._flags: dict[str, str] = {}  # the running process's libtpu flags
 
     def __enter__(self) -> AotSession:
         return self  # the trainer process starts with the first compile: a search that prunes everything starts none
 
-    def _start(self) -> None:
+    def _start(self, flags: dict[str, str]) -> None:
         self.results.unlink(missing_ok=True)
         self._read = 0
         command = [str(self.env_dir / "bin" / "python"), "-m", AOT_MODULE, "--results", str(self.results)]
@@ -59,6 +60,9 @@ class AotSession:
             command += ["--cache-dir", self.cache_dir]
         env = trainer_process_env(self.env_dir)
         env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        # libtpu reads its flags once per process: the process runs with the request's (the TPU pods' value).
+        env[libtpu_flags.ENV] = libtpu_flags.init_args(flags)
+        self._flags = dict(flags)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
@@ -86,13 +90,19 @@ class AotSession:
     def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one request and wait for its result.
 
+        A request whose ``libtpu_flags`` differ from the running process's gets a new process (libtpu
+        reads ``LIBTPU_INIT_ARGS`` once, when it initialises).
+
         Raises:
             CompileTimeout: no result within ``timeout`` seconds; the process was stopped, and
                 the next call starts a new one.
-            PreflightError: the trainer process died.
+            PreflightError: the trainer process died (an unknown libtpu flag ends it: the fix says so).
         """
+        flags = dict(request.get("libtpu_flags") or {})
+        if self.process is not None and flags != self._flags:
+            self.close()
         if self.process is None:
-            self._start()
+            self._start(flags)
             cancel.point("preflight:compiling")
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
@@ -103,9 +113,11 @@ class AotSession:
                 self._read += 1
                 return json.loads(lines[self._read - 1])
             if self.process.poll() is not None:
+                tail = _tail(self.log)
                 raise PreflightError(
                     f"the AOT compile process exited with status {self.process.returncode} before answering "
-                    f"{request.get('name')!r}; its log ({self.log}) ends:\n{_tail(self.log)}"
+                    f"{request.get('name')!r}; its log ({self.log}) ends:\n{tail}",
+                    unknown_flag_fix(tail),
                 )
             time.sleep(0.2)
         self.process.kill()

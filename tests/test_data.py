@@ -264,12 +264,14 @@ def test_eval_lines_become_records_the_report_and_the_plot_read():
 
 
 def test_the_worker_resolves_maxtext_package_paths_in_the_pod(trainer_python):
+    """The JobSet worker and the Ray driver's workers build MaxText's argv in one place, tokenizer path resolved."""
     script = (
         "import os\n"
-        "from multislice.trainer.worker import resolve_package_paths\n"
-        "[path] = resolve_package_paths(['tokenizer_path=maxtext:assets/tokenizers/tokenizer_llama3.tiktoken'])\n"
-        "value = path.split('=')[1]\n"
-        "print(value.endswith('maxtext/assets/tokenizers/tokenizer_llama3.tiktoken'), os.path.isfile(value))\n"
+        "from multislice.trainer.worker import maxtext_argv\n"
+        "base, argv = maxtext_argv(['tokenizer_path=maxtext:assets/tokenizers/tokenizer_llama3.tiktoken'])\n"
+        "value = argv[-1].split('=')[1]\n"
+        "print(value.endswith('maxtext/assets/tokenizers/tokenizer_llama3.tiktoken'), os.path.isfile(value),\n"
+        "      argv[1] == str(base) and base.is_file())\n"
     )
     done = run_in_trainer(trainer_python, script)
-    assert done.returncode == 0 and done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.split() == ["True", "True", "True"], done.stderr[-2000:]

@@ -182,17 +182,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None) -> None:
-    from pathlib import Path
-
     import yaml
-    from maxtext import configs
+    from absl import app
     from maxtext.trainers.pre_train import train
 
-    from multislice.maxtext import TRAIN_MODULE
+    from multislice.trainer import worker
 
-    base_yml = Path(configs.__file__).with_name("base.yml")
-    argv = [TRAIN_MODULE, str(base_yml), *maxtext_args]
-    from absl import app
+    base_yml, argv = worker.maxtext_argv(maxtext_args)  # the tokenizer's maxtext: path resolved, as on a JobSet
 
     def run() -> None:
         # absl's app.run parses absl flags (MaxText reads them) and exits: a clean exit is success here.
@@ -276,6 +272,11 @@ def _start_local_ray(workers: int, env_vars: dict[str, str]) -> None:
     """
     import ray
 
+    # Ray's memory monitor kills workers when the whole node passes 95% memory, whoever uses it; on a shared
+    # machine that is another run's or a compile's memory, and each kill costs a FailureConfig retry. The local
+    # backend checks memory before a stage starts instead; the monitor is off for this local instance (Ray's
+    # "Out-Of-Memory Prevention" page: RAY_memory_monitor_refresh_ms=0 disables it). Not set on TPU (GKE).
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     for attempt in range(1, LOCAL_START_TRIES + 1):
         try:
             ray.init(

@@ -106,6 +106,18 @@ def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
     return resolved
 
 
+def maxtext_argv(maxtext_args: list[str]) -> tuple[Path, list[str]]:
+    """MaxText's base config (``maxtext/configs/base.yml``) and the ``argv`` its ``train.main`` takes.
+
+    ``argv`` is ``[train module, base.yml, *maxtext_args]`` with the ``maxtext:`` paths resolved
+    (:func:`resolve_package_paths`); the JobSet worker and the Ray driver's workers both build it here.
+    """
+    from maxtext import configs
+
+    base_yml = Path(configs.__file__).with_name("base.yml")
+    return base_yml, [TRAIN_MODULE, str(base_yml), *resolve_package_paths(maxtext_args)]
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split the worker's own options from the MaxText ``key=value`` arguments after ``--``."""
     if "--" in argv:
@@ -144,11 +156,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import yaml
     from absl import app
-    from maxtext import configs
     from maxtext.trainers.pre_train import train
 
-    base_yml = Path(configs.__file__).with_name("base.yml")
-    argv_for_maxtext = [TRAIN_MODULE, str(base_yml), *resolve_package_paths(maxtext_args)]
+    base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
     if options.emulate_slices:
         from multislice.trainer import emulated_slices
 

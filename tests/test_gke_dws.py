@@ -259,3 +259,13 @@ def test_flex_start_pods_unschedulable_past_the_wait_fail_launch_naming_the_fiel
         launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert "Unschedulable for" in failure.value.message
     assert "raise node_pools.max_wait_for_capacity_seconds" in failure.value.fix
+
+
+def test_render_writes_the_dws_objects_with_the_other_kueue_objects():
+    from multislice.render import manifests
+
+    rendered = manifests.render_all(make_plan(spec_of(QUEUED)), RUN_ID)
+    assert rendered[f"kueue-provisioningrequestconfig-{CONFIG}.yaml"]["kind"] == "ProvisioningRequestConfig"
+    assert rendered[f"kueue-admissioncheck-{CHECK}.yaml"]["spec"]["parameters"]["name"] == CONFIG
+    plain = manifests.render_all(make_plan(spec_of(BASE)), RUN_ID)
+    assert not [name for name in plain if "admissioncheck" in name or "provisioningrequestconfig" in name]

@@ -161,10 +161,32 @@ SPEC_FIELDS = {
 
 
 def timings_for(spec: RunSpec, backend: str | None = None) -> Timings:
-    """The waits of a run on a backend (default the spec's): the backend's defaults, then the profile's ``timeouts``."""
-    base = DEFAULTS[backend or spec.backend]
+    """The waits of a run on a backend (default the spec's): the backend's defaults, then the profile's ``timeouts``,
+    then on GKE the flex-start capacity wait (:func:`with_capacity_wait`)."""
+    name = backend or spec.backend
     changes = {SPEC_FIELDS[key]: value for key, value in spec.timeouts.model_dump().items() if value is not None}
-    return dataclasses.replace(base, **changes)
+    timings = dataclasses.replace(DEFAULTS[name], **changes)
+    return with_capacity_wait(timings, spec) if name == "gke" else timings
+
+
+def with_capacity_wait(timings: Timings, spec: RunSpec) -> Timings:
+    """``timings`` with admit, launch and the Unschedulable grace lasting at least the flex-start capacity wait.
+
+    With flex-start node pools (``node_pools.provisioning: flex-start``) Kueue admits on quota (with queued
+    provisioning: once the ProvisioningRequest is Provisioned) and the TPU pods stay Unschedulable while Dynamic
+    Workload Scheduler finds the capacity; that is not a failure within ``node_pools.capacity_wait_seconds``
+    (default seven days, :data:`multislice.config.models.FLEX_START_MAX_WAIT_SECONDS`). Other provisioning:
+    ``timings`` unchanged. All values seconds.
+    """
+    wait = spec.node_pools.capacity_wait_seconds
+    if wait is None:
+        return timings
+    return dataclasses.replace(
+        timings,
+        admit_timeout=max(timings.admit_timeout, wait),
+        launch_timeout=max(timings.launch_timeout, wait),
+        unschedulable_grace=max(timings.unschedulable_grace, wait),
+    )
 
 
 def step_deadline(spec: RunSpec, step: str) -> int:

@@ -143,6 +143,28 @@ class Play:
         )
         self.patch_jobset(jobset, {"spec": {"suspend": True}})
 
+    def kueue_checks(
+        self, jobset: str, check: str, state: str, message: str, cluster_queue: str = "multislice-cluster-queue",
+        flavor: str = "v6e-4x4",
+    ) -> None:  # fmt: skip
+        """Quota reserved, one admission check in ``state`` with ``message``: what Kueue's ProvisioningRequest
+        controller mirrors into the Workload (``status.admissionChecks[]``, kueue
+        ``pkg/controller/admissionchecks/provisioning/controller.go`` ``syncCheckStates``). The JobSet stays
+        suspended: Kueue admits only once every check is Ready (then :meth:`kueue_admits`)."""
+        status = {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
+            "admission": {"clusterQueue": cluster_queue,
+                          "podSetAssignments": [{"name": "slice", "flavors": {tpu.TPU_RESOURCE: flavor}}]},
+            "admissionChecks": [{"name": check, "state": state, "message": message,
+                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        }  # fmt: skip
+        self.custom.patch_namespaced_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", self.workload_name(jobset), {"status": status}
+        )
+
     # -- JobSet, Job controllers and the kubelet -----------------------------
 
     def pod_name(self, jobset: str, slice_index: int, host: int, attempt: int = 0) -> str:
@@ -167,6 +189,11 @@ class Play:
                 self.core.create_namespaced_pod(self.ns, body)
                 created.append(name)
         return created
+
+    def pod_scheduled(self, name: str, node: str) -> None:
+        """The scheduler binds the pod to ``node`` and the kubelet runs it (``spec.nodeName``, phase Running)."""
+        self.core.patch_namespaced_pod(name, self.ns, {"spec": {"nodeName": node}})
+        self.pod_status(name, {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]})
 
     def pod_status(self, name: str, status: dict[str, Any]) -> None:
         self.core.patch_namespaced_pod_status(name, self.ns, {"status": status})

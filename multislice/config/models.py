@@ -458,6 +458,13 @@ class AdditionalNodeNetwork(_Strict):
         return value
 
 
+#: How long flex-start capacity may take, seconds: GKE's flex-start page gives seven days as the bound of
+#: flex-start (https://cloud.google.com/kubernetes-engine/docs/concepts/dws: "dynamically provision GPUs and TPUs
+#: as needed, for up to seven days"; ``maxRunDurationSeconds`` "default is seven days"). The queued-provisioning
+#: page (https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest) names no shorter queue bound.
+FLEX_START_MAX_WAIT_SECONDS = 7 * 24 * 3600
+
+
 class NodePoolSpec(_Strict):
     """How provision gets the run's TPU node pools (one per slice) on GKE.
 
@@ -487,6 +494,13 @@ class NodePoolSpec(_Strict):
     )
     queued_provisioning: bool = Field(
         False, description="flex-start only: nodes come only through Kueue ProvisioningRequests."
+    )
+    max_wait_for_capacity_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="flex-start only: how long admit and launch wait for Dynamic Workload Scheduler to find the "
+        "capacity (pods Unschedulable, a ProvisioningRequest pending), seconds; default 7 days "
+        f"({FLEX_START_MAX_WAIT_SECONDS} s), flex-start's bound in GKE's docs.",
     )
     additional_node_networks: tuple[AdditionalNodeNetwork, ...] = Field(
         (), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
@@ -568,7 +582,22 @@ class NodePoolSpec(_Strict):
                 f"queued_provisioning needs provisioning: flex-start (it is {self.provisioning!r}); "
                 "set node_pools.provisioning: flex-start, or remove queued_provisioning"
             )
+        if self.max_wait_for_capacity_seconds is not None and self.provisioning != "flex-start":
+            raise ValueError(
+                f"max_wait_for_capacity_seconds applies to provisioning: flex-start (it is {self.provisioning!r}); "
+                "set node_pools.provisioning: flex-start, or remove max_wait_for_capacity_seconds"
+            )
         return self
+
+    @property
+    def capacity_wait_seconds(self) -> float | None:
+        """How long admit and launch wait for flex-start capacity, seconds; None when not flex-start.
+
+        ``max_wait_for_capacity_seconds``, default :data:`FLEX_START_MAX_WAIT_SECONDS`.
+        """
+        if self.provisioning != "flex-start":
+            return None
+        return self.max_wait_for_capacity_seconds or FLEX_START_MAX_WAIT_SECONDS
 
     def issues(self, cluster: ClusterSpec) -> list[tuple[str, str]]:
         """Checks against the cluster reference (backend gke); ``(field, message)`` pairs, empty when fine."""

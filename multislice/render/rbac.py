@@ -39,7 +39,8 @@ Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 lost slice's nodes) and the run's ClusterQueue by name (get: train, how many
 slices of an elastic stage Kueue can admit). The
 cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
-WorkloadPriorityClass) are applied once by a cluster admin from
+WorkloadPriorityClass; with ``node_pools.queued_provisioning`` also the
+ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admin from
 ``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
 a second ClusterRole lets the pipeline get and server-side apply (patch)
 exactly those objects, by name (create included, as above).
@@ -66,7 +67,7 @@ from typing import Any
 
 from multislice import names
 from multislice.plan import Plan
-from multislice.render import schema
+from multislice.render import kueue, schema
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 #: Annotation linking a Kubernetes ServiceAccount to a Google service account (GKE Workload Identity).
@@ -132,13 +133,26 @@ def cluster_read_rules(plan: Plan | None = None) -> list[dict[str, Any]]:
 
 
 def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
-    """Get and server-side apply (patch, create) the run's cluster-scoped Kueue objects, by name only."""
+    """Get and server-side apply (patch, create) the run's cluster-scoped Kueue objects, by name only.
+
+    With ``node_pools.queued_provisioning`` also its ProvisioningRequestConfig and AdmissionCheck
+    (:func:`multislice.render.kueue.render_queued_provisioning`); without it, no right on them.
+    """
     spec = plan.spec
-    return [
+    rules = [
         _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, [spec.slice_type.flavor_name]),
         _rule("kueue.x-k8s.io", ["clusterqueues"], APPLY, [spec.cluster_queue]),
         _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], APPLY, [spec.priority]),
     ]
+    if spec.node_pools.queued_provisioning:
+        rules += [
+            _rule(
+                "kueue.x-k8s.io", ["provisioningrequestconfigs"], APPLY,
+                [kueue.provisioning_config_name(spec.cluster_queue)],
+            ),
+            _rule("kueue.x-k8s.io", ["admissionchecks"], APPLY, [kueue.admission_check_name(spec.cluster_queue)]),
+        ]  # fmt: skip
+    return rules
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:

@@ -100,6 +100,11 @@ def _structural(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _structural(v) for k, v in schema.items() if not k.startswith("x-kubernetes-")}
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and pattern.startswith("^(?i)"):
+        # Go's RE2 (the API server's) takes a flag group after ``^``; Python's re needs global flags first
+        # (Kueue's AdmissionCheck parameters.kind: ``^(?i)[a-z]([-a-z0-9]*[a-z0-9])?$``).
+        out["pattern"] = "(?i)^" + pattern[len("^(?i)") :]
     if schema.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]

@@ -60,6 +60,16 @@ def waiting_states(current: list[Any], running: list[Any]) -> list[str]:
     return sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
 
 
+def capacity_wait(plan: Plan, unschedulable_since: dict[str, float], now: float, grace: float) -> str:
+    """With flex-start node pools and pods Unschedulable: ``; Unschedulable for N s, flex-start: waiting up to G s
+    for capacity`` (Dynamic Workload Scheduler finding the slices is not a failure within that wait,
+    :func:`multislice.timings.timings_for`); else empty."""
+    if not unschedulable_since or plan.spec.node_pools.provisioning != "flex-start":
+        return ""
+    longest = now - min(unschedulable_since.values())
+    return f"; Unschedulable for {longest:.0f} s, flex-start: waiting up to {grace:.0f} s for capacity"
+
+
 class GkeBackend(Backend):
     """Acts on a GKE cluster through its Kubernetes API (``kube``) and the GKE API (node pools).
 
@@ -243,17 +253,27 @@ class GkeBackend(Backend):
                     continue
                 since = unschedulable_since.setdefault(pod.metadata.name, now)
                 if now - since > timings.unschedulable_grace:
+                    flex = plan.spec.node_pools.provisioning == "flex-start"
                     raise LaunchFailed(
                         self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
                         f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
-                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready",
+                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready"
+                        + (
+                            "; flex-start found no capacity in that time: raise "
+                            "node_pools.max_wait_for_capacity_seconds or try another node_pools.zone"
+                            if flex
+                            else ""
+                        ),
                     )
             running = [p for p in current if p.status.phase == "Running"]
             if state == "Completed" or (state == "Running" and len(running) == expected):
                 break
             if now - last_report >= timings.report_seconds:
                 others = waiting_states(current, running)
-                tell(f"{len(running)}/{expected} pods Running; JobSet {state}; others: {others}")
+                tell(
+                    f"{len(running)}/{expected} pods Running; JobSet {state}; others: {others}"
+                    + capacity_wait(plan, unschedulable_since, now, timings.unschedulable_grace)
+                )
                 last_report = now
             if now - started > timings.launch_timeout:
                 raise LaunchFailed(

@@ -48,6 +48,8 @@ KUEUE_RESOURCES: dict[str, tuple[str, bool]] = {
     "ClusterQueue": ("clusterqueues", False),
     "WorkloadPriorityClass": ("workloadpriorityclasses", False),
     "LocalQueue": ("localqueues", True),
+    "ProvisioningRequestConfig": ("provisioningrequestconfigs", False),
+    "AdmissionCheck": ("admissionchecks", False),
 }
 
 

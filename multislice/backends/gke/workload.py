@@ -25,7 +25,23 @@ Some waits never end by themselves; admit fails at once on them
   Workload for a JobSet whose ``kueue.x-k8s.io/priority-class`` does not exist
   (kubernetes-sigs/kueue #3439; documented in #13645, event added in #13775).
   Kueue releases before that event post nothing: the pending reason then names
-  the priority class among the things to check.
+  the priority class among the things to check;
+- an admission check in state ``Rejected`` (``status.admissionChecks[]``).
+
+With queued provisioning (``node_pools.queued_provisioning``) the ClusterQueue
+names a ProvisioningRequest AdmissionCheck: once quota is reserved, Kueue
+creates a ProvisioningRequest ``<workload>-<admission check>-<attempt>`` and
+mirrors its conditions into the Workload's ``status.admissionChecks[]``
+(``state``, ``message``; kubernetes-sigs/kueue
+``pkg/controller/admissionchecks/provisioning/controller.go``,
+``syncCheckStates``): Accepted and waiting -> ``Pending`` with the request's
+Provisioned message (e.g. an ETA); Provisioned -> ``Ready`` (then Admitted);
+Failed or BookingExpired with retries left (3 by default) -> ``Pending``,
+"Retrying after failure: ..."; Failed with none left, or CapacityRevoked ->
+``Rejected`` with the request's message (Kueue then deactivates the Workload).
+Admit reads that mirror rather than the ProvisioningRequest itself: it carries
+the state and Cluster Autoscaler's message, and needs no RBAC on
+``autoscaling.x-k8s.io``.
 """
 
 from __future__ import annotations
@@ -72,8 +88,24 @@ def admitted(workload: dict[str, Any] | None) -> bool:
 FRAMEWORKS = {"JobSet": "jobset.x-k8s.io/jobset", "RayJob": "ray.io/rayjob"}
 
 
+def admission_checks(workload: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The Workload's ``status.admissionChecks`` (``name``, ``state``: Pending, Ready, Retry or Rejected,
+    ``message``); empty when its ClusterQueue names none (Kueue v1beta2 ``AdmissionCheckState``)."""
+    return list(((workload or {}).get("status") or {}).get("admissionChecks") or [])
+
+
+def checks_line(checks: list[dict[str, Any]]) -> str:
+    """``AdmissionCheck <name> <state>: <message>`` for each check, ``; ``-joined."""
+    return "; ".join(
+        f"AdmissionCheck {c.get('name')} {c.get('state') or 'Pending'}"
+        + (f": {c['message']}" if c.get("message") else "")
+        for c in checks
+    )
+
+
 def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str, kind: str = "JobSet") -> str:
-    """Why the Workload is not admitted, from its conditions (most telling first)."""
+    """Why the Workload is not admitted, from its conditions (most telling first); with quota reserved and
+    admission checks not Ready (queued provisioning: the ProvisioningRequest's state), those checks."""
     if workload is None:
         return (
             f"no Kueue Workload for {kind} {js_name} yet; if this lasts, check that Kueue's {kind} integration "
@@ -81,6 +113,9 @@ def pending_reason(workload: dict[str, Any] | None, js_name: str, queue: str, ki
             f"that the {kind}'s WorkloadPriorityClass (label kueue.x-k8s.io/priority-class) exists"
         )
     conditions = {c.get("type"): c for c in workload.get("status", {}).get("conditions", []) or []}
+    waiting = [c for c in admission_checks(workload) if c.get("state") != "Ready"]
+    if waiting and jobset.condition(workload, "QuotaReserved") and not jobset.condition(workload, "Evicted"):
+        return f"quota reserved, waiting for admission checks: {checks_line(waiting)}"
     for kind in ("Evicted", "QuotaReserved", "Admitted"):
         cond = conditions.get(kind)
         if cond and (kind == "Evicted") == (cond.get("status") == "True"):
@@ -108,6 +143,13 @@ _BLOCKING_MESSAGES: list[tuple[re.Pattern[str], str]] = [
         "resourceGroups cover the TPU resource), or set `cluster_queue` to one that covers it",
     ),
 ]
+#: The fix for a Rejected admission check (queued provisioning: the ProvisioningRequest failed past Kueue's retries).
+_REJECTED_FIX = (
+    "Dynamic Workload Scheduler could not provide the slices (the ProvisioningRequest failed after Kueue's retries, "
+    "or its capacity was revoked): check flex-start TPU quota and availability in node_pools.zone (or try another "
+    "zone), then rerun admit, which submits the workload again; `kubectl get provisioningrequests -n <namespace>` "
+    "shows the request"
+)
 #: Warning event reasons on the JobSet that mean Kueue will create no Workload for it -> the fix.
 _BLOCKING_EVENTS = {
     "WorkloadPriorityClassNotFound": (
@@ -133,10 +175,15 @@ def jobset_events(kube: Kube, js_name: str, kind: str = "JobSet") -> list[Any]:
 def blocked(kube: Kube, js_name: str, workload: dict[str, Any] | None, kind: str = "JobSet") -> tuple[str, str] | None:
     """``(cause, fix)`` when the JobSet cannot be admitted until something is changed, else None.
 
-    Reads the Workload's QuotaReserved condition, and when there is no Workload, the JobSet's
-    Warning events (the module docstring lists what is recognised and its sources).
+    Reads the Workload's admission checks (one Rejected: with queued provisioning, the ProvisioningRequest failed
+    past Kueue's retries or its capacity was revoked) and QuotaReserved condition, and when there is no Workload,
+    the JobSet's Warning events (the module docstring lists what is recognised and its sources).
     """
     if workload is not None:
+        rejected = [c for c in admission_checks(workload) if c.get("state") == "Rejected"]
+        if rejected:
+            cause = f"Workload {workload['metadata']['name']}: {checks_line(rejected)}"
+            return cause, _REJECTED_FIX
         cond = next(
             (c for c in workload.get("status", {}).get("conditions", []) or [] if c.get("type") == "QuotaReserved"),
             None,

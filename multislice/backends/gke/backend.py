@@ -239,32 +239,7 @@ class GkeBackend(Backend):
                 raise LaunchFailed(f"JobSet {stage.jobset} failed before all its pods ran: {jobset.describe(js)}")
             current = pods.list_pods(self.kube, stage.jobset, jobset.restarts(js))
             now = time.monotonic()
-            for pod in current:
-                problem = pods.waiting_problem(pod)
-                if problem:
-                    raise LaunchFailed(
-                        self._pod_line(pod, f"cannot start: {problem}"),
-                        f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
-                        "(Artifact Registry reader role for the node service account)",
-                    )
-                message = pods.unschedulable(pod)
-                if message is None:
-                    unschedulable_since.pop(pod.metadata.name, None)
-                    continue
-                since = unschedulable_since.setdefault(pod.metadata.name, now)
-                if now - since > timings.unschedulable_grace:
-                    flex = plan.spec.node_pools.provisioning == "flex-start"
-                    raise LaunchFailed(
-                        self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
-                        f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
-                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready"
-                        + (
-                            "; flex-start found no capacity in that time: raise "
-                            "node_pools.max_wait_for_capacity_seconds or try another node_pools.zone"
-                            if flex
-                            else ""
-                        ),
-                    )
+            self._check_pods_can_start(plan, current, unschedulable_since, now)
             running = [p for p in current if p.status.phase == "Running"]
             if state == "Completed" or (state == "Running" and len(running) == expected):
                 break
@@ -291,6 +266,43 @@ class GkeBackend(Backend):
             )
         placement = {name: PodPlacement(**info) for name, info in where.items()}
         return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
+
+    def _check_pods_can_start(
+        self, plan: Plan, current: list[Any], unschedulable_since: dict[str, float], now: float
+    ) -> None:
+        """Fail launch on a pod that cannot start: an image or container error, or Unschedulable for longer than
+        ``timings.unschedulable_grace`` seconds (with flex-start, the capacity wait). ``unschedulable_since`` (pod
+        name -> monotonic seconds) is kept across polls by the caller.
+
+        Raises:
+            LaunchFailed: the pod's line and a fix (flex-start: the capacity wait and the zone).
+        """
+        for pod in current:
+            problem = pods.waiting_problem(pod)
+            if problem:
+                raise LaunchFailed(
+                    self._pod_line(pod, f"cannot start: {problem}"),
+                    f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
+                    "(Artifact Registry reader role for the node service account)",
+                )
+            message = pods.unschedulable(pod)
+            if message is None:
+                unschedulable_since.pop(pod.metadata.name, None)
+                continue
+            since = unschedulable_since.setdefault(pod.metadata.name, now)
+            if now - since > self.timings.unschedulable_grace:
+                flex = plan.spec.node_pools.provisioning == "flex-start"
+                raise LaunchFailed(
+                    self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
+                    f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
+                    f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready"
+                    + (
+                        "; flex-start found no capacity in that time: raise "
+                        "node_pools.max_wait_for_capacity_seconds or try another node_pools.zone"
+                        if flex
+                        else ""
+                    ),
+                )
 
     def follow(
         self,
@@ -505,25 +517,7 @@ class GkeBackend(Backend):
                 raise LaunchFailed(f"RayJob {stage.jobset} failed before all its pods ran: {rayjob.describe(found)}")
             heads, workers = rayjob.cluster_pods(self.kube, found)
             now = time.monotonic()
-            for pod in heads + workers:
-                problem = pods.waiting_problem(pod)
-                if problem:
-                    raise LaunchFailed(
-                        self._pod_line(pod, f"cannot start: {problem}"),
-                        f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
-                        "(Artifact Registry reader role for the node service account)",
-                    )
-                message = pods.unschedulable(pod)
-                if message is None:
-                    unschedulable_since.pop(pod.metadata.name, None)
-                    continue
-                since = unschedulable_since.setdefault(pod.metadata.name, now)
-                if now - since > timings.unschedulable_grace:
-                    raise LaunchFailed(
-                        self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
-                        f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
-                        f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready",
-                    )
+            self._check_pods_can_start(plan, heads + workers, unschedulable_since, now)
             running = [p for p in workers if p.status.phase == "Running"]
             head_up = any(p.status.phase == "Running" for p in heads)
             if state == "Completed" or (state == "Running" and head_up and len(running) >= expected):

@@ -257,15 +257,23 @@ class GkeBackend(Backend):
                     "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
                 )
             time.sleep(timings.poll_seconds)
+        placement = self._placement(
+            running, state, f"JobSet {stage.jobset}",
+            "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
+        )  # fmt: skip
+        return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
+
+    def _placement(self, running: list[Any], state: str, what: str, fix: str) -> dict[str, PodPlacement]:
+        """Where the running pods are (pod name -> node and node pool).
+
+        Raises:
+            LaunchFailed: a workload still running is not placed one slice per node pool (``fix`` says what to check).
+        """
         where = pods.placement(self.kube, running)
         problems = pods.exclusive_placement_problems(where) if state != "Completed" else []
         if problems:
-            raise LaunchFailed(
-                f"JobSet {stage.jobset} is not placed one slice per node pool: {'; '.join(problems)}",
-                "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
-            )
-        placement = {name: PodPlacement(**info) for name, info in where.items()}
-        return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
+            raise LaunchFailed(f"{what} is not placed one slice per node pool: {'; '.join(problems)}", fix)
+        return {name: PodPlacement(**info) for name, info in where.items()}
 
     def _check_pods_can_start(
         self, plan: Plan, current: list[Any], unschedulable_since: dict[str, float], now: float
@@ -537,14 +545,10 @@ class GkeBackend(Backend):
                     "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
                 )
             time.sleep(timings.poll_seconds)
-        where = pods.placement(self.kube, running)
-        problems = pods.exclusive_placement_problems(where) if state != "Completed" else []
-        if problems:
-            raise LaunchFailed(
-                f"RayJob {stage.jobset} is not placed one slice per node pool: {'; '.join(problems)}",
-                "check the worker group's TPU node selectors and that one node pool holds exactly one slice's hosts",
-            )
-        placement = {name: PodPlacement(**info) for name, info in where.items()}
+        placement = self._placement(
+            running, state, f"RayJob {stage.jobset}",
+            "check the worker group's TPU node selectors and that one node pool holds exactly one slice's hosts",
+        )  # fmt: skip
         return Running(
             placement=placement,
             node_pools=sorted({str(p.node_pool) for p in placement.values()}),

@@ -61,7 +61,12 @@ class LocalRun:
 #: model), whose stage 1 the verifier tests break copies of (its functional checks replay the logged loss on
 #: the synthetic batch, which a real-data stage has no equivalent of); stage 2 trains 6 steps.
 TWIN_PROFILE = "local-synthetic"
-TWIN_SETTINGS = {"run_name": "e2e-twin", "stage1_steps": 20, "stage2_steps": 6}
+#: The twin trains on one slice (issue 13: a single-slice run end to end); stage 2's FSDP over DCN
+#: across 2 slices becomes 1, and preflight compiles both stages for 1 x v5litepod-8.
+TWIN_SETTINGS = {
+    "run_name": "e2e-twin", "stage1_steps": 20, "stage2_steps": 6, "num_slices": 1,
+    "stages.tiny-70b-recipe.dcn.fsdp": 1,
+}  # fmt: skip
 
 
 def _start_run(settings: dict[str, object], output: Path, profile: str = "local") -> subprocess.Popen:

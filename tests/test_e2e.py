@@ -69,6 +69,13 @@ def test_two_local_runs_at_once_both_train_and_verify(local_runs):
             assert (state.phase, state.restarts) == ("Completed", 0)
             assert [e.reason for e in state.events].count("CoordinatorPort") == 1  # a free port, not 1234
     assert "trained       6/6 steps" in local_runs[1].stdout
+    # The twin is the single-slice run: one slice (child Job 0) of 8 chips, each stage's DCN degrees all 1.
+    twin = local_runs[1]
+    assert twin.plan.spec.num_slices == 1 and twin.plan.total_chips == twin.plan.slice.chips
+    for stage in twin.plan.stages:
+        assert set(stage.dcn.values()) == {1}
+        state = LocalJobSets(twin.plan.run_dir).get_jobset(stage.jobset)
+        assert {p.job_index for p in state.pods} == {0} and len(state.pods) == twin.plan.slice.hosts
 
 
 def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(tmp_path):

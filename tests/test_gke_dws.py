@@ -212,10 +212,8 @@ def test_a_rejected_provisioning_check_fails_admit_with_the_cause_and_a_fix(serv
     assert "flex-start TPU quota" in refused.value.fix and "node_pools.zone" in refused.value.fix
 
 
-def test_flex_start_pods_unschedulable_past_the_old_grace_but_within_the_wait_launch(served, play, plan, told):
-    timings = with_capacity_wait(FAST, plan.spec)  # FAST's 0.5 s grace -> the profile's 60 s
-    assert timings.unschedulable_grace == 60 > FAST.unschedulable_grace
-    kube = served.kube(timings=timings)
+def admitted_with_unschedulable_pods(play, plan, kube, message):
+    """Admit stage 1 through a scripted Kueue, then give it 2 slices of pods the scheduler left Unschedulable."""
     js = stage_of(plan).jobset
 
     def kueue():
@@ -224,10 +222,17 @@ def test_flex_start_pods_unschedulable_past_the_old_grace_but_within_the_wait_la
 
     with Background(kueue):
         admitted = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
-    message = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
     status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                   "message": message}]}  # fmt: skip
-    pods = play.pods(js, 2, plan.slice.hosts, status=status)
+    return admitted, play.pods(js, 2, plan.slice.hosts, status=status)
+
+
+def test_flex_start_pods_unschedulable_past_the_old_grace_but_within_the_wait_launch(served, play, plan, told):
+    timings = with_capacity_wait(FAST, plan.spec)  # FAST's 0.5 s grace -> the profile's 60 s
+    assert timings.unschedulable_grace == 60 > FAST.unschedulable_grace
+    kube = served.kube(timings=timings)
+    message = "0/8 nodes are available: 8 node(s) didn't match Pod's node affinity/selector."
+    admitted, pods = admitted_with_unschedulable_pods(play, plan, kube, message)
 
     def capacity_arrives():
         # Launch has seen the pods Unschedulable for at least 1 s (rounded), past FAST's 0.5 s grace.
@@ -244,17 +249,7 @@ def test_flex_start_pods_unschedulable_past_the_wait_fail_launch_naming_the_fiel
     plan = make_plan(spec_of({**QUEUED, "node_pools.max_wait_for_capacity_seconds": 1}))
     kube = served.kube(timings=with_capacity_wait(FAST, plan.spec))
     assert kube.timings.unschedulable_grace == 1
-    js = stage_of(plan).jobset
-
-    def kueue():
-        play.kueue_queues(js, "waiting")
-        play.kueue_admits(js)
-
-    with Background(kueue):
-        admitted = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
-    status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                  "message": "0/8 nodes are available"}]}  # fmt: skip
-    play.pods(js, 2, plan.slice.hosts, status=status)
+    admitted, _ = admitted_with_unschedulable_pods(play, plan, kube, "0/8 nodes are available")
     with pytest.raises(LaunchFailed) as failure:
         launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
     assert "Unschedulable for" in failure.value.message

@@ -587,14 +587,20 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from multislice.backends.local import LocalBackend
     from multislice.steps import preflight as step
 
+    if args.report:
+        _check_output("--report", args.report, directory=False, suffixes=(".json",))
+    if args.cache_dir is not None:
+        _check_cache_dir("--cache-dir", args.cache_dir, remote_ok=args.on_cluster)
     extra: dict[str, Any] = {"preflight.skip": False, "preflight.suggest_alternative": not args.no_alternative}
     plan, stages = _preflight_plan(args, extra)
     if args.on_cluster:
-        backend = backends.backend_for(plan, say=print)
         cache = args.cache_dir or preflight.default_cache_dir(plan)
+        backend = backends.backend_for(plan, say=print)
     else:
-        backend = LocalBackend(plan.run_dir, timings.timings_for(plan.spec, "local"))
         cache = args.cache_dir or plan.spec.preflight.cache_dir or preflight.user_cache_dir()
+        if not storage.is_remote(cache):
+            _check_cache_dir("preflight.cache_dir" if not args.cache_dir else "--cache-dir", cache, remote_ok=False)
+        backend = LocalBackend(plan.run_dir, timings.timings_for(plan.spec, "local"))
     try:
         found = step.run(plan, stages, backend=backend, cache_dir=cache, write_reports=False)
     except preflight.PreflightFailed as error:
@@ -610,26 +616,166 @@ def _write_json(path: str | None, data: Any) -> None:
         storage.write_json(path, data)
 
 
+def _check_cache_dir(option: str, value: str, *, remote_ok: bool) -> None:
+    """A verdict cache directory, checked before anything is compiled: ``gs://`` (where ``remote_ok``) or a
+    local directory that exists and is writable, or can be created in a writable directory.
+
+    Raises:
+        InputError: naming ``option``, the path and why it cannot hold the cache.
+    """
+    fix = f"give {option} a writable directory (it is created when missing)"
+    if value.startswith("gs://"):
+        if not remote_ok:
+            raise InputError(f"{option} {value!r}: this machine's compiles keep their verdicts on local disk", fix)
+        if problem := config.values.gcs_path_problem(value):
+            raise InputError(f"{option}: {problem}", fix)
+        return
+    path = _check_output(option, value, directory=True)
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {value!r}: {existing} is not writable by this user", fix)
+
+
+#: ``multislice plan``'s bounds: ``--want`` fitting configs (one slice count has at most 4 x 4 x 4 x 2 x 2 x 2 x 2
+#: = 1,024 candidates, :func:`multislice.preflight.planner.candidates`); ``--max-target-length`` as the spec's
+#: ``max_target_length``.
+MAX_PLAN_WANT = 1024
+
+
+def _plan_option_issues(args: argparse.Namespace, chips: int, first_slices: int) -> list[tuple[str, str]]:
+    """``(option, message)`` for each bad ``multislice plan`` option, checked before the spec is changed.
+
+    ``chips``: chips per slice of the planned TPU type; ``first_slices``: the slice count the search starts at.
+    """
+    import math
+
+    from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
+
+    issues: list[tuple[str, str]] = []
+
+    def whole(option: str, value: int | None, low: int, high: int, what: str) -> None:
+        if value is not None and not low <= value <= high:
+            issues.append((option, f"{value} is not {what}; give {low} to {high:,}"))
+
+    whole("--num-slices", args.num_slices, 1, INT32_MAX, "a slice count (0 slices cannot train)")
+    whole("--max-slices", args.max_slices, 1, INT32_MAX, "a slice count")
+    whole("--seq", args.seq, 1, 2**20, "a sequence length")
+    whole("--want", args.want, 1, MAX_PLAN_WANT, "a count of fitting configs")
+    whole("--global-batch", args.global_batch, 1, INT32_MAX, "a global batch (sequences per step)")
+    if not (math.isfinite(args.budget) and 0 < args.budget <= MAX_TIMEOUT_SECONDS):
+        issues.append(("--budget", f"{args.budget:g} s: give seconds of compiling, more than 0 and at most "
+                                   f"{MAX_TIMEOUT_SECONDS:,}"))  # fmt: skip
+    if args.global_batch is not None and not issues and not _batch_fits(args.global_batch, chips, first_slices,
+                                                                        args.max_slices):  # fmt: skip
+        last = max(first_slices, args.max_slices)
+        issues.append(("--global-batch", f"{args.global_batch} sequences do not divide over the chips of any slice "
+                                         f"count from {first_slices} to {last} ({chips} chips per slice); give a "
+                                         f"multiple of {chips * first_slices}"))  # fmt: skip
+    return issues
+
+
+def _batch_fits(global_batch: int, chips: int, first: int, last: int) -> bool:
+    """Whether ``global_batch`` divides over ``chips x s`` chips for some slice count ``s`` in ``first..last``."""
+    if global_batch % chips:
+        return False
+    per_slice = global_batch // chips  # s must divide this; enumerate its divisors up to its square root
+    divisor = 1
+    while divisor * divisor <= per_slice:
+        if per_slice % divisor == 0 and any(first <= d <= last for d in (divisor, per_slice // divisor)):
+            return True
+        divisor += 1
+    return False
+
+
+def _fixed_knobs(pairs: list[str]) -> dict[str, Any]:
+    """``--fix KNOB=VALUE`` as the planner's fixed knobs, each checked against what the planner varies.
+
+    Raises:
+        ConfigError: (field ``--fix``) an unknown knob, or a value the planner would never try.
+    """
+    import math
+
+    from multislice.preflight import planner
+
+    choices: dict[str, Any] = {
+        "per_device_batch_size": "a number > 0",
+        "remat_policy": planner.REMAT_CHOICES,
+        "optimizer_offload": (True, False),
+        "parameter_offload": (True, False),
+        "weight_dtype": ("float32", "bfloat16"),
+    }
+    fixed, issues = {}, []
+    for key, value in config.parse_set_arguments(pairs).items():
+        if key not in choices:
+            issues.append(("--fix", f"{key!r} is not a knob the planner varies; fix one of {', '.join(choices)} "
+                                    "(ICI and DCN: set stages.N.ici / stages.N.dcn in the profile)"))  # fmt: skip
+            continue
+        allowed = choices[key]
+        if key == "per_device_batch_size":
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = number and math.isfinite(value) and 0 < value <= 2**16
+        else:
+            ok = any(value is c if isinstance(c, bool) else value == c for c in allowed)
+        if not ok:
+            shown = allowed if isinstance(allowed, str) else ", ".join(str(c).lower() for c in allowed)
+            issues.append(("--fix", f"{key}={value!r}: give {shown}"))
+            continue
+        fixed[key] = value
+    if issues:
+        raise config.ConfigError(issues)
+    return fixed
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do."""
+    """Search fitting configs for a stage; prints them ranked, or the fewest slices that fit, or that none do.
+
+    Every option is checked before anything is written or compiled (exit 2, the option and the fix named).
+    """
+    from multislice import tpu
     from multislice.backends.local.aot import AotSession
     from multislice.preflight import planner, user_cache_dir
 
+    if args.report:
+        _check_output("--report", args.report, directory=False, suffixes=(".json",))
+    if args.work_dir is not None:
+        _check_output("--work-dir", args.work_dir, directory=True)
+    if args.cache_dir is not None:
+        _check_cache_dir("--cache-dir", args.cache_dir, remote_ok=False)
+    fixed = _fixed_knobs(args.fix or [])
     plan, stages = _preflight_plan(args)
     spec, stage = plan.spec, plan.spec.stage(stages[0].name)
+    try:
+        slice_type = tpu.parse_tpu_type(args.tpu_type) if args.tpu_type is not None else spec.slice_type
+    except (ValueError, KeyError, config.ConfigError) as error:
+        raise config.ConfigError([("--tpu-type", str(error).strip("'\""))]) from None
+    first = args.num_slices if args.num_slices is not None else spec.num_slices
+    if issues := _plan_option_issues(args, slice_type.chips, first):
+        raise config.ConfigError(issues)
     updates: dict[str, Any] = {}
-    if args.model:
-        updates["model"] = config.ModelSpec(name=args.model)
-    if args.seq:
+    if args.model is not None:
+        try:
+            updates["model"] = config.ModelSpec(name=args.model)
+        except ValueError as error:  # pydantic's ValidationError: the model name's own message
+            messages = [e.get("msg", str(e)).removeprefix("Value error, ") for e in getattr(error, "errors", list)()]
+            raise config.ConfigError([("--model", "; ".join(messages) or str(error))]) from None
+    if args.seq is not None:
         updates["max_target_length"] = args.seq
     stage = stage.model_copy(update=updates)
     spec = spec.model_copy(
-        update={k: v for k, v in (("tpu_type", args.tpu_type), ("num_slices", args.num_slices)) if v}
+        update={k: v for k, v in (("tpu_type", args.tpu_type), ("num_slices", args.num_slices)) if v is not None}
     )
-    spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), {"stages.0.dcn": {}, "stages.0.ici": {}})
+    try:
+        spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), {"stages.0.dcn": {}, "stages.0.ici": {}})
+    except config.ConfigError as error:  # name the option that set the field
+        options = {"tpu_type": "--tpu-type", "num_slices": "--num-slices", "max_target_length": "--seq",
+                   "model": "--model"}  # fmt: skip
+        raise config.ConfigError(
+            [(next((o for f, o in options.items() if f in field), field), message) for field, message in error.issues]
+        ) from None
     stage = spec.stages[0]
-    fixed = dict(config.parse_set_arguments(args.fix or []))
     cache = args.cache_dir or spec.preflight.cache_dir or user_cache_dir()
+    if not storage.is_remote(cache):
+        _check_cache_dir("--cache-dir" if args.cache_dir else "preflight.cache_dir", cache, remote_ok=False)
     work = Path(args.work_dir or Path("build", "plan", stage.name)).absolute()
     print(
         f"planning {stage.model.label}, sequence {stage.max_target_length}, on {spec.num_slices}..{args.max_slices} x "
@@ -661,7 +807,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
         print(f"searched in {found.seconds:.0f} s")
         return 0
-    if found.exhausted:
+    if not found.slices_tried:
+        print(f"\nno slice count searched within the {args.budget:.0f} s budget; raise --budget")
+    elif found.exhausted:
         print(
             f"\nnothing fits: no config of {stage.model.label} fits on "
             f"{found.slices_tried[0]}..{found.slices_tried[-1]} x {spec.tpu_type} "
@@ -810,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
     pln.add_argument("--model", help="MaxText model_name instead of the stage's (e.g. llama3-70b)")
     pln.add_argument("--tpu-type", help="slice type instead of the profile's (e.g. v6e-16)")
     pln.add_argument("--num-slices", type=int, help="slice count to start from (default: the profile's)")
-    pln.add_argument("--max-slices", type=int, default=8, help="most slices to try when fewer do not fit")
+    pln.add_argument("--max-slices", type=int, default=8, help="most slices to try when fewer do not fit (default 8)")
     pln.add_argument("--seq", type=int, help="sequence length (max_target_length)")
     pln.add_argument("--global-batch", type=int, help="fix sequences per step across all chips")
     pln.add_argument(

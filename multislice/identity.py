@@ -35,6 +35,12 @@ def run_dir(output_dir: str, run_name: str) -> str:
     return storage.join(output_dir, run_name)
 
 
+#: Characters of the pipeline run's id :func:`unique_run_name` appends (after a '-').
+UNIQUE_SUFFIX_CHARACTERS = 8
+#: Length of the whole suffix: ``-`` and :data:`UNIQUE_SUFFIX_CHARACTERS` characters.
+UNIQUE_SUFFIX_LENGTH = UNIQUE_SUFFIX_CHARACTERS + 1
+
+
 def unique_run_name(run_name: str, pipeline_run_id: str) -> str:
     """``<run_name>-<8 characters of the pipeline run's id>``: the run name of one run of a schedule.
 
@@ -42,7 +48,7 @@ def unique_run_name(run_name: str, pipeline_run_id: str) -> str:
     KFP and Vertex AI); its first 8 alphanumeric characters, lower-cased, keep
     the name a DNS-1035 label (the run spec validates its length).
     """
-    fragment = re.sub(r"[^a-z0-9]", "", pipeline_run_id.lower())[:8]
+    fragment = re.sub(r"[^a-z0-9]", "", pipeline_run_id.lower())[:UNIQUE_SUFFIX_CHARACTERS]
     return f"{run_name}-{fragment}" if fragment else run_name
 
 

@@ -144,9 +144,12 @@ def build_pipeline(
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
 
     Raises:
-        multislice.config.ConfigError: the profile is invalid.
+        multislice.config.ConfigError: the profile is invalid, or (``remote``) its ``run_name`` is too long
+            for the runs the compiled defaults start (``unique_run_name`` true appends each run's id).
     """
     spec = config.load_spec(profile)
+    if remote and COMPILED_DEFAULTS["unique_run_name"] and not spec.unique_run_name:
+        config.load_spec(profile, {"unique_run_name": True})  # each run with the defaults gets the suffix
     profile_data = config.spec_to_data(spec)
     image = base_image or spec.images.pipeline or DEFAULT_BASE_IMAGE
     plan_op = plan_component.component(image)

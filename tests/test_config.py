@@ -125,9 +125,11 @@ def test_unknown_stage_in_override():
 
 
 def test_set_arguments_parse_yaml_scalars():
-    parsed = config.parse_set_arguments(["num_slices=4", "run_name=abc", "stages.0.ici={fsdp: 8}", "x=[1,2]"])
+    parsed = config.parse_set_arguments(["num_slices=4", "run_name=abc", "x=[1,2]"])
     assert parsed["num_slices"] == 4 and parsed["run_name"] == "abc" and parsed["x"] == [1, 2]
-    assert parsed["stages.0.ici"] == "{fsdp: 8}"  # mappings are not accepted from --set
+    with pytest.raises(config.ConfigError) as refused:  # one --set sets one field: the fix gives the dotted keys
+        config.parse_set_arguments(["stages.0.ici={fsdp: 8, tensor: 1}"])
+    assert "--set stages.0.ici.fsdp=8 --set stages.0.ici.tensor=1" in str(refused.value)
     with pytest.raises(config.ConfigError):
         config.parse_set_arguments(["no-equals-sign"])
 

@@ -277,7 +277,7 @@ def test_a_huge_profile_is_refused_by_size_before_parsing(tmp_path):
     path.write_bytes(b"[" * (config.profiles.MAX_PROFILE_BYTES + 10))  # parsing this would recurse, not refuse
     code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp_path / "out"))
     assert_refused(code, err, str(path))
-    assert f"{config.profiles.MAX_PROFILE_BYTES:,}" in err
+    assert f"is {config.profiles.MAX_PROFILE_BYTES + 10:,} bytes, over the {config.profiles.MAX_PROFILE_BYTES:,}" in err
 
 
 # ---------------------------------------------------------------- regressions: values QA found accepted
@@ -315,6 +315,10 @@ REFUSED_SETS = {
     "cluster.name=Cluster_1": "name",
     "cluster.location=us-east5/../x": "location",
     "notify_webhook_secret=projects/p/secrets/s/versions/1\nb": "notify_webhook_secret",
+    "timeouts.collectives=1e308": "collectives",
+    "timeouts.train=31536001": "train",
+    "node_pools.operation_timeout_seconds=.inf": "operation_timeout_seconds",
+    "stages.0.data={kind: synthetic}": "stages.0.data.kind=synthetic",
 }
 
 
@@ -405,7 +409,7 @@ def test_a_schedule_checks_the_run_name_with_each_run_suffix():
     config.load_spec(gke, {"run_name": fits_alone})
     with pytest.raises(config.ConfigError) as refused:
         schedule.schedule_parameters(gke, {"run_name": fits_alone}, "vertex", continue_run=False)
-    assert "every scheduled run appends" in str(refused.value)
+    assert "each scheduled run too) appends '-' and 8 characters" in str(refused.value)
     schedule.schedule_parameters(gke, {"run_name": fits_alone}, "vertex", continue_run=True)
 
 

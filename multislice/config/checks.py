@@ -105,22 +105,35 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                     "checkpoint would be written, and a restart would lose every step; make it at most steps",
                 )
             )
+    # With unique_run_name each run's plan step appends "-<8 characters of its pipeline run id>"
+    # (identity.unique_run_name): check the name every run will have, not the one given.
+    from multislice import identity  # imports storage: not at module level
+
+    suffix = identity.UNIQUE_SUFFIX_LENGTH if spec.unique_run_name else 0
+    run_name = spec.run_name + "-" + "x" * (suffix - 1) if suffix else spec.run_name
     too_long = [
-        (names.jobset_name(spec.run_name, stage.name), stage.name)
+        (names.jobset_name(run_name, stage.name), stage.name)
         for stage in spec.stages
-        if names.longest_pod_name_length(names.jobset_name(spec.run_name, stage.name), spec.num_slices, shape.hosts)
+        if names.longest_pod_name_length(names.jobset_name(run_name, stage.name), spec.num_slices, shape.hosts)
         > names.MAX_LABEL_LENGTH
     ]
     if too_long:
         jobset, stage_name = max(too_long, key=lambda pair: len(pair[0]))
         longest = names.longest_pod_name_length(jobset, spec.num_slices, shape.hosts)
-        room = names.max_jobset_name_length(spec.num_slices, shape.hosts) - len(stage_name) - 1
+        room = names.max_jobset_name_length(spec.num_slices, shape.hosts) - len(stage_name) - 1 - suffix
+        appended = (
+            f" with unique_run_name, every run (each scheduled run too) appends '-' and "
+            f"{identity.UNIQUE_SUFFIX_CHARACTERS} characters of its pipeline run id: {len(spec.run_name)} + "
+            f"{suffix} = {len(spec.run_name) + suffix} characters of run name;"
+            if suffix
+            else ""
+        )
         issues.append(
             (
                 "run_name",
                 f"JobSet {jobset!r} ({len(jobset)} characters) would get pod names of {longest} characters "
-                f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63; "
-                f"shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
+                f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63;"
+                f"{appended} shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
                 + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
             )
         )

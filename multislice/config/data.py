@@ -21,12 +21,15 @@ preflight and provision; those that need no I/O are pydantic validators and :fun
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import hashlib
 import json
+import logging
 import os
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -231,8 +234,9 @@ def tokenizer_vocab_issue(vocab_size: int | None, tokenizer: TokenizerSpec) -> s
 def _glob_issue(field: str, pattern: str, site_packages: str | None) -> tuple[str, str] | None:
     try:
         files = expand_files((pattern,), (), site_packages)
-    except OSError as error:
-        return field, f"{pattern!r} cannot be listed ({error}); give a readable path or gs:// glob"
+    except Exception as error:  # noqa: BLE001 - any failure of the storage client (OSError, a bad answer) is this
+        cause = " ".join(str(error).split())[:300] or type(error).__name__
+        return field, f"{pattern!r} cannot be listed ({cause}); give a readable path or gs:// glob"
     if not files:
         return field, f"{pattern!r} matches no file; give an existing path or a glob that matches files"
     return None
@@ -330,9 +334,33 @@ def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list
     return issues
 
 
+#: Loggers of the Cloud Storage client (gcsfs, behind etils epath) that print a failed request's whole
+#: traceback (``logger.exception`` in ``gcsfs/retry.py``) before the error reaches the check that reports it.
+QUIET_LOGGERS = ("gcsfs",)
+
+
+@contextlib.contextmanager
+def quiet_storage_loggers() -> Iterator[None]:
+    """Silence :data:`QUIET_LOGGERS` for a check that reports the storage error itself (naming the field)."""
+    found = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in found]
+    for logger in found:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(found, levels, strict=True):
+            logger.setLevel(level)
+
+
 def data_issues(spec: RunSpec, site_packages: str | None = None) -> list[tuple[str, str]]:
-    """Every stage's data checks that read files or buckets (the plan step runs them before provision)."""
+    """Every stage's data checks that read files or buckets (the plan step runs them before provision).
+
+    A ``gs://`` path that cannot be read (no credentials, no network, no such bucket) is one issue naming
+    the field; the storage client's own log of the failed request is not printed (:func:`quiet_storage_loggers`).
+    """
     issues: list[tuple[str, str]] = []
-    for i, stage in enumerate(spec.stages):
-        issues += stage_data_issues(f"stages[{i}] ({stage.name})", stage, site_packages)
+    with quiet_storage_loggers():
+        for i, stage in enumerate(spec.stages):
+            issues += stage_data_issues(f"stages[{i}] ({stage.name})", stage, site_packages)
     return issues

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
 from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
-from multislice.config.values import INT32_MAX, INT32_MIN
+from multislice.config.values import INT32_MAX, INT32_MIN, MAX_TIMEOUT_SECONDS
 
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -189,7 +189,7 @@ class ElasticSpec(_Strict):
     min_slices: int = Field(ge=1, le=INT32_MAX, description="Fewest slices the stage trains on.")
     max_slices: int | None = Field(None, ge=1, le=INT32_MAX, description="Most slices: the profile's num_slices.")
     wait_for_lost_slice_seconds: float = Field(
-        300, ge=0, description="Seconds to wait for a lost slice's capacity before shrinking."
+        300, ge=0, le=MAX_TIMEOUT_SECONDS, description="Seconds to wait for a lost slice's capacity before shrinking."
     )
     on_indivisible: Literal["wait", "shrink_batch"] = Field(
         "wait", description="When num_slices / k is not whole: wait for capacity, or train a smaller global batch."
@@ -498,6 +498,7 @@ class NodePoolSpec(_Strict):
     max_wait_for_capacity_seconds: float | None = Field(
         None,
         gt=0,
+        le=MAX_TIMEOUT_SECONDS,
         description="flex-start only: how long admit and launch wait for Dynamic Workload Scheduler to find the "
         "capacity (pods Unschedulable, a ProvisioningRequest pending), seconds; default 7 days "
         f"({FLEX_START_MAX_WAIT_SECONDS} s), flex-start's bound in GKE's docs.",
@@ -506,7 +507,7 @@ class NodePoolSpec(_Strict):
         (), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
     )
     operation_timeout_seconds: float = Field(
-        3600, gt=0, description="How long provision waits for one node pool operation, seconds."
+        3600, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long provision waits for one node pool operation, seconds."
     )
     oauth_scopes: tuple[str, ...] = Field(
         (CLOUD_PLATFORM_SCOPE,),
@@ -763,22 +764,45 @@ class CostSpec(_Strict):
 class TimeoutsSpec(_Strict):
     """How long the steps wait, seconds; unset fields keep the backend's defaults (:mod:`multislice.timings`).
 
+    Each is at most :data:`MAX_TIMEOUT_SECONDS` (365 days): the values become pod deadlines
+    (``activeDeadlineSeconds``) and the CPU pods' ``jax.distributed`` timeouts, which take whole
+    seconds as an int32, and a larger value is a typo, not a wait.
+
     The compiled pipeline's pod deadlines are derived from the same values, so
     raising one here raises the step's deadline with it.
     """
 
-    provision: float | None = Field(None, gt=0, description="All of provision's waits (node pool operations).")
-    admit: float | None = Field(None, gt=0, description="Waiting for Kueue to admit a stage's Workload.")
-    launch: float | None = Field(None, gt=0, description="Waiting for every pod of a stage to run.")
-    unschedulable_grace: float | None = Field(None, gt=0, description="A pod Unschedulable this long fails launch.")
-    train: float | None = Field(None, gt=0, description="Following a stage's training to its end.")
-    readmit: float | None = Field(None, gt=0, description="Waiting for an evicted Workload to be admitted again.")
-    verify: float | None = Field(None, gt=0, description="The checkpoint verifier.")
-    compile: float | None = Field(None, gt=0, description="One AOT compile in preflight.")
-    prepare_data: float | None = Field(None, gt=0, description="Tokenizing a stage's text (prepare_data).")
-    alternative_search: float | None = Field(None, gt=0, description="Preflight's search for a fitting alternative.")
+    provision: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="All of provision's waits (node pool operations)."
+    )
+    admit: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for Kueue to admit a stage's Workload."
+    )
+    launch: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for every pod of a stage to run."
+    )
+    unschedulable_grace: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="A pod Unschedulable this long fails launch."
+    )
+    train: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Following a stage's training to its end."
+    )
+    readmit: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for an evicted Workload to be admitted again."
+    )
+    verify: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, description="The checkpoint verifier.")
+    compile: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, description="One AOT compile in preflight.")
+    prepare_data: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Tokenizing a stage's text (prepare_data)."
+    )
+    alternative_search: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Preflight's search for a fitting alternative."
+    )
     collectives: float | None = Field(
-        None, gt=0, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."
+        None,
+        gt=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats.",
     )
 
     @model_validator(mode="after")

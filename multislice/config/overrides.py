@@ -18,10 +18,12 @@ def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
 
     Where the key names a string field (``output_dir``, ``images.trainer``, ``stages.0.name``...), the
     value is taken as written (``output_dir=2024-01-01`` stays a string, not a YAML date). A value YAML
-    reads as a date or a mapping is kept as written too. ``null`` (or ``~``) unsets an optional field.
+    reads as a date is kept as written too. ``null`` (or ``~``) unsets an optional field. A mapping
+    (``stages.0.data={kind: text}``) is refused: one ``--set`` sets one field, so the fix names the
+    dotted keys that set its fields (``stages.0.data.kind=text``).
 
     Raises:
-        ConfigError: a pair without ``=``, or ``null`` for a field that needs a value.
+        ConfigError: a pair without ``=``, ``null`` for a field that needs a value, or a mapping value.
     """
     out: dict[str, Any] = {}
     issues: list[tuple[str, str]] = []
@@ -41,12 +43,32 @@ def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
                 continue
             if kind is None:
                 value = raw
-        elif (kind is not None and kind.string) or isinstance(value, (dict, datetime.date)):
+        elif (kind is not None and kind.string) or isinstance(value, datetime.date):
             value = raw
+        elif isinstance(value, dict):
+            issues.append((key, _mapping_message(key, raw, value)))
+            continue
         out[key] = value
     if issues:
         raise ConfigError(issues)
     return out
+
+
+def _mapping_message(key: str, raw: str, value: dict[Any, Any]) -> str:
+    """The refusal of a mapping given to ``--set KEY=``: its fields as dotted ``--set`` keys."""
+
+    def flat(prefix: str, node: Any) -> list[str]:
+        if isinstance(node, dict) and node:
+            return [item for k, v in node.items() for item in flat(f"{prefix}.{k}", v)]
+        shown = "" if node is None else node if isinstance(node, str) else yaml.safe_dump(node, default_flow_style=True)
+        return [f"{prefix}={str(shown).strip().removesuffix('...').strip()}"]
+
+    dotted = flat(key, value)[:6]
+    shown = raw if len(raw) <= 60 else raw[:57] + "..."
+    return (
+        f"--set {key}={shown}: a mapping cannot be given to one --set; set each field with a dotted key: "
+        + " ".join(f"--set {pair}" for pair in dotted)
+    )
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

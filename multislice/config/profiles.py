@@ -9,6 +9,7 @@ that embeds it) holds the full dims and needs no preset file at run time.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,16 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_PROFILE_BYTES + 1)
+            size = os.fstat(handle.fileno()).st_size if len(data) > MAX_PROFILE_BYTES else len(data)
     except OSError as error:
         raise ConfigError([("profile", f"cannot read {path}: {error.strerror}; give a readable YAML file")]) from None
+    if len(data) > MAX_PROFILE_BYTES:
+        # Only MAX_PROFILE_BYTES + 1 bytes were read: say the file's real size (a pipe's is unknown).
+        shown = f"{size:,} bytes" if size > MAX_PROFILE_BYTES else f"over {MAX_PROFILE_BYTES:,} bytes"
+        raise ConfigError(
+            [("profile", f"{path} is {shown}, over the {MAX_PROFILE_BYTES:,} a profile may have; "
+                         "a profile is a few KiB: give the right file")]
+        )  # fmt: skip
     return parse_yaml_mapping(data, str(path))
 
 

@@ -18,6 +18,10 @@ from typing import Any
 #: WorkloadPriorityClass ``value`` (https://kubernetes.io/docs/reference/using-api/api-concepts/, int32 fields).
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
+#: The longest timeout or wait a profile may set, seconds (365 days): waits become pod deadlines
+#: (``activeDeadlineSeconds``) and ``jax.distributed`` timeouts (whole seconds, an int32); no run here
+#: waits longer, and a larger value (``1e308``) is a typo that would overflow those fields.
+MAX_TIMEOUT_SECONDS = 365 * 24 * 3600
 
 # The docker reference grammar (github.com/distribution/reference ``regexp.go``).
 _ALNUM = r"[a-z0-9]+"

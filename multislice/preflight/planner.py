@@ -228,6 +228,8 @@ def candidates(
                 f"use a multiple of {chips}"
             )
         batches: tuple[float, ...] = (global_batch / chips,)
+    elif "per_device_batch_size" in fixed:
+        batches = (fixed["per_device_batch_size"],)  # the one the user fixed, whether or not a usual choice
     else:
         batches = tuple(sorted({*PER_DEVICE_BATCH_CHOICES, stage.per_device_batch_size}))
     base_ici = resolve_degrees(stage.full_ici(), shape.chips)
@@ -363,6 +365,10 @@ def search(
     first = num_slices or spec.num_slices
     result = SearchResult([], [], {}, [], None, True, 0.0)
     for slices in range(first, max(first, max_slices) + 1):
+        if time.monotonic() - started > budget_seconds:  # many slice counts with nothing to compile
+            result.exhausted = False
+            on_progress(f"time budget of {budget_seconds:.0f} s spent; stopping")
+            break
         if global_batch is not None and global_batch % (spec.slice_type.chips * slices):
             continue
         kept, pruned = prune(candidates(spec, stage, slices, global_batch=global_batch, fixed=fixed), usable)

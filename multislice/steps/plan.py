@@ -69,6 +69,9 @@ def run(
             unique_run_name_from=pipeline_run_id if unique else "",
         )
         parameters.update(run_name=identity.run_name, output_dir=identity.output_dir)
+        if unique and pipeline_run_id:
+            # The run name is final now (suffix appended): validate it as it is, not with another suffix.
+            parameters["unique_run_name"] = False
         spec = config.load_spec(profile, parameters)
         plan = make_plan(spec)
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.

@@ -254,7 +254,7 @@ def test_cli_schedule_create_prints_next_runs(fake, capsys):
     ],
 )
 def test_cron_outside_the_backends_dialect_is_refused_before_anything_is_sent(fake, cron, target, words):
-    vertex = submission.VertexTarget(project="p", location="us-east5", credentials=AnonymousCredentials())
+    vertex = submission.VertexTarget(project="team-project", location="us-east5", credentials=AnonymousCredentials())
     where = {"kfp": submission.KfpTarget(host=fake.url)} if target == "kfp" else {"vertex": vertex}
     with pytest.raises(ConfigError, match=re.escape(words)):
         schedule.create(PROFILE, VALUES, target=target, cron=cron, **where)

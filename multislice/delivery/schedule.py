@@ -69,13 +69,13 @@ from typing import Any
 
 from multislice import config, identity
 from multislice.config import ConfigError
-from multislice.delivery import submission
+from multislice.delivery import checks, submission
 from multislice.delivery.submission import KfpTarget, VertexTarget
 
 _FIELD = re.compile(r"^[0-9A-Za-z*?/,\-]+$")
 #: Characters of the pipeline run's id each scheduled run appends to run_name
 #: (:func:`multislice.identity.unique_run_name`).
-SUFFIX_CHARACTERS = 8
+SUFFIX_CHARACTERS = identity.UNIQUE_SUFFIX_CHARACTERS
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
 #: Ranges of robfig/cron v1 (parser.go ``seconds``..``dow`` bounds), the same in unix-cron.
 _BOUNDS = {"minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31), "month": (1, 12), "day-of-week": (0, 6)}
@@ -239,24 +239,8 @@ def schedule_parameters(
     values = dict(values or {})
     values.setdefault("run_name", str(profile.get("run_name", "run")))
     values["unique_run_name"] = not continue_run
+    # With unique_run_name the run spec's checks count each run's suffix (multislice.config.checks).
     prepared = submission.prepare(profile, values, target)
-    if not continue_run:
-        # Each run's plan step appends "-<8 characters of its run id>": check the name every run will have.
-        suffixed = identity.unique_run_name(str(values["run_name"]), "0" * SUFFIX_CHARACTERS)
-        try:
-            config.load_spec(profile, {**values, "run_name": suffixed, "unique_run_name": False})
-        except ConfigError as error:
-            issues = [
-                (
-                    field,
-                    f"every scheduled run appends '-' and {SUFFIX_CHARACTERS} characters of its run id "
-                    f"(as {suffixed!r}): {message}"
-                    if field == "run_name"
-                    else message,
-                )
-                for field, message in error.issues
-            ]
-            raise ConfigError(issues) from None
     return prepared
 
 
@@ -312,19 +296,32 @@ def create(
     Raises:
         ConfigError: bad cron, zone, counts or parameters, before anything is sent.
     """
-    data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
+    submission.check_target(target, vertex, kfp)
     if (cron is None) == (interval_seconds is None):
         raise ConfigError([("cron", "give either a cron expression or (KFP only) an interval in seconds")])
     when = None
     if cron is not None:
+        if not isinstance(cron, str):
+            raise ConfigError([("cron", f"{cron!r} is not a cron expression (a string such as '0 3 * * *')")])
         when = Cron.parse(cron, timezone)
         check_dialect(when.expression, target)
     start, end = parse_time("start_time", start_time), parse_time("end_time", end_time)
     issues = []
     if start and end and end <= start:
         issues.append(("end_time", f"{end_time} is not after start_time {start_time}; give a later end_time"))
-    if interval_seconds is not None and (target != "kfp" or interval_seconds < 1):
-        issues.append(("interval_seconds", "an interval of 1 second or more, on KFP only (Vertex AI takes a cron)"))
+    elif when is not None and (
+        problem := checks.cron_problem(when.expression, when.timezone, _since(start, catch_up, now), end)
+    ):
+        issues.append(("cron", problem))
+    if interval_seconds is not None and (
+        target != "kfp" or checks.count_problem(interval_seconds, 1, checks.INT64_MAX)
+    ):
+        issues.append(
+            ("interval_seconds", f"an interval of 1 to {checks.INT64_MAX:,} seconds, on KFP only (Vertex AI takes a "
+                                 f"cron); got {interval_seconds!r}")
+        )  # fmt: skip
+    if name is not None and (problem := checks.display_name_problem(name)):
+        issues.append(("name", problem))
     if allow_queueing and target == "kfp":
         issues.append(
             ("allow_queueing", "KFP has no queue for recurring runs: a run due at max_concurrency is skipped, "
@@ -334,16 +331,18 @@ def create(
         issues.append(
             ("catch_up", "Vertex AI catches up only when a paused schedule is resumed: use resume with catch_up")
         )
-    if max_concurrent_runs < 1:
-        issues.append(("max_concurrent_runs", f"{max_concurrent_runs} is below 1; give 1 or more"))
-    if continue_run and max_concurrent_runs != 1:
+    if problem := checks.max_concurrent_runs_problem(max_concurrent_runs, target):
+        issues.append(("max_concurrent_runs", problem))
+    elif continue_run and max_concurrent_runs != 1:
         issues.append(("max_concurrent_runs", "continue_run needs 1: two runs would write the same checkpoints"))
-    if max_runs is not None and (target == "kfp" or max_runs < 1):
-        issues.append(("max_runs", "give a count of 1 or more (Vertex AI only; KFP has no run limit)"))
-    if target not in ("vertex", "kfp") or (target == "vertex" and vertex is None) or (target == "kfp" and kfp is None):
-        issues.append(("target", f"target {target!r} needs to be vertex (with vertex=...) or kfp (with kfp=...)"))
+    if max_runs is not None and (target == "kfp" or checks.count_problem(max_runs, 1, checks.INT64_MAX)):
+        issues.append(
+            ("max_runs", f"give a count of 1 to {checks.INT64_MAX:,} (Vertex AI only; KFP has no run limit); "
+                         f"got {max_runs!r}")
+        )  # fmt: skip
     if issues:
         raise ConfigError(issues)
+    data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
     cron_sent = (when.vertex() if target == "vertex" else when.kfp()) if when else f"every {interval_seconds}s"
     if catch_up:
         warn_catch_up(when, interval_seconds, start, end, now)
@@ -390,6 +389,15 @@ def create(
             service_account=kfp.service_account,
         )
         return Schedule("kfp", recurring.recurring_run_id, display, cron_sent, "ENABLE", arguments)
+
+
+def _since(start: datetime.datetime | None, catch_up: bool, now: datetime.datetime | None) -> datetime.datetime:
+    """From when a schedule's runs count: ``start_time`` with catch-up (missed runs start), else the later of
+    ``start_time`` and now."""
+    current = now or datetime.datetime.now(datetime.UTC)
+    if start is None:
+        return current
+    return start if catch_up else max(start, current)
 
 
 def parse_time(field: str, value: str | None) -> datetime.datetime | None:
@@ -466,7 +474,12 @@ def _vertex_schedule(schedule_id: str, where: VertexTarget) -> Any:
 
 
 def list_schedules(target: str, *, vertex: VertexTarget | None = None, kfp: KfpTarget | None = None) -> list[Schedule]:
-    """The target's schedules (Vertex: PipelineJobSchedules of the location; KFP: recurring runs, first 100)."""
+    """The target's schedules (Vertex: PipelineJobSchedules of the location; KFP: recurring runs, first 100).
+
+    Raises:
+        ConfigError: a bad target setting (:func:`multislice.delivery.submission.check_target`), before any request.
+    """
+    submission.check_target(target, vertex, kfp)
     if target == "vertex":
         from google.cloud import aiplatform
 
@@ -513,6 +526,9 @@ def change(
     """
     if action not in ("pause", "resume", "delete"):
         raise ConfigError([("action", f"unknown action {action!r}; use pause, resume or delete")])
+    submission.check_target(target, vertex, kfp)
+    if problem := schedule_id_problem(schedule_id, target):
+        raise ConfigError([("SCHEDULE_ID", problem)])
     if catch_up and action != "resume":
         raise ConfigError([("catch_up", f"catch_up applies to resume only, not {action}")])
     if target == "vertex":
@@ -556,6 +572,28 @@ def change(
     }[action](schedule_id)
 
 
+#: A Vertex AI schedule: its resource name ``projects/P/locations/L/schedules/ID`` or the numeric ID alone.
+_VERTEX_SCHEDULE_ID = re.compile(r"(projects/[a-z0-9-]{1,30}/locations/[a-z0-9-]{1,40}/schedules/)?[0-9]{1,20}")
+#: A KFP recurring run ID (a UUID from the API server): letters, digits and '-', safe in a request path.
+_KFP_RECURRING_RUN_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}")
+
+
+def schedule_id_problem(schedule_id: Any, target: str) -> str | None:
+    """Why ``schedule_id`` is not a schedule's ID on ``target`` (Vertex: resource name or number; KFP: UUID), or None.
+
+    The ID goes into a request path, so anything else (a ``/``, ``..``, a control character) is refused here.
+    """
+    pattern = _KFP_RECURRING_RUN_ID if target == "kfp" else _VERTEX_SCHEDULE_ID
+    if isinstance(schedule_id, str) and pattern.fullmatch(schedule_id):
+        return None
+    shape = (
+        "a recurring run ID (letters, digits and '-')"
+        if target == "kfp"
+        else "projects/P/locations/L/schedules/ID or the number ID"
+    )
+    return f"{schedule_id!r} is not {shape}; copy it from `multislice schedule list`"
+
+
 def _split_tz(cron: str) -> tuple[str, str | None]:
     """``TZ=<zone> <fields>`` or ``CRON_TZ=<zone> <fields>`` to (fields, zone)."""
     if cron.startswith(("TZ=", "CRON_TZ=")):
@@ -592,18 +630,27 @@ def update(
             [("target", "KFP recurring runs cannot be updated (no update in its API); delete the recurring run "
                         "and create it again with the new settings")]
         )  # fmt: skip
+    submission.check_target(target, vertex, kfp)
+    if problem := schedule_id_problem(schedule_id, target):
+        raise ConfigError([("SCHEDULE_ID", problem)])
     cron_sent = None
-    if cron is not None:
-        when = Cron.parse(cron, timezone)
-        check_dialect(when.expression, target)
-        cron_sent = when.vertex()
     start, end = parse_time("start_time", start_time), parse_time("end_time", end_time)
     if start and end and end <= start:
         raise ConfigError([("end_time", f"{end_time} is not after start_time {start_time}; give a later end_time")])
-    if max_concurrent_runs is not None and max_concurrent_runs < 1:
-        raise ConfigError([("max_concurrent_runs", f"{max_concurrent_runs} is below 1; give 1 or more")])
-    if max_runs is not None and max_runs < 1:
-        raise ConfigError([("max_runs", f"{max_runs} is below 1; give 1 or more")])
+    if cron is not None:
+        if not isinstance(cron, str):
+            raise ConfigError([("cron", f"{cron!r} is not a cron expression (a string such as '0 3 * * *')")])
+        when = Cron.parse(cron, timezone)
+        check_dialect(when.expression, target)
+        if problem := checks.cron_problem(when.expression, when.timezone, _since(start, False, None), end):
+            raise ConfigError([("cron", problem)])
+        cron_sent = when.vertex()
+    if name is not None and (problem := checks.display_name_problem(name)):
+        raise ConfigError([("name", problem)])
+    if max_concurrent_runs is not None and (problem := checks.max_concurrent_runs_problem(max_concurrent_runs, target)):
+        raise ConfigError([("max_concurrent_runs", problem)])
+    if max_runs is not None and (problem := checks.count_problem(max_runs, 1, checks.INT64_MAX)):
+        raise ConfigError([("max_runs", problem)])
     changes = {
         "display_name": name, "cron": cron_sent, "start_time": start_time, "end_time": end_time,
         "allow_queueing": allow_queueing, "max_run_count": max_runs, "max_concurrent_run_count": max_concurrent_runs,

@@ -489,11 +489,8 @@ def submit(
         google.api_core.exceptions.GoogleAPICallError, kfp_server_api.ApiException:
             the service refused the request.
     """
+    check_target(target, vertex, kfp)
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
-    if target == "vertex" and vertex is None or target == "kfp" and kfp is None:
-        raise ConfigError([(target, f"target={target} needs its settings (the {target}= argument)")])
-    if target not in ("vertex", "kfp"):
-        raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
     spec, arguments = prepare(data, parameters, target, continue_run)
     data = compiled_profile(data, parameters)
     with tempfile.TemporaryDirectory() as tmp:
@@ -517,6 +514,31 @@ def submit(
             service_account=kfp.service_account,
         )
         return SubmittedRun("kfp", spec.run_name, run.run_id, arguments, pipeline_id, version_id, job=run)
+
+
+def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None) -> None:
+    """Refuse an unknown target, a missing target setting, or a setting the service would refuse.
+
+    Runs before anything is compiled and before any client is built (:mod:`multislice.delivery.checks`).
+
+    Raises:
+        ConfigError: each bad setting named (``--project``, ``--location``, ``--service-account``,
+            ``--host``, ``--kfp-namespace``, ...) with its rule.
+    """
+    from multislice.delivery import checks
+
+    if target not in ("vertex", "kfp"):
+        raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
+    if target == "vertex" and vertex is None or target == "kfp" and kfp is None:
+        raise ConfigError([(target, f"target={target} needs its settings (the {target}= argument)")])
+    issues = checks.target_issues(target, vertex, kfp)
+    if target == "vertex":
+        try:
+            check_labels(vertex.labels)
+        except ConfigError as error:
+            issues += error.issues
+    if issues:
+        raise ConfigError(issues)
 
 
 def add_target_arguments(parser: Any) -> None:

@@ -139,6 +139,23 @@ class Finished:
     leader_logs: list[str]
 
 
+@dataclass(frozen=True)
+class PodExit:
+    """How one pod (host) of a workload's latest attempt ended, as the kubelet or the local supervisor saw it.
+
+    Attributes:
+        slice_index: The pod's slice (child Job index).
+        host: The pod's host within its slice (completion index).
+        exit_code: The container's exit code (128 + signal for a signal), or None while it runs.
+        finished_at: When it ended, Unix seconds (None when unknown).
+    """
+
+    slice_index: int
+    host: int
+    exit_code: int | None
+    finished_at: float | None = None
+
+
 class CompileSession(Protocol):
     """Where preflight's AOT compiles run: a trainer-environment process, or Jobs of the trainer image.
 
@@ -280,6 +297,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def failure_report(self, name: str) -> str:
         """Why a workload failed: its reason, each failed pod's exit code and last log lines."""
+
+    def pod_exits(self, name: str) -> list[PodExit]:
+        """Each pod of the workload's latest attempt: slice, host, exit code and when it ended.
+
+        Used to name the host that ended a failed workload (:mod:`multislice.remote_call`). The default
+        (a backend that cannot tell) is an empty list.
+        """
+        return []
 
     @abc.abstractmethod
     def delete(self, name: str) -> bool:

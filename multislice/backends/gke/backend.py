@@ -22,6 +22,7 @@ from multislice.backends.base import (
     CompileSession,
     Finished,
     LaunchFailed,
+    PodExit,
     Running,
     Submission,
     Tell,
@@ -438,6 +439,23 @@ class GkeBackend(Backend):
                 )
                 lines.append(logs.tail(self.kube, pod.metadata.name, TAIL_LINES))
         return "\n".join(lines)
+
+    def pod_exits(self, name: str) -> list[PodExit]:
+        """Each pod of the JobSet's latest restart attempt: slice and host from its JobSet labels, the trainer
+        container's exit code and ``finishedAt`` from its terminated state."""
+        found = pods.list_pods(self.kube, name)
+        latest = max((pods.attempt(p) for p in found), default=0)
+        exits = []
+        for pod in found:
+            if pods.attempt(pod) != latest:
+                continue
+            finished = None
+            for status in pod.status.container_statuses or []:
+                terminated = status.state and status.state.terminated
+                if status.name == names.TRAINER_CONTAINER and terminated and terminated.finished_at:
+                    finished = terminated.finished_at.timestamp()
+            exits.append(PodExit(pods.slice_index(pod), pods.host_index(pod), pods.exit_code(pod), finished))
+        return exits
 
     def delete(self, name: str) -> bool:
         """Delete the JobSet (or the RayJob and its claim templates) with foreground propagation (its Jobs and pods,

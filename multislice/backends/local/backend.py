@@ -30,6 +30,7 @@ from multislice.backends.base import (
     CompileSession,
     Finished,
     LaunchFailed,
+    PodExit,
     Running,
     Submission,
     Tell,
@@ -312,6 +313,13 @@ class LocalBackend(Backend):
                 )
                 lines.append(_tail(Path(pod.log)))
         return "\n".join(lines)
+
+    def pod_exits(self, name: str) -> list[PodExit]:
+        """Each pod of the JobSet's latest attempt, from its state file (exit codes as the supervisor reaped them)."""
+        state = self.jobsets.get_jobset(name)
+        if state is None:
+            return []
+        return [PodExit(p.job_index, p.completion_index, p.exit_code, p.finished_at) for p in state.pods]
 
     def delete(self, name: str) -> bool:
         """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop."""

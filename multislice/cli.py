@@ -705,7 +705,13 @@ def _fixed_knobs(pairs: list[str]) -> dict[str, Any]:
         "weight_dtype": ("float32", "bfloat16"),
     }
     fixed, issues = {}, []
-    for key, value in config.parse_set_arguments(pairs).items():
+    try:
+        parsed = config.parse_set_arguments(pairs)
+    except config.ConfigError as error:
+        fix = "give --fix KNOB=VALUE, e.g. --fix weight_dtype=float32"
+        raise config.ConfigError([("--fix", f"{message.replace('--set', '--fix')}; {fix}")
+                                  for _, message in error.issues]) from None  # fmt: skip
+    for key, value in parsed.items():
         if key not in choices:
             issues.append(("--fix", f"{key!r} is not a knob the planner varies; fix one of {', '.join(choices)} "
                                     "(ICI and DCN: set stages.N.ici / stages.N.dcn in the profile)"))  # fmt: skip

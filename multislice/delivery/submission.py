@@ -568,8 +568,20 @@ def targets_from_args(args: Any) -> dict[str, Any]:
     """``{"vertex": VertexTarget}`` or ``{"kfp": KfpTarget}`` from parsed :func:`add_target_arguments` flags.
 
     Raises:
-        ConfigError: ``--target vertex`` without ``--project`` or ``--location``.
+        ConfigError: ``--target vertex`` without ``--project`` or ``--location``, or a flag of the other
+            target (``--host`` with vertex, ``--project`` with kfp, ...), which would be ignored.
     """
+    other = {
+        "vertex": [("--host", args.host), ("--kfp-namespace", args.kfp_namespace),
+                   ("--experiment", None if args.experiment == DEFAULT_EXPERIMENT else args.experiment),
+                   ("--no-version-check", getattr(args, "no_version_check", False) or None)],
+        "kfp": [("--project", args.project), ("--location", args.location), ("--pipeline-root", args.pipeline_root),
+                ("--network", args.network), ("--label", args.label or None)],
+    }[args.target]  # fmt: skip
+    unused = [(flag, f"applies to the other target, not --target {args.target}; leave it out") for flag, v in other
+              if v is not None]  # fmt: skip
+    if unused:
+        raise ConfigError(unused)
     if args.target == "vertex":
         missing = [(f"--{n}", "required with --target vertex") for n in ("project", "location") if not getattr(args, n)]
         if missing:

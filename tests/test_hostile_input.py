@@ -439,3 +439,240 @@ def test_maxtext_schema_file_names_its_source():
     assert "optimizer_memory_host_offload" in schema["fields"] and "llama2" in maxtext.decoder_blocks()
     assert {"silu", "linear", "gelu"} <= set(maxtext.activations())
     assert os.path.getsize(maxtext.CONFIG_SCHEMA_FILE) < 1_000_000
+
+
+# ---------------------------------------------------------------- plan and preflight options
+
+
+class Reached(Exception):
+    """Validation passed: the command went on to compile (plan, preflight) or to compile the pipeline (submit,
+    schedule). Raised where that work starts, so an accepted input costs nothing."""
+
+
+def _reach(*args, **kwargs):
+    raise Reached()
+
+
+def _cli_refused_or_reached(argv: list[str], cwd: Path) -> str | None:
+    """Run the CLI: None when refused cleanly (exit 2, no traceback, nothing written in ``cwd``), the
+    argv's values when it reached the work (then the caller checks they were valid)."""
+    before = _tree(cwd)
+    try:
+        code, _, err = run_cli(*argv)
+    except Reached:
+        return "reached"
+    assert code == 2, (argv, err)
+    assert "Traceback" not in err
+    assert err.startswith(("error: ", "usage: ")), err  # ours, or argparse's own for a non-number
+    assert _tree(cwd) == before, argv
+    return None
+
+
+option_values = st.one_of(text_values, number_values.map(_cli_value), st.sampled_from(["0", "-1", "3", "16", "1e9"]))
+PLAN_OPTIONS = ["--num-slices", "--max-slices", "--seq", "--global-batch", "--want", "--budget", "--fix", "--model",
+                "--tpu-type", "--cache-dir", "--work-dir", "--report", "--stage"]  # fmt: skip
+PREFLIGHT_OPTIONS = ["--cache-dir", "--report", "--stage"]
+
+
+def _accepted_value_is_valid(option: str, value: str) -> None:
+    """What an accepted plan or preflight option must be."""
+    from multislice import tpu
+    from multislice.config.values import FORBIDDEN_LOCAL_ROOTS, MAX_TIMEOUT_SECONDS
+
+    if option in ("--num-slices", "--max-slices", "--global-batch"):
+        assert 1 <= int(value) <= values.INT32_MAX, (option, value)
+    elif option == "--seq":
+        assert 1 <= int(value) <= 2**20, value
+    elif option == "--want":
+        assert 1 <= int(value) <= 1024, value
+    elif option == "--budget":
+        assert 0 < float(value) <= MAX_TIMEOUT_SECONDS, value
+    elif option == "--fix":
+        assert value.partition("=")[0] in ("per_device_batch_size", "remat_policy", "optimizer_offload",
+                                            "parameter_offload", "weight_dtype"), value  # fmt: skip
+    elif option == "--model":
+        config.ModelSpec(name=value)
+    elif option == "--tpu-type":
+        tpu.parse_tpu_type(value)
+    elif option in ("--cache-dir", "--work-dir", "--report"):
+        assert not re.search(r"[\x00-\x1f\x7f]", value) and value.strip(), value
+        assert not any(os.path.abspath(value).startswith(root) for root in FORBIDDEN_LOCAL_ROOTS), value
+
+
+@cases(150)
+@given(
+    command=st.sampled_from(["plan", "preflight"]),
+    chosen=st.lists(st.tuples(st.sampled_from(PLAN_OPTIONS), option_values), min_size=1, max_size=3),
+)
+def test_any_plan_or_preflight_option_is_refused_or_valid(tmp_path_factory, monkeypatch, command, chosen):
+    from multislice.backends.local import aot
+    from multislice.steps import preflight
+
+    monkeypatch.setattr(aot, "AotSession", _reach)
+    monkeypatch.setattr(preflight, "run", _reach)
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    given_options = [(o, v) for o, v in chosen if command == "plan" or o in PREFLIGHT_OPTIONS]
+    assume(given_options and not any("\x00" in v for _, v in given_options))
+    argv = [command, "--profile", "local", *(x for pair in given_options for x in pair)]
+    if _cli_refused_or_reached(argv, cwd):
+        for option, value in given_options:
+            _accepted_value_is_valid(option, value)
+
+
+# ---------------------------------------------------------------- submit and schedule options
+
+DELIVERY_OPTIONS = ["--name", "--max-concurrent-runs", "--max-runs", "--interval", "--cron", "--timezone",
+                    "--start-time", "--end-time", "--kfp-namespace", "--service-account", "--host", "--experiment",
+                    "--project", "--location", "--network", "--label", "--pipeline-root", "--continue"]  # fmt: skip
+SCHEDULE_ONLY = {"--name", "--max-concurrent-runs", "--max-runs", "--interval", "--cron", "--timezone", "--start-time",
+                 "--end-time"}  # fmt: skip
+delivery_values = st.one_of(
+    option_values,
+    st.sampled_from(
+        [
+            "0 3 31 2 *",
+            "0 3 * * *",
+            "*/5 * * * *",
+            "0 3 29 2 *",
+            "Europe/Paris",
+            "2026-12-01T03:00:00Z",
+            "runner@team-project.iam.gserviceaccount.com",
+            "pipeline-runner",
+            "http://localhost:8888",
+            "https://kfp.example",
+            "file:///etc/passwd",
+            "us-east5",
+            "mars-1",
+            "team-project",
+            "kubeflow-user",
+            "Bad NS",
+            "$(id)",
+            "projects/1/global/networks/n",
+            "gs://bucket/root",
+            "team=ml",
+            "10",
+            "11",
+            "1000",
+            "1001",
+        ]
+    ),  # fmt: skip
+)
+
+
+def _accepted_delivery_value(option: str, value: str, target: str) -> None:
+    """What an accepted submit or schedule option must be (the rules of multislice.delivery.checks)."""
+    from multislice.delivery import checks
+
+    assert not re.search(r"[\x00-\x1f\x7f]", value), (option, value)
+    rules = {
+        "--max-concurrent-runs": lambda v: 1 <= int(v) <= (10 if target == "kfp" else 1000),
+        "--kfp-namespace": lambda v: checks.kfp_namespace_problem(v) is None,
+        "--host": lambda v: v.startswith(("http://", "https://")),
+        "--project": lambda v: values.GCP_PROJECT.fullmatch(v),
+        "--location": lambda v: v in checks.vertex_locations(),
+        "--network": lambda v: checks.network_problem(v) is None,
+        "--name": lambda v: 0 < len(v) <= 128,
+        "--service-account": lambda v: (
+            (checks.kubernetes_service_account_problem if target == "kfp" else checks.gcp_service_account_problem)(v)
+            is None
+        ),  # fmt: skip
+    }
+    if option in rules:
+        assert rules[option](value), (option, value, target)
+
+
+@cases(150)
+@given(
+    command=st.sampled_from(["submit", "schedule"]),
+    target=st.sampled_from(["kfp", "vertex"]),
+    chosen=st.lists(st.tuples(st.sampled_from(DELIVERY_OPTIONS), delivery_values), min_size=1, max_size=3),
+)
+def test_any_submit_or_schedule_option_is_refused_before_anything_is_sent(
+    tmp_path_factory, monkeypatch, command, target, chosen
+):
+    from multislice.delivery import submission
+
+    monkeypatch.setattr(submission, "compile_for", _reach)
+    monkeypatch.setattr(submission.KfpTarget, "make_client", _reach)
+    monkeypatch.delenv("KF_PIPELINES_ENDPOINT", raising=False)
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    given_options = [(o, v) for o, v in dict(chosen).items() if command == "schedule" or o not in SCHEDULE_ONLY]
+    assume(given_options and not any("\x00" in v for _, v in given_options))
+    if command == "schedule" and "--continue" in dict(given_options):
+        given_options = [(o, v) for o, v in given_options if o != "--continue"] or [("--name", "n")]
+    defaults = {"kfp": {"--host": "http://127.0.0.1:9"}, "vertex": {"--project": "team-project",
+                                                                     "--location": "us-east5"}}[target]  # fmt: skip
+    flags = {**defaults, **({"--cron": "0 3 * * *"} if command == "schedule" else {}), **dict(given_options)}
+    head = ["schedule", "create"] if command == "schedule" else ["submit"]
+    argv = [*head, "--profile", "gke-v6e-16x2", "--set", "output_dir=gs://team-bucket/runs", "--target", target,
+            *(x for pair in flags.items() for x in pair)]  # fmt: skip
+    if _cli_refused_or_reached(argv, cwd):
+        for option, value in given_options:
+            _accepted_delivery_value(option, value, target)
+
+
+# ---------------------------------------------------------------- multislice.remote arguments
+
+
+def _shard(rows, keep=None):
+    return rows, keep
+
+
+remote_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(), st.text(max_size=12),
+    st.sampled_from(["local", "gke", "aws", "v5litepod-8", "v6e-17", "2", "/proc/x", "c0ffee00", "A B", [], ["x"]]),
+)  # fmt: skip
+REMOTE_NAMES = sorted(
+    [
+        "tpu_type",
+        "num_slices",
+        "backend",
+        "output_dir",
+        "profile",
+        "call_id",
+        "collective_timeout",
+        "tell",
+        "out",
+        "by_value",
+        "keep",
+        "rows",
+        "not_an_option",
+    ]  # fmt: skip
+)
+
+
+@cases(200)
+@given(options=st.dictionaries(st.sampled_from(REMOTE_NAMES), remote_values, max_size=3))
+def test_any_remote_arguments_are_refused_naming_one_or_planned(monkeypatch, options):
+    import threading
+
+    from multislice import remote_call
+    from multislice.errors import ConfigError
+
+    monkeypatch.setattr(remote_call, "plan_call", _reach)
+    as_decorator = "rows" in options  # one path per example: the decorator, else run_remote
+    try:
+        if as_decorator:
+            rows = options.pop("rows")
+            remote_call.remote(_shard, **options)(rows, keep=threading.Lock() if rows == [] else None)
+        else:
+            remote_call.run_remote(_shard, [1], **options)
+    except ConfigError as refused:
+        named = [field for field, _ in refused.issues]
+        assert set(named) <= {*options, "function", "args[0]", "kwargs['keep']"}, (named, options)
+        assert named, refused
+        return
+    except Reached:
+        pass
+    assert set(options) <= set(remote_call.OPTIONS), options
+    kinds = {"num_slices": int, "keep": bool, "tpu_type": str, "backend": str, "collective_timeout": (int, float)}
+    for name, kind in kinds.items():
+        if name in options:
+            assert isinstance(options[name], kind) and (name == "keep" or not isinstance(options[name], bool))
+    assert options.get("num_slices", 1) >= 1 and options.get("backend", "local") in ("local", "gke")
+    assert 0 < options.get("collective_timeout", 1) <= values.MAX_TIMEOUT_SECONDS
+    assert options.get("tell") is None and options.get("out") is None  # no generated value is callable/writable
+    assert options.get("call_id") is None or re.fullmatch(r"[a-z0-9]{1,8}", options["call_id"])
+    assert options.get("output_dir") is None or isinstance(options["output_dir"], str)

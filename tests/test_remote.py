@@ -14,17 +14,17 @@ import pytest
 
 import multislice
 from multislice.backends.local.jobsets import LocalJobSets, pid_alive
-from multislice.remote_call import RemoteError, RemoteHang, run_remote
+from multislice.remote_call import RemoteError, RemoteExit, RemoteHang, run_remote
 
 pytestmark = pytest.mark.e2e
 SLICES = {"tpu_type": "v5litepod-8", "num_slices": 2}
 
 
-def _devices(offset):
+def _devices(offset, keep=None):
     import jax
 
     print(f"leader says: process {jax.process_index()} sees {jax.device_count()} devices", flush=True)
-    return {"process": jax.process_index(), "devices": jax.device_count() + offset, "slices": 2}
+    return {"process": jax.process_index(), "devices": jax.device_count() + offset, "slices": 2, "keep": keep}
 
 
 def _raise_on_slice_1_host_0():
@@ -32,6 +32,14 @@ def _raise_on_slice_1_host_0():
 
     if os.environ["JOB_INDEX"] == "1" and os.environ["JOB_COMPLETION_INDEX"] == "0":
         raise ValueError("bad shard on this host")
+    return "fine"
+
+
+def _exit_7_on_slice_1_host_1():
+    import os
+
+    if os.environ["JOB_INDEX"] == "1" and os.environ["JOB_COMPLETION_INDEX"] == "1":
+        os._exit(7)  # no result, no exception: the pod ends with code 7
     return "fine"
 
 
@@ -54,7 +62,8 @@ def _wait_forever():
 def test_remote_returns_the_leaders_value_and_streams_its_output(tmp_path):
     out, told = io.StringIO(), []
     devices = multislice.remote(_devices, **SLICES, output_dir=str(tmp_path), out=out, tell=told.append)
-    assert devices(0) == {"process": 0, "devices": 16, "slices": 2}
+    # keep= is the function's argument here (the call's own keep option is the decorator's): it reaches the function.
+    assert devices(0, keep="mine") == {"process": 0, "devices": 16, "slices": 2, "keep": "mine"}
     assert out.getvalue().splitlines() == ["leader says: process 0 sees 16 devices"]  # the leader's lines only
     assert any(t.startswith("pods scheduled: 4 of 4") for t in told)
     assert "JAX initialised on 4 of 4 hosts" in told and told[-1] == "done: 4 hosts returned"
@@ -67,6 +76,14 @@ def test_a_host_that_raises_is_named_with_its_traceback(tmp_path):
     assert error.host == (1, 0) and "slice 1 host 0 raised builtins.ValueError: bad shard on this host" in str(error)
     assert "_raise_on_slice_1_host_0" in error.remote_traceback and 'raise ValueError("bad shard' in str(error)
     assert isinstance(error.__cause__, ValueError)
+
+
+def test_a_host_that_exits_is_named_with_its_exit_code(tmp_path):
+    """Not another host's error raised because it left (before: "Unable to initialize backend 'cpu'")."""
+    with pytest.raises(RemoteExit) as raised:
+        run_remote(_exit_7_on_slice_1_host_1, **SLICES, output_dir=str(tmp_path), tell=lambda _: None)
+    assert (raised.value.host, raised.value.exit_code) == ((1, 1), 7)
+    assert str(raised.value).startswith("slice 1 host 1 exited with code 7 without returning or raising")
 
 
 def _pods_left(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from multislice import storage
 from multislice.backends.gke import GkeBackend
-from multislice.remote_call import RemoteError, run_remote
+from multislice.remote_call import RemoteError, RemoteExit, run_remote
 from multislice.trainer.remote_worker import MARK, host_key, outcome_of
 from tests.kube_cluster import Served
 from tests.kube_controllers import Play
@@ -126,6 +126,39 @@ def test_a_host_failed(served, play):
             _call(served, told)
     assert raised.value.host == (0, 2) and "slice 0 host 2 raised builtins.KeyError: 'row 7'" in str(raised.value)
     assert "remote traceback (slice 0 host 2)" in str(raised.value) and isinstance(raised.value.__cause__, KeyError)
+    assert served.kube().get_jobset(JOBSET) is None
+
+
+def _terminated(code, at):
+    return {"phase": "Failed", "containerStatuses": [
+        {"name": "maxtext", "ready": False, "restartCount": 0, "image": "t", "imageID": "",
+         "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}}}]}  # fmt: skip
+
+
+def test_a_host_that_exited_is_named_with_its_code_not_the_hosts_that_raised_after_it(served, play):
+    """Host 1 exits 7 without a result (os._exit); in the same second host 0, whose collective lost a peer,
+    raises; the kubelet's exit codes and finishedAt (GkeBackend.pod_exits) name host 1."""
+    told = Told()
+
+    def cluster():
+        pods = _admitted_and_running(play, told)
+        told.wait_for("pods scheduled")
+        try:
+            raise RuntimeError("Unable to initialize backend 'cpu': coordination service lost a task")
+        except RuntimeError as error:
+            consequence = outcome_of(error)
+        for host in HOSTS:
+            outcome = None if host == (0, 1) else consequence if host == (0, 0) else {"ok": True, "value": None}
+            _host_writes(host, outcome)
+        play.pod_status(pods[1], _terminated(7, "2026-11-24T10:00:00Z"))
+        play.pod_status(pods[0], _terminated(1, "2026-11-24T10:00:00Z"))
+        play.jobset_done(JOBSET, "Failed", "FailedJobs", "jobset failed")
+
+    with Background(cluster, told):
+        with pytest.raises(RemoteExit) as raised:
+            _call(served, told)
+    assert (raised.value.host, raised.value.exit_code) == ((0, 1), 7)
+    assert "slice 0 host 1 exited with code 7" in str(raised.value) and "slice 0 host 0 raised" in str(raised.value)
     assert served.kube().get_jobset(JOBSET) is None
 
 

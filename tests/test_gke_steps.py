@@ -618,6 +618,34 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
     assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None
 
 
+def test_no_exit_path_of_another_run_of_the_same_name_deletes_the_owners_jobset(served, play, plan, told):
+    """Run A (RUN_ID) trains stage 1; run B of the same run_name is refused at admit (the JobSet name is A's),
+    then B is cancelled and its exit handler runs: A's JobSet stays. And a JobSet of A's that was deleted and
+    recreated by run C between A's list and A's delete (a stale list) is left: the delete's uid precondition."""
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)
+    uid = kube.get_jobset(js)["metadata"]["uid"]
+    backend = GkeBackend(kube)
+    with pytest.raises(jobsets.JobSetConflict, match=f"pipeline run {RUN_ID}"):
+        admit.run(plan, stage_of(plan).name, "run-bbbb", backend=backend)
+    labels = step_lines.stage_labels(plan, stage_of(plan), "run-bbbb")
+    assert backend.delete_matching(labels, print) == []  # B's steps, cancelled
+    assert backend.delete(js, owner="run-bbbb") is False
+    assert cleanup.run("gke", "gs://bucket/runs", "r1", "run-bbbb", "CANCELLED", backend=backend).deleted == []
+    with pytest.raises(ValueError, match="pipeline run id"):
+        backend.delete_matching({names.LABEL_RUN_NAME: "r1"}, print)  # no run id: refused, never "everything"
+    assert kube.get_jobset(js)["metadata"]["uid"] == uid
+
+    stale = kube.list_jobsets(jobsets.run_selector(RUN_ID))  # A's cleanup lists its JobSet ...
+    play.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", js)
+    recreated = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                 "metadata": {"name": js, "labels": {names.LABEL_PIPELINE_RUN_ID: "run-cccc"}}, "spec": {}}  # fmt: skip
+    play.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", recreated)
+    kube.list_jobsets = lambda selector: stale  # ... and deletes from that listing after C recreated the name
+    assert backend.cleanup(RUN_ID, print) == ([], [])
+    assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-cccc"
+
+
 def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan, told):
     kube, admitted, first, js = training(served, play, plan)
 

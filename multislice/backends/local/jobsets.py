@@ -111,10 +111,11 @@ class LocalJobSets:
     @contextlib.contextmanager
     def _name_lock(self, name: str):
         """Serialise creating, replacing and deleting JobSet ``name`` across processes (``flock(2)`` on
-        ``jobsets/.<name>.lock``): what the API server's per-object write serialisation is on a cluster. So a
-        delete that re-checked the owner acts on that same JobSet, not on one another run created meanwhile."""
-        self.jobsets_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.jobsets_dir / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        ``<run_dir>/.jobset-locks/<name>.lock``): what the API server's per-object write serialisation is on a
+        cluster. So a delete that re-checked the owner acts on that JobSet, not on one another run created since."""
+        locks = self.run_dir / ".jobset-locks"  # beside jobsets/, whose entries are the JobSets' state directories
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

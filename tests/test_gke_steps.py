@@ -25,7 +25,9 @@ from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
+from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import verifier as verifier_job
 from multislice.backends.gke.aot import job_name, render_job
 from multislice.plan import make_plan
 from multislice.preflight import PreflightError, PreflightFailed, request_for
@@ -644,6 +646,15 @@ def test_no_exit_path_of_another_run_of_the_same_name_deletes_the_owners_jobset(
     kube.list_jobsets = lambda selector: stale  # ... and deletes from that listing after C recreated the name
     assert backend.cleanup(RUN_ID, print) == ([], [])
     assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-cccc"
+
+    # A trainer-image Job (verifier, AOT compile) of A's, under a name B's would also take: B's cancelled step
+    # leaves it; A's own deletes it.
+    job = verifier_job.render_job(plan, stage_of(plan), RUN_ID)
+    play.batch.create_namespaced_job("default", job)
+    name = job["metadata"]["name"]
+    assert gke_jobs._delete(kube, name, "run-bbbb") is False
+    assert kube.batch.read_namespaced_job(name, "default").metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+    assert gke_jobs._delete(kube, name, RUN_ID) is True
 
 
 def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan, told):

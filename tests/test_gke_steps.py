@@ -657,6 +657,23 @@ def test_no_exit_path_of_another_run_of_the_same_name_deletes_the_owners_jobset(
     assert gke_jobs._delete(kube, name, RUN_ID) is True
 
 
+def test_multislice_cleanup_keeps_a_workload_whose_lease_is_renewed_and_removes_it_once_expired(served, play, plan):
+    """``multislice cleanup --run r1`` on GKE (:meth:`GkeBackend.delete_abandoned`): a JobSet whose Lease a step of
+    its pipeline run renews is that run's, alive, and kept; once the Lease expired (no step left), it goes."""
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)  # admit renewed the JobSet's Lease while it waited
+    backend = GkeBackend(kube)
+    kept = [f"JobSet {js}: its pipeline run {RUN_ID} still renews its Lease"]
+    assert backend.delete_abandoned("r1", print) == ([], kept)
+    assert kube.get_jobset(js) is not None
+    play.custom.patch_namespaced_custom_object(  # the last renewal long ago: the run's steps are gone
+        "coordination.k8s.io", "v1", "default", "leases", js, {"spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}}
+    )
+    deleted, kept = backend.delete_abandoned("r1", print)
+    assert [line.split(" (")[0] for line in deleted] == [f"JobSet {js}"] and kept == []
+    assert kube.get_jobset(js) is None
+
+
 def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan, told):
     kube, admitted, first, js = training(served, play, plan)
 

@@ -107,8 +107,11 @@ def cancellable(
     tell = teller(step, stage)
     run_id = (labels or {}).get(names.LABEL_PIPELINE_RUN_ID)
     renewal = None
-    if plan is not None and run_id and ownership.renew(plan.run_dir, pipeline_run_id=run_id):
-        renewal = ownership.Renewal(plan.run_dir, pipeline_run_id=run_id).start()  # a pipeline run's lease
+    try:
+        if plan is not None and run_id and ownership.renew(plan.run_dir, pipeline_run_id=run_id):
+            renewal = ownership.Renewal(plan.run_dir, pipeline_run_id=run_id).start()  # a pipeline run's lease
+    except OSError as error:  # the run storage: the step's own reads and writes will say what is wrong
+        tell(f"could not renew this run's hold on {plan.run_dir}: {error}")
     with cancel.handling():
         try:
             cancel.point(f"{step}:start")

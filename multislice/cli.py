@@ -200,7 +200,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = Path(plan.run_dir) if local else Path("build", "runs", spec.run_name).absolute()
     run_id = ownership.new_run_id()
     with ownership.claim(plan.run_dir, run_id) as claim:
-        return _run_owned(spec, plan, run_dir, run_id, claim, started)
+        os.environ[ownership.ENV_CLAIM] = run_id  # the plan step records its pipeline run id in the owner record
+        try:
+            return _run_owned(spec, plan, run_dir, run_id, claim, started)
+        finally:
+            os.environ.pop(ownership.ENV_CLAIM, None)
 
 
 def _run_owned(
@@ -225,7 +229,6 @@ def _run_owned(
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "kfp"))
-    os.environ[ownership.ENV_CLAIM] = run_id  # the plan step records its pipeline run id in the owner record
     failure = None
     with open(log_path, "x", encoding="utf-8") as log:  # "x": never another run's log
         tee = _ProgressTee(log, sys.stdout)

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, config, identity, reports, storage, timings
+from multislice import backends, config, identity, ownership, reports, storage, timings
 from multislice.config import parameters
 from multislice.errors import InputError, RunFailed, UserError
 from multislice.plan import Plan, make_plan
@@ -193,42 +193,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = config.load_spec(profile, overrides)
     plan = make_plan(spec)
     # The compiled pipeline, the full log and kfp.local's files stay on this machine: in the
-    # run directory when it is local, else under build/runs/<run_name>.
+    # run directory when it is local, else under build/runs/<run_name>. Each run's own files are
+    # named by its run id, and the run directory is claimed first: a run directory another live
+    # run owns is refused here, before anything is written (multislice.ownership).
     local = not storage.is_remote(plan.run_dir)
     run_dir = Path(plan.run_dir) if local else Path("build", "runs", spec.run_name).absolute()
+    run_id = ownership.new_run_id()
+    with ownership.claim(plan.run_dir, run_id) as claim:
+        os.environ[ownership.ENV_CLAIM] = run_id  # the plan step records its pipeline run id in the owner record
+        try:
+            return _run_owned(spec, plan, run_dir, run_id, claim, started)
+        finally:
+            os.environ.pop(ownership.ENV_CLAIM, None)
+
+
+def _run_owned(
+    spec: config.RunSpec, plan: Plan, run_dir: Path, run_id: str, claim: ownership.Claim, started: float
+) -> int:
+    """``multislice run`` once its run directory is claimed: compile, run with kfp.local, summarise."""
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from kfp import components, local
 
     from pipelines.multislice_training import compile_pipeline
 
-    compiled = run_dir / "pipeline.yaml"
+    compiled, log_path = run_files(run_dir, run_id)
     compile_pipeline(config.spec_to_data(spec), str(compiled), remote=False, retries=False)  # a local failure is final
     pipeline = components.load_component_from_file(str(compiled))
     where = "emulated on this machine" if spec.backend == "local" else f"on backend {spec.backend}"
     print(f"run {spec.run_name}: {len(spec.stages)} stages on {spec.num_slices} x {spec.tpu_type} slices, {where}")
     print(f"compiled pipeline: {compiled}")
-    print(f"full log: {run_dir / 'pipeline.log'}")
+    print(f"full log: {log_path}")
     # kfp.local ignores display names and runs components in this environment rather than their
     # image; both are expected here, so its warnings about them are noise.
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "kfp"))
     failure = None
-    with open(run_dir / "pipeline.log", "w", encoding="utf-8") as log:
+    with open(log_path, "x", encoding="utf-8") as log:  # "x": never another run's log
         tee = _ProgressTee(log, sys.stdout)
         try:
             with contextlib.redirect_stdout(tee), _cancelling_children():
                 pipeline(**run_arguments(spec))
         except KeyboardInterrupt:
-            _stop_run(plan)
-            print("interrupted: every JobSet of this run was deleted", file=sys.stderr)
+            stopped = _stop_run(plan, claim.pipeline_run_id)
+            print(f"interrupted: {stopped}", file=sys.stderr)
             return 130
         except Exception as error:  # noqa: BLE001 - reported below with the failing step's own error
             failure = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-            _stop_run(plan)
+            _stop_run(plan, claim.pipeline_run_id)
     outcome = "FAILED" if failure else "SUCCEEDED"
-    print("\n".join(summary_lines(plan, time.monotonic() - started, outcome, run_dir)))
+    print("\n".join(summary_lines(plan, time.monotonic() - started, outcome, run_dir, run_id)))
     if failure:
         errors = [i for i, line in enumerate(tee.lines) if ERROR_LINE.match(line)]
         print(f"\nFAILED: {failure}", file=sys.stderr)
@@ -237,9 +252,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             after = tee.lines[errors[-1] + 1].strip() if errors[-1] + 1 < len(tee.lines) else ""
             if after.startswith("fix: "):
                 print(after, file=sys.stderr)
-        print(f"see {run_dir / 'pipeline.log'}", file=sys.stderr)
+        print(f"see {log_path}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_files(local_dir: Path, run_id: str) -> tuple[Path, Path]:
+    """``(compiled pipeline, full log)`` of run ``run_id``: ``pipeline.<run id>.yaml`` and ``pipeline.<run id>.log``
+    in ``local_dir``, so that a rerun of the same run_name (which resumes it) keeps the earlier run's."""
+    return local_dir / f"pipeline.{run_id}.yaml", local_dir / f"pipeline.{run_id}.log"
 
 
 def child_pids(pid: int) -> list[int]:
@@ -277,25 +298,29 @@ def _cancelling_children():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop_run(plan: Plan) -> None:
-    """After an interrupted or failed local run: stop every JobSet of the run that is still going."""
-    if plan.spec.backend != "local":
-        return
-    from multislice.backends.local import LocalJobSets
+def _stop_run(plan: Plan, pipeline_run_id: str) -> str:
+    """After an interrupted or failed local run: stop this pipeline run's JobSets that are still going.
 
-    jobsets = LocalJobSets(plan.run_dir)
-    for state in jobsets.list_jobsets():
-        if not state.terminal:
-            jobsets.delete_jobset(state.name)
+    Only what carries ``pipeline_run_id`` (and was recorded as its own: :meth:`LocalBackend.cleanup`) is
+    touched; without one (the plan step never ran) nothing was created. Returns what was done, in words.
+    """
+    if plan.spec.backend != "local" or not pipeline_run_id:
+        return "nothing of this run was left running"
+    from multislice.backends.local import LocalBackend
+
+    deleted, _ = LocalBackend(plan.run_dir).cleanup(pipeline_run_id, lambda line: None)
+    return f"deleted {', '.join(deleted)} (pipeline run {pipeline_run_id})" if deleted else (
+        f"nothing of pipeline run {pipeline_run_id} was left running")  # fmt: skip
 
 
-def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> list[str]:
+def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run_id: str) -> list[str]:
     """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live.
 
     Read from the steps' reports in the run directory (local or ``gs://``);
-    ``local_dir`` holds this machine's files of the run (compiled pipeline, full log).
+    ``local_dir`` holds this machine's files of run ``run_id`` (compiled pipeline, full log: :func:`run_files`).
     """
     reports_dir = storage.join(plan.run_dir, "reports")
+    compiled, log = run_files(local_dir, run_id)
     lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
     for stage in plan.stages:
         checked = reports.read(reports.PreflightReport, plan, stage)
@@ -366,7 +391,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path) -> 
         "train.md, verification.md",
         f"pod logs    {backends.backend_class(plan.spec.backend).where_logs_are(plan)}",
         f"manifests   {plan.run_dir}/manifests/",
-        f"pipeline    {local_dir}/pipeline.yaml (compiled), {local_dir}/pipeline.log (full log)",
+        f"pipeline    {compiled} (compiled), {log} (full log)",
     ]
     return lines
 
@@ -455,10 +480,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
     The run is found as the pipeline's cleanup step finds it: ``<output_dir>/<run_name>``, with
     ``output_dir`` from ``--output-dir``, else the profile's. Its backend, namespace and cluster come
-    from ``--profile``, else from the run's plan report, else local. Locally every JobSet of the run
-    directory that is still going is deleted; on GKE, what carries the run's name label
-    (``multislice-pipelines/run-name``; with ``--pipeline-run-id``, that run's id as well), as the
-    cleanup step deletes by the run id: JobSets not Completed and unfinished Jobs.
+    from ``--profile``, else from the run's plan report, else local. Deleted: what is still going of
+    every pipeline run of that run name whose owner is gone (:meth:`Backend.delete_abandoned`): locally
+    the run directory's JobSets except the live owner's (``multislice run`` still holding the
+    directory, :mod:`multislice.ownership`); on GKE what carries the run's name label
+    (``multislice-pipelines/run-name``) except workloads whose Lease is still renewed, JobSets not
+    Completed and unfinished Jobs; with ``--pipeline-run-id``, only that run's. What is kept is printed.
     """
     from multislice import names
 
@@ -480,15 +507,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         backend_name, run_dir=found.run_dir, namespace=(spec or {}).get("namespace", "default"),
         cluster=(spec or {}).get("cluster"), say=print,
     )  # fmt: skip
-    labels = {names.LABEL_RUN_NAME: args.run}
-    if args.pipeline_run_id:
-        labels[names.LABEL_PIPELINE_RUN_ID] = args.pipeline_run_id
-    if backend_name == "local" and not args.pipeline_run_id:
-        labels = {}  # every JobSet of the run directory is this run's
-    removed = backend.delete_matching(labels, lambda line: None)
+    removed, kept = backend.delete_abandoned(args.run, lambda line: None, args.pipeline_run_id or "")
     for line in removed:
         print(f"removed {line}")
-    if not removed:
+    for line in kept:
+        print(f"kept {line}")
+    if not removed and not kept:
         print(f"run {args.run} ({backend_name}, {found.run_dir}): nothing left")
     return 0
 

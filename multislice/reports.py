@@ -247,6 +247,8 @@ class AdmitReport(StepReport):
         wait_seconds: From submission to admission.
         workload: The Kueue Workload's name (GKE).
         manifest: Where the submitted manifest was written in the run directory.
+        pipeline_run_id: The pipeline run that created (or adopted) the workload: what launch and train select it
+            by when they are cancelled (''  in a report of an older release).
     """
 
     step: ClassVar[str] = "admit"
@@ -257,6 +259,7 @@ class AdmitReport(StepReport):
     admitted: bool = False
     adopted: bool = False
     replaced: str | None = None
+    pipeline_run_id: str = ""
     local_queue: str | None = None
     cluster_queue: str | None = None
     flavors: list[str] = Field(default_factory=list)

@@ -46,6 +46,27 @@ def run_in_trainer(trainer_python: Path, script: str, *args: str, timeout: float
 
 
 @dataclass
+class Intrusion:
+    """A second ``multislice run`` of the shared run's name into its output directory, started while it trained.
+
+    Attributes:
+        returncode, stdout, stderr: The second run's.
+        owner_running: The shared run was still running when the second one ended.
+        owner_before, owner_after: ``owner.json`` of the run directory before and after the second run.
+        before, after: The run directory's entries (top level) before and after it.
+    """
+
+    returncode: int
+    stdout: str
+    stderr: str
+    owner_running: bool
+    owner_before: str
+    owner_after: str
+    before: list[str]
+    after: list[str]
+
+
+@dataclass
 class LocalRun:
     """One finished ``multislice run --profile local``."""
 
@@ -54,6 +75,7 @@ class LocalRun:
     stderr: str
     seconds: float
     plan: Plan
+    intrusion: Intrusion | None = None
 
 
 #: The run beside the shared end-to-end run, in the same output directory (so the same preflight cache):
@@ -94,6 +116,25 @@ def _finish_run(
     return LocalRun(proc.returncode, stdout, stderr, time.monotonic() - started, make_plan(spec))
 
 
+def _intrude(owner: subprocess.Popen, settings: dict[str, object], output: Path) -> Intrusion:
+    """Once the running ``owner`` has its first JobSet (it trains), run ``multislice run`` with its run_name and
+    output directory to the end (it is refused at once), noting what the run directory held before and after."""
+    run_dir = output / str(settings["run_name"])
+    deadline = time.monotonic() + 3600
+    while owner.poll() is None and time.monotonic() < deadline and not any(run_dir.glob("jobsets/*/state.json")):
+        time.sleep(1)  # polls the owner's state: its first JobSet's appearance (no event to wait on)
+    read = lambda: (run_dir / "owner.json").read_text() if (run_dir / "owner.json").exists() else ""  # noqa: E731
+    owner_before, before = read(), sorted(p.name for p in run_dir.iterdir())
+    sets = ["--set", f"run_name={settings['run_name']}", "--set", f"output_dir={output}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local", *sets],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    after = sorted(p.name for p in run_dir.iterdir())
+    return Intrusion(done.returncode, done.stdout, done.stderr, owner.poll() is None, owner_before, read(), before,
+                     after)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def local_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalRun, LocalRun]:
     """Two ``multislice run --profile local`` at once, as ``make run`` does, in one output directory.
@@ -101,16 +142,18 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalRun, Loca
     The first (run name ``e2e``, 20 steps a stage) is what most end-to-end
     tests read; the second (:data:`TWIN_SETTINGS`) runs beside it from start to
     end, so any number of local runs sharing a machine is tested by every CI
-    run without a run of its own.
+    run without a run of its own. While the first trains, a third run of its
+    name into its output directory is started (its :attr:`LocalRun.intrusion`):
+    it must be refused before writing anything, and the first still train and verify.
     """
     output = tmp_path_factory.mktemp("e2e-output")
     settings = {"run_name": "e2e"}
     started = time.monotonic()
     main, twin = _start_run(settings, output), _start_run(TWIN_SETTINGS, output, TWIN_PROFILE)
-    return (
-        _finish_run(main, settings, output, started),
-        _finish_run(twin, TWIN_SETTINGS, output, started, TWIN_PROFILE),
-    )
+    intrusion = _intrude(main, settings, output)
+    first = _finish_run(main, settings, output, started)
+    first.intrusion = intrusion
+    return first, _finish_run(twin, TWIN_SETTINGS, output, started, TWIN_PROFILE)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,9 @@ docstring invites, and adds those, plus two ways to misbehave on purpose:
 :meth:`Cluster.compact` (forget history: watches from older resourceVersions
 get 410 Gone and open watches end).
 
+Deletes honour ``DeleteOptions.preconditions`` (``uid``, ``resourceVersion``:
+409 Conflict when the stored object differs, as the API server does).
+
 Not modelled (tests play these parts through the API): admission webhooks
 and defaulting, validation against CRD schemas, controllers (JobSet, Job,
 Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
@@ -184,6 +187,8 @@ class Cluster(kmock.KubernetesEmulator):
             key = (request.resource, request.namespace, request.name)
             if key not in self._objects or self._objects[key].deleted:
                 request = self._replace(request, action=enums.action.CREATE, name=None)
+        if request.action == enums.action.DELETE:
+            self._check_preconditions(request)
         if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
             self.rv += 1
             meta = request.data.setdefault("metadata", {}) if isinstance(request.data, dict) else {}
@@ -197,6 +202,26 @@ class Cluster(kmock.KubernetesEmulator):
         if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
             self._record(request)
         return response
+
+    def _check_preconditions(self, request: Any) -> None:
+        """A delete's ``DeleteOptions.preconditions`` (``uid``, ``resourceVersion``), as the API server checks them
+        against the stored object: 409 Conflict when one differs (k8s.io/apiserver ``pkg/storage/etcd3/store.go``,
+        ``checkPreconditions``, whose ``InvalidObjError`` the registry turns into a Conflict)."""
+        wanted = (request.data or {}).get("preconditions") if isinstance(request.data, dict) else None
+        key = (request.resource, request.namespace, request.name)
+        if not wanted or key not in self._objects or self._objects[key].deleted:
+            return
+        meta = self._objects[key].raw.get("metadata", {})
+        for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            if wanted.get(field) is not None and wanted[field] != meta.get(field):
+                plural = getattr(request.resource, "plural", "")
+                group = getattr(request.resource, "group", "")
+                raise kmock.KubernetesError(
+                    status=409, reason="Conflict",
+                    message=f'Operation cannot be fulfilled on {plural}{"." + group if group else ""} '
+                    f'"{request.name}": StorageError: invalid object, Code: 4, Precondition failed: {label} in '
+                    f"precondition: {wanted[field]}, {label} in object meta: {meta.get(field)}",
+                )  # fmt: skip
 
     def _record(self, request: Any) -> None:
         data = request.data if isinstance(request.data, dict) else {}

@@ -29,7 +29,10 @@ def test_failed_run_names_the_step_and_its_cause(tmp_path):
     assert "[cleanup] cannot reach the gke backend, so nothing was deleted" in done.stdout
     assert "run fails: FAILED" in done.stdout and "[cleanup]" in done.stdout
     local = tmp_path / "build" / "runs" / "fails"
-    assert (local / "pipeline.yaml").is_file() and (local / "pipeline.log").is_file()
+    # This run's compiled pipeline and full log, named by its run id (a rerun of the name keeps them).
+    compiled, logs = sorted(local.glob("pipeline.*.yaml")), sorted(local.glob("pipeline.*.log"))
+    assert len(compiled) == len(logs) == 1 and compiled[0].name.removesuffix(".yaml") == logs[0].name[:-4]
+    assert f"see {logs[0]}" in done.stderr
     assert not (tmp_path / "gs:").exists()
     # The steps that ran left their reports in the gs:// run directory; the summary read them from there.
     assert "runs/fails/reports/tiny-8b-recipe/plan.json" in written

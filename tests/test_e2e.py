@@ -1,5 +1,6 @@
 """End to end on this machine: the pipeline trains both stages across emulated slices; a killed worker is survived."""
 
+import json
 import os
 import signal
 import time
@@ -76,6 +77,24 @@ def test_two_local_runs_at_once_both_train_and_verify(local_runs):
         assert set(stage.dcn.values()) == {1}
         state = LocalJobSets(twin.plan.run_dir).get_jobset(stage.jobset)
         assert {p.job_index for p in state.pods} == {0} and len(state.pods) == twin.plan.slice.hosts
+
+
+def test_a_second_run_of_the_same_name_is_refused_before_writing_and_the_first_trains_on(local_run):
+    """Issue 31: a second ``multislice run`` with the shared run's run_name and output directory, started while the
+    shared run trains, is refused before it writes anything, naming the owner and the fix; the shared run is not
+    harmed (its own assertions, here and above: it trained both stages and verified them, 0 restarts)."""
+    intruder = local_run.intrusion
+    assert intruder.owner_running, "the shared run ended before the second run was refused: nothing was tested"
+    assert intruder.returncode == 2, intruder.stdout[-3000:] + intruder.stderr[-3000:]
+    owner = json.loads(intruder.owner_before)
+    assert f"is owned by run {owner['run_id']} (pipeline run {owner['pipeline_run_id']}, pid " in intruder.stderr
+    assert "fix: set unique_run_name: true" in intruder.stderr and "Traceback" not in intruder.stderr
+    assert intruder.stdout == "" and intruder.owner_after == intruder.owner_before
+    ours = {f"pipeline.{owner['run_id']}.yaml", f"pipeline.{owner['run_id']}.log"}
+    assert {name for name in intruder.after if name.startswith("pipeline.")} == ours  # no file of the second run
+    assert set(intruder.before) <= set(intruder.after)
+    assert local_run.returncode == 0 and f"run {local_run.plan.spec.run_name}: SUCCEEDED" in local_run.stdout
+    assert local_run.stdout.count("verification  PASS") == 2
 
 
 def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(tmp_path):

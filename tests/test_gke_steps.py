@@ -25,7 +25,9 @@ from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
+from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
+from multislice.backends.gke import verifier as verifier_job
 from multislice.backends.gke.aot import job_name, render_job
 from multislice.plan import make_plan
 from multislice.preflight import PreflightError, PreflightFailed, request_for
@@ -616,6 +618,60 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
     done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "CANCELLED", backend=GkeBackend(kube))
     assert done.deleted == [f"JobSet {js} (Running)"]
     assert kube.get_jobset(js) is None and kube.get_jobset("someone-else") is not None
+
+
+def test_no_exit_path_of_another_run_of_the_same_name_deletes_the_owners_jobset(served, play, plan, told):
+    """Run A (RUN_ID) trains stage 1; run B of the same run_name is refused at admit (the JobSet name is A's),
+    then B is cancelled and its exit handler runs: A's JobSet stays. And a JobSet of A's that was deleted and
+    recreated by run C between A's list and A's delete (a stale list) is left: the delete's uid precondition."""
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)
+    uid = kube.get_jobset(js)["metadata"]["uid"]
+    backend = GkeBackend(kube)
+    with pytest.raises(jobsets.JobSetConflict, match=f"pipeline run {RUN_ID}"):
+        admit.run(plan, stage_of(plan).name, "run-bbbb", backend=backend)
+    labels = step_lines.stage_labels(plan, stage_of(plan), "run-bbbb")
+    assert backend.delete_matching(labels, print) == []  # B's steps, cancelled
+    assert backend.delete(js, owner="run-bbbb") is False
+    assert cleanup.run("gke", "gs://bucket/runs", "r1", "run-bbbb", "CANCELLED", backend=backend).deleted == []
+    with pytest.raises(ValueError, match="pipeline run id"):
+        backend.delete_matching({names.LABEL_RUN_NAME: "r1"}, print)  # no run id: refused, never "everything"
+    assert kube.get_jobset(js)["metadata"]["uid"] == uid
+
+    stale = kube.list_jobsets(jobsets.run_selector(RUN_ID))  # A's cleanup lists its JobSet ...
+    play.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", js)
+    recreated = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                 "metadata": {"name": js, "labels": {names.LABEL_PIPELINE_RUN_ID: "run-cccc"}}, "spec": {}}  # fmt: skip
+    play.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", recreated)
+    kube.list_jobsets = lambda selector: stale  # ... and deletes from that listing after C recreated the name
+    assert backend.cleanup(RUN_ID, print) == ([], [])
+    assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-cccc"
+
+    # A trainer-image Job (verifier, AOT compile) of A's, under a name B's would also take: B's cancelled step
+    # leaves it; A's own deletes it.
+    job = verifier_job.render_job(plan, stage_of(plan), RUN_ID)
+    play.batch.create_namespaced_job("default", job)
+    name = job["metadata"]["name"]
+    assert gke_jobs._delete(kube, name, "run-bbbb") is False
+    assert kube.batch.read_namespaced_job(name, "default").metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+    assert gke_jobs._delete(kube, name, RUN_ID) is True
+
+
+def test_multislice_cleanup_keeps_a_workload_whose_lease_is_renewed_and_removes_it_once_expired(served, play, plan):
+    """``multislice cleanup --run r1`` on GKE (:meth:`GkeBackend.delete_abandoned`): a JobSet whose Lease a step of
+    its pipeline run renews is that run's, alive, and kept; once the Lease expired (no step left), it goes."""
+    kube, js = served.kube(), stage_of(plan).jobset
+    admitted_jobset(play, plan, kube)  # admit renewed the JobSet's Lease while it waited
+    backend = GkeBackend(kube)
+    kept = [f"JobSet {js}: its pipeline run {RUN_ID} still renews its Lease"]
+    assert backend.delete_abandoned("r1", print) == ([], kept)
+    assert kube.get_jobset(js) is not None
+    play.custom.patch_namespaced_custom_object(  # the last renewal long ago: the run's steps are gone
+        "coordination.k8s.io", "v1", "default", "leases", js, {"spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}}
+    )
+    deleted, kept = backend.delete_abandoned("r1", print)
+    assert [line.split(" (")[0] for line in deleted] == [f"JobSet {js}"] and kept == []
+    assert kube.get_jobset(js) is None
 
 
 def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play, plan, told):

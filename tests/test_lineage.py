@@ -154,7 +154,7 @@ def test_run_summary_has_the_export_line(plan, tmp_path):
         verdict="PASS", export_dir=stage.export_dir, logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}
     )
     write(plan, report, stage)
-    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path)
+    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
     assert f"  export        PASS: huggingface at {stage.export_dir}; logits vs MaxText's max |diff| 3.2e-06 " \
         "(tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
     assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from multislice import cancel
+from multislice import cancel, names
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
@@ -307,12 +307,32 @@ class Backend(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def delete(self, name: str) -> bool:
-        """Delete a workload and stop its pods; False when there was none."""
+    def delete(self, name: str, owner: str | None = None) -> bool:
+        """Delete a workload and stop its pods; False when there was none.
+
+        With ``owner`` (a pipeline run id) only a workload that run created is deleted (its recorded
+        ``pipeline/runid``, re-checked at delete time); another's is left and False returned.
+        """
 
     @abc.abstractmethod
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
-        """Delete what one pipeline run left unfinished; returns ``(deleted, kept completed)``."""
+        """Delete what one pipeline run left unfinished; returns ``(deleted, kept completed)``.
+
+        Only what ``pipeline_run_id`` created: selected by its ``pipeline/runid`` label and re-checked at delete
+        time against the object deleted (locally its recorded labels under the name's lock; on GKE a ``uid``
+        precondition), so an object another run created under the same name meanwhile is left alone.
+        """
+
+    @abc.abstractmethod
+    def delete_abandoned(self, run_name: str, tell: Tell, pipeline_run_id: str = "") -> tuple[list[str], list[str]]:
+        """``multislice cleanup --run NAME``: delete what runs of ``run_name`` left unfinished whose owner is gone.
+
+        A workload whose pipeline run is alive (locally: the run directory's live owner, :mod:`multislice.ownership`;
+        on GKE: its Lease is still renewed, :mod:`.gke.lease`) is kept. With ``pipeline_run_id``, only that run's.
+
+        Returns:
+            ``(deleted, kept)``: one line per thing deleted, and per thing kept because its run is alive.
+        """
 
     # -- work in the trainer image ------------------------------------------
 
@@ -350,10 +370,15 @@ class Backend(abc.ABC):
         What a cancelled step calls: it finds what the step created by the
         run's and stage's labels (:func:`multislice.render.jobset.run_labels`),
         not by a name held in memory, so a signal between "created" and "the
-        step knows it" leaks nothing. Completed workloads are kept.
+        step knows it" leaks nothing. Completed workloads are kept. ``labels``
+        must hold the pipeline run id (``pipeline/runid``): only that run's
+        objects are deleted, each re-checked at delete time as :meth:`cleanup` does.
 
         Returns:
             One line per thing deleted.
+
+        Raises:
+            ValueError: ``labels`` has no pipeline run id.
         """
 
     # -- cancellation -------------------------------------------------------
@@ -383,8 +408,8 @@ class Backend(abc.ABC):
                 yield
             except cancel.Cancelled as why:
                 tell(f"cancelled ({why.signame}): deleting {name}")
-                if labels:
+                if labels and names.LABEL_PIPELINE_RUN_ID in labels:
                     self.delete_matching(labels, tell)
                 else:
-                    self.delete(name)
+                    self.delete(name, owner=(labels or {}).get(names.LABEL_PIPELINE_RUN_ID))
                 raise TrainingFailed(f"cancelled; {name} deleted") from None

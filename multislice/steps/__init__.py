@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from multislice import cancel, names, reports
+from multislice import cancel, names, ownership, reports
 from multislice.backends import Backend, backend_for
 from multislice.errors import UserError
 from multislice.plan import Plan, StagePlan
@@ -91,11 +91,13 @@ def cancellable(
 
     Within it the signals raise :class:`multislice.cancel.Cancelled`; the step's
     child processes stop as the ``with`` blocks they run in unwind, then every
-    unfinished workload with ``labels`` is deleted (through the step's backend,
+    unfinished workload with ``labels`` (which must name the pipeline run id:
+    without one nothing is deleted, as the step created nothing) is deleted (through the step's backend,
     or, before it has one, the plan's: a stage's JobSet may predate the step),
     or ``remove`` (the cleanup step: the whole run) is called instead; further
     signals are ignored meanwhile, and the ``Cancelled`` goes on (a KFP task
-    ends failed; the CLI exits 130).
+    ends failed; the CLI exits 130). While the step runs it renews its pipeline
+    run's lease on the run directory, when the run holds one (:mod:`multislice.ownership`).
 
     Raises:
         multislice.cancel.Cancelled: the step was cancelled (after the removal).
@@ -103,6 +105,13 @@ def cancellable(
     removal = Removal(labels)
     removal.remove = remove
     tell = teller(step, stage)
+    run_id = (labels or {}).get(names.LABEL_PIPELINE_RUN_ID)
+    renewal = None
+    try:
+        if plan is not None and run_id and ownership.renew(plan.run_dir, pipeline_run_id=run_id):
+            renewal = ownership.Renewal(plan.run_dir, pipeline_run_id=run_id).start()  # a pipeline run's lease
+    except OSError as error:  # the run storage: the step's own reads and writes will say what is wrong
+        tell(f"could not renew this run's hold on {plan.run_dir}: {error}")
     with cancel.handling():
         try:
             cancel.point(f"{step}:start")
@@ -111,6 +120,8 @@ def cancellable(
             removed: list[Any] = []
             if removal.remove is not None:
                 removed = removal.remove()
+            elif removal.labels and names.LABEL_PIPELINE_RUN_ID not in removal.labels:
+                pass  # no pipeline run id: the step created nothing (a skipped stage); nothing else is its to delete
             elif removal.labels and (removal.backend is not None or plan is not None):
                 try:
                     backend = removal.backend or backend_for(plan, say=tell)
@@ -119,3 +130,6 @@ def cancellable(
                     tell(f"cancelled, but what it created could not be removed: {error}")
             tell(f"cancelled ({why.signame}): removed {', '.join(removed) if removed else 'nothing left running'}")
             raise
+        finally:
+            if renewal is not None:
+                renewal.stop()

@@ -55,7 +55,10 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
                 "not training this stage again",
                 stage.name,
             )
-            report = AdmitReport(jobset=stage.jobset, skipped=True, reason="final checkpoint exists", manifest=written)
+            report = AdmitReport(
+                jobset=stage.jobset, skipped=True, reason="final checkpoint exists", manifest=written,
+                pipeline_run_id=pipeline_run_id,
+            )  # fmt: skip
             return write_report(plan, report, stage)
         cancel.point("admit:before-create")
         submitted = backend.submit(manifest)
@@ -80,7 +83,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         except AdmissionTimeout as error:
             if submitted.adopted:
                 raise
-            backend.delete(stage.jobset)
+            backend.delete(stage.jobset, owner=pipeline_run_id)
             deleted = f"; {manifest.get('kind', 'JobSet')} {stage.jobset} (created by this step) was deleted"
             raise type(error)(error.message + deleted, error.fix) from None
         report = AdmitReport(
@@ -88,6 +91,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
             admitted=True,
             adopted=submitted.adopted,
             replaced=submitted.replaced,
+            pipeline_run_id=pipeline_run_id,
             local_queue=plan.spec.queue,
             cluster_queue=admission.cluster_queue,
             flavors=admission.flavors,

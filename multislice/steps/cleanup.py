@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import backends, cancel, storage
+from multislice import backends, cancel, ownership, storage
 from multislice.backends import Backend
 from multislice.delivery import notify
 from multislice.errors import UserError
@@ -112,7 +112,9 @@ def run(
             report.notified, report.failed_step = (True if problem is None else problem), step
         if output_dir:  # without one (planning failed on it) there is no run directory to write to
             try:
-                storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
+                if ownership.writable_by(identity.run_dir, pipeline_run_id):  # never over another live run's report
+                    storage.write_json(report_path(identity.run_dir, CleanupReport.file_name), report.to_dict())
+                    ownership.release(identity.run_dir, run_id=pipeline_run_id)  # this pipeline run's lease ends
             except Exception as error:  # noqa: BLE001 - the exit handler's own report is best effort
                 tell(f"report not written to {identity.run_dir}: {error}")
         if failed is not None:

@@ -37,7 +37,7 @@ def run(
     stage = plan.stage(stage_name)
     if not stage.export:
         raise InputError(f"stages.{stage.name}.export is not set", f"set stages.{stage.name}.export: huggingface")
-    with cancellable("export", stage, stage_labels(plan, stage), plan) as removal:
+    with cancellable("export", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "export", stage)
         report = backend.run_exporter(plan, stage, pipeline_run_id, teller("export", stage))
         cancel.point("export:report")

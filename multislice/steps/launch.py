@@ -40,7 +40,7 @@ def run(
     admitted = AdmitReport.model_validate(admitted)
     if admitted.skipped:
         return write_report(plan, LaunchReport(jobset=stage.jobset, skipped=True), stage)
-    with cancellable("launch", stage, stage_labels(plan, stage), plan) as removal:
+    with cancellable("launch", stage, stage_labels(plan, stage, admitted.pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "launch", stage)
         started = time.monotonic()
         with backend.holding(stage.jobset, "launch", teller("launch", stage)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multislice import cancel, config
+from multislice import cancel, config, ownership
 from multislice.config import data
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
@@ -51,7 +51,11 @@ def run(
     Returns:
         The plan.
 
+    The run directory is then taken for ``pipeline_run_id`` (:func:`multislice.ownership.join`) before
+    anything is written there.
+
     Raises:
+        multislice.ownership.RunDirOwned: another live run owns the run directory (nothing was written).
         multislice.release.ReleaseMismatch: the pipeline YAML and this image are different releases.
         multislice.config.ConfigError: naming every bad field and its fix, the stages' data included (a
             missing path, an empty glob, a missing split, an unreadable Parquet file:
@@ -74,6 +78,8 @@ def run(
             parameters["unique_run_name"] = False
         spec = config.load_spec(profile, parameters)
         plan = make_plan(spec)
+        if pipeline_run_id:  # before this pipeline run writes anything: refused if another live run owns the directory
+            ownership.join(plan.run_dir, pipeline_run_id)
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
         issues = data.data_issues(spec, _trainer_site_packages() if spec.backend == "local" else None)
         if issues:

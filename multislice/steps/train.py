@@ -64,8 +64,8 @@ def run(
         multislice.backends.base.WorkloadDeleted: the workload was deleted during training.
     """
     stage = plan.stage(stage_name)
-    with cancellable("train", stage, stage_labels(plan, stage), plan) as removal:
-        admitted = AdmitReport.model_validate(admitted)
+    admitted = AdmitReport.model_validate(admitted)
+    with cancellable("train", stage, stage_labels(plan, stage, admitted.pipeline_run_id), plan) as removal:
         if admitted.skipped:
             return write_report(plan, TrainReport(jobset=stage.jobset, skipped=True), stage)
         removal.backend = backend = backend_of(plan, backend, "train", stage)

@@ -36,7 +36,7 @@ def run(
         multislice.errors.RunFailed: the verifier left no report.
     """
     stage = plan.stage(stage_name)
-    with cancellable("verify_checkpoint", stage, stage_labels(plan, stage), plan) as removal:
+    with cancellable("verify_checkpoint", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "verify_checkpoint", stage)
         report = backend.run_verifier(plan, stage, pipeline_run_id, teller("verify_checkpoint", stage))
         cancel.point("verify_checkpoint:report")

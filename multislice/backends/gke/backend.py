@@ -10,10 +10,14 @@ webhooks, controllers, the scheduler) is listed in ``docs/testing.md``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from multislice import names
 from multislice.backends.base import (
@@ -69,6 +73,11 @@ def capacity_wait(plan: Plan, unschedulable_since: dict[str, float], now: float,
         return ""
     longest = now - min(unschedulable_since.values())
     return f"; Unschedulable for {longest:.0f} s, flex-start: waiting up to {grace:.0f} s for capacity"
+
+
+def _owned(obj: dict[str, Any], owner: str) -> bool:
+    """Whether a workload was created by pipeline run ``owner`` (its ``pipeline/runid`` label)."""
+    return bool(owner) and (obj["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID) == owner
 
 
 class GkeBackend(Backend):
@@ -457,15 +466,22 @@ class GkeBackend(Backend):
             exits.append(PodExit(pods.slice_index(pod), pods.host_index(pod), pods.exit_code(pod), finished))
         return exits
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, owner: str | None = None) -> bool:
         """Delete the JobSet (or the RayJob and its claim templates) with foreground propagation (its Jobs and pods,
-        or its RayCluster and submitter Job, go first)."""
-        if jobset.delete(self.kube, name):
-            return True
+        or its RayCluster and submitter Job, go first).
+
+        With ``owner`` (a pipeline run id): only when the object's ``pipeline/runid`` label is ``owner``, deleted
+        with a ``uid`` precondition on the object read, so one another run created meanwhile is left.
+        """
+        found = self.kube.get_jobset(name)
+        if found is not None:
+            if owner is not None and not _owned(found, owner):
+                return False
+            return jobset.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
         found = rayjob.get(self.kube, name)
-        if found is None:
+        if found is None or (owner is not None and not _owned(found, owner)):
             return False
-        gone = rayjob.delete(self.kube, name)
+        gone = rayjob.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
         labels = found["metadata"].get("labels") or {}
         keys = (names.LABEL_PIPELINE_RUN_ID, names.LABEL_STAGE)
         if all(labels.get(key) for key in keys):
@@ -473,8 +489,30 @@ class GkeBackend(Backend):
         return gone
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
-        """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles)."""
+        """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles), each
+        with a ``uid`` precondition on the object listed by the run's label."""
         return self._delete_selected(jobset.run_selector(pipeline_run_id))
+
+    def delete_abandoned(self, run_name: str, tell: Tell, pipeline_run_id: str = "") -> tuple[list[str], list[str]]:
+        """What carries the run name's label (and ``pipeline_run_id``'s), except workloads whose Lease is still
+        renewed (a step of their pipeline run holds them: :mod:`.lease`), and those pipeline runs' Jobs."""
+        selector = f"{names.LABEL_RUN_NAME}={run_name}"
+        if pipeline_run_id:
+            selector += f",{jobset.run_selector(pipeline_run_id)}"
+        now = datetime.datetime.now(datetime.UTC)
+        live, kept = set(), []
+        workloads = [("JobSet", found, jobset.phase) for found in self.kube.list_jobsets(selector)]
+        workloads += [("RayJob", found, rayjob.phase) for found in rayjob.list_rayjobs(self.kube, selector)]
+        for kind, found, phase_of in workloads:
+            meta = found["metadata"]
+            if phase_of(found) in ("Completed", "Failed"):
+                continue
+            if now <= lease.expires(found, lease.get(self.kube, meta["name"])):
+                run_id = (meta.get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID, "")
+                live.add(run_id)
+                kept.append(f"{kind} {meta['name']}: its pipeline run {run_id} still renews its Lease")
+        deleted, _ = self._delete_selected(selector, spare=live)
+        return deleted, kept
 
     @contextlib.contextmanager
     def holding(self, name: str, step: str, tell: Tell) -> Iterator[lease.Holder]:
@@ -485,40 +523,61 @@ class GkeBackend(Backend):
             yield held
 
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
-        """Delete the JobSets (not Completed) and unfinished Jobs carrying ``labels``, as cleanup does for a run."""
+        """Delete the JobSets (not Completed) and unfinished Jobs carrying ``labels``, as cleanup does for a run.
+
+        Raises:
+            ValueError: ``labels`` has no pipeline run id (only a run's own objects are deleted).
+        """
+        if not labels.get(names.LABEL_PIPELINE_RUN_ID):
+            raise ValueError(f"delete_matching needs the pipeline run id label {names.LABEL_PIPELINE_RUN_ID}")
         deleted, _ = self._delete_selected(",".join(f"{k}={v}" for k, v in sorted(labels.items())))
         for line in deleted:
             tell(f"deleted {line}")
         return deleted
 
-    def _delete_selected(self, selector: str) -> tuple[list[str], list[str]]:
+    def _delete_selected(self, selector: str, spare: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+        """Delete what ``selector`` lists (JobSets and RayJobs not Completed, claim templates, unfinished Jobs), each
+        with a ``uid`` precondition on the object listed: one deleted and recreated by another run between the list
+        and the delete is left (409). Objects of the pipeline runs in ``spare`` are left."""
         kube = self.kube
         deleted, kept = [], []
+
+        def spared(obj: dict[str, Any]) -> bool:
+            return (obj["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID, "") in spare
+
         for js in kube.list_jobsets(selector):
             name, state = js["metadata"]["name"], jobset.phase(js)
             if state == "Completed":
                 kept.append(name)
                 continue
-            if jobset.delete(kube, name):
+            if not spared(js) and jobset.delete(kube, name, js["metadata"].get("uid")):
                 deleted.append(f"JobSet {name} ({state})")
         for found in rayjob.list_rayjobs(kube, selector):
             name, state = found["metadata"]["name"], rayjob.phase(found)
             if state == "Completed":
                 kept.append(name)
                 continue
-            if rayjob.delete(kube, name):
+            if not spared(found) and rayjob.delete(kube, name, found["metadata"].get("uid")):
                 deleted.append(f"RayJob {name} ({state})")
-        deleted += [f"ResourceClaimTemplate {name}" for name in rayjob.delete_claim_templates(kube, selector)]
+        if not spare:
+            deleted += [f"ResourceClaimTemplate {name}" for name in rayjob.delete_claim_templates(kube, selector)]
         found = kube.call(kube.batch.list_namespaced_job, kube.namespace, label_selector=selector, what="list Jobs")
         for job in found.items:
             finished = any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
             owned = any(ref.kind == "JobSet" for ref in job.metadata.owner_references or [])
-            if finished or owned:  # a JobSet's Jobs go with their JobSet
-                continue
-            kube.call(
-                kube.batch.delete_namespaced_job, job.metadata.name, kube.namespace, propagation_policy="Foreground",
-                what=f"delete Job {job.metadata.name}",
-            )  # fmt: skip
+            if finished or owned or (job.metadata.labels or {}).get(names.LABEL_PIPELINE_RUN_ID, "") in spare:
+                continue  # a JobSet's Jobs go with their JobSet
+            try:
+                kube.call(
+                    kube.batch.delete_namespaced_job, job.metadata.name, kube.namespace,
+                    body=k8s.V1DeleteOptions(propagation_policy="Foreground",
+                                             preconditions=k8s.V1Preconditions(uid=job.metadata.uid)),
+                    what=f"delete Job {job.metadata.name}",
+                )  # fmt: skip
+            except ApiException as error:
+                if error.status == 404 or jobset.precondition_failed(error):
+                    continue
+                raise
             deleted.append(f"Job {job.metadata.name}")
         return deleted, kept
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from multislice import names
@@ -68,22 +69,29 @@ def run_job(
     try:
         return _run_job(kube, body, name, timeout, on_progress, what)
     except KeyboardInterrupt:  # cancelled (multislice.cancel.Cancelled): the Job, created or not, goes too
-        try:
-            kube.call(
-                kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
-                what=f"delete Job {name}",
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
         raise
 
 
-def _delete(kube: Kube, name: str) -> None:
-    kube.call(
-        kube.batch.delete_namespaced_job, name, kube.namespace, propagation_policy="Foreground",
-        what=f"delete Job {name}",
-    )  # fmt: skip
+def _delete(kube: Kube, name: str, owner: str | None = None) -> bool:
+    """Delete Job ``name`` (foreground) if it is pipeline run ``owner``'s (its ``pipeline/runid`` label; any with
+    ``owner`` None), with a ``uid`` precondition on the Job read: another run's Job of that name, or one recreated
+    since, is left. True when deleted."""
+    try:
+        job = kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
+        if owner is not None and (job.metadata.labels or {}).get(names.LABEL_PIPELINE_RUN_ID) != owner:
+            return False
+        kube.call(
+            kube.batch.delete_namespaced_job, name, kube.namespace,
+            body=k8s.V1DeleteOptions(propagation_policy="Foreground",
+                                     preconditions=k8s.V1Preconditions(uid=job.metadata.uid)),
+            what=f"delete Job {name}",
+        )  # fmt: skip
+        return True
+    except ApiException as error:
+        if error.status == 404 or jobsets.precondition_failed(error):
+            return False
+        raise
 
 
 def _unschedulable(kube: Kube, name: str) -> str | None:
@@ -121,7 +129,7 @@ def _run_job(
             break
         now = time.monotonic()
         if now > deadline:
-            _delete(kube, name)
+            _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
             raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
         message = _unschedulable(kube, name)
         if message is None:
@@ -132,7 +140,7 @@ def _run_job(
                 on_progress(f"{what} {name}: pod Unschedulable: {message}")
                 told = message
             if now - unschedulable_since >= kube.timings.job_unschedulable_grace:
-                _delete(kube, name)
+                _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
                 raise JobUnschedulable(
                     f"{what} {name}: its pod stayed Unschedulable for {now - unschedulable_since:.0f} s: {message} "
                     "(the Job was deleted)",

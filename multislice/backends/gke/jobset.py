@@ -190,16 +190,38 @@ def run_selector(pipeline_run_id: str) -> str:
     return f"{names.LABEL_PIPELINE_RUN_ID}={pipeline_run_id}"
 
 
-def delete(kube: Kube, name: str) -> bool:
-    """Delete a JobSet and (foreground) its Jobs and pods; False when it was already gone."""
+def delete_options(uid: str | None) -> dict[str, Any] | None:
+    """A ``DeleteOptions`` body with foreground propagation and, with ``uid``, the precondition that the object
+    deleted is that one: the API server refuses with 409 Conflict ("Precondition failed: UID in precondition")
+    when the name now belongs to another object (k8s.io/apiserver ``pkg/storage/etcd3/store.go``,
+    ``checkPreconditions``). None without ``uid``."""
+    if not uid:
+        return None
+    return {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
+            "preconditions": {"uid": uid}}  # fmt: skip
+
+
+def precondition_failed(error: ApiException) -> bool:
+    """True for the API server's answer to a delete whose ``uid`` precondition no longer holds (409 Conflict)."""
+    return error.status == 409 and "precondition" in str(error.body or error.reason or "").lower()
+
+
+def delete(kube: Kube, name: str, uid: str | None = None) -> bool:
+    """Delete a JobSet and (foreground) its Jobs and pods; False when it was already gone.
+
+    With ``uid``, only that JobSet (:func:`delete_options`): one created since under the same name (another
+    run's) is left, and False returned.
+    """
+    body = delete_options(uid)
     try:
         kube.call(
             kube.custom.delete_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, kube.namespace,
             JOBSET_PLURAL, name, propagation_policy="Foreground", what=f"delete JobSet {name}",
+            **({"body": body} if body else {}),
         )  # fmt: skip
         return True
     except ApiException as error:
-        if error.status == 404:
+        if error.status == 404 or precondition_failed(error):
             return False
         raise
 

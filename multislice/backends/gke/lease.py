@@ -145,7 +145,7 @@ def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str],
                 f"{kind} {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"
                 f": its Lease expired at {_micro_time(ends)} with no step left to renew it; deleting it"
             )
-            if delete_workload(kube, meta["name"]):
+            if delete_workload(kube, meta["name"], meta.get("uid")):  # that object, not one recreated since
                 deleted.append(meta["name"])
             delete(kube, meta["name"])  # the garbage collector would too (owner reference): not left to it
     return deleted

@@ -190,33 +190,36 @@ def delete_claim_templates(kube: Kube, label_selector: str) -> list[str]:
         raise
     deleted = []
     for item in found.get("items", []):
-        name = item["metadata"]["name"]
+        name, uid = item["metadata"]["name"], item["metadata"].get("uid")
+        body = jobset.delete_options(uid)
         try:
             kube.call(
                 kube.custom.delete_namespaced_custom_object, CLAIM_GROUP, CLAIM_VERSION, kube.namespace,
-                CLAIM_PLURAL, name, what=f"delete ResourceClaimTemplate {name}",
+                CLAIM_PLURAL, name, what=f"delete ResourceClaimTemplate {name}", **({"body": body} if body else {}),
             )  # fmt: skip
             deleted.append(name)
         except ApiException as error:
-            if error.status != 404:
+            if error.status != 404 and not jobset.precondition_failed(error):
                 raise
     return deleted
 
 
-def delete(kube: Kube, name: str) -> bool:
-    """Delete the RayJob with foreground propagation; False when it was already gone.
+def delete(kube: Kube, name: str, uid: str | None = None) -> bool:
+    """Delete the RayJob with foreground propagation; False when it was already gone (or, with ``uid``, is now
+    another object of that name: :func:`.jobset.delete_options`).
 
     KubeRay's finalizer (``ray.io/rayjob-finalizer``) stops the Ray job first; the garbage collector then removes
     what the RayJob owns (controller references): the RayCluster with its pods, and the submitter Job.
     """
+    body = jobset.delete_options(uid)
     try:
         kube.call(
             kube.custom.delete_namespaced_custom_object, RAY_GROUP, RAY_VERSION, kube.namespace, RAYJOB_PLURAL,
-            name, propagation_policy="Foreground", what=f"delete RayJob {name}",
+            name, propagation_policy="Foreground", what=f"delete RayJob {name}", **({"body": body} if body else {}),
         )  # fmt: skip
         return True
     except ApiException as error:
-        if error.status == 404:
+        if error.status == 404 or jobset.precondition_failed(error):
             return False
         raise
 

@@ -321,38 +321,82 @@ class LocalBackend(Backend):
             return []
         return [PodExit(p.job_index, p.completion_index, p.exit_code, p.finished_at) for p in state.pods]
 
-    def delete(self, name: str) -> bool:
-        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop."""
+    def delete(self, name: str, owner: str | None = None) -> bool:
+        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop (or,
+        with ``owner``, it is another pipeline run's: :meth:`.LocalJobSets.delete_jobset`)."""
         state = self.jobsets.get_jobset(name)
         if state is None or state.phase == "Deleted":
             return False
-        self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
-        return True
+        return self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout, owner=owner) is not None
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
-        """Delete the pipeline run's JobSets that have not completed; completed ones are kept."""
+        """Delete the pipeline run's JobSets that have not completed; completed ones are kept.
+
+        Selected by the ``pipeline/runid`` label, and each re-checked under its name's lock as it is deleted.
+        """
         deleted, kept = [], []
         for state in self.jobsets.list_jobsets({names.LABEL_PIPELINE_RUN_ID: pipeline_run_id}):
             if state.phase == "Completed":
                 kept.append(state.name)
                 continue
-            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout)
-            deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase if final else 'gone'})")
+            if state.phase == "Deleted":
+                continue
+            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout, owner=pipeline_run_id)
+            if final is not None:
+                deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase})")
         return deleted, kept
 
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
         """Stop every JobSet of this run directory whose labels include ``labels`` and that is still going.
 
-        Still going: not terminal, or Failed with ``SupervisorLost`` (its pods may need killing).
+        Still going: not terminal, or Failed with ``SupervisorLost`` (its pods may need killing). Only the
+        pipeline run's in ``labels``, re-checked under the name's lock (:meth:`.LocalJobSets.delete_jobset`).
+
+        Raises:
+            ValueError: ``labels`` has no pipeline run id.
         """
+        owner = labels.get(names.LABEL_PIPELINE_RUN_ID)
+        if not owner:
+            raise ValueError(f"delete_matching needs the pipeline run id label {names.LABEL_PIPELINE_RUN_ID}")
         deleted = []
         for state in self.jobsets.list_jobsets(labels):
             if state.terminal and state.reason != "SupervisorLost":
                 continue
-            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout)
-            deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase if final else 'gone'})")
+            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout, owner=owner)
+            if final is None:
+                continue
+            deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase})")
             tell(f"deleted {deleted[-1]}")
         return deleted
+
+    def delete_abandoned(self, run_name: str, tell: Tell, pipeline_run_id: str = "") -> tuple[list[str], list[str]]:
+        """Stop the run directory's JobSets still going whose pipeline run is not the directory's live owner.
+
+        Alive here means provably running on this machine: ``multislice run`` holding the directory's lock
+        (:mod:`multislice.ownership`); its JobSets are kept. A lease (a pipeline run whose steps are separate
+        processes) cannot tell a crashed run from one between two steps, so the user's explicit cleanup wins over
+        it. Each other JobSet is deleted as its own pipeline run would delete it (:meth:`.LocalJobSets.delete_jobset`
+        with that run id as owner); one with no pipeline run id by name (made by hand or by a test).
+        """
+        from multislice import ownership
+
+        live = ownership.read_owner(self.run_dir)
+        if live is not None and (live.expires is not None or not ownership.alive(self.run_dir, live)):
+            live = None
+        deleted, kept = [], []
+        for state in self.jobsets.list_jobsets():
+            run_id = state.labels.get(names.LABEL_PIPELINE_RUN_ID, "")
+            if pipeline_run_id and run_id != pipeline_run_id:
+                continue
+            if state.terminal and state.reason != "SupervisorLost":
+                continue
+            if live is not None and run_id and run_id == live.pipeline_run_id:
+                kept.append(f"JobSet {state.name}: its pipeline run {run_id} is still running ({live.describe()})")
+                continue
+            final = self.jobsets.delete_jobset(state.name, timeout=self.timings.delete_timeout, owner=run_id or None)
+            if final is not None:
+                deleted.append(f"JobSet {state.name} ({state.phase} -> {final.phase})")
+        return deleted, kept
 
     # -- work in the trainer environment --------------------------------------
 

@@ -25,6 +25,8 @@ JobSets (and runs) can run at once.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -85,6 +87,11 @@ def _read_pid(state_dir: Path) -> int | None:
         return None
 
 
+def owned_by(state: JobSetState, owner: str) -> bool:
+    """Whether JobSet ``state`` was created by pipeline run ``owner``: its recorded ``pipeline/runid`` label."""
+    return bool(owner) and state.labels.get(names.LABEL_PIPELINE_RUN_ID) == owner
+
+
 class LocalJobSets:
     """Creates, watches and deletes JobSets of one run on this machine.
 
@@ -101,6 +108,20 @@ class LocalJobSets:
         """State directory of a JobSet."""
         return self.jobsets_dir / name
 
+    @contextlib.contextmanager
+    def _name_lock(self, name: str):
+        """Serialise creating, replacing and deleting JobSet ``name`` across processes (``flock(2)`` on
+        ``<run_dir>/.jobset-locks/<name>.lock``): what the API server's per-object write serialisation is on a
+        cluster. So a delete that re-checked the owner acts on that JobSet, not on one another run created since."""
+        locks = self.run_dir / ".jobset-locks"  # beside jobsets/, whose entries are the JobSets' state directories
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     # -- create ---------------------------------------------------------
 
     def create_jobset(self, manifest: dict[str, Any], start_timeout: float = 60) -> JobSetState:
@@ -116,12 +137,25 @@ class LocalJobSets:
         self._check_supported(manifest)
         env = trainer_env()
         name = manifest["metadata"]["name"]
+        with self._name_lock(name):
+            existing, proc = self._create_locked(manifest, env)
+        if existing is not None:
+            return existing
+        return self._await_supervisor(
+            name, proc, lambda s: s.phase != "Pending" or s.reason == "InsufficientCapacity", start_timeout
+        )
+
+    def _create_locked(
+        self, manifest: dict[str, Any], env: Path
+    ) -> tuple[JobSetState, None] | tuple[None, subprocess.Popen]:
+        """Under the name's lock: ``(the existing JobSet to adopt, None)``, or ``(None, the new supervisor)``."""
+        name = manifest["metadata"]["name"]
         state_dir = self.state_dir(name)
         existing = self.get_jobset(name)
         if existing is not None:
             old = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
             if old == manifest and existing.phase != "Deleted":
-                return existing
+                return existing, None
             earlier = existing.labels.get(names.LABEL_PIPELINE_RUN_ID)
             ours = manifest["metadata"].get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID)
             replace = existing.phase in FINISHED and earlier and ours and earlier != ours
@@ -140,10 +174,7 @@ class LocalJobSets:
             state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
             state.event("Created", f"JobSet {name} created on the local backend")
             write_state(state_dir, state)
-            proc = self._spawn_supervisor(state_dir, env)
-        return self._await_supervisor(
-            name, proc, lambda s: s.phase != "Pending" or s.reason == "InsufficientCapacity", start_timeout
-        )
+            return None, self._spawn_supervisor(state_dir, env)
 
     def take_over(self, name: str, start_timeout: float = 60) -> JobSetState:
         """Start a new supervisor for a JobSet whose supervisor was lost (reported ``SupervisorLost``).
@@ -158,14 +189,15 @@ class LocalJobSets:
             KeyError: no such JobSet.
             RuntimeError: the new supervisor did not start its pods within ``start_timeout`` seconds.
         """
-        lost = self.get_jobset(name)
-        if lost is None:
-            raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
-        if lost.reason != "SupervisorLost":
-            return lost
-        previous = lost.supervisor_pid
-        with cancel.shielded():
-            proc = self._spawn_supervisor(self.state_dir(name), trainer_env())
+        with self._name_lock(name):
+            lost = self.get_jobset(name)
+            if lost is None:
+                raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
+            if lost.reason != "SupervisorLost":
+                return lost
+            previous = lost.supervisor_pid
+            with cancel.shielded():
+                proc = self._spawn_supervisor(self.state_dir(name), trainer_env())
         return self._await_supervisor(
             name, proc, lambda s: s.supervisor_pid not in (None, previous) and s.phase != "Pending", start_timeout
         )
@@ -289,17 +321,26 @@ class LocalJobSets:
 
     # -- delete ---------------------------------------------------------
 
-    def delete_jobset(self, name: str, timeout: float = 60) -> JobSetState | None:
+    def delete_jobset(self, name: str, timeout: float = 60, owner: str | None = None) -> JobSetState | None:
         """Delete a JobSet: stop its supervisor and every pod. Its state and logs stay on disk.
 
         A deleted JobSet's name can be created again (the old state directory is
-        kept, renamed ``<name>.deleted-<time>``).
+        kept, renamed ``<name>.deleted-<time>``). With ``owner`` (a pipeline run
+        id), only a JobSet that run created is deleted: its recorded
+        ``pipeline/runid`` is re-read under the name's lock, so a JobSet another
+        run created under the same name after the caller listed it is left alone.
 
         Returns:
-            The final state (phase Deleted), or None if it does not exist.
+            The final state (phase Deleted); None if it does not exist, or is not ``owner``'s.
         """
-        state = self.get_jobset(name)
-        if state is None or state.phase == "Deleted":
+        with self._name_lock(name):
+            state = self.get_jobset(name)
+            if state is None or (owner is not None and not owned_by(state, owner)):
+                return None
+            return self._delete_locked(name, state, timeout)
+
+    def _delete_locked(self, name: str, state: JobSetState, timeout: float) -> JobSetState:
+        if state.phase == "Deleted":
             return state
         if state.terminal and state.reason != "SupervisorLost":
             # Finished: no process is left; record the deletion so the name can be reused.

@@ -488,8 +488,8 @@ DAMAGE_TINY_CASES = {
     # how -> (a problem line must contain these, with {w} the data file holding params/params/w)
     "xor 16 bytes": ["content differs: {w}", "the changed bytes are in params/params/w"],
     "one bit": ["content differs: {w}", "the changed bytes are in params/params/w"],
-    "truncated": ["truncated: {w}", "holding 2 arrays"],
-    "data file deleted": ["missing: {w}", "opt_state/0/mu/params/w, params/params/w"],
+    "truncated": ["truncated: {w}", "OCDBT data file holding ", "params/params/w", " recorded"],
+    "data file deleted": ["missing: {w}", "OCDBT data file holding ", "params/params/w", " recorded"],
     "manifest deleted": ["missing: items/manifest.ocdbt (the OCDBT manifest"],
     "garbage _METADATA": ["garbage: items/_METADATA (the tree metadata) is not JSON"],
     "record of another step": ["the digest record is of step 1, in directory 2"],
@@ -585,6 +585,8 @@ def test_tensorstore_errors_are_summarised_with_their_cause_and_meaning():
         text = digests.summarize_error(error)
     assert "<bound method" not in text and "source locations" not in text
     assert text.endswith("not valid for value of size 5000 (a file is shorter than the OCDBT manifest says: truncated)")
+    empty = ValueError('DATA_LOSS: Error reading shard entry in "w/c/0" ...: Existing shard has size of 0 bytes, ...')
+    assert digests.summarize_error(empty).endswith("(a file the OCDBT manifest refers to is missing or empty)")
     long = digests.summarize_error(ValueError("word " * 200), limit=50)
     assert long.endswith(" ...") and "wor " not in long
 

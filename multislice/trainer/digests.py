@@ -330,17 +330,22 @@ def summarize_error(error: BaseException, limit: int = 400) -> str:
         seen.add(id(current))
         chain.append(current)
         current = current.__cause__ or current.__context__
-    text = f"{type(error).__name__}: {_short(str(error), limit)}"
+
+    def meaning(message: str) -> str:
+        code = re.match(r"([A-Z_]+): ", message)
+        if not code or code.group(1) not in TENSORSTORE_MEANING:
+            return ""
+        if "has size of 0 bytes" in message:  # what an absent data file reads as through OCDBT
+            return " (a file the OCDBT manifest refers to is missing or empty)"
+        return f" ({TENSORSTORE_MEANING[code.group(1)]})"
+
+    own = _short(str(error), limit)
+    text = f"{type(error).__name__}: {own}"
     for cause in chain[1:]:
         message = _short(str(cause), limit)
-        code = re.match(r"([A-Z_]+): ", message)
-        if code:
-            meaning = TENSORSTORE_MEANING.get(code.group(1))
-            return f"{text}: {message}" + (f" ({meaning})" if meaning else "")
-    code = re.match(r"([A-Z_]+): ", _short(str(error), limit))
-    if code and code.group(1) in TENSORSTORE_MEANING:
-        text += f" ({TENSORSTORE_MEANING[code.group(1)]})"
-    return text
+        if re.match(r"([A-Z_]+): ", message):
+            return f"{text}: {message}{meaning(message)}"
+    return text + meaning(own)
 
 
 def read_record(step_dir: Any) -> tuple[dict[str, Any] | None, str]:
@@ -402,7 +407,7 @@ def _role(relative: str, record_: dict[str, Any]) -> str:
         return "array metadata"
     arrays = _arrays_in(record_, relative)
     if arrays:
-        return f"OCDBT data file holding {len(arrays)} arrays: {_named(arrays)}"
+        return f"OCDBT data file holding {len(arrays)} array{'s' if len(arrays) > 1 else ''}: {_named(arrays)}"
     return "OCDBT data file (B+tree nodes)" if "/d/" in f"/{relative}" else "file"
 
 

@@ -64,13 +64,6 @@ POLL_SECONDS = 5.0
 READ_BYTES = 8 * 1024**2
 
 
-def crc32c(data: bytes) -> str:
-    """CRC-32C of ``data`` as Cloud Storage writes it: base64 of the big-endian 4 bytes."""
-    import google_crc32c
-
-    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
-
-
 def _is_remote(location: Any) -> bool:
     return "://" in str(location)
 
@@ -107,7 +100,9 @@ def _object_digests(step_dir: Any) -> dict[str, tuple[int, str]]:
     import gcsfs
 
     root = str(step_dir).rstrip("/")
-    found = gcsfs.GCSFileSystem().find(root, detail=True)
+    fs = gcsfs.GCSFileSystem()
+    fs.invalidate_cache(root)  # gcsfs caches listings; this one must be of now
+    found = fs.find(root, detail=True)
     bare = root.removeprefix("gs://")
     digests = {}
     for name, info in found.items():

@@ -327,6 +327,10 @@ def discard_unlogged_checkpoints(checkpoint_dir: str, logged_step: int | None, k
     relaunch would restore S, and the curve (and the verifier's ``final_loss``, which reads the final steps'
     losses) would lack step S. Deleting S makes the relaunch resume from the newest checkpoint whose steps were all
     logged: at most ``checkpoint_period`` steps are trained again, on the same global batch, and logged.
+    A deleted step's digest record (``multislice_digests.json``, :mod:`multislice.trainer.digests`) goes with its
+    directory. Should a stopping leader's recorder write one after the delete (on Cloud Storage, where a write
+    needs no parent), Orbax removes that uncommitted directory before it saves the step again
+    (``orbax/checkpoint/_src/path/atomicity.py``), and a record not of the current commit is written again.
 
     Args:
         checkpoint_dir: The stage's checkpoint directory (local or ``gs://``).

@@ -24,7 +24,8 @@ import pytest
 from multislice import config, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.plan import make_plan
-from multislice.storage import latest_committed_step
+from multislice.storage import committed_steps, latest_committed_step
+from multislice.trainer import digests
 from multislice.trainer.ray_driver import KILL_HOOK_ENV
 from tests.conftest import ROOT, LocalRun
 
@@ -64,6 +65,9 @@ def test_both_stages_train_through_ray_and_verify(ray_run):
         trained = reports.read(reports.TrainReport, ray_run.plan, stage)
         assert trained.launcher == "ray" and trained.last_step == stage.final_step
         assert reports.read(reports.VerificationReport, ray_run.plan, stage).verdict == "PASS"
+        # rank 0 recorded each committed step's digests, as a JobSet's leader does (the verifier checked them)
+        for step in committed_steps(stage.checkpoint_dir):
+            assert Path(stage.checkpoint_dir, str(step), digests.DIGEST_FILE).is_file(), step
 
 
 def test_a_killed_ray_worker_is_retried_by_failure_config(ray_run):

@@ -175,18 +175,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             os.environ[maxtext.ENV_COORDINATOR_PORT] = str(port)
             worker.initialize_cpu_distributed(max(1, round(config["distributed_timeout"])))
             print(f"multislice worker: jax.distributed initialised (coordinator {host}:{port})", flush=True)
-        _run_maxtext(config["maxtext_args"], emulate_slices=None if config["tpu"] else hosts)
+        _run_maxtext(config["maxtext_args"], emulate_slices=None if config["tpu"] else hosts, leader=rank == 0)
     finally:
         if tee is not None:
             tee.close()
 
 
-def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None) -> None:
+def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None, leader: bool = False) -> None:
+    """MaxText's train in this Ray worker; the leader (rank 0) records checkpoint digests as a JobSet's does."""
     import yaml
     from absl import app
     from maxtext.trainers.pre_train import train
 
-    from multislice.trainer import worker
+    from multislice.trainer import digests, worker
 
     base_yml, argv = worker.maxtext_argv(maxtext_args)  # the tokenizer's maxtext: path resolved, as on a JobSet
 
@@ -198,14 +199,15 @@ def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None) -> None:
             if done.code not in (None, 0):
                 raise RuntimeError(f"MaxText's train exited with status {done.code}") from None
 
-    if emulate_slices:
-        from multislice.trainer import emulated_slices
+    with digests.recording(maxtext_args, leader=leader):
+        if emulate_slices:
+            from multislice.trainer import emulated_slices
 
-        axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
-        with emulated_slices.install(emulate_slices, axis_names):
+            axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
+            with emulated_slices.install(emulate_slices, axis_names):
+                run()
+        else:
             run()
-    else:
-        run()
 
 
 class _Relay:

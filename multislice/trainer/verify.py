@@ -14,30 +14,38 @@ Checks, each reported with its evidence (a failure names the step and the array)
    step and item directories, ``_CHECKPOINT_METADATA`` present, and no
    ``.orbax-checkpoint-tmp`` directory left for that step (Orbax writes to a
    temporary directory and renames it on commit);
-3. ``metadata``: the layout is the one expected (:data:`LAYOUT`): the item's tree
+3. ``checksums``: every file of the step has the size and CRC-32C recorded when
+   the step committed (:mod:`multislice.trainer.digests`: the worker's leader
+   writes ``<step>/multislice_digests.json``); a missing, truncated, garbage or
+   changed file is named with its path, what it is, and the arrays it holds (with
+   chunk digests, the array whose bytes changed). A step without a record (written
+   before digests were recorded) passes, saying so, once every data file the OCDBT
+   manifest refers to is there and long enough;
+4. ``metadata``: the layout is the one expected (:data:`LAYOUT`): the item's tree
    metadata (``_METADATA``) reads and holds MaxText's TrainState, ``_sharding``
-   and ``manifest.ocdbt`` are there, and ``array_metadatas/process_*`` list every array;
-4. ``recorded_step``: the TrainState ``step`` stored in the directory equals its
+   and ``manifest.ocdbt`` are there, and ``array_metadatas/process_*`` list every array
+   (a missing or non-JSON ``_METADATA`` and a missing ``manifest.ocdbt`` are told apart);
+5. ``recorded_step``: the TrainState ``step`` stored in the directory equals its
    name + 1 (``maxtext/common/checkpointing.py``, ``maybe_save_checkpoint``: the
    directory of step N holds ``state.step - 1 == N``), so a stale step renamed to
    the final one fails (Orbax's ``_CHECKPOINT_METADATA`` does not record the step);
-5. ``params_tree``: the checkpoint's parameter tree has exactly the paths,
+6. ``params_tree``: the checkpoint's parameter tree has exactly the paths,
    shapes and dtypes of the model the MaxText arguments describe. The
    expected tree comes from MaxText's own model built from those arguments
    (``maxtext_utils.get_abstract_param``, an abstract ``jax.eval_shape``
    init), never from the checkpoint;
-6. ``parameter_count``: the count of the expected tree equals the checkpoint's;
-7. ``finite_arrays``: every array (parameters, optimizer state, counters) restores
+7. ``parameter_count``: the count of the expected tree equals the checkpoint's;
+8. ``finite_arrays``: every array (parameters, optimizer state, counters) restores
    and holds only finite values when the checkpoint is at most
    :data:`FULL_CHECK_BYTES` (4 GiB); a larger one has evenly spaced arrays up to
    ``--sample-bytes`` checked. Arrays are restored in chunks of at most
    ``--sample-bytes`` (256 MiB) or one array, which bounds the memory;
-8. ``loss_replay`` (functional): MaxText logs the loss of step S computed with the
+9. ``loss_replay`` (functional): MaxText logs the loss of step S computed with the
    parameters checkpoint S-1 holds, and with ``dataset_type=synthetic`` the batch
    is the same at every step. The newest checkpoint S-1 whose step S was logged is
    evaluated on that batch and must give the logged loss (TensorBoard's float32,
    else metrics.jsonl's 3 decimals) within :data:`LOSS_RTOL` relative;
-9. ``final_loss`` (functional, on the final checkpoint, which has no logged next
+10. ``final_loss`` (functional, on the final checkpoint, which has no logged next
    step): its loss must continue the logged curve (:func:`loss_checks`).
 
 The loss checks restore one checkpoint's parameters at a time (memory: the
@@ -184,9 +192,10 @@ def choose_samples(sizes: dict[str, int], budget: int) -> list[str]:
 
 
 def _error(error: BaseException) -> str:
-    """An exception as one short line for a check's detail."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text[:300]}"
+    """An exception as one short line for a check's detail (TensorStore's source locations and spec dropped)."""
+    from multislice.trainer.digests import summarize_error
+
+    return summarize_error(error)
 
 
 def _leaves(tree: Any) -> dict[str, Any]:
@@ -357,6 +366,8 @@ def verify(
         )
     )
 
+    checks.append(checksum_check(step_dir, latest, report))
+
     if not items_dir.is_dir():
         found = sorted(p.name for p in step_dir.iterdir()) if step_dir.is_dir() else []
         checks.append(
@@ -465,17 +476,75 @@ def verify(
     return _finish(report, checks, started)
 
 
+def checksum_check(step_dir: Any, step: int, report: dict[str, Any]) -> dict[str, Any]:
+    """``checksums``: every file of the step has the size and CRC-32C recorded when it committed.
+
+    The record is :data:`multislice.trainer.digests.DIGEST_FILE`, written by the stage's leader process after
+    the commit. A step without one (written before the worker recorded digests, or by another tool) passes
+    with that said: the other checks still run. An unreadable record fails.
+    """
+    from multislice.trainer import digests
+
+    found, why = digests.read_record(step_dir)
+    if found is None and why == "absent":
+        problems, files = digests.reference_problems(step_dir)
+        report["checksums"] = {"recorded": False, "referenced_files": files, "problems": problems}
+        absent = (
+            f"step {step}: no digests recorded ({digests.DIGEST_FILE} absent: a checkpoint written before the "
+            "worker recorded them), so changed bytes cannot be found"
+        )
+        if problems:
+            return _check("checksums", False, f"{absent}; but " + "; ".join(problems[:6]))
+        return _check(
+            "checksums",
+            True,
+            f"{absent}; the {files} data files the OCDBT manifest refers to are all there and long enough; "
+            "the other checks still run",
+        )
+    if found is None:
+        report["checksums"] = {"recorded": False, "error": why}
+        return _check("checksums", False, f"step {step}: {why}")
+    try:
+        problems, evidence = digests.check(step_dir, found)
+    except Exception as error:  # noqa: BLE001 - an unreadable directory is a finding
+        problems, evidence = [f"the step directory could not be read: {_error(error)}"], {}
+    report["checksums"] = {"recorded": True, "chunk_digests": bool(found.get("chunk_digests")), **evidence}
+    if not problems:
+        return _check(
+            "checksums",
+            True,
+            f"step {step}: all {len(found['files'])} files match the sizes and CRC-32C recorded at commit",
+        )
+    return _check("checksums", False, f"step {step}: " + "; ".join(problems[:6]))
+
+
 def _tree(items_dir: Any) -> tuple[Any, str]:
-    """The item's tree metadata (Orbax ``_METADATA``), or None and why it cannot be used."""
+    """The item's tree metadata (Orbax ``_METADATA``), or None and why it cannot be used.
+
+    A missing or non-JSON ``_METADATA`` is named as such; so is a missing ``manifest.ocdbt``, without which
+    Orbax reports no tree at all (it reads the metadata through the OCDBT database).
+    """
     import orbax.checkpoint as ocp
 
+    metadata_file = items_dir / "_METADATA"
+    if not metadata_file.exists():
+        return None, f"_METADATA (the tree metadata) missing in {items_dir}; expected {LAYOUT}"
+    try:
+        json.loads(metadata_file.read_bytes())
+    except ValueError as error:
+        return None, f"_METADATA (the tree metadata) in {items_dir} is not JSON (garbage): {_error(error)}"
     try:
         metadata = ocp.PyTreeCheckpointer().metadata(items_dir)
     except Exception as error:  # noqa: BLE001 - unreadable metadata is a finding
         return None, f"tree metadata unreadable: {_error(error)}; expected {LAYOUT}"
     tree = getattr(getattr(metadata, "item_metadata", None), "tree", None)
+    if tree is None and not (items_dir / "manifest.ocdbt").exists():
+        return None, (
+            f"manifest.ocdbt (the OCDBT manifest, the root of the array database) missing in {items_dir}: "
+            "no array can be read"
+        )
     if tree is None:
-        return None, f"no tree metadata (_METADATA) in {items_dir}; expected {LAYOUT}"
+        return None, f"no tree in _METADATA of {items_dir} (it parses, but Orbax finds no tree); expected {LAYOUT}"
     absent = [key for key in ("params", "opt_state", "step") if key not in tree]
     if absent or "params" not in tree.get("params", {}):
         return None, f"the tree has {sorted(tree)} at the top; expected {LAYOUT}"

@@ -22,6 +22,10 @@ itself before MaxText starts, at ``JAX_COORDINATOR_ADDRESS`` and the port in
 initialisation when JAX's is done: ``maybe_initialize_jax_distributed_system``).
 So the local backend can give each JobSet a free port and any number of local
 runs share one machine.
+
+The leader (process 0: slice 0, host 0) records the digests of each
+checkpoint step once Orbax commits it (:mod:`multislice.trainer.digests`),
+in a thread beside training and once more when training ends.
 """
 
 from __future__ import annotations
@@ -158,15 +162,19 @@ def main(argv: list[str] | None = None) -> None:
     from absl import app
     from maxtext.trainers.pre_train import train
 
-    base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
-    if options.emulate_slices:
-        from multislice.trainer import emulated_slices
+    from multislice.trainer import digests
 
-        axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
-        with emulated_slices.install(int(os.environ[ENV_PROCESSES_IN_JOB]), axis_names):
+    base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
+    # The leader records each committed checkpoint step's digests (the verifier checks them).
+    with digests.recording(maxtext_args, leader=process_index == 0):
+        if options.emulate_slices:
+            from multislice.trainer import emulated_slices
+
+            axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
+            with emulated_slices.install(int(os.environ[ENV_PROCESSES_IN_JOB]), axis_names):
+                app.run(train.main, argv=argv_for_maxtext)
+        else:
             app.run(train.main, argv=argv_for_maxtext)
-    else:
-        app.run(train.main, argv=argv_for_maxtext)
 
 
 if __name__ == "__main__":

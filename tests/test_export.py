@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.export_memory import TINY, write_checkpoint
 from multislice.backends.local.environment import trainer_process_env
-from multislice.trainer import export
+from multislice.trainer import export, verify
 from tests.conftest import run_in_trainer
 
 SENTENCEPIECE = "tokenizer.llama2"  # MaxText's Llama 2 sentencepiece model (assets/tokenizers), 32,000 pieces
@@ -36,7 +36,9 @@ def exporter(trainer_python, checkpoints, output, args, *options, env=None):
         capture_output=True, text=True, env={**trainer_process_env(trainer_python.parent.parent), **(env or {})},
         timeout=900,
     )  # fmt: skip
-    return done.returncode, json.loads(done.stdout[done.stdout.rindex("\n{") :])
+    report = verify.parse_report(done.stdout)
+    assert report is not None, done.stderr[-3000:]
+    return done.returncode, report
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ print(json.dumps([tokenizer(s)["input_ids"] for s in strings]))
 
 MAXTEXT_IDS = """
 import json, sys
-from multislice.trainer import export
+from multislice.trainer import export, verify
 config = export.stage_config(sys.argv[2:])
 tokenizer = export.maxtext_tokenizer(config)
 print(json.dumps([[int(i) for i in tokenizer.encode(s)] for s in json.loads(sys.argv[1])]))
@@ -108,7 +110,7 @@ def test_the_exported_sentencepiece_tokenizer_encodes_as_maxtexts_in_both_loader
 DROP_ROPE_THETA = """
 import json, shutil, sys
 from pathlib import Path
-from multislice.trainer import export
+from multislice.trainer import export, verify
 source, target = sys.argv[1], Path(sys.argv[2])
 shutil.copytree(source, target)
 config = json.loads((target / "config.json").read_text())

@@ -617,28 +617,31 @@ def sample_positions(count: int, fraction: float, seed: int = 0) -> list[int]:
     return sorted(int(i) for i in chosen)
 
 
-def _reference_params(flat: dict[str, Any], dtype: str, head_dim: int) -> dict[str, Any]:
-    """The checkpoint's parameters as the export holds them (float32 arrays): rounded to ``dtype``.
+def reference_params(reader: CheckpointReader, dtype: str, head_dim: int) -> dict[str, Any]:
+    """The checkpoint's parameters as the export holds them: path -> float32 ``jax.Array``, rounded to ``dtype``.
 
-    The query kernel is rounded after the export's scale by sqrt(head_dim) (MaxText's ``scale_query_layer``) and
-    scaled back, as the export's loaders see it.
+    Read one array at a time, so the process holds the model once in float32 (the check's memory) and one array
+    beside it. In ``bfloat16`` the query kernel is rounded after the export's scale by sqrt(head_dim) (MaxText's
+    ``scale_query_layer``) and scaled back, as the export's loaders see it.
     """
+    import jax.numpy as jnp
     import numpy as np
     import torch
 
-    if dtype == "float32":
-        return flat
     scale = np.float32(np.sqrt(head_dim))
 
     def rounded(array: Any) -> Any:
         return torch.from_numpy(np.ascontiguousarray(array, np.float32)).to(torch.bfloat16).float().numpy()
 
     out = {}
-    for path, array in flat.items():
-        if path.endswith("self_attention/query/kernel"):
-            out[path] = rounded(array * scale) * np.float32(1 / np.sqrt(head_dim))
-        else:
-            out[path] = rounded(array)
+    for path in reader.leaves:
+        array = reader.read(path)
+        if dtype != "float32" and path.endswith("self_attention/query/kernel"):
+            array = rounded(array * scale) * np.float32(1 / np.sqrt(head_dim))
+        elif dtype != "float32":
+            array = rounded(array)
+        out[path] = jnp.asarray(array, jnp.float32)
+        del array
     return out
 
 
@@ -752,8 +755,8 @@ def check_export(
     import numpy as np
 
     positions = sample_positions(len(ids), options.sample_fraction)
-    flat = {path: reader.read(path) for path in reader.leaves}
-    reference = maxtext_logits(config, _reference_params(flat, options.dtype, int(config.head_dim)), ids)[positions]
+    flat = reference_params(reader, options.dtype, int(config.head_dim))
+    reference = maxtext_logits(config, flat, ids)[positions]
     del flat
     gc.collect()
     loaders = {}

@@ -131,7 +131,8 @@ def test_the_export_loads_with_transformers_and_a_scrambled_one_fails_the_logits
     loaders = report["logits_check"]["loaders"]
     assert {c["transformers_version"][:2] for c in loaders.values()} == {"5.", "4."}
     for check in loaders.values():
-        assert check["passed"] and check["max_abs_diff"] <= check["atol"] and check["ids_round_trip"]
+        bound = check["atol"] + check["rtol"] * check["max_abs_logit"]
+        assert check["passed"] and check["max_abs_diff"] <= bound and check["ids_round_trip"]
     assert "by loader: 5." in local_run.stdout and ", 4.57." in local_run.stdout
     args = [stage.checkpoint_dir, str(stage.final_step), *stage.maxtext_args]
     done = run_in_trainer(trainer_python, SCRAMBLE, stage.export_dir, str(tmp_path / "scrambled"), *args)

@@ -62,7 +62,16 @@ $(VENVS)/trainer/.installed: requirements/trainer.txt pyproject.toml | $(UV)
 	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip install --quiet --no-deps -e .
 	touch $@
 
-env: $(VENVS)/pipeline/.installed $(VENVS)/trainer/.installed
+# The exporter's second loader (transformers 4.57): a venv whose own site-packages hold only the three pins of
+# requirements/loader-hf4.txt, layered over the trainer environment's (torch and the rest) by a .pth file.
+LOADER4_SITE = $(VENVS)/loader-hf4/lib/python3.12/site-packages
+$(VENVS)/loader-hf4/.installed: requirements/loader-hf4.txt $(VENVS)/trainer/.installed | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/loader-hf4
+	VIRTUAL_ENV=$(VENVS)/loader-hf4 $(UV) pip install --quiet --no-deps -r requirements/loader-hf4.txt
+	echo "import site; site.addsitedir('$(abspath $(VENVS)/trainer/lib/python3.12/site-packages)')" > $(LOADER4_SITE)/zz-trainer.pth
+	touch $@
+
+env: $(VENVS)/pipeline/.installed $(VENVS)/trainer/.installed $(VENVS)/loader-hf4/.installed
 
 run: env
 	$(VENVS)/pipeline/bin/multislice run --profile $(PROFILE) $(foreach s,$(SET),--set $(s))

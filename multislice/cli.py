@@ -377,10 +377,17 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
         if stage.export:
             exported = reports.read(reports.ExportReport, plan, stage)
             if exported and exported.logits_check:
+                check = exported.logits_check
+                loaders = check.get("loaders") or {"transformers": check}
+                diffs = ", ".join(
+                    f"{loader.get('transformers_version') or name} {loader.get('max_abs_diff', float('nan')):.2g}"
+                    for name, loader in loaders.items()
+                )
+                dtype = f" ({exported.dtype})" if exported.dtype else ""
                 lines.append(
-                    f"  export        {exported.verdict}: {stage.export} at {exported.export_dir}; logits vs "
-                    f"MaxText's max |diff| {exported.logits_check.get('max_abs_diff', float('nan')):.2g} "
-                    f"(tolerance {exported.logits_check.get('atol')} + {exported.logits_check.get('rtol')} x |logit|)"
+                    f"  export        {exported.verdict}: {stage.export}{dtype} at {exported.export_dir}; logits vs "
+                    f"MaxText's max |diff| by loader: {diffs} "
+                    f"(tolerance {check.get('atol')} + {check.get('rtol')} x |logit|)"
                 )
             else:
                 lines.append(f"  export        {exported.verdict if exported else 'not run'}")

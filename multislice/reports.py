@@ -426,8 +426,14 @@ class ExportReport(StepReport):
         checkpoint_step: The checkpoint step exported.
         parameter_count: Parameters written.
         files: The export directory's files.
-        logits_check: ``passed``, ``max_abs_diff``, ``max_abs_logit``, ``argmax_agree``, ``atol``, ``rtol``,
-            ``detail``.
+        logits_check: ``passed`` (every loader passed), ``max_abs_diff``, ``max_abs_logit``, ``argmax_agree``,
+            ``atol``, ``rtol``, ``detail`` (transformers 5's comparison), ``positions``, ``sample_fraction`` and
+            ``loaders``: each loader's comparison (``transformers5``, ``transformers4``) with its
+            ``transformers_version``.
+        dtype: The exported weights' dtype (``bfloat16`` or ``float32``).
+        shards: Safetensors shards written (the conversion's layer groups).
+        memory: Peak RSS of the conversion and of the check, and the largest group's bytes.
+        hub: The Hugging Face Hub repository and commit, when uploaded.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -446,6 +452,11 @@ class ExportReport(StepReport):
     scan_layers: bool | None = None
     files: list[str] = Field(default_factory=list)
     logits_check: dict[str, Any] | None = None
+    dtype: str | None = None
+    max_position_embeddings: int | None = None
+    shards: int | None = None
+    memory: dict[str, Any] | None = None
+    hub: dict[str, Any] | None = None
     seconds: float | None = None
     error: str | None = None
 

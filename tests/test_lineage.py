@@ -126,10 +126,15 @@ def test_export_model_metadata_from_the_exporters_report(plan):
     report = ExportReport.model_validate(
         {"verdict": "PASS", "format": "huggingface", "export_dir": stage.export_dir, "checkpoint_step": 19,
          "parameter_count": 3_672_320, "architecture": "LlamaForCausalLM", "files": ["config.json"],
-         "logits_check": {"passed": True, "max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}, "unknown": 1}
+         "logits_check": {"passed": True, "max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3,
+                          "loaders": {"transformers5": {"max_abs_diff": 3.2e-6, "transformers_version": "5.23.0"},
+                                      "transformers4": {"max_abs_diff": 4e-6, "transformers_version": "4.57.6"}}},
+         "dtype": "bfloat16", "unknown": 1}
     )  # fmt: skip
     metadata = lineage.export_model(plan, stage.name, report)
     assert set(lineage.EXPORT_FIELDS) <= set(metadata)
+    assert metadata["logits_max_abs_diff_by_loader"] == {"5.23.0": 3.2e-6, "4.57.6": 4e-6}
+    assert metadata["dtype"] == "bfloat16"
     assert metadata["export_uri"] == stage.export_dir and metadata["logits_check_passed"] is True
     assert metadata["source_checkpoint_uri"] == f"{stage.checkpoint_dir}/{stage.final_step}"
 
@@ -150,12 +155,15 @@ def test_run_summary_has_the_export_line(plan, tmp_path):
     from multislice.reports import write
 
     stage = plan.stages[1]
+    loaders = {"transformers5": {"max_abs_diff": 3.2e-6, "transformers_version": "5.23.0"},
+               "transformers4": {"max_abs_diff": 4.1e-6, "transformers_version": "4.57.6"}}  # fmt: skip
     report = ExportReport(
-        verdict="PASS", export_dir=stage.export_dir, logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3}
-    )
+        verdict="PASS", export_dir=stage.export_dir, dtype="float32",
+        logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3, "loaders": loaders},
+    )  # fmt: skip
     write(plan, report, stage)
     lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
-    assert f"  export        PASS: huggingface at {stage.export_dir}; logits vs MaxText's max |diff| 3.2e-06 " \
-        "(tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
+    assert f"  export        PASS: huggingface (float32) at {stage.export_dir}; logits vs MaxText's max |diff| by " \
+        "loader: 5.23.0 3.2e-06, 4.57.6 4.1e-06 (tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
     assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "
                                                                               f"({stage.model_label}):")])  # fmt: skip

@@ -93,6 +93,12 @@ def export_model(plan: Plan, stage_name: str, report: ExportReport) -> dict[str,
         "logits_atol": check.get("atol"),
         "logits_rtol": check.get("rtol"),
         "logits_check_passed": check.get("passed"),
+        "logits_max_abs_diff_by_loader": {
+            (c.get("transformers_version") or name): c.get("max_abs_diff") for name, c in check["loaders"].items()
+        }
+        if check.get("loaders")
+        else None,
+        "dtype": report.dtype,
         "maxtext_version": maxtext.MAXTEXT_VERSION,
     }
     return {k: v for k, v in metadata.items() if v is not None}

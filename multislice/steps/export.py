@@ -2,9 +2,9 @@
 
 Runs after verify_checkpoint for a stage whose ``export`` is set (``huggingface``). The backend runs the
 exporter (:mod:`multislice.trainer.export`, trainer image) on the stage's final checkpoint: it writes
-``model.safetensors``, ``config.json`` and the Llama 3 tokenizer files to ``<stage_dir>/export/huggingface``
-(local or ``gs://``), loads them with ``transformers.LlamaForCausalLM`` and compares its logits with
-MaxText's on the same tokens. The report goes to ``<run_dir>/reports/<stage>/export.json``. A logits
+safetensors shards, ``config.json``, the stage's tokenizer and a model card to ``<stage_dir>/export/huggingface``
+(local or ``gs://``), loads them with ``transformers.LlamaForCausalLM`` 5.x and 4.57 and compares each one's
+logits with MaxText's on the same tokens. The report goes to ``<run_dir>/reports/<stage>/export.json``. A logits
 mismatch (verdict FAIL) or an export that could not be made (ERROR) fails the step.
 """
 

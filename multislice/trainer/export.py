@@ -1,51 +1,78 @@
-"""Hugging Face export: a stage's final checkpoint as a Llama model that ``transformers`` loads, checked by its logits.
+"""Hugging Face export: a stage's checkpoint as a Llama that transformers 4.x and 5.x load, checked by its logits.
 
 Usage (trainer environment)::
 
     python -m multislice.trainer.export --checkpoint-dir DIR --step N --output DIR \
-        [--report report.json] [--tokens T] [--atol A] [--rtol R] -- key=value ...   # the stage's MaxText arguments
+        [--report report.json] [--dtype bfloat16|float32] [--hub-repo OWNER/NAME] [--tokens T] \
+        [--sample-fraction F] [--layers-per-shard K] [--run-name R --data-fingerprint D --steps S \
+        --train-loss L --eval-loss E] -- key=value ...   # the stage's MaxText arguments
+
+``--checkpoint-dir``, ``--output`` and ``--report`` may be ``gs://`` URIs: the export is written to a local
+scratch directory, checked there, then copied to ``--output`` with ``etils.epath`` (the report names the final
+URI). ``--hub-repo`` uploads the checked export with ``huggingface_hub``'s API (token from ``HF_TOKEN``).
 
 What it does:
 
-1. restores the parameters (only: no optimizer state) of checkpoint ``N`` onto this CPU process
-   (:func:`multislice.trainer.verify.restore_arrays`);
-2. maps them to Hugging Face's Llama names and layouts with MaxText's own conversion tables for Llama 3.1
-   (``maxtext/checkpoint_conversion/utils/param_mapping.py``: ``LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING`` and
-   its hooks, which scale the query by sqrt(head_dim), turn RoPE's interleaved layout into HF's
-   concatenated one and transpose kernels; ``hf_shape.py``; ``utils.process_maxtext_param``), scanned
-   or unscanned as the stage trained, and writes ``model.safetensors`` + ``config.json`` with MaxText's
-   ``utils.save_model_files``. MaxText's ``to_huggingface.main`` is not called as a whole: it takes the
-   architecture from a named Hugging Face model (``HF_MODEL_CONFIGS``, Llama 3.1 8B and up) and downloads
-   the tokenizer from the Hub; here the ``LlamaConfig`` is built from the stage's MaxText config
-   (:func:`hf_config`) and the tokenizer comes from the maxtext package;
-3. writes the tokenizer: the Llama 3 tiktoken BPE that the maxtext package ships
-   (``maxtext/assets/tokenizers/tokenizer_llama3.tiktoken``) with the special tokens MaxText's
-   ``TikTokenTokenizer`` adds (``maxtext/input_pipeline/tokenizer.py``), converted by ``transformers``'
-   ``TikTokenConverter`` to ``tokenizer.json`` (+ ``tokenizer_config.json``); nothing is downloaded;
-4. checks it: ``transformers.LlamaForCausalLM`` loads the export (float32, CPU) and its logits on
-   ``--tokens`` tokens are compared with those of MaxText's own model (float32 activations, highest
-   matmul precision) with the checkpoint's parameters on the same tokens (:func:`compare_logits`).
+1. **Streaming conversion, bounded memory.** The checkpoint's arrays are not restored as a tree: each weight
+   is opened as the TensorStore array Orbax wrote (Orbax's own read spec,
+   ``orbax/checkpoint/_src/serialization/tensorstore_utils.py``: ``build_array_read_spec`` and
+   ``get_ts_context``; OCDBT or not as ``type_handlers.is_ocdbt_checkpoint`` says) and only the slice of a layer
+   group is read: MaxText's scanned layers stack every layer of a weight in one array along ``param_scan_axis``
+   (1), so layer ``i`` of ``decoder/layers/mlp/wi_0/kernel`` is ``array[:, i, :]``. Each slice is read one
+   storage chunk at a time (a chunk is a device's shard as the trainer saved it: with the layer axis unsharded
+   it spans all layers, so at most one chunk's decoded bytes are held beside the slice). The slices are mapped
+   to Hugging Face's Llama names and layouts with MaxText's own conversion tables for Llama 3.1
+   (``maxtext/checkpoint_conversion/utils/param_mapping.py``: ``LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING`` and its
+   hooks, which scale the query by sqrt(head_dim) and transpose kernels; ``hf_shape.py``;
+   ``utils.process_maxtext_param``, called once per layer slice), cast to ``--dtype`` and written as one
+   safetensors shard per group (the embedding; ``--layers-per-shard`` decoder layers; the final norm and output
+   head) with ``model.safetensors.index.json`` (Hugging Face's sharded format), then freed. Peak memory of the
+   conversion: the largest group in float32 plus its converted copy plus one storage chunk (see
+   ``docs/delivery.md`` for 8B and 70B). The price: each group reads the chunks that hold its slice, so the
+   stacked layer weights are read ``num_layers / layers_per_shard`` times.
+2. **Metadata that every Llama loader reads.** ``config.json`` has transformers 5's ``rope_parameters`` and
+   4.x's top-level ``rope_theta`` / ``rope_scaling`` and ``torch_dtype`` as well as ``dtype``;
+   ``max_position_embeddings`` is the model family's context (:func:`max_positions`), not the training
+   sequence length; ``generation_config.json`` has BOS/EOS; ``README.md`` is a model card with the run, data
+   fingerprint, steps and final losses.
+3. **The stage's own tokenizer** (:func:`stage_tokenizer`): Llama 3 tiktoken (MaxText's ``TikTokenTokenizer``
+   with its special tokens, converted by ``transformers``' ``TikTokenConverter``), sentencepiece (the ``.model``'s
+   BPE or unigram pieces and normalizer, as MaxText's ``SentencePieceTokenizer`` encodes) or a Hugging Face
+   tokenizer directory, written as ``tokenizer.json`` with ``tokenizer_class: PreTrainedTokenizerFast``.
+4. **The check, twice.** MaxText's own model (float32 activations, highest matmul precision) computes logits
+   on the exported tokenizer's encoding of :data:`TEXT` (real token ids, each below the model's vocab: a
+   tokenizer with more tokens than the model is an error); then each loader, a separate process
+   (:mod:`multislice.trainer.hf_loader`), loads the export with ``LlamaForCausalLM`` in float32 and computes
+   its logits: the trainer environment's transformers 5 and the pinned transformers 4.57 environment
+   (``requirements/loader-hf4.txt``, ``make env``). Both must pass. ``--sample-fraction`` compares a seeded
+   random fraction of the positions (the report states it) for large vocabularies and long inputs.
 
 Tolerance: ``|hf - maxtext| <= atol + rtol * |maxtext|`` elementwise, with ``atol`` :data:`ATOL` and
-``rtol`` :data:`RTOL`. Both sides compute in float32 on CPU from the same float32 weights; they differ
-only by the order of floating-point operations (attention, RMSNorm, RoPE's sin/cos computed by each
-library) which, at float32's 6e-8 unit roundoff over a few layers, leaves differences of order 1e-6 to
-1e-5 on logits of order 1 (measured on the local profile's stages: see the report's ``max_abs_diff``).
-A wrong conversion (an untransposed kernel, RoPE's layout not permuted, the query scale missing) moves
-logits by order 0.1 to 1, four orders of magnitude above the tolerance. The argmax token must agree at
-every position too.
+``rtol`` :data:`RTOL`. Both sides compute in float32 on CPU; with ``--dtype float32`` the weights are the same
+and the sides differ only by the order of floating-point operations (order 1e-6 on logits of order 1). With
+``--dtype bfloat16`` the loaders compute from the bf16-rounded weights (upcast to float32) while MaxText uses
+the checkpoint's float32 ones, so the comparison is against MaxText run on the same bf16-rounded weights
+(:func:`maxtext_logits` rounds them the same way): the check tests the conversion, not the rounding. A wrong
+conversion (an untransposed kernel, RoPE's layout permuted, the query scale missing, the wrong rope_theta)
+moves logits by order 0.1 to 1. The argmax token must agree at every compared position too.
 
-The tokens: the exported tokenizer's encoding of a fixed English text (:data:`TEXT`), each id taken
-modulo the model's vocab size (the tiny presets' vocab, 1024, is smaller than the tokenizer's 128256).
-
-Exit status: 0 when the export was written and its logits matched, 1 when they did not, 2 when the
+Exit status: 0 when the export was written and both loaders' logits matched, 1 when they did not, 2 when the
 export could not be made (the JSON report, printed last, says why).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +81,7 @@ from multislice.trainer import verify
 
 #: This module, as the trainer image runs it.
 MODULE = "multislice.trainer.export"
-#: Absolute and relative tolerance of the logits comparison (see the module docstring).
+#: Absolute and relative tolerance of the logits check (see the module docstring).
 ATOL = 1e-3
 RTOL = 1e-3
 #: Tokens compared (at most the stage's ``max_target_length``).
@@ -66,14 +93,28 @@ TEXT = (
 )
 #: The MaxText conversion tables used: those of Llama 3.1 (same parameter names as our Llama 3 presets).
 MAPPING_MODEL = "llama3.1-8b"
-#: Tokenizer file of the maxtext package (relative to the package).
+#: Tokenizer file of the maxtext package (relative to the package): the default when a stage names none.
 TOKENIZER_ASSET = "assets/tokenizers/tokenizer_llama3.tiktoken"
 #: What the exporter supports (the Llama 2/3 decoder block MaxText names ``llama2``).
 SUPPORTED = "decoder_block llama2 with mlp_activations [silu, linear], untied embeddings, default RoPE"
+#: Tokenizer types the exporter writes (MaxText's ``tokenizer_type`` values, ``maxtext/configs/base.yml``).
+TOKENIZER_TYPES = ("tiktoken", "sentencepiece", "huggingface")
+#: Models of at least this many parameters are exported in bfloat16 unless ``--dtype`` says otherwise.
+BF16_FROM_PARAMETERS = 1_000_000_000
+#: Decoder layers per safetensors shard (a layer group: what the conversion holds at once).
+LAYERS_PER_SHARD = 1
+#: ``max_position_embeddings`` of the Llama families by RoPE theta: Meta's ``config.json`` of Llama 3 8B/70B
+#: (rope_theta 500000, 8192 positions) and Llama 2 (rope_theta 10000, 4096 positions).
+MAX_POSITIONS_BY_THETA = {500000.0: 8192, 10000.0: 4096}
+#: The pinned transformers 4.x loader's interpreter: this environment variable, else ``<venvs>/loader-hf4``
+#: beside the trainer environment (``make env``; the trainer image's ``/opt/loader-hf4``).
+LOADER4_ENV = "MULTISLICE_LOADER_HF4_PYTHON"
+#: The Hub token's environment variable (``huggingface_hub``'s own name for it).
+HF_TOKEN_ENV = "HF_TOKEN"
 
 
 class Unsupported(ValueError):
-    """The stage's model cannot be exported as a Hugging Face Llama (the message says which setting)."""
+    """The stage's model or tokenizer cannot be exported as a Hugging Face Llama (the message says which setting)."""
 
 
 def command(checkpoint_dir: str, step: int, output: str, maxtext_args: list[str], python: str = "python") -> list[str]:
@@ -91,47 +132,153 @@ def tokenizer_path() -> Path:
     return Path(maxtext.__file__).parent / TOKENIZER_ASSET
 
 
-def hf_tokenizer() -> Any:
-    """The maxtext package's Llama 3 tokenizer as a ``transformers.PreTrainedTokenizerFast``.
+def _tokenizer_spec(config: Any) -> tuple[str, str, bool, bool]:
+    """``(type, path, add_bos, add_eos)`` of the stage's tokenizer (MaxText's ``tokenizer_*`` keys).
 
-    Its BPE ranks and special tokens are exactly those of MaxText's ``TikTokenTokenizer``
-    (``maxtext/input_pipeline/tokenizer.py``), converted by ``transformers``' ``TikTokenConverter``.
+    A stage whose MaxText arguments name no ``tokenizer_path`` (synthetic data) gets the project's default, the
+    maxtext package's Llama 3 tokenizer with BOS (``multislice.config.data.DEFAULT_TOKENIZER``), not MaxText's
+    own default (``tokenizer.llama2``, a path under ``src/`` that the installed package does not have).
     """
-    from maxtext.input_pipeline.tokenizer import TikTokenTokenizer
+    if not getattr(config, "_stage_names_tokenizer", True):
+        return "tiktoken", str(tokenizer_path()), True, False
+    kind = getattr(config, "tokenizer_type", "sentencepiece")
+    kind = str(getattr(kind, "value", kind))
+    return kind, str(config.tokenizer_path), bool(config.add_bos), bool(config.add_eos)
+
+
+def stage_config(maxtext_args: list[str]) -> Any:
+    """MaxText's config of the stage for the export: float32 activations, highest matmul precision (shapes are
+    unchanged), and whether the stage named its tokenizer (:func:`_tokenizer_spec`)."""
+    config = verify._config([*maxtext_args, "dtype=float32", "matmul_precision=highest"])
+    named = any(a.startswith("tokenizer_path=") for a in maxtext_args)
+    object.__setattr__(config, "_stage_names_tokenizer", named)
+    return config
+
+
+def maxtext_tokenizer(config: Any) -> Any:
+    """MaxText's own tokenizer of the stage (``maxtext/input_pipeline/tokenizer.py``: ``build_tokenizer``)."""
+    from maxtext.input_pipeline.tokenizer import build_tokenizer
+
+    kind, path, add_bos, add_eos = _tokenizer_spec(config)
+    return build_tokenizer(path, kind, add_bos, add_eos, None)
+
+
+def _template(bos: tuple[str, int] | None, eos: tuple[str, int] | None) -> Any:
+    """The post-processor that adds BOS/EOS as MaxText's tokenizer does (``add_bos``, ``add_eos``)."""
     from tokenizers import processors
+
+    single = " ".join(([bos[0]] if bos else []) + ["$A"] + ([eos[0]] if eos else []))
+    pair = " ".join(([bos[0]] if bos else []) + ["$A:0"] + ([bos[0] + ":1"] if bos else []) + ["$B:1"])
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=[t for t in (bos, eos) if t])
+
+
+def _tiktoken(path: str, add_bos: bool, add_eos: bool) -> Any:
+    """A tiktoken BPE file with MaxText's ``TikTokenTokenizer`` special tokens, as a fast tokenizer."""
+    from maxtext.input_pipeline.tokenizer import TikTokenTokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    source = TikTokenTokenizer(str(tokenizer_path()), add_bos=True, add_eos=False)
-    converter = TikTokenConverter(
-        vocab_file=str(tokenizer_path()),
-        pattern=source.pat_str,
-        extra_special_tokens=source.special_tokens,
-    )
+    source = TikTokenTokenizer(path, add_bos=add_bos, add_eos=add_eos)
+    converter = TikTokenConverter(vocab_file=path, pattern=source.pat_str, extra_special_tokens=source.special_tokens)
     converter.additional_special_tokens = list(source.special_tokens)
     backend = converter.converted()
-    # BOS first, as MaxText's tokenizer (add_bos) and Meta's Llama 3 tokenizer.json (TemplateProcessing) do.
-    bos = "<|begin_of_text|>"
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A:0 {bos}:1 $B:1", special_tokens=[(bos, source.special_tokens[bos])]
+    bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+    backend.post_processor = _template(
+        (bos, source.special_tokens[bos]) if add_bos else None, (eos, source.special_tokens[eos]) if add_eos else None
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|begin_of_text|>",
-        eos_token="<|end_of_text|>",
-        model_max_length=131072,
-    )
-    return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, model_max_length=131072)
 
 
-def hf_config(config: Any, tokenizer_vocab: dict[str, int]) -> Any:
-    """The ``transformers.LlamaConfig`` of the stage's MaxText model.
+def _sentencepiece(path: str, add_bos: bool, add_eos: bool) -> Any:
+    """A sentencepiece ``.model`` as a fast tokenizer that encodes as MaxText's ``SentencePieceTokenizer``.
+
+    Built from the model's own pieces and normalizer spec (``sentencepiece_model.proto``): BPE (merges from the
+    piece scores, ``transformers.tokenization_utils_base.generate_merges``) or unigram, byte fallback,
+    the dummy prefix (``add_dummy_prefix``), spaces as ``▁``, the precompiled normalization map; control
+    pieces (``<s>``, ``</s>``) and unknown (``<unk>``) special. One difference remains by design: a literal
+    ``<s>`` in the text is a control token to Hugging Face tokenizers and plain text to sentencepiece.
 
     Raises:
-        Unsupported: the model is not a Llama (see :data:`SUPPORTED`).
+        Unsupported: a sentencepiece model type other than BPE or unigram (char, word).
     """
-    import transformers
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import generate_merges
 
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(verify.checkpoint_path(path).read_bytes())
+    spec, trainer = proto.normalizer_spec, proto.trainer_spec
+    pieces = list(proto.pieces)
+    if trainer.model_type == 2:  # BPE
+        vocab = {p.piece: i for i, p in enumerate(pieces)}
+        merges = generate_merges(vocab, {p.piece: p.score for p in pieces})
+        model = models.BPE(
+            vocab=vocab, merges=merges, unk_token=pieces[trainer.unk_id].piece, fuse_unk=True,
+            byte_fallback=trainer.byte_fallback,
+        )  # fmt: skip
+    elif trainer.model_type == 1:  # unigram
+        model = models.Unigram([(p.piece, p.score) for p in pieces], trainer.unk_id, trainer.byte_fallback)
+    else:
+        raise Unsupported(f"sentencepiece model type {trainer.model_type} of {path}: only BPE (2) and unigram (1)")
+    backend = Tokenizer(model)
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:
+        steps += [normalizers.Strip(), normalizers.Replace(normalizers.Regex(" {2,}"), " ")]
+    steps += ([normalizers.Prepend("▁")] if spec.add_dummy_prefix else []) + [normalizers.Replace(" ", "▁")]
+    backend.normalizer = normalizers.Sequence(steps)
+    fallback = [decoders.ByteFallback()] if trainer.byte_fallback else []
+    strip = [decoders.Strip(" ", 1, 0)] if spec.add_dummy_prefix else []
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), *fallback, decoders.Fuse(), *strip])
+    control = [p.piece for p in pieces if p.type in (2, 3)]  # UNKNOWN, CONTROL
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    bos = pieces[trainer.bos_id].piece if trainer.bos_id >= 0 else None
+    eos = pieces[trainer.eos_id].piece if trainer.eos_id >= 0 else None
+    backend.post_processor = _template(
+        (bos, trainer.bos_id) if add_bos and bos else None, (eos, trainer.eos_id) if add_eos and eos else None
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=pieces[trainer.unk_id].piece,
+        model_max_length=int(1e30),
+    )  # fmt: skip
+
+
+def stage_tokenizer(config: Any) -> tuple[Any, str]:
+    """The stage's tokenizer as a ``transformers.PreTrainedTokenizerFast``, and what it was made from.
+
+    MaxText's ``tokenizer_type`` / ``tokenizer_path`` / ``add_bos`` / ``add_eos`` say which: ``tiktoken``
+    (:func:`_tiktoken`), ``sentencepiece`` (:func:`_sentencepiece`) or ``huggingface`` (a local directory or
+    ``gs://`` one with ``tokenizer.json``; a Hub name would need the network and is refused).
+
+    Raises:
+        Unsupported: another type, a Hugging Face tokenizer without ``tokenizer.json``.
+    """
+    kind, path, add_bos, add_eos = _tokenizer_spec(config)
+    if kind == "tiktoken":
+        return _tiktoken(path, add_bos, add_eos), f"tiktoken {path}"
+    if kind == "sentencepiece":
+        return _sentencepiece(path, add_bos, add_eos), f"sentencepiece {path}"
+    if kind == "huggingface":
+        from transformers import PreTrainedTokenizerFast
+
+        source = verify.checkpoint_path(path)
+        if not (source / "tokenizer.json").exists():
+            raise Unsupported(f"tokenizer_path {path}: no tokenizer.json there (a Hub name is not fetched); "
+                              "give a directory with the tokenizer's files")  # fmt: skip
+        local = Path(tempfile.mkdtemp(prefix="tokenizer-"))
+        for item in source.iterdir():
+            if item.is_file():
+                (local / item.name).write_bytes(item.read_bytes())
+        return PreTrainedTokenizerFast.from_pretrained(str(local)), f"huggingface {path}"
+    raise Unsupported(f"tokenizer_type {kind}: the exporter writes {', '.join(TOKENIZER_TYPES)}")
+
+
+def check_model(config: Any) -> None:
+    """Refuse a model that is not a Hugging Face Llama.
+
+    Raises:
+        Unsupported: the settings that differ (see :data:`SUPPORTED`).
+    """
     problems = []
     block = getattr(config.decoder_block, "value", config.decoder_block)
     if str(block) != "llama2":
@@ -149,9 +296,52 @@ def hf_config(config: Any, tokenizer_vocab: dict[str, int]) -> Any:
         problems.append(f"rope_min_timescale {config.rope_min_timescale}")
     if problems:
         raise Unsupported(f"cannot export as a Hugging Face Llama: {', '.join(problems)}; supported: {SUPPORTED}")
+
+
+def max_positions(config: Any) -> int:
+    """``max_position_embeddings``: the model family's context, not the stage's training sequence length.
+
+    Llama 3 (rope_theta 500000) 8192 and Llama 2 (10000) 4096, as Meta's ``config.json``
+    (:data:`MAX_POSITIONS_BY_THETA`); the tiny presets are Llama 3's architecture with its RoPE, so 8192
+    (what vLLM takes as ``max_model_len``; they were trained on shorter sequences). Another theta: the
+    stage's ``max_target_length``.
+    """
+    return MAX_POSITIONS_BY_THETA.get(float(config.rope_max_timescale), int(config.max_target_length))
+
+
+def parameter_count(config: Any) -> int:
+    """Parameters of the Llama the MaxText config describes (embedding, layers, final norm, output head)."""
+    emb, heads, kv, head_dim = (
+        int(config.emb_dim),
+        int(config.num_query_heads),
+        int(config.num_kv_heads),
+        int(config.head_dim),
+    )
+    layer = emb * head_dim * (2 * heads + 2 * kv) + 3 * emb * int(config.mlp_dim) + 2 * emb
+    return 2 * int(config.vocab_size) * emb + int(config.num_decoder_layers) * layer + emb
+
+
+def default_dtype(config: Any) -> str:
+    """``bfloat16`` for models of :data:`BF16_FROM_PARAMETERS` or more, else ``float32``."""
+    return "bfloat16" if parameter_count(config) >= BF16_FROM_PARAMETERS else "float32"
+
+
+def hf_config(config: Any, tokenizer: Any, dtype: str) -> dict[str, Any]:
+    """``config.json`` of the stage's model, readable by transformers 4.x and 5.x (and converters that read it).
+
+    transformers 5 reads ``rope_parameters``; 4.x reads the top-level ``rope_theta`` and ``rope_scaling`` (a
+    config without them silently gets rope_theta 10000) and ``torch_dtype``; both are written.
+
+    Raises:
+        Unsupported: the model is not a Llama (:func:`check_model`).
+    """
+    import transformers
+
+    check_model(config)
     vocab = int(config.vocab_size)
-    bos, eos = tokenizer_vocab["<|begin_of_text|>"], tokenizer_vocab["<|end_of_text|>"]
-    return transformers.LlamaConfig(
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    theta = float(config.rope_max_timescale)
+    hf = transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=int(config.emb_dim),
         intermediate_size=int(config.mlp_dim),
@@ -159,68 +349,300 @@ def hf_config(config: Any, tokenizer_vocab: dict[str, int]) -> Any:
         num_attention_heads=int(config.num_query_heads),
         num_key_value_heads=int(config.num_kv_heads),
         head_dim=int(config.head_dim),
-        max_position_embeddings=int(config.max_target_length),
+        max_position_embeddings=max_positions(config),
         rms_norm_eps=float(config.normalization_layer_epsilon),
-        rope_theta=float(config.rope_max_timescale),
+        rope_theta=theta,
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
         hidden_act="silu",
-        # The tokenizer's BOS/EOS ids, where the model's vocab has them (the tiny presets' 1024 does not).
-        bos_token_id=bos if bos < vocab else None,
-        eos_token_id=eos if eos < vocab else None,
+        bos_token_id=bos if bos is not None and bos < vocab else None,
+        eos_token_id=eos if eos is not None and eos < vocab else None,
         architectures=["LlamaForCausalLM"],
-        torch_dtype="float32",
     )
+    out = hf.to_dict()
+    out.update(
+        rope_theta=theta, rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": theta},
+        torch_dtype=dtype, dtype=dtype, model_type="llama", architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    return out
 
 
-def _params(items_dir: Any) -> dict[str, Any]:
-    """The checkpoint's parameters: ``params/params/decoder/...`` path -> float32 numpy array."""
-    tree, why = verify._tree(items_dir)
-    if tree is None:
-        raise ValueError(why)
-    wanted = [p for p in verify._leaves(tree) if p.startswith("params/params/")]
-    return verify.restore_arrays(items_dir, tree, wanted)
+# --- streaming conversion -------------------------------------------------------------------------------------
 
 
-def convert(flat: dict[str, Any], config: Any, hf: Any) -> dict[str, Any]:
-    """MaxText parameters (``params/params/a/b`` -> array) to Hugging Face's (``model.layers.0...`` -> array).
+class CheckpointReader:
+    """Reads slices of a checkpoint item's arrays straight from the TensorStore arrays Orbax wrote.
 
-    With MaxText's conversion tables for :data:`MAPPING_MODEL` (``maxtext/checkpoint_conversion``).
+    Orbax's read spec (``tensorstore_utils.build_array_read_spec``, ``get_ts_context``) opens each array as
+    ``PyTreeCheckpointer.restore`` would, but nothing is read until a slice is asked for.
+
+    Raises:
+        ValueError: the item has no usable tree metadata (``verify._tree``'s reason).
+    """
+
+    def __init__(self, items_dir: Any) -> None:
+        import orbax.checkpoint as ocp
+
+        self.items_dir = items_dir
+        tree, why = verify._tree(items_dir)
+        if tree is None:
+            raise ValueError(why)
+        self.leaves = {path: leaf for path, leaf in verify._leaves(tree).items() if path.startswith("params/params/")}
+        metadata = ocp.PyTreeCheckpointer().metadata(items_dir).item_metadata
+        self.use_zarr3 = bool(getattr(metadata, "_use_zarr3", False))
+        self.use_ocdbt = bool(ocp.type_handlers.is_ocdbt_checkpoint(items_dir))
+        self._open: dict[str, Any] = {}
+
+    def array(self, path: str) -> Any:
+        """The TensorStore of the parameter at ``path`` (``params/params/decoder/...``), opened once."""
+        if path not in self._open:
+            import tensorstore as ts
+            from orbax.checkpoint._src.serialization import tensorstore_utils, types
+
+            leaf = self.leaves[path]
+            info = types.ParamInfo(name=leaf.name, parent_dir=self.items_dir, use_zarr3=self.use_zarr3)
+            spec = tensorstore_utils.build_array_read_spec(info, use_ocdbt=self.use_ocdbt).json
+            context = tensorstore_utils.get_ts_context(use_ocdbt=self.use_ocdbt)
+            self._open[path] = ts.open(spec, context=context, open=True, read=True).result()
+        return self._open[path]
+
+    def read(self, path: str, axis: int | None = None, start: int = 0, stop: int | None = None) -> Any:
+        """``array[..., start:stop, ...]`` along ``axis`` (the whole array when ``axis`` is None), as numpy.
+
+        Read one storage chunk at a time, so the decoded bytes held beside the result are one chunk's.
+        """
+        import numpy as np
+
+        store = self.array(path)
+        shape = tuple(store.shape)
+        window = [slice(0, n) for n in shape]
+        if axis is not None:
+            window[axis] = slice(start, shape[axis] if stop is None else stop)
+        chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
+        out = np.empty([w.stop - w.start for w in window], dtype=store.dtype.numpy_dtype)
+        ranges = []
+        for dim, (w, c) in enumerate(zip(window, chunk, strict=True)):
+            step = shape[dim] if dim == axis else max(1, int(c))
+            ranges.append([slice(a, min(a + step, w.stop)) for a in range(w.start, w.stop, step)])
+        for cell in itertools.product(*ranges):
+            target = tuple(slice(s.start - w.start, s.stop - w.start) for s, w in zip(cell, window, strict=True))
+            out[target] = store[cell].read().result()
+        return out
+
+
+def layer_groups(param_map: dict[str, Any], layers: int, per_shard: int) -> list[list[tuple[str, int | None, str]]]:
+    """The conversion's groups: ``[(maxtext key, layer index or None, hf name), ...]`` per safetensors shard.
+
+    The embedding first, then ``per_shard`` decoder layers at a time, then the final norm and output head.
+    A scanned key (MaxText's stacked layers) maps to one HF name per layer; an unscanned one to one name.
+    """
+    embed: list[tuple[str, int | None, str]] = []
+    final: list[tuple[str, int | None, str]] = []
+    by_layer: dict[int, list[tuple[str, int | None, str]]] = {i: [] for i in range(layers)}
+    for key, target in param_map.items():
+        names = target if isinstance(target, list) else [target]
+        for index, name in enumerate(names):
+            if not isinstance(name, str):
+                raise Unsupported(f"{key}: a multi-axis stacked parameter (MoE), not a Llama")
+            found = re.match(r"model\.layers\.(\d+)\.", name)
+            entry = (key, index if isinstance(target, list) else None, name)
+            if found:
+                by_layer[int(found.group(1))].append(entry)
+            elif "embed_tokens" in name:
+                embed.append(entry)
+            else:
+                final.append(entry)
+    groups = [embed] + [
+        sum((by_layer[i] for i in range(start, min(start + per_shard, layers))), [])
+        for start in range(0, layers, per_shard)
+    ]
+    return [g for g in groups + [final] if g]
+
+
+def _to_torch(array: Any, dtype: str) -> Any:
+    """A float32 numpy array as a contiguous torch tensor of ``dtype`` (bfloat16 rounds to nearest even)."""
+    import torch
+
+    return torch.from_numpy(array.astype("float32", copy=False)).to(getattr(torch, dtype)).contiguous()
+
+
+def rss_peak_bytes() -> int:
+    """This process's peak resident set size so far (``getrusage``'s ``ru_maxrss``, KiB on Linux), in bytes."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def convert_streaming(
+    reader: CheckpointReader, config: Any, hf: dict[str, Any], dtype: str, out_dir: Path, per_shard: int
+) -> dict[str, Any]:
+    """Convert the checkpoint group by group (:func:`layer_groups`) into safetensors shards in ``out_dir``.
+
+    Each group's slices are read (:meth:`CheckpointReader.read`), mapped with MaxText's tables
+    (``process_maxtext_param`` with the group's one HF name per key), cast to ``dtype``, written as
+    ``model-0000K-of-0000N.safetensors`` and freed before the next group; ``model.safetensors.index.json`` maps
+    each tensor to its shard.
+
+    Returns:
+        ``{"parameter_count", "shards", "total_bytes", "largest_group_bytes"}`` (bytes as written).
 
     Raises:
         ValueError: a parameter is missing from the checkpoint or has no mapping.
     """
+    import gc
+
     from maxtext.checkpoint_conversion.utils.hf_shape import HF_SHAPE
     from maxtext.checkpoint_conversion.utils.param_mapping import HOOK_FNS, PARAM_MAPPING
     from maxtext.checkpoint_conversion.utils.utils import process_maxtext_param
+    from safetensors.torch import save_file
 
-    hf_dict = hf.to_dict()
-    param_map = PARAM_MAPPING[MAPPING_MODEL](hf_dict, config, config.scan_layers)
-    hooks = HOOK_FNS[MAPPING_MODEL](hf_dict, config, config.scan_layers, saving_to_hf=True)
+    scan = bool(config.scan_layers)
+    param_map = PARAM_MAPPING[MAPPING_MODEL](hf, config, scan)
+    hooks = HOOK_FNS[MAPPING_MODEL](hf, config, scan, saving_to_hf=True)
     # The tables' ``adjust_rope`` hook turns the interleaved RoPE layout of MaxText's Llama 3.1 rotary embedding
     # (``LLaMARotaryEmbedding``) into HF's halves. A stage with ``rope_type: default`` (not a ``llama3.1*``
     # model_name) uses ``RotaryEmbedding`` (``maxtext/layers/embeddings.py``), which already rotates halves as HF
     # does (``_rotate_half``): the permutation would scramble it (the logits check caught it: |diff| 1.5).
     hooks = {key: _without_rope_permutation(fns) for key, fns in hooks.items()}
-    shapes = HF_SHAPE[MAPPING_MODEL](hf_dict)
-    weights = {"params-" + "-".join(path.split("/")[2:]): value for path, value in flat.items()}
-    missing = sorted(set(param_map) - set(weights))
-    unmapped = sorted(set(weights) - set(param_map))
+    shapes = HF_SHAPE[MAPPING_MODEL](hf)
+    paths = {"params-" + "-".join(path.split("/")[2:]): path for path in reader.leaves}
+    missing = sorted(set(param_map) - set(paths))
+    unmapped = sorted(set(paths) - set(param_map))
     if missing or unmapped:
         raise ValueError(f"checkpoint parameters and MaxText's {MAPPING_MODEL} mapping differ: "
                          f"missing {missing[:5]}, unmapped {unmapped[:5]}")  # fmt: skip
-    out: dict[str, Any] = {}
-    for key in param_map:
-        out.update(process_maxtext_param(key, weights[key], param_map, hooks, shapes, config))
-    return out
+    groups = layer_groups(param_map, int(config.num_decoder_layers), per_shard)
+    weight_map: dict[str, str] = {}
+    total = count = largest = 0
+    for number, group in enumerate(groups, start=1):
+        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {}
+        for key, layer, hf_name in group:
+            path = paths[key]
+            if layer is None:
+                weight = reader.read(path)
+            else:
+                ndim = len(reader.leaves[path].shape)
+                axis = int(config.param_scan_axis) if ndim > int(config.param_scan_axis) else 0
+                weight = reader.read(path, axis, layer, layer + 1).squeeze(axis)
+            for out_name, value in process_maxtext_param(key, weight, {key: hf_name}, hooks, shapes, config):
+                tensors[out_name] = _to_torch(value, dtype)
+            del weight
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        save_file(tensors, str(out_dir / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        count += sum(t.numel() for t in tensors.values())
+        total += size
+        largest = max(largest, size)
+        del tensors
+        gc.collect()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return {"parameter_count": count, "shards": len(groups), "total_bytes": total, "largest_group_bytes": largest}
 
 
 def _without_rope_permutation(fns: Any) -> Any:
-    """A hook chain without MaxText's ``adjust_rope`` (see :func:`convert`)."""
+    """A hook chain without MaxText's ``adjust_rope`` (see :func:`convert_streaming`)."""
     if isinstance(fns, list):
         return [fn for fn in fns if getattr(fn, "__name__", "") != "adjust_rope"]
     return fns
+
+
+# --- metadata files -------------------------------------------------------------------------------------------
+
+
+def write_metadata(out_dir: Path, hf: dict[str, Any], tokenizer: Any, card: dict[str, Any]) -> None:
+    """``config.json``, ``generation_config.json``, the tokenizer files and the model card (``README.md``).
+
+    ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` (transformers 5 writes ``TokenizersBackend``,
+    which 4.x cannot import).
+    """
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    generation = {"_from_model_config": True, "bos_token_id": hf.get("bos_token_id"),
+                  "eos_token_id": hf.get("eos_token_id")}  # fmt: skip
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+    tokenizer.save_pretrained(str(out_dir))
+    settings_file = out_dir / "tokenizer_config.json"
+    settings = json.loads(settings_file.read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    settings.pop("backend", None)
+    settings_file.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "README.md").write_text(model_card(hf, card), encoding="utf-8")
+
+
+def model_card(hf: dict[str, Any], card: dict[str, Any]) -> str:
+    """The model card (``README.md``): what was trained, on what, for how long, and its final losses."""
+
+    def value(key: str) -> str:
+        return "not recorded" if card.get(key) is None else str(card[key])
+
+    return "\n".join([
+        "---", "library_name: transformers", "pipeline_tag: text-generation", "tags: [llama, maxtext, multislice]",
+        "---", "", f"# {card.get('run') or 'multislice export'}", "",
+        "A Llama model trained with MaxText by multislice-pipelines and exported in Hugging Face format; its "
+        "logits were checked against MaxText's with transformers 4.57 and 5.",
+        "", "| | |", "|---|---|",
+        f"| run | {value('run')} |", f"| stage | {value('stage')} |",
+        f"| data fingerprint | {value('data_fingerprint')} |", f"| training steps | {value('steps')} |",
+        f"| final train loss | {value('train_loss')} |", f"| final eval loss | {value('eval_loss')} |",
+        f"| source checkpoint | {value('checkpoint')} |", f"| tokenizer | {value('tokenizer')} |",
+        f"| layers, hidden size, vocab | {hf['num_hidden_layers']}, {hf['hidden_size']}, {hf['vocab_size']} |",
+        f"| weights dtype | {hf['torch_dtype']} |", "",
+    ])  # fmt: skip
+
+
+# --- the check -------------------------------------------------------------------------------------------------
+
+
+def check_ids(tokenizer: Any, vocab: int, tokens: int) -> list[int]:
+    """The tokenizer's real ids of :data:`TEXT` (with BOS as the tokenizer adds it), at most ``tokens``.
+
+    Raises:
+        Unsupported: an id at or above the model's vocab (the tokenizer has more tokens than the model).
+    """
+    ids = tokenizer(TEXT, add_special_tokens=True)["input_ids"][:tokens]
+    if len(tokenizer) > vocab or max(ids) >= vocab:
+        raise Unsupported(f"the tokenizer has {len(tokenizer)} tokens (ids up to {max(ids)} here) but the model's "
+                          f"vocab_size is {vocab}: its ids would index past the embedding; export the model's own "
+                          "tokenizer")  # fmt: skip
+    return ids
+
+
+def sample_positions(count: int, fraction: float, seed: int = 0) -> list[int]:
+    """A seeded random ``fraction`` of ``range(count)`` (at least one position, sorted); all when 1."""
+    import numpy as np
+
+    if fraction >= 1:
+        return list(range(count))
+    chosen = np.random.default_rng(seed).choice(count, size=max(1, math.ceil(fraction * count)), replace=False)
+    return sorted(int(i) for i in chosen)
+
+
+def reference_params(reader: CheckpointReader, dtype: str, head_dim: int) -> dict[str, Any]:
+    """The checkpoint's parameters as the export holds them: path -> float32 ``jax.Array``, rounded to ``dtype``.
+
+    Read one array at a time, so the process holds the model once in float32 (the check's memory) and one array
+    beside it. In ``bfloat16`` the query kernel is rounded after the export's scale by sqrt(head_dim) (MaxText's
+    ``scale_query_layer``) and scaled back, as the export's loaders see it.
+    """
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    scale = np.float32(np.sqrt(head_dim))
+
+    def rounded(array: Any) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(array, np.float32)).to(torch.bfloat16).float().numpy()
+
+    out = {}
+    for path in reader.leaves:
+        array = reader.read(path)
+        if dtype != "float32" and path.endswith("self_attention/query/kernel"):
+            array = rounded(array * scale) * np.float32(1 / np.sqrt(head_dim))
+        elif dtype != "float32":
+            array = rounded(array)
+        out[path] = jnp.asarray(array, jnp.float32)
+        del array
+    return out
 
 
 def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
@@ -250,7 +672,7 @@ def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
 
 
 def hf_logits(export_dir: str, tokens: list[int]) -> Any:
-    """``transformers.LlamaForCausalLM``'s logits (numpy, float32, CPU) of the export on ``tokens``."""
+    """``transformers.LlamaForCausalLM``'s logits (numpy, float32, CPU) of the export on ``tokens``, in this process."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -259,6 +681,33 @@ def hf_logits(export_dir: str, tokens: list[int]) -> Any:
     with torch.no_grad():
         out = model(input_ids=torch.tensor([tokens], dtype=torch.long))
     return out.logits[0].float().numpy()
+
+
+def loader4_python() -> Path:
+    """The pinned transformers 4.57 environment's interpreter (:data:`LOADER4_ENV`, else beside this one)."""
+    if os.environ.get(LOADER4_ENV):
+        return Path(os.environ[LOADER4_ENV])
+    return Path(sys.prefix).parent / "loader-hf4" / "bin" / "python"
+
+
+def run_loader(python: Path, export_dir: str, ids: list[int], positions: list[int], scratch: Path) -> dict[str, Any]:
+    """Logits of the export as ``python``'s transformers loads it (:mod:`multislice.trainer.hf_loader`).
+
+    Returns:
+        The loader's report (``transformers_version``, ``rope_theta``, ``logits_file``, ...) or ``{"error"}``.
+    """
+    if not python.exists():
+        return {"error": f"no loader interpreter at {python}: run make env (or set {LOADER4_ENV})"}
+    request = scratch / f"request-{abs(hash(str(python)))}.json"
+    out = scratch / f"logits-{abs(hash(str(python)))}.npy"
+    request.write_text(json.dumps({"export_dir": export_dir, "ids": ids, "positions": positions, "out": str(out)}))
+    env = {**os.environ, "PYTHONNOUSERSITE": "1"}
+    done = subprocess.run([str(python), "-m", "multislice.trainer.hf_loader", str(request)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"{python} exited {done.returncode}: {done.stderr[-1500:]}"}
+    return json.loads(lines[-1])
 
 
 def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
@@ -292,69 +741,206 @@ def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float =
     }
 
 
-def export(
-    checkpoint_dir: Any, step: int, output: str, maxtext_args: list[str], tokens: int, atol: float, rtol: float
+def check_export(
+    config: Any, reader: CheckpointReader, export_dir: Path, ids: list[int], options: Any, scratch: Path
 ) -> dict[str, Any]:
-    """Export checkpoint ``step`` to ``output`` (local or ``gs://``) and check it; returns the report."""
+    """MaxText's logits against each loader's (transformers 5 here, 4.57 in its environment).
+
+    Returns:
+        ``{"passed", "positions", "sample_fraction", "loaders": {name: compare_logits(...) + version}}`` plus
+        the transformers 5 comparison's fields at the top (what the run summary and lineage read).
+    """
+    import gc
+
+    import numpy as np
+
+    positions = sample_positions(len(ids), options.sample_fraction)
+    flat = reference_params(reader, options.dtype, int(config.head_dim))
+    reference = maxtext_logits(config, flat, ids)[positions]
+    del flat
+    gc.collect()
+    loaders = {}
+    for name, python in (("transformers5", Path(sys.executable)), ("transformers4", loader4_python())):
+        loaded = run_loader(python, str(export_dir), ids, positions, scratch)
+        if "error" in loaded:
+            loaders[name] = {"passed": False, "detail": loaded["error"], "atol": options.atol, "rtol": options.rtol}
+            continue
+        compared = compare_logits(reference, np.load(loaded.pop("logits_file")), options.atol, options.rtol)
+        loaders[name] = {**compared, **loaded}
+    first = loaders["transformers5"]
+    return {
+        **first,
+        "passed": all(c["passed"] for c in loaders.values()),
+        "positions": len(positions),
+        "tokens": len(ids),
+        "sample_fraction": options.sample_fraction,
+        "loaders": loaders,
+    }
+
+
+# --- orchestration --------------------------------------------------------------------------------------------
+
+
+def _is_remote(uri: str) -> bool:
+    return "://" in str(uri)
+
+
+def export(options: Any, maxtext_args: list[str]) -> dict[str, Any]:
+    """Export ``options.step`` of ``options.checkpoint_dir`` to ``options.output`` and check it; the report.
+
+    The files are written to a local scratch directory, checked there, then copied to a ``gs://`` output
+    (``etils.epath``); then uploaded to ``options.hub_repo`` when given.
+    """
     import jax
-    from maxtext.checkpoint_conversion.utils.utils import save_model_files
 
     started = time.time()
     jax.config.update("jax_default_prng_impl", "unsafe_rbg")
     # Float32 activations and the highest matmul precision for the comparison; shapes are unchanged.
-    config = verify._config([*maxtext_args, "dtype=float32", "matmul_precision=highest"])
-    tokenizer = hf_tokenizer()
-    hf = hf_config(config, tokenizer.get_vocab())
-    flat = _params(checkpoint_dir / str(step) / "items")
-    weights = convert(flat, config, hf)
-    count = int(sum(v.size for v in weights.values()))
-    save_model_files(weights, hf, tokenizer, None, str(output))
-    ids = tokenizer(TEXT, add_special_tokens=True)["input_ids"][: min(tokens, int(config.max_target_length))]
-    ids = [i % int(config.vocab_size) for i in ids]
-    check = compare_logits(maxtext_logits(config, flat, ids), hf_logits(str(output), ids), atol, rtol)
-    return {
+    config = stage_config(maxtext_args)
+    check_model(config)
+    dtype = options.dtype or default_dtype(config)
+    options.dtype = dtype
+    tokenizer, tokenizer_source = stage_tokenizer(config)
+    ids = check_ids(tokenizer, int(config.vocab_size), min(options.tokens, int(config.max_target_length)))
+    hf = hf_config(config, tokenizer, dtype)
+    scratch = Path(tempfile.mkdtemp(prefix="export-"))
+    remote = _is_remote(options.output)
+    local = scratch / "model" if remote else Path(options.output)
+    local.mkdir(parents=True, exist_ok=True)
+    checkpoint = verify.checkpoint_path(str(options.checkpoint_dir))
+    reader = CheckpointReader(checkpoint / str(options.step) / "items")
+    before = rss_peak_bytes()
+    written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard)
+    conversion_peak = rss_peak_bytes()
+    card = {"run": options.run_name, "stage": options.stage, "data_fingerprint": options.data_fingerprint,
+            "steps": options.steps, "train_loss": options.train_loss, "eval_loss": options.eval_loss,
+            "checkpoint": f"{checkpoint}/{options.step}", "tokenizer": tokenizer_source}  # fmt: skip
+    write_metadata(local, hf, tokenizer, card)
+    check = check_export(config, reader, local, ids, options, scratch)
+    files = sorted(p.name for p in local.iterdir())
+    if remote:
+        destination = verify.checkpoint_path(options.output)
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (destination / name).write_bytes((local / name).read_bytes())
+    hub = None
+    if options.hub_repo and check["passed"]:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=os.environ[HF_TOKEN_ENV])
+        api.create_repo(options.hub_repo, exist_ok=True, private=True)
+        commit = api.upload_folder(folder_path=str(local), repo_id=options.hub_repo,
+                                   commit_message=f"export of {checkpoint}/{options.step}")  # fmt: skip
+        hub = {"repo": options.hub_repo, "commit": getattr(commit, "oid", None), "url": str(commit)}
+    report = {
         "verdict": "PASS" if check["passed"] else "FAIL",
         "format": "huggingface",
-        "export_dir": str(output),
-        "checkpoint_dir": str(checkpoint_dir),
-        "checkpoint_step": step,
-        "parameter_count": count,
+        "export_dir": str(options.output),
+        "checkpoint_dir": str(checkpoint),
+        "checkpoint_step": options.step,
+        "parameter_count": written["parameter_count"],
+        "dtype": dtype,
         "architecture": "LlamaForCausalLM",
         "vocab_size": int(config.vocab_size),
-        "tokenizer": TOKENIZER_ASSET,
+        "max_position_embeddings": hf["max_position_embeddings"],
+        "tokenizer": tokenizer_source,
         "tokenizer_vocab_size": len(tokenizer),
         "scan_layers": bool(config.scan_layers),
-        "files": sorted(p.name for p in verify.checkpoint_path(str(output)).iterdir()),
+        "files": files,
+        "shards": written["shards"],
+        "layers_per_shard": options.layers_per_shard,
+        "memory": {
+            "rss_before_conversion_bytes": before,
+            "conversion_peak_rss_bytes": conversion_peak,
+            "largest_group_bytes": written["largest_group_bytes"],
+            "check_peak_rss_bytes": rss_peak_bytes(),
+        },
         "logits_check": check,
+        "hub": hub,
         "seconds": round(time.time() - started, 2),
     }
+    if remote:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+def _write_report(report: dict[str, Any], target: str | None) -> None:
+    """Print the report and write it to ``target`` (local or ``gs://``) too."""
+    if target and _is_remote(target):
+        verify.emit_report(report, None)
+        path = verify.checkpoint_path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    else:
+        verify.emit_report(report, Path(target) if target else None)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The exporter's options (its MaxText arguments follow ``--``)."""
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint-dir", required=True, help="the stage's checkpoint directory (local or gs://)")
+    p.add_argument("--step", required=True, type=int, help="the checkpoint step to export")
+    p.add_argument("--output", required=True, help="the export directory (local or gs://)")
+    p.add_argument("--report", help="write the JSON report here too (local or gs://)")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default=None,
+        help=f"weights' dtype (default bfloat16 from {BF16_FROM_PARAMETERS:.0e} parameters, else float32)",
+    )
+    p.add_argument("--hub-repo", help="after the checks pass, upload to this Hugging Face Hub repository "
+                   f"(OWNER/NAME; token from ${HF_TOKEN_ENV})")  # fmt: skip
+    p.add_argument("--tokens", type=int, default=TOKENS, help="tokens whose logits are compared")
+    p.add_argument(
+        "--sample-fraction",
+        type=float,
+        default=1.0,
+        help="fraction of the token positions whose logits are compared (seeded; for large models)",
+    )
+    p.add_argument(
+        "--layers-per-shard",
+        type=int,
+        default=LAYERS_PER_SHARD,
+        help="decoder layers converted and written at once (the memory bound's layer group)",
+    )
+    p.add_argument("--atol", type=float, default=ATOL, help="absolute tolerance of the logits check")
+    p.add_argument("--rtol", type=float, default=RTOL, help="relative tolerance of the logits check")
+    p.add_argument("--run-name", help="model card: the run")
+    p.add_argument("--stage", help="model card: the stage")
+    p.add_argument("--data-fingerprint", help="model card: the training data's fingerprint")
+    p.add_argument("--steps", type=int, help="model card: training steps")
+    p.add_argument("--train-loss", type=float, help="model card: final train loss")
+    p.add_argument("--eval-loss", type=float, help="model card: final eval loss")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; prints the JSON report last (and writes ``--report``). Exit 0 PASS, 1 FAIL, 2 error."""
     argv = sys.argv[1:] if argv is None else argv
     own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint-dir", required=True, type=verify.checkpoint_path)
-    parser.add_argument("--step", required=True, type=int, help="the checkpoint step to export")
-    parser.add_argument("--output", required=True, help="the export directory (local or gs://)")
-    parser.add_argument("--report", type=Path, help="write the JSON report here too")
-    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens whose logits are compared")
-    parser.add_argument("--atol", type=float, default=ATOL, help="absolute tolerance of the logits check")
-    parser.add_argument("--rtol", type=float, default=RTOL, help="relative tolerance of the logits check")
-    options = parser.parse_args(own)
+    p = parser()
+    options = p.parse_args(own)
     if not maxtext_args:
-        parser.error("give the stage's MaxText arguments after --, so the model can be built")
+        p.error("give the stage's MaxText arguments after --, so the model can be built")
+    if not 0 < options.sample_fraction <= 1:
+        p.error(f"--sample-fraction {options.sample_fraction}: give a fraction in (0, 1]")
+    if options.layers_per_shard < 1:
+        p.error(f"--layers-per-shard {options.layers_per_shard}: give 1 or more")
+    if options.hub_repo and (options.hub_repo.count("/") != 1 or not all(options.hub_repo.split("/"))):
+        p.error(f"--hub-repo {options.hub_repo}: give OWNER/NAME")
+    if options.hub_repo and not os.environ.get(HF_TOKEN_ENV):
+        report = {"verdict": "ERROR", "export_dir": options.output,
+                  "error": f"--hub-repo {options.hub_repo} needs a Hugging Face token in ${HF_TOKEN_ENV} (a write "
+                  "token of the repository's owner); nothing was exported"}  # fmt: skip
+        _write_report(report, options.report)
+        return 2
     try:
-        report = export(
-            options.checkpoint_dir, options.step, options.output, maxtext_args, options.tokens, options.atol,
-            options.rtol,
-        )  # fmt: skip
+        report = export(options, maxtext_args)
         status = 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the export could not be made
         report = {"verdict": "ERROR", "error": f"{type(error).__name__}: {error}", "export_dir": options.output}
         status = 2
-    verify.emit_report(report, options.report)
+    _write_report(report, options.report)
     return status
 
 

@@ -1,0 +1,119 @@
+"""Peak memory of the Hugging Face export at three model depths: flat in depth, bounded by a layer group.
+
+Writes a checkpoint of the tiny Llama 3 preset (``configs/models/llama3-tiny.yaml``'s dims) at 2, 4 and 8
+decoder layers (:data:`MAKE_CHECKPOINT`: MaxText's own model initialised and saved by Orbax in the layout MaxText
+trains with, ``params``/``opt_state``/``step`` with scanned layers: the cheapest real checkpoint, no training
+step), exports each with ``python -m multislice.trainer.export`` in its own trainer-environment process and reads
+the report's memory figures: the conversion's peak RSS (``getrusage``), the largest layer group's bytes and the
+check's peak. Results go to ``benchmarks/results/export_memory.json``::
+
+    heavy .venvs/pipeline/bin/python -m benchmarks.export_memory [--depths 2 4 8] [--emb 64]
+
+``--emb`` widens the model (``base_emb_dim``, ``base_mlp_dim`` = 4 x emb, heads of 16) so a layer weighs more
+than the process's baseline and a conversion that held every layer would show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from multislice.backends.local.environment import trainer_env, trainer_process_env
+
+#: The tiny preset's dims as MaxText arguments (``configs/models/llama3-tiny.yaml``), without the depth.
+TINY = [
+    "decoder_block=llama2", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16",
+    "vocab_size=128256", "mlp_activations=[silu,linear]", "rope_max_timescale=500000",
+    "normalization_layer_epsilon=1e-5", "logits_via_embedding=false", "enable_dropout=false",
+    "max_target_length=64", "per_device_batch_size=1", "run_name=export-bench",
+]  # fmt: skip
+
+#: Writes ``<dir>/<step>/items`` for the MaxText arguments after it (trainer environment): MaxText's model
+#: (``model_creation_utils.from_config``) initialised, its parameters unboxed and scaled so logits are large
+#: enough to tell a wrong conversion, saved with Orbax's ``PyTreeCheckpointer`` (OCDBT, as MaxText saves).
+MAKE_CHECKPOINT = """
+import sys
+import flax.linen as nn
+import jax, jax.numpy as jnp, orbax.checkpoint as ocp
+from etils import epath
+from multislice.trainer import verify
+from maxtext.utils import model_creation_utils
+out, step, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+jax.config.update("jax_default_prng_impl", "unsafe_rbg")
+cfg = verify._config(args)
+model = model_creation_utils.from_config(cfg)
+ids = jnp.zeros((1, 8), jnp.int32)
+key = jax.random.PRNGKey(0)
+params = nn.unbox(model.init({"params": key, "aqt": key, "dropout": key}, ids, jnp.arange(8)[None],
+                             decoder_segment_ids=jnp.ones_like(ids), enable_dropout=False))
+def spread(x):
+    return x * 10 if x.ndim >= 2 else x + 0.01 * jnp.arange(x.size).reshape(x.shape)
+params = jax.tree_util.tree_map(spread, params)
+state = {"params": params, "opt_state": {"count": jnp.zeros((), jnp.int32)}, "step": jnp.asarray(int(step), jnp.int32)}
+ocp.PyTreeCheckpointer().save(epath.Path(out) / step / "items", args=ocp.args.PyTreeSave(state))
+"""
+
+
+def write_checkpoint(directory: Path, step: int, maxtext_args: list[str]) -> None:
+    """A checkpoint of the model ``maxtext_args`` describe at ``directory/step/items`` (:data:`MAKE_CHECKPOINT`).
+
+    Raises:
+        RuntimeError: the trainer-environment process failed (its stderr's end).
+    """
+    python = trainer_env() / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-c", MAKE_CHECKPOINT, str(directory), str(step), *maxtext_args],
+        capture_output=True, text=True, env=trainer_process_env(trainer_env()),
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"checkpoint not written: {done.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure and write ``benchmarks/results/export_memory.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--emb", type=int, default=64, help="base_emb_dim (the tiny preset's is 64)")
+    parser.add_argument("--out", default="benchmarks/results/export_memory.json")
+    options = parser.parse_args(argv)
+    python = trainer_env() / "bin" / "python"
+    rows = []
+    for depth in options.depths:
+        args = [*TINY, f"base_num_decoder_layers={depth}", f"base_emb_dim={options.emb}",
+                f"base_mlp_dim={4 * options.emb}"]  # fmt: skip
+        if options.emb != 64:
+            args = [a for a in args if not a.startswith(("base_num_query_heads", "base_num_kv_heads"))]
+            args += [f"base_num_query_heads={options.emb // 16}", f"base_num_kv_heads={options.emb // 32}"]
+        with tempfile.TemporaryDirectory() as scratch:
+            write_checkpoint(Path(scratch) / "checkpoints", 1, args)
+            started = time.time()
+            report_file = Path(scratch) / "export.json"
+            done = subprocess.run(
+                [str(python), "-m", "multislice.trainer.export", "--checkpoint-dir", f"{scratch}/checkpoints",
+                 "--step", "1", "--output", f"{scratch}/export", "--report", str(report_file), "--", *args],
+                capture_output=True, text=True, env=trainer_process_env(trainer_env()),
+            )  # fmt: skip
+            report = json.loads(report_file.read_text()) if report_file.exists() else {"error": done.stderr[-2000:]}
+        memory = report.get("memory", {})
+        rows.append({
+            "layers": depth, "emb": options.emb, "verdict": report.get("verdict"), "error": report.get("error"),
+            "parameter_count": report.get("parameter_count"), "seconds": round(time.time() - started, 1),
+            **memory,
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    result = {"machine": f"{os.cpu_count()} cores", "load_average": os.getloadavg(), "date": time.strftime("%F"),
+              "rows": rows}  # fmt: skip
+    previous = json.loads(Path(options.out).read_text()) if Path(options.out).exists() else {}
+    previous[f"emb{options.emb}"] = result
+    Path(options.out).write_text(json.dumps(previous, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The Hugging Face exporter on small checkpoints made here (no training run): a sentencepiece stage, loaders, refusals.
+
+The shared end-to-end run (``tests/test_e2e_lineage.py``) exports the local profile's stage 2 (scanned layers,
+Llama 3 tiktoken). Here a checkpoint of the tiny preset's dims with unscanned layers and MaxText's Llama 2
+sentencepiece tokenizer (32,000 tokens, the model's vocab) is written in the trainer environment
+(:func:`benchmarks.export_memory.write_checkpoint`: MaxText's model initialised and saved by Orbax) and exported
+once; the tests read that export.
+"""
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.export_memory import TINY, write_checkpoint
+from multislice.backends.local.environment import trainer_process_env
+from multislice.trainer import export, verify
+from tests.conftest import run_in_trainer
+
+SENTENCEPIECE = "tokenizer.llama2"  # MaxText's Llama 2 sentencepiece model (assets/tokenizers), 32,000 pieces
+STRINGS = [
+    "Hello world", " leading space", "naïve café 東京", "a\nb\n\nc", "  two spaces", "12345 + 678 = ?",
+    "emoji 🙂 ok", "tabs\tand\r\nCRLF", "The quick brown fox.", "trailing   ", "MaxText -> Hugging Face",
+]  # fmt: skip
+
+
+def loader4(trainer_python):
+    return trainer_python.parent.parent.parent / "loader-hf4" / "bin" / "python"
+
+
+def exporter(trainer_python, checkpoints, output, args, *options, env=None):
+    done = subprocess.run(
+        [str(trainer_python), "-m", export.MODULE, "--checkpoint-dir", str(checkpoints), "--step", "3",
+         "--output", str(output), *options, "--", *args],
+        capture_output=True, text=True, env={**trainer_process_env(trainer_python.parent.parent), **(env or {})},
+        timeout=900,
+    )  # fmt: skip
+    report = verify.parse_report(done.stdout)
+    assert report is not None, done.stderr[-3000:]
+    return done.returncode, report
+
+
+@pytest.fixture(scope="module")
+def sp_stage(trainer_python, tmp_path_factory):
+    """A 2-layer unscanned checkpoint with the sentencepiece tokenizer, and its export (float32)."""
+    root = tmp_path_factory.mktemp("export-sp")
+    site = trainer_python.parent.parent / "lib" / "python3.12" / "site-packages" / "maxtext"
+    args = [a for a in TINY if not a.startswith("vocab_size=")] + [
+        "vocab_size=32000", "base_num_decoder_layers=2", "base_emb_dim=64", "base_mlp_dim=256",
+        "scan_layers=false", "tokenizer_type=sentencepiece", f"tokenizer_path={site}/assets/tokenizers/{SENTENCEPIECE}",
+        "add_bos=true", "add_eos=false",
+    ]  # fmt: skip
+    write_checkpoint(root / "checkpoints", 3, args)
+    status, report = exporter(trainer_python, root / "checkpoints", root / "export", args, "--sample-fraction", "0.5")
+    return SimpleNamespace(root=root, args=args, status=status, report=report, export=root / "export")
+
+
+def test_a_sentencepiece_stage_exports_its_own_tokenizer_and_both_loaders_match_maxtext(sp_stage):
+    assert sp_stage.status == 0, sp_stage.report
+    report = sp_stage.report
+    assert report["tokenizer"].startswith("sentencepiece ") and report["tokenizer"].endswith(SENTENCEPIECE)
+    assert report["tokenizer_vocab_size"] == report["vocab_size"] == 32000 and report["dtype"] == "float32"
+    assert report["scan_layers"] is False and report["shards"] == 2 + 2  # embedding, 2 layers, norm + head
+    check = report["logits_check"]
+    assert check["sample_fraction"] == 0.5 and check["positions"] == -(-check["tokens"] // 2)
+    versions = sorted(c["transformers_version"] for c in check["loaders"].values())
+    assert versions[0].startswith("4.57.") and versions[1].startswith("5.")
+    for loaded in check["loaders"].values():
+        bound = loaded["atol"] + loaded["rtol"] * loaded["max_abs_logit"]  # the check's tolerance at its largest logit
+        assert loaded["passed"] and loaded["max_abs_diff"] <= bound and loaded["ids_round_trip"]
+        assert loaded["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend")
+        assert loaded["rope_theta"] == 500000.0 and loaded["max_position_embeddings"] == 8192
+    settings = json.loads((sp_stage.export / "tokenizer_config.json").read_text())
+    assert settings["tokenizer_class"] == "PreTrainedTokenizerFast"
+    generation = json.loads((sp_stage.export / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 2)  # the sentencepiece model's <s>, </s>
+    card = (sp_stage.export / "README.md").read_text()
+    assert "| tokenizer | sentencepiece " in card and "| training steps |" in card
+
+
+ROUND_TRIP = """
+import json, sys
+from transformers import AutoTokenizer
+strings = json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+print(json.dumps([tokenizer(s)["input_ids"] for s in strings]))
+"""
+
+MAXTEXT_IDS = """
+import json, sys
+from multislice.trainer import export, verify
+config = export.stage_config(sys.argv[2:])
+tokenizer = export.maxtext_tokenizer(config)
+print(json.dumps([[int(i) for i in tokenizer.encode(s)] for s in json.loads(sys.argv[1])]))
+"""
+
+
+def test_the_exported_sentencepiece_tokenizer_encodes_as_maxtexts_in_both_loaders(sp_stage, trainer_python):
+    assert sp_stage.status == 0, sp_stage.report
+    done = run_in_trainer(trainer_python, MAXTEXT_IDS, json.dumps(STRINGS), *sp_stage.args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    maxtext_ids = json.loads(done.stdout.splitlines()[-1])
+    assert len(STRINGS) >= 9 and all(ids[0] == 1 for ids in maxtext_ids)  # BOS, as the stage's add_bos says
+    for python in (trainer_python, loader4(trainer_python)):
+        done = run_in_trainer(python, ROUND_TRIP, str(sp_stage.export), json.dumps(STRINGS))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.splitlines()[-1]) == maxtext_ids, python
+
+
+DROP_ROPE_THETA = """
+import json, shutil, sys
+from pathlib import Path
+from multislice.trainer import export, verify
+source, target = sys.argv[1], Path(sys.argv[2])
+shutil.copytree(source, target)
+config = json.loads((target / "config.json").read_text())
+del config["rope_theta"]  # what transformers 5 alone writes: 4.x then silently takes rope_theta 10000
+(target / "config.json").write_text(json.dumps(config))
+ids = list(range(1, 40))
+reference = export.hf_logits(str(target), ids)  # transformers 5 reads rope_parameters: the right model
+out = {}
+for name, python in (("5", Path(sys.executable)), ("4", export.loader4_python())):
+    import numpy as np
+    loaded = export.run_loader(python, str(target), ids, list(range(len(ids))), target)
+    out[name] = export.compare_logits(reference, np.load(loaded["logits_file"])) | {"rope": loaded["rope_theta"]}
+print(json.dumps(out))
+"""
+
+
+def test_the_check_fails_when_the_4x_loader_reads_another_model(sp_stage, trainer_python, tmp_path):
+    # The issue's finding: a config with only rope_parameters loads in 5.x and silently differs in 4.57.
+    assert sp_stage.status == 0, sp_stage.report
+    done = run_in_trainer(trainer_python, DROP_ROPE_THETA, str(sp_stage.export), str(tmp_path / "no-theta"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["5"]["passed"] and found["5"]["rope"] == 500000.0
+    assert not found["4"]["passed"] and found["4"]["rope"] == 10000.0
+    assert found["4"]["max_abs_diff"] > 10 * found["4"]["atol"]
+
+
+def test_a_tokenizer_larger_than_the_models_vocab_is_an_error(sp_stage, trainer_python, tmp_path):
+    # The Llama 3 tokenizer (128,256 tokens) on the 32,000-vocab model: never ids modulo the vocab.
+    args = [a for a in sp_stage.args if not a.startswith(("tokenizer_type=", "tokenizer_path="))]
+    site = trainer_python.parent.parent / "lib" / "python3.12" / "site-packages" / "maxtext"
+    args += ["tokenizer_type=tiktoken", f"tokenizer_path={site}/{export.TOKENIZER_ASSET}"]
+    status, report = exporter(trainer_python, sp_stage.root / "checkpoints", tmp_path / "out", args)
+    assert status == 2 and report["verdict"] == "ERROR"
+    assert "128256 tokens" in report["error"] and "vocab_size is 32000" in report["error"]
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_hub_upload_without_a_token_is_refused_before_exporting(sp_stage, trainer_python, tmp_path):
+    env = {"HF_TOKEN": ""}
+    status, report = exporter(
+        trainer_python,
+        sp_stage.root / "checkpoints",
+        tmp_path / "out",
+        sp_stage.args,
+        "--hub-repo",
+        "me/model",
+        env=env,
+    )
+    assert status == 2 and "HF_TOKEN" in report["error"] and "--hub-repo me/model" in report["error"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_default_dtype_is_bfloat16_from_a_billion_parameters():
+    def llama(layers, emb, mlp, vocab, heads=32, kv=8, head_dim=128):
+        return SimpleNamespace(emb_dim=emb, num_query_heads=heads, num_kv_heads=kv, head_dim=head_dim, mlp_dim=mlp,
+                               num_decoder_layers=layers, vocab_size=vocab)  # fmt: skip
+
+    eight_b = llama(32, 4096, 14336, 128256)
+    assert export.parameter_count(eight_b) == 8_030_261_248  # Llama 3 8B's published count
+    assert export.default_dtype(eight_b) == "bfloat16"
+    tiny = llama(4, 64, 256, 128256, heads=4, kv=2, head_dim=16)
+    assert export.default_dtype(tiny) == "float32"
+
+
+def test_sampled_positions_are_a_seeded_fraction():
+    assert export.sample_positions(10, 1.0) == list(range(10))
+    chosen = export.sample_positions(100, 0.1)
+    assert len(chosen) == 10 and chosen == sorted(set(chosen)) and chosen == export.sample_positions(100, 0.1)
+    assert len(export.sample_positions(3, 0.01)) == 1
+
+
+def test_layer_groups_put_the_embedding_first_and_each_layer_in_its_own_shard():
+    scanned = {
+        "params-token_embedder-embedding": "model.embed_tokens.weight",
+        "params-decoder-layers-mlp-wi_0-kernel": [f"model.layers.{i}.mlp.gate_proj.weight" for i in range(3)],
+        "params-decoder-decoder_norm-scale": "model.norm.weight",
+        "params-decoder-logits_dense-kernel": "lm_head.weight",
+    }
+    groups = export.layer_groups(scanned, 3, 2)
+    assert [[name for _, _, name in g] for g in groups] == [
+        ["model.embed_tokens.weight"],
+        ["model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate_proj.weight"],
+        ["model.layers.2.mlp.gate_proj.weight"],
+        ["model.norm.weight", "lm_head.weight"],
+    ]
+    assert groups[1][1][:2] == ("params-decoder-layers-mlp-wi_0-kernel", 1)  # layer 1's slice of the stacked array

@@ -425,6 +425,7 @@ class ExportReport(StepReport):
         files: The export directory's files.
         logits_check: ``passed``, ``max_abs_diff``, ``max_abs_logit``, ``argmax_agree``, ``atol``, ``rtol``,
             ``detail``.
+        job: The export Job that ran it (GKE), or None.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -445,6 +446,7 @@ class ExportReport(StepReport):
     logits_check: dict[str, Any] | None = None
     seconds: float | None = None
     error: str | None = None
+    job: str | None = None
 
 
 class CleanupReport(StepReport):

@@ -76,12 +76,37 @@ class Unsupported(ValueError):
     """The stage's model cannot be exported as a Hugging Face Llama (the message says which setting)."""
 
 
-def command(checkpoint_dir: str, step: int, output: str, maxtext_args: list[str], python: str = "python") -> list[str]:
-    """The exporter's command line for a stage (an argument list, never a shell string)."""
-    return [
-        python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output,
-        "--", *maxtext_args,
-    ]  # fmt: skip
+def command(
+    checkpoint_dir: str,
+    step: int,
+    output: str,
+    maxtext_args: list[str],
+    python: str = "python",
+    *,
+    dtype: str | None = None,
+    hub_repo: str | None = None,
+    report: str | None = None,
+) -> list[str]:
+    """The exporter's command line for a stage (an argument list, never a shell string).
+
+    Args:
+        checkpoint_dir: The stage's checkpoint directory (local or ``gs://``).
+        step: The checkpoint step to export.
+        output: The export directory (local or ``gs://``).
+        maxtext_args: The stage's MaxText ``key=value`` arguments.
+        python: The interpreter.
+        dtype: ``--dtype`` (``bfloat16`` or ``float32``); None: the exporter's default.
+        hub_repo: ``--hub-repo OWNER/NAME`` (the token from ``$HF_TOKEN``, never an argument); None: no upload.
+        report: ``--report``: where the exporter writes its JSON report too (local or ``gs://``).
+    """
+    argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if hub_repo:
+        argv += ["--hub-repo", hub_repo]
+    if report:
+        argv += ["--report", report]
+    return [*argv, "--", *maxtext_args]
 
 
 def tokenizer_path() -> Path:

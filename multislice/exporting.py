@@ -7,22 +7,23 @@ Used by the plan (the export's dtype, :func:`default_dtype`), the config checks 
 mirrored here from the stage's config, without MaxText.
 
 Memory of the export (:func:`sizing`), ``P`` parameters, ``b`` bytes per exported element (2 for bfloat16, 4 for
-float32):
+float32), from the exporter's phases, which run one after the other (:mod:`multislice.trainer.export`):
 
-* conversion, streamed (restore a layer group of the checkpoint with Orbax partial restore, convert it, write its
-  safetensors shard, free it): the largest group restored in float32 plus its converted copy,
-  ``2 x 4 x max(one layer, vocab x emb)`` bytes: the embedding and the output head are the largest single arrays
-  of a Llama 3 model (:data:`CONVERSION_GROUP_COPIES`);
-* the logits check: MaxText's forward pass holds the parameters in float32 (``4 P``) and ``transformers`` holds the
-  exported model in its dtype (``b P``), one after the other or together: counted together
-  (:data:`CHECK_BYTES_PER_PARAMETER` + ``b``);
-* :data:`OVERHEAD_BYTES` for the interpreter, JAX, torch and the tokenizer.
+* the streamed conversion (read a layer group of the checkpoint, convert it, write its safetensors shard, free
+  it): the largest group in float32 plus its converted copy, ``2 x 4 x max(one layer, vocab x emb)`` bytes (the
+  embedding and the output head are the largest single arrays of a Llama 3 model; :data:`CONVERSION_GROUP_COPIES`);
+* MaxText's side of the logits check: the restored parameters in float32, their copy rounded to the export's dtype
+  (bfloat16 only: the check compares against MaxText on the weights the loaders see), and the model's own JAX
+  arrays: :data:`REFERENCE_FLOAT32_COPIES` float32 copies, ``3 x 4 P`` in bfloat16, ``2 x 4 P`` in float32;
+* each loader (a separate process, after MaxText's side is freed): the exported weights read (``b P``) and the
+  model in float32 (``4 P``);
+* :data:`OVERHEAD_BYTES` for the interpreter, JAX, torch and the tokenizer, on top of the largest phase.
 
-So Llama 3 8B (8.03e9 parameters, embedding 128256 x 4096) in bfloat16: 6 x 8.03e9 + 8 x 0.525e9 + 4 GiB = 56.7e9
-bytes, a request of 53 GiB; Llama 3 70B (70.55e9, embedding 128256 x 8192): 6 x 70.55e9 + 8 x 1.05e9 + 4 GiB =
-436e9 bytes, 407 GiB. The scratch volume holds the export before it is copied to ``gs://``: ``b P`` plus
-:data:`SCRATCH_MARGIN` (tokenizer files, the safetensors index; 10 %) and 1 GiB: 16 GiB for 8B, 146 GiB for 70B in
-bfloat16.
+So Llama 3 8B (8.03e9 parameters) in bfloat16: 12 x 8.03e9 + 4 GiB = 100.6e9 bytes, a request of 94 GiB; Llama 3
+70B (70.55e9): 12 x 70.55e9 + 4 GiB = 850.9e9 bytes, 793 GiB. MaxText's side dominates; an exporter that rounds in
+place or feeds its arrays to JAX without a copy lowers :data:`REFERENCE_FLOAT32_COPIES` and these requests with it.
+The scratch volume holds the export before it is copied to ``gs://``: ``b P`` plus :data:`SCRATCH_MARGIN`
+(tokenizer files, the safetensors index; 10 %) and 1 GiB: 18 GiB for 8B, 146 GiB for 70B in bfloat16.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from typing import Any
 BFLOAT16_FROM_PARAMETERS = 10**9
 #: Bytes per element of the export's dtypes.
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-#: MaxText's side of the logits check: the parameters in float32, bytes per parameter.
-CHECK_BYTES_PER_PARAMETER = 4
-#: The conversion's largest group: restored (float32) and converted, so two float32 copies of it.
+#: MaxText's side of the logits check, float32 copies of the parameters held at once, by export dtype: the restored
+#: parameters, the copy rounded to the export's dtype (bfloat16 only), the model's JAX arrays.
+REFERENCE_FLOAT32_COPIES = {"bfloat16": 3, "float32": 2}
+#: The conversion's largest group: read (float32) and converted, so two float32 copies of it.
 CONVERSION_GROUP_COPIES = 2
 #: Interpreter, JAX, torch, tokenizer and logits, bytes.
 OVERHEAD_BYTES = 4 * 2**30
@@ -96,7 +98,7 @@ class ExportSizing:
 
     @staticmethod
     def quantity(count: int) -> str:
-        """``count`` bytes as a Kubernetes quantity in whole GiB, rounded up (``53Gi``)."""
+        """``count`` bytes as a Kubernetes quantity in whole GiB, rounded up (``94Gi``)."""
         return f"{max(1, math.ceil(count / 2**30))}Gi"
 
 
@@ -113,9 +115,10 @@ def sizing(stage: Any, dtype: str) -> ExportSizing:
         raise ValueError(f"stage {stage.name}: the model's dimensions are unknown; cannot size its export")
     width = DTYPE_BYTES[dtype]
     largest = max(dims.layer_parameters, dims.vocab_size * dims.emb_dim)
-    memory = (
-        (CHECK_BYTES_PER_PARAMETER + width) * dims.parameters + CONVERSION_GROUP_COPIES * 4 * largest + OVERHEAD_BYTES
-    )
+    conversion = CONVERSION_GROUP_COPIES * 4 * largest
+    reference = REFERENCE_FLOAT32_COPIES[dtype] * 4 * dims.parameters
+    loader = (4 + width) * dims.parameters
+    memory = max(conversion, reference, loader) + OVERHEAD_BYTES
     scratch = math.ceil(width * dims.parameters * (1 + SCRATCH_MARGIN)) + 2**30
     return ExportSizing(parameters=dims.parameters, dtype=dtype, memory_bytes=memory, scratch_bytes=scratch)
 

@@ -956,7 +956,7 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     pod = created["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == plan.spec.service_accounts.trainer
     assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "export-highmem"}
-    assert pod["containers"][0]["resources"]["requests"]["memory"] == "53Gi"  # 8B in bfloat16: docs/delivery.md
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "94Gi"  # 8B in bfloat16: docs/delivery.md
     assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "18Gi"
     assert {"name": "TMPDIR", "value": exporter.SCRATCH} in pod["containers"][0]["env"]
     assert created["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == RUN_ID

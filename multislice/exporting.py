@@ -185,6 +185,23 @@ def hub_token_locally() -> bool:
         return False
 
 
+def model_card(plan: Any, stage: Any) -> dict[str, Any]:
+    """The model card's facts for the exporter (:func:`multislice.trainer.export.command`'s ``card``): the run, the
+    stage, its data fingerprint (when the plan has one), the stage's training steps and the final train and eval
+    losses from the stage's train report in the run directory (left out when it has none, e.g. before training)."""
+    from multislice import reports
+
+    trained = reports.read(reports.TrainReport, plan, stage)
+    return {
+        "run": plan.spec.run_name,
+        "stage": stage.name,
+        "data_fingerprint": getattr(stage, "data_fingerprint", None),
+        "steps": stage.steps,
+        "train_loss": trained.final_loss if trained else None,
+        "eval_loss": getattr(trained, "final_eval_loss", None) if trained else None,
+    }
+
+
 def nearest_existing(path: str) -> str:
     """The deepest existing path (a directory or a file) at or above local ``path``."""
     current = os.path.abspath(path)

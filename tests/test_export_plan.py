@@ -168,6 +168,10 @@ def test_the_exporter_command_carries_dtype_hub_repo_and_report_but_never_a_toke
     assert argv == ["python", "-m", export.MODULE, "--checkpoint-dir", "gs://b/c", "--step", "9", "--output",
                     "gs://b/e", "--dtype", "bfloat16", "--hub-repo", "o/n", "--report", "gs://b/r.json", "--",
                     "model_name=llama3-8b"]  # fmt: skip
+    card = {"run": "r1", "stage": "s", "data_fingerprint": None, "steps": 20, "train_loss": 6.5, "eval_loss": None}
+    argv = export.command("c", 19, "e", ["k=v"], card=card)
+    assert argv[argv.index("--run-name") :] == ["--run-name", "r1", "--stage", "s", "--steps", "20", "--train-loss",
+                                                  "6.5", "--", "k=v"]  # fmt: skip
 
 
 SECRET = "projects/team-project/secrets/hf-token/versions/latest"

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from multislice import config, metrics, names, reports, storage
+from multislice import config, exporting, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, exporter, jobs, nodepool, retry
@@ -938,6 +938,7 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     kube = served.kube()
     stage = stage_of(plan)
     assert stage.export == "huggingface" and stage.export_dtype == "bfloat16"
+    reports.write(plan, reports.TrainReport(jobset=stage.jobset, final_loss=5.0, final_eval_loss=5.25), stage)
     with Background(lambda: exporter_runs(play, stage)):
         report = export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
     uri = "gs://bucket/runs/r1/llama3-8b/export/huggingface"
@@ -947,11 +948,12 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     created = play.batch.api_client.sanitize_for_serialization(
         play.batch.read_namespaced_job(exporter.job_name(stage), "default")
     )
-    rendered = exporter.render_job(plan, stage, RUN_ID)
-    assert (
-        created["spec"]["template"]["spec"]["containers"][0]["command"]
-        == (rendered["spec"]["template"]["spec"]["containers"][0]["command"])
-    )
+    rendered = exporter.render_job(plan, stage, RUN_ID, exporting.model_card(plan, stage))
+    command = created["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == rendered["spec"]["template"]["spec"]["containers"][0]["command"]
+    card = command[command.index("--run-name") : command.index("--")]  # the model card: from the train report
+    assert card == ["--run-name", "r1", "--stage", "llama3-8b", "--steps", "200", "--train-loss", "5.0",
+                    "--eval-loss", "5.25"]  # fmt: skip
     assert manifests.object_problems(rendered) == []
     pod = created["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == plan.spec.service_accounts.trainer

@@ -76,6 +76,13 @@ class Unsupported(ValueError):
     """The stage's model cannot be exported as a Hugging Face Llama (the message says which setting)."""
 
 
+#: The model card's facts (:func:`command`'s ``card``) and the exporter's options for them.
+CARD_OPTIONS = {
+    "run": "--run-name", "stage": "--stage", "data_fingerprint": "--data-fingerprint", "steps": "--steps",
+    "train_loss": "--train-loss", "eval_loss": "--eval-loss",
+}  # fmt: skip
+
+
 def command(
     checkpoint_dir: str,
     step: int,
@@ -86,6 +93,7 @@ def command(
     dtype: str | None = None,
     hub_repo: str | None = None,
     report: str | None = None,
+    card: dict[str, Any] | None = None,
 ) -> list[str]:
     """The exporter's command line for a stage (an argument list, never a shell string).
 
@@ -98,6 +106,9 @@ def command(
         dtype: ``--dtype`` (``bfloat16`` or ``float32``); None: the exporter's default.
         hub_repo: ``--hub-repo OWNER/NAME`` (the token from ``$HF_TOKEN``, never an argument); None: no upload.
         report: ``--report``: where the exporter writes its JSON report too (local or ``gs://``).
+        card: The model card's facts, each given one an option (None values left out): ``run`` (``--run-name``),
+            ``stage``, ``data_fingerprint``, ``steps``, ``train_loss``, ``eval_loss``
+            (:func:`multislice.exporting.model_card`).
     """
     argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
     if dtype:
@@ -106,6 +117,9 @@ def command(
         argv += ["--hub-repo", hub_repo]
     if report:
         argv += ["--report", report]
+    for key, option in CARD_OPTIONS.items():
+        if (card or {}).get(key) is not None:
+            argv += [option, str(card[key])]
     return [*argv, "--", *maxtext_args]
 
 

@@ -64,8 +64,13 @@ def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:
     }
 
 
-def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+def render_job(
+    plan: Plan, stage: StagePlan, pipeline_run_id: str, card: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The export Job (batch/v1): one pod, no retries, the trainer image, CPU only, a scratch ``emptyDir``.
+
+    ``card``: the model card's facts (:func:`multislice.exporting.model_card`); None: the run and stage only (what
+    ``multislice render`` writes, before any training).
 
     Raises:
         ValueError: the stage has no export.
@@ -75,6 +80,7 @@ def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, 
     argv = export.command(
         stage.checkpoint_dir, stage.final_step, stage.export_dir, list(stage.maxtext_args),
         dtype=stage.export_dtype, hub_repo=stage.export_hub_repo, report=stage.export_report,
+        card=card if card is not None else {"run": plan.spec.run_name, "stage": stage.name},
     )  # fmt: skip
     exporter = plan.spec.exporter
     if stage.export_hub_repo and exporter.hub_token_secret:
@@ -129,7 +135,7 @@ def run(
         multislice.backends.gke.jobs.JobUnschedulable: no node fits its requests.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
-    body = render_job(plan, stage, pipeline_run_id)
+    body = render_job(plan, stage, pipeline_run_id, exporting.model_card(plan, stage))
     state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what="export Job")
     name = body["metadata"]["name"]
     report = verify.parse_report(log)

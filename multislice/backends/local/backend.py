@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import names
+from multislice import exporting, names
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -359,4 +359,5 @@ class LocalBackend(Backend):
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout
         (raises VerifierTimeout)."""
-        return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret)[1]
+        card = exporting.model_card(plan, stage)
+        return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]

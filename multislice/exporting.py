@@ -172,17 +172,9 @@ def tokenizer_issue(tokenizer: Any, *, read_files: bool = False) -> str | None:
 
 
 def hub_token_locally() -> bool:
-    """Whether this machine has a Hugging Face token: ``$HF_TOKEN``, or the file huggingface_hub's ``hf auth
-    login`` writes (``$HF_TOKEN_PATH``, else ``$HF_HOME/token``, default ``~/.cache/huggingface/token``)."""
-    if os.environ.get("HF_TOKEN", "").strip():
-        return True
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    path = os.environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return bool(handle.read().strip())
-    except OSError:
-        return False
+    """Whether this machine's environment has a Hugging Face token in ``$HF_TOKEN``: what the exporter reads (its
+    contract with :func:`multislice.trainer.export.command`; the token file of ``hf auth login`` is not read)."""
+    return bool(os.environ.get("HF_TOKEN", "").strip())
 
 
 def model_card(plan: Any, stage: Any) -> dict[str, Any]:

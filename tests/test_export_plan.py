@@ -102,17 +102,12 @@ def test_an_export_directory_that_cannot_be_created_is_refused_at_plan(tmp_path)
 
 def test_a_hub_repository_without_a_token_here_is_refused_at_plan(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file written by `hf auth login`
     profile = local_profile(tmp_path, export_hub_repo="my-org/tiny")
     message = refused_at_plan(profile, tmp_path)
     assert f"{WHERE}.export_hub_repo" in message and "export HF_TOKEN" in message and "hub_token_secret" in message
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     assert exporting.hub_token_locally()
-    (tmp_path / "hf-home").mkdir()
-    monkeypatch.delenv("HF_TOKEN")
-    (tmp_path / "hf-home" / "token").write_text("hf_from_login\n")
-    assert exporting.hub_token_locally()
+    assert not config.export_environment_issues(config.load_spec(profile), {"tiny-70b-recipe": str(tmp_path / "e")})
 
 
 def test_a_hub_repository_on_gke_needs_a_named_token_and_never_takes_the_token_itself():

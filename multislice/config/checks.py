@@ -165,7 +165,7 @@ def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
 def export_environment_issues(spec: RunSpec, export_dirs: dict[str, str]) -> list[tuple[str, str]]:
     """Why a stage's export could not run, from what this machine has (the plan step runs these): the tokenizer's
     local files, a local destination that cannot be written, and, on the local backend, a Hub repository with no
-    token here (``$HF_TOKEN`` or huggingface_hub's token file) and no ``exporter.hub_token_secret``.
+    token here (``$HF_TOKEN``) and no ``exporter.hub_token_secret``.
 
     Args:
         spec: The run spec.
@@ -194,7 +194,7 @@ def export_environment_issues(spec: RunSpec, export_dirs: dict[str, str]) -> lis
                 (
                     f"{where}.export_hub_repo",
                     f"publishing to the Hugging Face Hub repository {stage.export_hub_repo} needs a token, and this "
-                    "machine has none: export HF_TOKEN (or run `hf auth login`), or set exporter.hub_token_secret to "
+                    "machine has none: export HF_TOKEN, or set exporter.hub_token_secret to "
                     "a Secret Manager secret version; or unset export_hub_repo",
                 )
             )

@@ -12,7 +12,7 @@ check, which compares float32 CPU forward passes of MaxText and ``transformers``
 completed and Kueue has given its quota to the next stage when the export starts; holding a slice for it would
 keep 16+ TPU chips idle and delay that stage. So the Job goes to the nodes ``exporter.node_selector`` names (a
 CPU node pool: docs/gke-setup.md), asks for the memory :func:`multislice.exporting.sizing` gives from the model
-(requests = limits, so the scheduler places it only where it fits and it is not the first pod evicted), and
+(memory request = limit, so the scheduler places it only where it fits and it is not the first pod evicted), and
 for scratch space: an ``emptyDir`` of the export's size, mounted at :data:`SCRATCH`, with ``TMPDIR`` and
 ``HF_HOME`` there, and an ``ephemeral-storage`` request of the same size.
 
@@ -53,14 +53,16 @@ def job_name(stage: StagePlan) -> str:
 
 
 def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:
-    """The export pod's requests and limits: memory and scratch from the model (:func:`multislice.exporting.sizing`),
-    ``exporter.cpu`` CPUs."""
+    """The export pod's requests and limits: memory (request = limit) and scratch (``ephemeral-storage`` request)
+    from the model (:func:`multislice.exporting.sizing`), ``exporter.cpu`` CPUs."""
     spec_stage = next(s for s in plan.spec.stages if s.name == stage.name)
     size = exporting.sizing(spec_stage, stage.export_dtype or exporting.default_dtype(spec_stage))
     memory, scratch = size.quantity(size.memory_bytes), size.quantity(size.scratch_bytes)
     return {
         "requests": {"cpu": str(plan.spec.exporter.cpu), "memory": memory, "ephemeral-storage": scratch},
-        "limits": {"memory": memory, "ephemeral-storage": scratch},
+        # No ephemeral-storage limit: the emptyDir's sizeLimit bounds the scratch, and the container's logs and
+        # writable layer, which the limit would count too, would evict the pod at the scratch's own size.
+        "limits": {"memory": memory},
     }
 
 
@@ -104,7 +106,7 @@ def render_job(
         )
     container["volumeMounts"] = [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH}]
     pod["volumes"] = [
-        {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": limits["limits"]["ephemeral-storage"]}}
+        {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": limits["requests"]["ephemeral-storage"]}}
     ]  # fmt: skip
     return job
 

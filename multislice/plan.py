@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from multislice import identity, maxtext, names, storage, tpu
+from multislice import exporting, identity, maxtext, names, storage, tpu
 from multislice.config import RunSpec, Stage, data
 from multislice.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
 
@@ -70,6 +70,10 @@ class StagePlan(BaseModel):
         wait_for_lost_slice_seconds: The stage's ``elastic.wait_for_lost_slice_seconds`` (None when not elastic).
         export: The export format after verification (``huggingface``), or None for none.
         export_dir: ``<stage_dir>/export/<format>``: where the export step writes it.
+        export_dtype: The exported weights' dtype (``bfloat16`` or ``float32``: the stage's ``export_dtype``, else
+            :func:`multislice.exporting.default_dtype`), or None without an export.
+        export_hub_repo: The Hugging Face Hub repository the export is also published to, or None.
+        export_report: ``<stage_dir>/export/report.json``: the exporter's own copy of its JSON report.
         launcher: How the stage is launched: ``jobset`` or ``ray`` (:attr:`RunSpec.launcher_for`).
         libtpu_flags: libtpu/XLA flags of the stage on TPU, name -> value (:meth:`RunSpec.libtpu_flags_for`):
             the TPU JobSet's ``LIBTPU_INIT_ARGS`` and preflight's compile flags; unused on CPU.
@@ -97,6 +101,9 @@ class StagePlan(BaseModel):
     wait_for_lost_slice_seconds: float | None = None
     export: str | None = None
     export_dir: str | None = None
+    export_dtype: str | None = None
+    export_hub_repo: str | None = None
+    export_report: str | None = None
     launcher: str = "jobset"
     libtpu_flags: dict[str, str] = {}
 
@@ -296,6 +303,9 @@ def make_plan(spec: RunSpec) -> Plan:
                 wait_for_lost_slice_seconds=stage.elastic.wait_for_lost_slice_seconds if stage.elastic else None,
                 export=stage.export,
                 export_dir=storage.join(stage_dir, "export", stage.export) if stage.export else None,
+                export_dtype=exporting.default_dtype(stage) if stage.export else None,
+                export_hub_repo=stage.export_hub_repo if stage.export else None,
+                export_report=storage.join(stage_dir, "export", "report.json") if stage.export else None,
                 launcher=spec.launcher_for(stage),
                 libtpu_flags=spec.libtpu_flags_for(stage),
             )

@@ -434,6 +434,7 @@ class ExportReport(StepReport):
         shards: Safetensors shards written (the conversion's layer groups).
         memory: Peak RSS of the conversion and of the check, and the largest group's bytes.
         hub: The Hugging Face Hub repository and commit, when uploaded.
+        job: The export Job that ran it (GKE), or None.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -459,6 +460,7 @@ class ExportReport(StepReport):
     hub: dict[str, Any] | None = None
     seconds: float | None = None
     error: str | None = None
+    job: str | None = None
 
 
 class CleanupReport(StepReport):

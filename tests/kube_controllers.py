@@ -227,6 +227,74 @@ class Play:
             name, self.ns, {"status": {"conditions": [{"type": kind, "status": "True"}]}}
         )
 
+    def job_pod(self, name: str) -> tuple[dict[str, Any], str]:
+        """The Job controller creates the pod of one-pod Job ``name`` (waits for the Job): ``(the Job, pod name)``.
+
+        As the Job controller (kubernetes ``pkg/controller/job/job_controller.go``): the pod
+        ``<job>-<5 random>`` from the Job's template, labelled ``job-name`` and ``batch.kubernetes.io/job-name``,
+        owned by the Job; the Job's ``status.active`` 1 and ``startTime``. The pod is Pending, not yet scheduled.
+        """
+        job = wait_until(
+            lambda: next((j for j in self.batch.list_namespaced_job(self.ns).items if j.metadata.name == name), None),
+            what=f"Job {name}",
+        )
+        job = self.batch.api_client.sanitize_for_serialization(job)
+        pod = f"{name}-k7q2m"
+        template = job["spec"]["template"]
+        labels = {**template["metadata"].get("labels", {}), "job-name": name, "batch.kubernetes.io/job-name": name}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
+                 "controller": True}  # fmt: skip
+        self.core.create_namespaced_pod(
+            self.ns,
+            {"metadata": {"name": pod, "labels": labels, "ownerReferences": [owner]}, "spec": template["spec"],
+             "status": {"phase": "Pending"}},
+        )  # fmt: skip
+        self.batch.patch_namespaced_job_status(
+            name, self.ns, {"status": {"active": 1, "startTime": "2026-11-24T10:00:00Z"}}
+        )
+        return job, pod
+
+    def job_pod_stuck(self, pod: str, reason: str, message: str) -> None:
+        """The kubelet cannot start the pod's container: ``containerStatuses[].state.waiting`` with ``reason``
+        (e.g. ``CreateContainerConfigError``, message ``secret "x" not found``: kubelet
+        ``pkg/kubelet/kubelet_pods.go``, ``makeEnvironmentVariables``); the pod stays Pending."""
+        self.pod_status(pod, {"phase": "Pending", "containerStatuses": [
+            {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "trainer", "imageID": "",
+             "state": {"waiting": {"reason": reason, "message": message}}}]})  # fmt: skip
+
+    def job_pod_ends(self, name: str, pod: str, log: str, exit_code: int = 0) -> None:
+        """The pod of one-pod Job ``name`` (``backoffLimit: 0``) ends with ``exit_code`` and ``log``; the Job ends.
+
+        The kubelet: the container terminated with the exit code, the pod ``Succeeded`` (0) or ``Failed``. The Job
+        controller (kubernetes ``pkg/controller/job/job_controller.go``, v1.31+, where the terminal condition waits
+        for the pods to terminate): first the interim condition, ``SuccessCriteriaMet`` (reason
+        ``CompletionsReached``, "Reached expected number of succeeded pods") or ``FailureTarget`` (reason
+        ``BackoffLimitExceeded``, "Job has reached the specified backoff limit": one failed pod exceeds
+        ``backoffLimit`` 0), then beside it the terminal ``Complete`` or ``Failed`` with the same reason, and
+        ``status.succeeded`` or ``failed`` 1, ``active`` 0 (``completionTime`` on success only).
+        """
+        self.log(pod, log)
+        terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
+        self.pod_status(pod, {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [
+            {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "trainer", "imageID": "",
+             "state": {"terminated": terminated}}]})  # fmt: skip
+        if exit_code == 0:
+            interim, terminal, reason, message = (
+                "SuccessCriteriaMet", "Complete", "CompletionsReached", "Reached expected number of succeeded pods"
+            )  # fmt: skip
+        else:
+            interim, terminal, reason, message = (
+                "FailureTarget", "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+            )  # fmt: skip
+        conditions = [{"type": interim, "status": "True", "reason": reason, "message": message}]
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": {"conditions": conditions}})
+        counts = {"succeeded": 1} if exit_code == 0 else {"failed": 1}
+        done = {"active": 0, **counts, "conditions": [
+            *conditions, {"type": terminal, "status": "True", "reason": reason, "message": message}]}  # fmt: skip
+        if exit_code == 0:
+            done["completionTime"] = "2026-11-24T10:30:00Z"
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": done})
+
 
 class KubeRay:
     """Plays Kueue's RayJob integration, KubeRay's RayJob and RayCluster controllers, the Job controller, the

@@ -7,7 +7,7 @@ import yaml
 from multislice import config
 from pipelines.multislice_training import compile_pipeline
 
-STEPS = ["plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "cleanup"]
+STEPS = ["plan", "preflight", "provision", "admit", "launch", "train", "verify_checkpoint", "export", "cleanup"]
 
 
 def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):

@@ -20,20 +20,22 @@ import time
 
 import pytest
 
-from multislice import config, metrics, names, reports, storage
+from multislice import config, exporting, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
-from multislice.backends.gke import GkeBackend, nodepool, retry
+from multislice.backends.gke import GkeBackend, exporter, jobs, nodepool, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
 from multislice.backends.gke import verifier as verifier_job
 from multislice.backends.gke.aot import job_name, render_job
+from multislice.delivery import lineage
 from multislice.plan import make_plan
 from multislice.preflight import PreflightError, PreflightFailed, request_for
 from multislice.render import jobset as render_jobset
-from multislice.render import rbac, schema
+from multislice.render import manifests, rbac, schema
 from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
+from multislice.steps import export as export_step
 from multislice.steps import plan as plan_step
 from multislice.timings import DEFAULTS
 from tests.kube_cluster import FAST, Served, wait_until
@@ -961,3 +963,128 @@ def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served
     with Background(leader_trains, told):
         trained = train.run(plan, stage.name, admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.final_loss, trained.restarts) == (3, 6.0, 0)
+
+
+# -- the Hugging Face export as a trainer-image Job ----------------------------------------------------------------
+
+
+def exporter_runs(play, stage, *, verdict="PASS", exit_code=0, report_in_log=True):
+    """Play the Job controller, the kubelet and the exporter for the stage's export Job: the pod writes the export
+    and its report to the ``gs://`` paths the Job's command names (a scripted exporter: these files, not a
+    conversion), prints the report last, and ends with ``exit_code``. Returns the report."""
+    job, pod = play.job_pod(exporter.job_name(stage))
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    output, report_path = argv[argv.index("--output") + 1], argv[argv.index("--report") + 1]
+    files = {"config.json": '{"architectures": ["LlamaForCausalLM"]}', "model.safetensors": "weights",
+             "tokenizer.json": "{}", "tokenizer_config.json": "{}"}  # fmt: skip
+    for name, text in files.items():
+        storage.write_text(storage.join(output, name), text)
+    check = {"passed": verdict == "PASS", "max_abs_diff": 2.6e-6 if verdict == "PASS" else 0.85, "atol": 1e-3,
+             "rtol": 1e-3, "detail": "64 tokens"}  # fmt: skip
+    report = {"verdict": verdict, "format": "huggingface", "export_dir": output, "checkpoint_step": stage.final_step,
+              "parameter_count": 8030261248, "architecture": "LlamaForCausalLM", "files": sorted(files),
+              "logits_check": check}  # fmt: skip
+    storage.write_text(report_path, json.dumps(report, indent=1))
+    log = "converting layer group 0\n" + (json.dumps(report, indent=1) + "\n" if report_in_log else "")
+    play.job_pod_ends(exporter.job_name(stage), pod, log, exit_code)
+    return report
+
+
+def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_names_it(served, play, plan, gcs):
+    kube = served.kube()
+    stage = stage_of(plan)
+    assert stage.export == "huggingface" and stage.export_dtype == "bfloat16"
+    reports.write(plan, reports.TrainReport(jobset=stage.jobset, final_loss=5.0, final_eval_loss=5.25), stage)
+    with Background(lambda: exporter_runs(play, stage)):
+        report = export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+    uri = "gs://bucket/runs/r1/llama3-8b/export/huggingface"
+    assert (report.verdict, report.export_dir, report.job) == ("PASS", uri, exporter.job_name(stage))
+
+    # The Job the backend created is the rendered one (valid as the API server checks it), on the export pool.
+    created = play.batch.api_client.sanitize_for_serialization(
+        play.batch.read_namespaced_job(exporter.job_name(stage), "default")
+    )
+    rendered = exporter.render_job(plan, stage, RUN_ID, exporting.model_card(plan, stage))
+    command = created["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == rendered["spec"]["template"]["spec"]["containers"][0]["command"]
+    card = command[command.index("--run-name") : command.index("--")]  # the model card: from the train report
+    assert card == ["--run-name", "r1", "--stage", "llama3-8b", "--steps", "200", "--train-loss", "5.0",
+                    "--eval-loss", "5.25"]  # fmt: skip
+    assert manifests.object_problems(rendered) == []
+    pod = created["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == plan.spec.service_accounts.trainer
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "export-highmem"}
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "94Gi"  # 8B in bfloat16: docs/delivery.md
+    assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "18Gi"
+    assert {"name": "TMPDIR", "value": exporter.SCRATCH} in pod["containers"][0]["env"]
+    assert created["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == RUN_ID
+
+    # The export is in the bucket, the step's report beside the others, and the Model artifact names the URI.
+    written = gcs.names(prefix="runs/r1/")
+    for name in report.files:
+        assert f"runs/r1/llama3-8b/export/huggingface/{name}" in written, name
+    assert "runs/r1/reports/llama3-8b/export.json" in written
+    metadata = lineage.export_model(plan, stage.name, report)
+    assert metadata["export_uri"] == uri
+    assert metadata["source_checkpoint_uri"] == f"gs://bucket/runs/r1/llama3-8b/checkpoints/{stage.final_step}"
+
+
+def test_export_report_is_read_from_the_bucket_when_the_log_lost_it(served, play, plan):
+    kube = served.kube()
+    stage = stage_of(plan)
+    with Background(lambda: exporter_runs(play, stage, report_in_log=False)):
+        report = export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+    assert report.verdict == "PASS" and report.export_dir.startswith("gs://bucket/runs/r1/")
+
+
+def test_export_whose_logits_differ_fails_the_step_with_the_verdict(served, play, plan):
+    kube = served.kube()
+    stage = stage_of(plan)
+    with Background(lambda: exporter_runs(play, stage, verdict="FAIL", exit_code=1)):
+        with pytest.raises(export_step.ExportFailed, match="verdict FAIL"):
+            export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+    job = play.batch.read_namespaced_job(exporter.job_name(stage), "default")
+    assert [c.type for c in job.status.conditions] == ["FailureTarget", "Failed"]
+
+
+def hub_plan(**exporter_fields):
+    overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True,
+                 "stages.0.export_hub_repo": "my-org/llama3-8b-r1",
+                 **{f"exporter.{k}": v for k, v in exporter_fields.items()}}  # fmt: skip
+    return make_plan(config.load_profile("gke-v6e-16x2", overrides))
+
+
+def test_export_to_the_hub_takes_its_token_from_a_kubernetes_secret_by_reference():
+    plan = hub_plan(hub_token_kubernetes_secret="hf-token")
+    job = exporter.render_job(plan, stage_of(plan), RUN_ID)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][container["command"].index("--hub-repo") + 1] == "my-org/llama3-8b-r1"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in (
+        container["env"]
+    )
+    assert manifests.object_problems(job) == []
+
+
+def test_export_to_the_hub_with_secret_manager_reads_the_token_in_the_pod():
+    version = "projects/p/secrets/hf-token/versions/latest"
+    plan = hub_plan(hub_token_secret=version)
+    container = exporter.render_job(plan, stage_of(plan), RUN_ID)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:5] == ["python", "-m", "multislice.trainer.hub_token", "--secret-version", version]
+    assert container["command"][6:9] == ["python", "-m", "multislice.trainer.export"]
+    assert not any(e["name"] == "HF_TOKEN" for e in container["env"])
+
+
+def test_export_job_whose_token_secret_is_missing_fails_at_once_naming_it(served, play):
+    plan = hub_plan(hub_token_kubernetes_secret="hf-token")
+    stage = stage_of(plan)
+    kube = served.kube()
+
+    def kubelet_cannot_start():
+        _, pod = play.job_pod(exporter.job_name(stage))
+        play.job_pod_stuck(pod, "CreateContainerConfigError", 'secret "hf-token" not found')
+
+    with Background(kubelet_cannot_start):
+        with pytest.raises(jobs.JobPodStuck, match='secret "hf-token" not found') as caught:
+            export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+    assert "create it in the namespace" in caught.value.fix
+    assert exporter.job_name(stage) not in [j.metadata.name for j in play.batch.list_namespaced_job("default").items]

@@ -145,6 +145,8 @@ OTHER_FIELDS = [
     "cluster.name", "stages.0.model.decoder_block", "stages.0.checkpoint_period", "notify_webhook_secret",
     "stages.0.maxtext_overrides.weight_dtype", "stages.0.maxtext_overrides.optimizer_memory_host_offload",
     "stages.0.maxtext_overrides.no_such_maxtext_key", "stages.0.model.mlp_activations", "tpu_type", "backend",
+    "stages.1.export_hub_repo", "stages.1.export_dtype", "exporter.hub_token_secret",
+    "exporter.hub_token_kubernetes_secret",
 ]  # fmt: skip
 
 

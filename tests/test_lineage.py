@@ -70,17 +70,6 @@ def test_export_is_checked_when_the_profile_is_loaded():
     assert plan.stages[1].export_dir == f"{plan.stages[1].stage_dir}/export/huggingface"
 
 
-def test_a_backend_without_an_exporter_refuses_the_export_naming_the_field(plan):
-    from multislice.backends.gke.backend import GkeBackend
-    from multislice.errors import RunFailed
-
-    stage = plan.stages[1]
-    backend = GkeBackend.__new__(GkeBackend)  # the base class's run_exporter needs no state
-    with pytest.raises(RunFailed) as error:
-        backend.run_exporter(plan, stage, "run-1", print)
-    assert f"remove stages.{stage.name}.export" in str(error.value)
-
-
 def test_checkpoint_model_metadata(plan, tmp_path):
     stage = plan.stages[1]
     report = TrainReport(jobset=stage.jobset, final_loss=6.5, first_loss=7.0)

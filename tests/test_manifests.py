@@ -157,7 +157,7 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
                 assert schema.problems(obj, crds_dir) == [], (path.name, crds_dir)
     assert kinds == {
         "JobSet", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass",
-        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CronJob",
+        "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CronJob", "Job",
     }  # fmt: skip
     # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
     node_pools = json.loads((tmp_path / manifests.NODE_POOL_PLAN).read_text())
@@ -220,3 +220,26 @@ def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would()
     broken = copy.deepcopy(reaper)
     broken["spec"]["schedul"] = "* * * * *"
     assert "unknown fields ['schedul']" in manifests.object_problems(broken)[0]
+
+
+def test_the_export_job_is_checked_as_the_api_server_would():
+    """Each stage's export Job (``job-<stage>-export.yaml``): a misspelt field, a bad quantity or a limit below its
+    request is refused by ``object_problems``, as the API server refuses them."""
+    import copy
+
+    from multislice import config
+    from multislice.backends.gke import exporter
+    from multislice.plan import make_plan
+
+    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    job = exporter.render_job(plan, plan.stages[1], "run-1")
+    assert manifests.object_problems(job) == []
+    bad = copy.deepcopy(job)
+    container = bad["spec"]["template"]["spec"]["containers"][0]
+    container["volumeMount"] = container.pop("volumeMounts")
+    container["resources"]["requests"]["cpu"] = "eight"
+    container["resources"]["limits"]["memory"] = "1Gi"
+    found = "\n".join(manifests.object_problems(bad))
+    assert "unknown fields ['volumeMount']" in found
+    assert "resources.requests.cpu: 'eight' is not a quantity" in found
+    assert "memory limit below its request" in found

@@ -349,19 +349,19 @@ class Backend(abc.ABC):
             multislice.errors.RunFailed: the verifier left no report.
         """
 
+    @abc.abstractmethod
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """Export the stage's final checkpoint (``stage.export``, to ``stage.export_dir``) and check it; its report.
 
-        The default refuses: a backend that can run the exporter (:mod:`multislice.trainer.export`) overrides it.
+        With the stage's ``export_dtype`` and ``export_hub_repo`` (:func:`multislice.trainer.export.command`): a
+        trainer-environment process locally, a trainer-image Job on a CPU node pool on GKE
+        (:mod:`multislice.backends.gke.exporter`). An export that could not run is refused at plan
+        (:func:`multislice.config.checks.export_issues`), not here.
 
         Raises:
             VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
-            multislice.errors.RunFailed: the exporter left no report, or this backend has no exporter.
+            multislice.errors.RunFailed: the exporter left no report.
         """
-        raise RunFailed(
-            f"the {type(self).__name__} cannot run the {stage.export} export of stage {stage.name}",
-            f"remove stages.{stage.name}.export, or run the stage on the local backend",
-        )
 
     @abc.abstractmethod
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:

@@ -14,7 +14,7 @@ profile), :mod:`.parameters` (the pipeline's parameters and where each lands),
 """
 
 from multislice.config import data, values
-from multislice.config.checks import cross_field_issues
+from multislice.config.checks import cross_field_issues, export_environment_issues
 from multislice.config.models import (
     ZONE,
     AdditionalNodeNetwork,
@@ -47,6 +47,7 @@ __all__ = [
     "ModelSpec",
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
     "TimeoutsSpec",
-    "apply_overrides", "cross_field_issues", "load_profile", "load_spec", "parse_set_arguments", "profile_path",
+    "apply_overrides", "cross_field_issues", "export_environment_issues", "load_profile", "load_spec",
+    "parse_set_arguments", "profile_path",
     "read_profile", "spec_to_data", "values",
 ]  # fmt: skip

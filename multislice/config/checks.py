@@ -97,6 +97,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
         from multislice.elastic import elastic_issues  # imports the models: not at module level (a cycle)
 
         issues += elastic_issues(spec, stage, where)
+        issues += export_issues(spec, stage, where)
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (
@@ -137,6 +138,79 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
             )
         )
+    return issues
+
+
+def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
+    """Why a stage's ``export`` could not run, from the spec alone (:mod:`multislice.exporting`): a model or
+    tokenizer the exporter cannot export, a Hub repository without a credential on GKE, export options without
+    ``export``. The plan step adds what needs this machine (:func:`export_environment_issues`)."""
+    from multislice import exporting
+
+    issues: list[tuple[str, str]] = []
+    if not stage.export:
+        for name in ("export_dtype", "export_hub_repo"):
+            if getattr(stage, name) is not None:
+                issues.append((f"{where}.{name}", f"{name} is set but export is not; set export: huggingface, or unset "
+                                                  f"{name}"))  # fmt: skip
+        return issues
+    problem = exporting.model_issue(stage)
+    if problem:
+        issues.append((f"{where}.export", f"{problem}; unset export for this stage"))
+    problem = exporting.tokenizer_issue(stage.tokenizer)
+    if problem:
+        issues.append((f"{where}.tokenizer", f"{problem}; or unset export for this stage"))
+    exporter = spec.exporter
+    if stage.export_hub_repo and spec.backend == "gke":
+        if not (exporter.hub_token_secret or exporter.hub_token_kubernetes_secret):
+            issues.append(
+                (
+                    f"{where}.export_hub_repo",
+                    f"publishing to the Hugging Face Hub repository {stage.export_hub_repo} needs a token, and none "
+                    "is named; set exporter.hub_token_kubernetes_secret to a Kubernetes Secret of namespace "
+                    f"{spec.namespace} with key token (KFP), or exporter.hub_token_secret to a Secret Manager secret "
+                    "version (Vertex AI); or unset export_hub_repo",
+                )
+            )
+    return issues
+
+
+def export_environment_issues(spec: RunSpec, export_dirs: dict[str, str]) -> list[tuple[str, str]]:
+    """Why a stage's export could not run, from what this machine has (the plan step runs these): the tokenizer's
+    local files, a local destination that cannot be written, and, on the local backend, a Hub repository with no
+    token here (``$HF_TOKEN``) and no ``exporter.hub_token_secret``.
+
+    Args:
+        spec: The run spec.
+        export_dirs: Stage name -> its export directory (``multislice.plan.StagePlan.export_dir``).
+    """
+    from multislice import exporting
+
+    issues: list[tuple[str, str]] = []
+    for i, stage in enumerate(spec.stages):
+        if not stage.export:
+            continue
+        where = f"stages[{i}] ({stage.name})"
+        problem = exporting.tokenizer_issue(stage.tokenizer, read_files=spec.backend == "local")
+        if problem:
+            issues.append((f"{where}.tokenizer", f"{problem}; or unset export for this stage"))
+        problem = exporting.destination_issue(export_dirs[stage.name])
+        if problem:
+            issues.append(("output_dir", f"{problem}; choose an output_dir this user can write"))
+        if (
+            stage.export_hub_repo
+            and spec.backend == "local"
+            and not spec.exporter.hub_token_secret
+            and not exporting.hub_token_locally()
+        ):
+            issues.append(
+                (
+                    f"{where}.export_hub_repo",
+                    f"publishing to the Hugging Face Hub repository {stage.export_hub_repo} needs a token, and this "
+                    "machine has none: export HF_TOKEN, or set exporter.hub_token_secret to "
+                    "a Secret Manager secret version; or unset export_hub_repo",
+                )
+            )
     return issues
 
 

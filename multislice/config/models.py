@@ -31,6 +31,14 @@ STORAGE_WRITE_SCOPES = frozenset(
     }
 )
 
+#: A Hugging Face Hub repository id, ``OWNER/NAME`` (huggingface_hub ``validate_repo_id``: letters, digits,
+#: ``-``, ``_``, ``.``; at most 96 characters; no leading or trailing ``-`` or ``.``; no ``--`` or ``..``).
+HUB_REPO = re.compile(
+    r"(?!.*(--|\.\.))[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+)
+#: The Kubernetes Secret (key ``token``) the export Job reads ``HF_TOKEN`` from on GKE, when named.
+HUB_TOKEN_KEY = "token"
+
 #: Most steps a stage may train: MaxText counts steps in an int32 (JAX's default integer).
 MAX_STEPS = INT32_MAX
 #: Longest sequence a stage may train, tokens (2^20): far beyond any MaxText model's context, and a
@@ -289,6 +297,17 @@ class Stage(_Strict):
         description="Export the final checkpoint after verification: huggingface (safetensors, config.json and "
         "the Llama 3 tokenizer, checked by its logits against MaxText's); null for none.",
     )
+    export_dtype: Literal["bfloat16", "float32"] | None = Field(
+        None,
+        description="dtype of the exported weights; default bfloat16 for a model of 10^9 parameters or more, "
+        "else float32.",
+    )
+    export_hub_repo: str | None = Field(
+        None,
+        description="Also publish the export to this Hugging Face Hub model repository (OWNER/NAME); the token comes "
+        "from exporter.hub_token_secret (Secret Manager) or exporter.hub_token_kubernetes_secret (GKE), locally "
+        "from $HF_TOKEN. Null: write to the run directory only.",
+    )
     launcher: Literal["jobset", "ray"] | None = Field(
         None, description="How this stage is launched (jobset or ray); default: the run's launcher."
     )
@@ -307,6 +326,16 @@ class Stage(_Strict):
         if not names.DNS1035_LABEL.fullmatch(value):
             raise ValueError(
                 f"{value!r} is not a DNS-1035 label: use lower-case letters, digits and '-', starting with a letter"
+            )
+        return value
+
+    @field_validator("export_hub_repo")
+    @classmethod
+    def _hub_repo(cls, value: str | None) -> str | None:
+        if value is not None and not HUB_REPO.fullmatch(value):
+            raise ValueError(
+                f"{value[:100]!r} is not a Hugging Face Hub repository id; give OWNER/NAME (letters, digits, '-', "
+                "'_', '.'; at most 96 characters per part, not starting or ending with '-' or '.')"
             )
         return value
 
@@ -836,6 +865,68 @@ class RaySpec(_Strict):
     )
 
 
+class ExporterSpec(_Strict):
+    """Where the Hugging Face export of a stage (``stages[].export``) runs on GKE, and its Hub credential.
+
+    The export is a one-pod Job of the trainer image on a CPU node pool (``node_selector``), not on the stage's TPU
+    slice: see docs/delivery.md, "The export on GKE". The Hub token (``stages[].export_hub_repo``) comes from a
+    Secret Manager secret version (``hub_token_secret``, read by the exporter's pod with the trainer's Google
+    service account: Vertex AI, or any GKE cluster) or from a Kubernetes Secret in the run's namespace
+    (``hub_token_kubernetes_secret``, key ``token``: KFP), never from a pipeline parameter or the compiled YAML.
+    """
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="GKE: the nodeSelector of the export Job's pod, e.g. {'cloud.google.com/gke-nodepool': "
+        "'export-highmem'}: a CPU node pool with the memory and disk the rendered Job asks for; empty: any node.",
+    )
+    cpu: int = Field(8, gt=0, le=1024, description="GKE: CPUs the export Job's pod asks for.")
+    hub_token_secret: str = Field(
+        "",
+        description="Secret Manager secret version with the Hugging Face token (projects/<p>/secrets/<s>/versions/"
+        "<v>), read at run time by the exporter's pod (the trainer's Google service account needs "
+        "roles/secretmanager.secretAccessor on it); '' for none. Never the token itself.",
+    )
+    hub_token_kubernetes_secret: str = Field(
+        "",
+        description="GKE (KFP): a Kubernetes Secret in the run's namespace whose key 'token' holds the Hugging Face "
+        "token; the export Job's pod gets it as $HF_TOKEN by reference. '' for none.",
+    )
+
+    @field_validator("hub_token_secret")
+    @classmethod
+    def _hub_token_secret(cls, value: str) -> str:
+        if value and not SECRET_VERSION.fullmatch(value):
+            given = "a token (a secret: store it in Secret Manager)" if value.startswith("hf_") else repr(value[:80])
+            raise ValueError(  # a token is not echoed: it is the secret
+                f"{given} is not a Secret Manager secret version: give "
+                "projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for none"
+            )
+        return value
+
+    @field_validator("hub_token_kubernetes_secret")
+    @classmethod
+    def _hub_token_kubernetes_secret(cls, value: str) -> str:
+        if value and (not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > 253):
+            raise ValueError(
+                f"{value[:80]!r} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
+                "never the token"
+            )
+        return value
+
+    @field_validator("node_selector")
+    @classmethod
+    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not names.LABEL_VALUE.fullmatch(label) or len(label) > 63:
+                raise ValueError(f"node_selector[{key}]: {label!r} is not a valid label value")
+        return value
+
+
+#: A Secret Manager secret version name.
+SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")
+
+
 class RunSpec(_Strict):
     """A whole run: where it runs, on which slices, and its ordered stages.
 
@@ -890,6 +981,10 @@ class RunSpec(_Strict):
     unique_run_name: bool = Field(
         False,
         description="Append the pipeline run's id to run_name (as scheduled runs do), so runs never share a directory.",
+    )
+    exporter: ExporterSpec = Field(
+        default_factory=ExporterSpec,
+        description="Where a stage's Hugging Face export runs on GKE (a CPU node pool) and its Hub credential.",
     )
     notify_webhook_secret: str = Field(
         "",

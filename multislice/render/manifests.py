@@ -33,6 +33,8 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
         return ray.claim_template_problems(obj)
     if (obj.get("apiVersion"), obj.get("kind")) == ("batch/v1", "CronJob"):
         return schema.builtin_problems(obj) + cronjob_problems(obj)
+    if (obj.get("apiVersion"), obj.get("kind")) == ("batch/v1", "Job"):
+        return schema.builtin_problems(obj) + job_problems(obj)
     if (obj.get("apiVersion"), obj.get("kind")) in schema.BUILTIN_KINDS:
         return rbac.problems(obj)
     return schema.problems(obj)
@@ -59,6 +61,56 @@ def cronjob_problems(obj: dict[str, Any]) -> list[str]:
     return found
 
 
+def job_problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would reject a rendered ``batch/v1`` Job (the export Job); empty when valid.
+
+    Read into the official client's ``V1Job`` model, whose setters refuse a missing required field (a container's
+    ``name``, a volume's ``name``, an env var's ``name``) as the API's OpenAPI schema marks them; unknown fields of the
+    Job, pod and container specs are refused by name (the model would drop them silently); every resource quantity
+    must parse (``kubernetes.utils.parse_quantity``, the API's ``resource.Quantity`` grammar); limits may not be
+    below requests (the API server's ``ValidateResourceRequirements``).
+    """
+    from kubernetes import client, utils
+
+    found: list[str] = []
+    spec = obj.get("spec", {})
+    pod = spec.get("template", {}).get("spec", {})
+    for where, given, model in (
+        ("spec", spec, client.V1JobSpec),
+        ("spec.template.spec", pod, client.V1PodSpec),
+        *(
+            (f"spec.template.spec.containers[{i}]", c, client.V1Container)
+            for i, c in enumerate(pod.get("containers", []))
+        ),
+    ):
+        unknown = sorted(set(given) - set(model.attribute_map.values()))
+        if unknown:
+            found.append(f"{where}: unknown fields {unknown}")
+    for i, container in enumerate(pod.get("containers", [])):
+        limits = container.get("resources", {}).get("limits", {})
+        requests = container.get("resources", {}).get("requests", {})
+        for kind, values in (("requests", requests), ("limits", limits)):
+            for name, value in values.items():
+                try:
+                    utils.parse_quantity(value)
+                except ValueError:
+                    found.append(f"spec.template.spec.containers[{i}].resources.{kind}.{name}: {value!r} is not a "
+                                 "quantity")  # fmt: skip
+        for name in set(limits) & set(requests):
+            try:
+                if utils.parse_quantity(limits[name]) < utils.parse_quantity(requests[name]):
+                    found.append(f"spec.template.spec.containers[{i}].resources: {name} limit below its request")
+            except ValueError:
+                pass
+    if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+        found.append("spec.template.spec.restartPolicy: a Job's pods restart Never or OnFailure")
+    try:
+        client.ApiClient()._ApiClient__deserialize(obj, "V1Job")  # the client's own model check
+    except (ValueError, TypeError) as error:
+        found.append(f"spec: {error}")
+    return found
+
+
 def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     """File name -> object for every Kubernetes manifest of the plan, each validated.
 
@@ -68,6 +120,8 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     its RayJob for GKE (``rayjob-<stage>.tpu.yaml``), its DRANET claim templates
     (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
     backend's driver JobSet (``jobset-<stage>.cpu.yaml``, :func:`multislice.render.jobset.render_jobset`).
+    For backend ``gke``, a stage with ``export`` also has its export Job (``job-<stage>-export.yaml``,
+    :func:`multislice.backends.gke.exporter.render_job`).
 
     Raises:
         multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
@@ -97,6 +151,11 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
             plan.spec.namespace, plan.spec.images.pipeline, plan.spec.service_accounts.pipeline
         )
         out[f"cronjob-{reaper['metadata']['name']}.yaml"] = reaper
+        from multislice.backends.gke import exporter
+
+        for stage in plan.stages:
+            if stage.export:
+                out[f"job-{stage.name}-export.yaml"] = exporter.render_job(plan, stage, pipeline_run_id)
     for obj in out.values():
         found = object_problems(obj)
         if found:

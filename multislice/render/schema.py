@@ -238,6 +238,8 @@ BUILTIN_KINDS: dict[tuple[str, str], bool] = {
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): True,
     # The reaper of cancelled runs' JobSets (multislice.backends.gke.lease.reaper_cronjob).
     ("batch/v1", "CronJob"): True,
+    # The Hugging Face export of a stage (multislice.backends.gke.exporter.render_job).
+    ("batch/v1", "Job"): True,
 }
 
 

@@ -1,4 +1,5 @@
-"""Render a one-pod Job (batch/v1) of the trainer image: the checkpoint verifier and preflight's AOT compiles on GKE."""
+"""Render a one-pod Job (batch/v1) of the trainer image: the checkpoint verifier, the Hugging Face export and
+preflight's AOT compiles on GKE."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def render_trainer_job(
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": {"labels": dict(labels)},
                 "spec": pod_spec,
             },
         },

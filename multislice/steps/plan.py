@@ -59,7 +59,9 @@ def run(
         multislice.release.ReleaseMismatch: the pipeline YAML and this image are different releases.
         multislice.config.ConfigError: naming every bad field and its fix, the stages' data included (a
             missing path, an empty glob, a missing split, an unreadable Parquet file:
-            :func:`multislice.config.data.data_issues`).
+            :func:`multislice.config.data.data_issues`), and every export that could not run (a model or
+            tokenizer the exporter cannot export, a destination this user cannot write, a Hub repository with no
+            token: :func:`multislice.config.checks.export_issues` and ``export_environment_issues``).
         multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
             by the API server; checked here, before preflight and provision.
     """
@@ -82,6 +84,8 @@ def run(
             ownership.join(plan.run_dir, pipeline_run_id)
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
         issues = data.data_issues(spec, _trainer_site_packages() if spec.backend == "local" else None)
+        # Each export's tokenizer files, destination and (locally) Hub token, before anything is created.
+        issues += config.export_environment_issues(spec, {s.name: s.export_dir for s in plan.stages if s.export_dir})
         if issues:
             raise config.ConfigError(issues)
         # Every manifest the run will submit, validated against its CRD (or API fields) now, before

@@ -117,12 +117,51 @@ class Unsupported(ValueError):
     """The stage's model or tokenizer cannot be exported as a Hugging Face Llama (the message says which setting)."""
 
 
-def command(checkpoint_dir: str, step: int, output: str, maxtext_args: list[str], python: str = "python") -> list[str]:
-    """The exporter's command line for a stage (an argument list, never a shell string)."""
-    return [
-        python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output,
-        "--", *maxtext_args,
-    ]  # fmt: skip
+#: The model card's facts (:func:`command`'s ``card``) and the exporter's options for them.
+CARD_OPTIONS = {
+    "run": "--run-name", "stage": "--stage", "data_fingerprint": "--data-fingerprint", "steps": "--steps",
+    "train_loss": "--train-loss", "eval_loss": "--eval-loss",
+}  # fmt: skip
+
+
+def command(
+    checkpoint_dir: str,
+    step: int,
+    output: str,
+    maxtext_args: list[str],
+    python: str = "python",
+    *,
+    dtype: str | None = None,
+    hub_repo: str | None = None,
+    report: str | None = None,
+    card: dict[str, Any] | None = None,
+) -> list[str]:
+    """The exporter's command line for a stage (an argument list, never a shell string).
+
+    Args:
+        checkpoint_dir: The stage's checkpoint directory (local or ``gs://``).
+        step: The checkpoint step to export.
+        output: The export directory (local or ``gs://``).
+        maxtext_args: The stage's MaxText ``key=value`` arguments.
+        python: The interpreter.
+        dtype: ``--dtype`` (``bfloat16`` or ``float32``); None: the exporter's default.
+        hub_repo: ``--hub-repo OWNER/NAME`` (the token from ``$HF_TOKEN``, never an argument); None: no upload.
+        report: ``--report``: where the exporter writes its JSON report too (local or ``gs://``).
+        card: The model card's facts, each given one an option (None values left out): ``run`` (``--run-name``),
+            ``stage``, ``data_fingerprint``, ``steps``, ``train_loss``, ``eval_loss``
+            (:func:`multislice.exporting.model_card`).
+    """
+    argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if hub_repo:
+        argv += ["--hub-repo", hub_repo]
+    if report:
+        argv += ["--report", report]
+    for key, option in CARD_OPTIONS.items():
+        if (card or {}).get(key) is not None:
+            argv += [option, str(card[key])]
+    return [*argv, "--", *maxtext_args]
 
 
 def tokenizer_path() -> Path:

@@ -37,6 +37,7 @@ from multislice.backends.base import (
 from multislice.backends.gke import (
     access,
     cluster,
+    exporter,
     jobset,
     lease,
     logs,
@@ -53,7 +54,7 @@ from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_P
 from multislice.config import ClusterSpec
 from multislice.plan import Plan, StagePlan
 from multislice.render import ray as render_ray
-from multislice.reports import PodPlacement, ProvisionReport, VerificationReport
+from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 
 #: Last lines of a failed pod's log quoted in a failure report.
@@ -761,3 +762,16 @@ class GkeBackend(Backend):
                 f"{error}; the Job was deleted", "raise timeouts.verify if the checkpoint is that large"
             ) from None
         return VerificationReport.model_validate(found)
+
+    def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
+        """The exporter as a Job of the trainer image on a CPU node pool (:mod:`.exporter`), labelled with the run id
+        of the stage's JobSet, bounded by the verify timeout."""
+        js = self.kube.get_jobset(stage.jobset) or {}
+        run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
+        try:
+            found = exporter.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+        except TimeoutError as error:
+            raise VerifierTimeout(
+                f"{error}; the Job was deleted", "raise timeouts.verify if the export takes that long"
+            ) from None
+        return ExportReport.model_validate(found)

@@ -8,7 +8,10 @@ conditions ``Complete`` and ``Failed``. While it runs, its pod (label
 ``job-name``) is read too: a pod the scheduler cannot place (``PodScheduled``
 False, reason ``Unschedulable``, core v1 ``PodCondition``) for
 ``timings.job_unschedulable_grace`` ends the wait with the scheduler's message
-(:class:`JobUnschedulable`), instead of waiting out the Job's whole timeout.
+(:class:`JobUnschedulable`), instead of waiting out the Job's whole timeout; a container that cannot start
+and will not by waiting (:data:`.pods.FATAL_WAITING_REASONS`: an image that cannot be pulled, a Secret or
+ConfigMap its environment names that does not exist: ``CreateContainerConfigError``) ends it at once
+(:class:`JobPodStuck`), as it ends a JobSet's launch.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class JobUnschedulable(RunFailed):
 
     The message quotes the scheduler (e.g. ``0/3 nodes are available: 3 Insufficient cpu.``).
     """
+
+
+class JobPodStuck(RunFailed):
+    """A trainer Job's container cannot start (:data:`multislice.backends.gke.pods.FATAL_WAITING_REASONS`); the Job
+    was deleted. The message quotes the kubelet (e.g. ``CreateContainerConfigError: secret "x" not found``)."""
 
 
 def job_state(job: dict[str, Any]) -> str | None:
@@ -62,6 +70,8 @@ def run_job(
         TimeoutError: not finished within ``timeout`` seconds (the Job was deleted, so nothing runs on).
         JobUnschedulable: its pod stayed Unschedulable for ``kube.timings.job_unschedulable_grace`` seconds
             (the Job was deleted); the message has the scheduler's reason.
+        JobPodStuck: its container cannot start (a missing Secret, an image that cannot be pulled; the Job was
+            deleted); the message has the kubelet's reason.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
     body = jobsets.with_spec_hash(body)
@@ -94,12 +104,14 @@ def _delete(kube: Kube, name: str, owner: str | None = None) -> bool:
         raise
 
 
-def _unschedulable(kube: Kube, name: str) -> str | None:
-    """The scheduler's message when the Job's newest pod is Unschedulable, else None."""
+def _pod_problems(kube: Kube, name: str) -> tuple[str | None, str | None]:
+    """``(scheduler's message when the Job's newest pod is Unschedulable, its fatal waiting state)``, each or None."""
     found = kube.call(
         kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
     )
-    return pod_state.unschedulable(found.items[-1]) if found.items else None
+    if not found.items:
+        return None, None
+    return pod_state.unschedulable(found.items[-1]), pod_state.waiting_problem(found.items[-1])
 
 
 def _run_job(
@@ -131,7 +143,14 @@ def _run_job(
         if now > deadline:
             _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
             raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
-        message = _unschedulable(kube, name)
+        message, stuck = _pod_problems(kube, name)
+        if stuck is not None:
+            _delete(kube, name)
+            raise JobPodStuck(
+                f"{what} {name}: its pod cannot start: {stuck} (the Job was deleted)",
+                "a missing Secret: create it in the namespace (docs/gke-setup.md); an image that cannot be pulled: "
+                "check images.trainer and that the nodes may pull it",
+            )
         if message is None:
             unschedulable_since = None
         else:

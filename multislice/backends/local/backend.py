@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import names
+from multislice import exporting, names
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -409,5 +409,7 @@ class LocalBackend(Backend):
         return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]  # raises VerifierTimeout
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
-        """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout."""
-        return exporter.run(stage, self.timings.verify_timeout)[1]  # raises VerifierTimeout
+        """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout
+        (raises VerifierTimeout)."""
+        card = exporting.model_card(plan, stage)
+        return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]

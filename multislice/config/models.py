@@ -865,6 +865,25 @@ class RaySpec(_Strict):
     )
 
 
+SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")
+
+
+def _secret_version(value: str, looks_secret: bool, kind: str, empty_means: str) -> str:
+    """``value`` when it is '' or a Secret Manager secret version (``projects/<p>/secrets/<s>/versions/<v>``).
+
+    Raises:
+        ValueError: anything else; when ``looks_secret`` (the value looks like the secret itself, ``kind``), the
+            value is not echoed.
+    """
+    if value and not SECRET_VERSION.fullmatch(value):
+        given = f"{kind} (a secret: store it in Secret Manager)" if looks_secret else repr(value[:80])
+        raise ValueError(
+            f"{given} is not a Secret Manager secret version: give "
+            f"projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for {empty_means}"
+        )
+    return value
+
+
 class ExporterSpec(_Strict):
     """Where the Hugging Face export of a stage (``stages[].export``) runs on GKE, and its Hub credential.
 
@@ -896,13 +915,7 @@ class ExporterSpec(_Strict):
     @field_validator("hub_token_secret")
     @classmethod
     def _hub_token_secret(cls, value: str) -> str:
-        if value and not SECRET_VERSION.fullmatch(value):
-            given = "a token (a secret: store it in Secret Manager)" if value.startswith("hf_") else repr(value[:80])
-            raise ValueError(  # a token is not echoed: it is the secret
-                f"{given} is not a Secret Manager secret version: give "
-                "projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for none"
-            )
-        return value
+        return _secret_version(value, value.startswith("hf_"), "a token", "none")
 
     @field_validator("hub_token_kubernetes_secret")
     @classmethod
@@ -924,7 +937,6 @@ class ExporterSpec(_Strict):
 
 
 #: A Secret Manager secret version name.
-SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")
 
 
 class RunSpec(_Strict):
@@ -997,13 +1009,7 @@ class RunSpec(_Strict):
     @field_validator("notify_webhook_secret")
     @classmethod
     def _webhook_secret(cls, value: str) -> str:
-        if value and not re.fullmatch(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)", value):
-            given = "a URL (a secret: store it in Secret Manager)" if "://" in value else repr(value[:80])
-            raise ValueError(  # a URL is not echoed: it is the secret
-                f"{given} is not a Secret Manager secret version: give "
-                "projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for no notification"
-            )
-        return value
+        return _secret_version(value, "://" in value, "a URL", "no notification")
 
     @field_validator("output_dir")
     @classmethod

@@ -751,10 +751,15 @@ class GkeBackend(Backend):
         """One Job of the trainer image per compile, on a CPU node (:mod:`.aot`)."""
         return JobAotSession(self.kube, plan, cache_dir, pipeline_run_id, tell)
 
+    def _stage_run_id(self, stage: StagePlan, default: str) -> str:
+        """The pipeline run id on the stage's JobSet (the run that trained it), else ``default``: the verifier and
+        exporter Jobs carry it so that a cancel of that run, and only of that run, deletes them."""
+        js = self.kube.get_jobset(stage.jobset) or {}
+        return js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, default)
+
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet."""
-        js = self.kube.get_jobset(stage.jobset) or {}
-        run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
+        run_id = self._stage_run_id(stage, pipeline_run_id)
         try:
             found = verifier.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
         except TimeoutError as error:
@@ -766,8 +771,7 @@ class GkeBackend(Backend):
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The exporter as a Job of the trainer image on a CPU node pool (:mod:`.exporter`), labelled with the run id
         of the stage's JobSet, bounded by the verify timeout."""
-        js = self.kube.get_jobset(stage.jobset) or {}
-        run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
+        run_id = self._stage_run_id(stage, pipeline_run_id)
         try:
             found = exporter.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
         except TimeoutError as error:

@@ -65,3 +65,9 @@ class FakeGcs:
         query = f"prefix={urllib.parse.quote(prefix)}" if prefix else ""
         with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o?{query}", timeout=10) as response:
             return sorted(item["name"] for item in json.load(response).get("items", []))
+
+    def read(self, name: str, bucket: str = "bucket") -> bytes:
+        """An object's bytes (a media download)."""
+        quoted = urllib.parse.quote(name, safe="")
+        with urllib.request.urlopen(f"{self.url}/storage/v1/b/{bucket}/o/{quoted}?alt=media", timeout=10) as response:
+            return response.read()

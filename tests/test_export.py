@@ -165,6 +165,36 @@ def test_a_hub_upload_without_a_token_is_refused_before_exporting(sp_stage, trai
     assert not (tmp_path / "out").exists()
 
 
+COPY_TO_GCS = """
+import sys
+import gcsfs
+gcsfs.GCSFileSystem().put(sys.argv[1], sys.argv[2].removeprefix("gs://"), recursive=True)
+"""
+
+
+def test_the_exporter_reads_and_writes_cloud_storage(sp_stage, trainer_python, gcs, monkeypatch):
+    # As on GKE (multislice/backends/gke/exporter.py): checkpoint, export and report all gs://, in the emulator.
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", gcs.url)  # TensorStore's GCS driver, to the emulator
+    monkeypatch.setenv("GCE_METADATA_ROOT", "127.0.0.1:9")  # no credentials lookup on a metadata server
+    checkpoints, output = "gs://bucket/runs/r/stage-1/checkpoints", "gs://bucket/runs/r/export/stage-1"
+    done = run_in_trainer(trainer_python, COPY_TO_GCS, str(sp_stage.root / "checkpoints" / "3"), f"{checkpoints}/3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report_uri = "gs://bucket/runs/r/export/stage-1-report.json"
+    status, report = exporter(trainer_python, checkpoints, output, sp_stage.args, "--report", report_uri)
+    assert status == 0, report
+    assert report["export_dir"] == output and report["checkpoint_dir"] == checkpoints
+    assert report["logits_check"]["passed"] and report["shards"] == sp_stage.report["shards"]
+    names = gcs.names(prefix="runs/r/export/stage-1/")
+    shards = [f"model-{i:05d}-of-{report['shards']:05d}.safetensors" for i in range(1, report["shards"] + 1)]
+    expected = [*shards, "model.safetensors.index.json", "config.json", "tokenizer.json", "tokenizer_config.json",
+                "generation_config.json", "README.md"]  # fmt: skip
+    assert sorted(name.removeprefix("runs/r/export/stage-1/") for name in names) == sorted(report["files"])
+    assert set(expected) <= set(report["files"])
+    assert json.loads(gcs.read("runs/r/export/stage-1-report.json")) == report
+    local = {name: (sp_stage.export / name).read_bytes() for name in ("config.json", "tokenizer.json")}
+    assert all(gcs.read(f"runs/r/export/stage-1/{name}") == data for name, data in local.items())
+
+
 def test_default_dtype_is_bfloat16_from_a_billion_parameters():
     def llama(layers, emb, mlp, vocab, heads=32, kv=8, head_dim=128):
         return SimpleNamespace(emb_dim=emb, num_query_heads=heads, num_kv_heads=kv, head_dim=head_dim, mlp_dim=mlp,

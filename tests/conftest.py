@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.gcs import HNS_PROBE_OFF, FakeGcs
+from tests.inotify import wait_for_glob
 
 os.environ.update(HNS_PROBE_OFF)  # before anything imports gcsfs (see tests/gcs.py)
 # No test reaches the real Cloud Storage: without the ``gcs`` fixture, gs:// goes to a closed loopback port.
@@ -120,9 +121,11 @@ def _intrude(owner: subprocess.Popen, settings: dict[str, object], output: Path)
     """Once the running ``owner`` has its first JobSet (it trains), run ``multislice run`` with its run_name and
     output directory to the end (it is refused at once), noting what the run directory held before and after."""
     run_dir = output / str(settings["run_name"])
-    deadline = time.monotonic() + 3600
-    while owner.poll() is None and time.monotonic() < deadline and not any(run_dir.glob("jobsets/*/state.json")):
-        time.sleep(1)  # polls the owner's state: its first JobSet's appearance (no event to wait on)
+    pidfd = os.pidfd_open(owner.pid)
+    try:  # the owner's first JobSet's state file appearing (inotify), or the owner ending
+        wait_for_glob(output, f"{run_dir.name}/jobsets/*/state.json", 3600, pidfd)
+    finally:
+        os.close(pidfd)
     read = lambda: (run_dir / "owner.json").read_text() if (run_dir / "owner.json").exists() else ""  # noqa: E731
     owner_before, before = read(), sorted(p.name for p in run_dir.iterdir())
     sets = ["--set", f"run_name={settings['run_name']}", "--set", f"output_dir={output}"]

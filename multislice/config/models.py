@@ -8,7 +8,7 @@ fields are in :mod:`.checks`; loading, model presets and overrides in
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -790,6 +790,10 @@ class CostSpec(_Strict):
     assumed_mfu: float = Field(0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
 
 
+#: A step's wait in seconds, unset (the backend's default) or in (0, :data:`MAX_TIMEOUT_SECONDS`].
+Timeout = Annotated[float | None, Field(gt=0, le=MAX_TIMEOUT_SECONDS)]
+
+
 class TimeoutsSpec(_Strict):
     """How long the steps wait, seconds; unset fields keep the backend's defaults (:mod:`multislice.timings`).
 
@@ -801,37 +805,18 @@ class TimeoutsSpec(_Strict):
     raising one here raises the step's deadline with it.
     """
 
-    provision: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="All of provision's waits (node pool operations)."
-    )
-    admit: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for Kueue to admit a stage's Workload."
-    )
-    launch: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for every pod of a stage to run."
-    )
-    unschedulable_grace: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="A pod Unschedulable this long fails launch."
-    )
-    train: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Following a stage's training to its end."
-    )
-    readmit: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Waiting for an evicted Workload to be admitted again."
-    )
-    verify: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, description="The checkpoint verifier.")
-    compile: float | None = Field(None, gt=0, le=MAX_TIMEOUT_SECONDS, description="One AOT compile in preflight.")
-    prepare_data: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Tokenizing a stage's text (prepare_data)."
-    )
-    alternative_search: float | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="Preflight's search for a fitting alternative."
-    )
-    collectives: float | None = Field(
-        None,
-        gt=0,
-        le=MAX_TIMEOUT_SECONDS,
-        description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats.",
+    provision: Timeout = Field(None, description="All of provision's waits (node pool operations).")
+    admit: Timeout = Field(None, description="Waiting for Kueue to admit a stage's Workload.")
+    launch: Timeout = Field(None, description="Waiting for every pod of a stage to run.")
+    unschedulable_grace: Timeout = Field(None, description="A pod Unschedulable this long fails launch.")
+    train: Timeout = Field(None, description="Following a stage's training to its end.")
+    readmit: Timeout = Field(None, description="Waiting for an evicted Workload to be admitted again.")
+    verify: Timeout = Field(None, description="The checkpoint verifier.")
+    compile: Timeout = Field(None, description="One AOT compile in preflight.")
+    prepare_data: Timeout = Field(None, description="Tokenizing a stage's text (prepare_data).")
+    alternative_search: Timeout = Field(None, description="Preflight's search for a fitting alternative.")
+    collectives: Timeout = Field(
+        None, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."
     )
 
     @model_validator(mode="after")

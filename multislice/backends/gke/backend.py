@@ -751,31 +751,29 @@ class GkeBackend(Backend):
         """One Job of the trainer image per compile, on a CPU node (:mod:`.aot`)."""
         return JobAotSession(self.kube, plan, cache_dir, pipeline_run_id, tell)
 
-    def _stage_run_id(self, stage: StagePlan, default: str) -> str:
-        """The pipeline run id on the stage's JobSet (the run that trained it), else ``default``: the verifier and
-        exporter Jobs carry it so that a cancel of that run, and only of that run, deletes them."""
+    def _stage_job(self, run: Any, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell, fix: str) -> Any:
+        """``run`` (:func:`.verifier.run` or :func:`.exporter.run`) for the stage, bounded by the verify timeout, its
+        Job labelled with the pipeline run id on the stage's JobSet (the run that trained it; else
+        ``pipeline_run_id``), so that a cancel of that run, and only of that run, deletes it.
+
+        Raises:
+            VerifierTimeout: not finished within ``timings.verify_timeout`` (the Job was deleted); ``fix`` says
+                what to raise.
+        """
         js = self.kube.get_jobset(stage.jobset) or {}
-        return js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, default)
+        run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
+        try:
+            return run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+        except TimeoutError as error:
+            raise VerifierTimeout(f"{error}; the Job was deleted", fix) from None
 
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet."""
-        run_id = self._stage_run_id(stage, pipeline_run_id)
-        try:
-            found = verifier.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
-        except TimeoutError as error:
-            raise VerifierTimeout(
-                f"{error}; the Job was deleted", "raise timeouts.verify if the checkpoint is that large"
-            ) from None
-        return VerificationReport.model_validate(found)
+        fix = "raise timeouts.verify if the checkpoint is that large"
+        return VerificationReport.model_validate(self._stage_job(verifier.run, plan, stage, pipeline_run_id, tell, fix))
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The exporter as a Job of the trainer image on a CPU node pool (:mod:`.exporter`), labelled with the run id
         of the stage's JobSet, bounded by the verify timeout."""
-        run_id = self._stage_run_id(stage, pipeline_run_id)
-        try:
-            found = exporter.run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
-        except TimeoutError as error:
-            raise VerifierTimeout(
-                f"{error}; the Job was deleted", "raise timeouts.verify if the export takes that long"
-            ) from None
-        return ExportReport.model_validate(found)
+        fix = "raise timeouts.verify if the export takes that long"
+        return ExportReport.model_validate(self._stage_job(exporter.run, plan, stage, pipeline_run_id, tell, fix))

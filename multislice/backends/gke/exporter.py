@@ -29,8 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from multislice import exporting, storage
-from multislice.backends.gke import jobs
-from multislice.backends.gke import pods as pod_state
+from multislice.backends.gke import verifier
 from multislice.backends.gke.client import Kube
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
@@ -137,19 +136,10 @@ def run(
         multislice.backends.gke.jobs.JobUnschedulable: no node fits its requests.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
-    body = render_job(plan, stage, pipeline_run_id, exporting.model_card(plan, stage))
-    state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what="export Job")
-    name = body["metadata"]["name"]
-    report = verify.parse_report(log)
-    if report is None and state == "Complete":
-        report = _stored_report(stage)
-    if report is None:
-        detail = pod_state.events(kube, pod) if pod is not None else "no pod found"
-        raise ExporterJobFailed(
-            f"export Job {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
-            + "\n".join(log.splitlines()[-20:]),
-            "read the events above; check the trainer image, that its ServiceAccount may read the checkpoints and "
-            f"write {stage.export_dir}, and that the node gave the pod the memory it asked for",
-        )
-    report["job"] = name
-    return report
+    return verifier.run_report_job(
+        kube, render_job(plan, stage, pipeline_run_id, exporting.model_card(plan, stage)), timeout=timeout,
+        on_progress=on_progress, what="export Job", failure=ExporterJobFailed,
+        fix="read the events above; check the trainer image, that its ServiceAccount may read the checkpoints and "
+        f"write {stage.export_dir}, and that the node gave the pod the memory it asked for",
+        stored=lambda: _stored_report(stage),
+    )  # fmt: skip

@@ -55,16 +55,45 @@ def run(
         TimeoutError: not finished within ``timeout`` seconds.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
-    body = render_job(plan, stage, pipeline_run_id)
-    state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what="verifier Job")
+    return run_report_job(
+        kube, render_job(plan, stage, pipeline_run_id), timeout=timeout, on_progress=on_progress,
+        what="verifier Job", failure=VerifierJobFailed,
+        fix="read the events above; check the trainer image and that its ServiceAccount may read the checkpoints",
+    )  # fmt: skip
+
+
+def run_report_job(
+    kube: Kube,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    on_progress: Callable[[str], None],
+    what: str,
+    failure: type[RunFailed],
+    fix: str,
+    stored: Callable[[], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """Run a trainer-image Job whose pod prints a JSON report last (:func:`multislice.trainer.verify.parse_report`,
+    as the verifier and the exporter do) and return that report, with ``job`` set to the Job's name.
+
+    When the log has no report (rotated away) and the Job completed, ``stored`` (if given) reads the copy the pod
+    wrote.
+
+    Raises:
+        failure: no report (the message quotes the pod's events and log tail; ``fix`` is its fix).
+        TimeoutError: not finished within ``timeout`` seconds (:func:`.jobs.run_job`).
+    """
+    state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what=what)
     name = body["metadata"]["name"]
     report = verify.parse_report(log)
+    if report is None and state == "Complete" and stored is not None:
+        report = stored()
     if report is None:
         detail = pod_state.events(kube, pod) if pod is not None else "no pod found"
-        raise VerifierJobFailed(
-            f"verifier Job {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
+        raise failure(
+            f"{what} {name} {state} without a JSON report; events:\n{detail}\nlast log lines:\n"
             + "\n".join(log.splitlines()[-20:]),
-            "read the events above; check the trainer image and that its ServiceAccount may read the checkpoints",
+            fix,
         )
     report["job"] = name
     return report

@@ -99,6 +99,7 @@ class Cluster(kmock.KubernetesEmulator):
     log_rotations: int = 0
     faults: list = attrs.field(factory=list)  # HTTP statuses for the next requests
     delivered: list = attrs.field(factory=list)  # (plural, resourceVersion) of each watch event sent
+    watch_starts: list = attrs.field(factory=list)  # (plural, resourceVersion) each watch request started from
     log_lock: Any = attrs.field(factory=threading.Lock)
     authorizer: Any = None  # tests.kube_rbac.Authorizer once enforce() is called
 
@@ -137,8 +138,13 @@ class Cluster(kmock.KubernetesEmulator):
         self.compactions += 1
 
     def watched(self, plural: str) -> int:
-        """The newest resourceVersion a watch of ``plural`` (e.g. ``jobsets``) has been sent (0: none)."""
-        return max((rv for kind, rv in list(self.delivered) if kind == plural), default=0)
+        """The newest resourceVersion a watch of ``plural`` (e.g. ``jobsets``) has seen (0: none).
+
+        A watch has seen a version when it was sent an event at it, or when it
+        started from it or later (its list already held that state).
+        """
+        seen = list(self.delivered) + list(self.watch_starts)
+        return max((rv for kind, rv in seen if kind == plural), default=0)
 
     def append_log(self, namespace: str, pod: str, text: str) -> None:
         """Append to a pod's log (what its container printed), each line stamped as the kubelet does (ns)."""
@@ -264,6 +270,7 @@ class Cluster(kmock.KubernetesEmulator):
             for item in (await self._serve_list(request))["items"]:
                 await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
             since = self.rv
+        self.watch_starts.append((getattr(request.resource, "plural", None), since))
         try:
             while asyncio.get_running_loop().time() < deadline and self.compactions == compactions:
                 for rv, resource, event in list(self.history):

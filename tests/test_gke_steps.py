@@ -545,9 +545,9 @@ def test_watch_410_during_training_relists_and_finishes(served, play, plan, told
         told.wait_for("completed step: 0,")
         touched = play.patch_jobset(js, {"metadata": {"annotations": {"touched": "1"}}})
         version = int(touched["metadata"]["resourceVersion"])
-        wait_until(  # the step's watch has seen a newer version than its list's
+        wait_until(  # the step's watch has seen the patch (sent it, or listed after it), so it resumes from >= it
             lambda: served.cluster.watched("jobsets") >= version,
-            what=f"the JobSet watch sent resourceVersion {version}",
+            what=f"the JobSet watch to see resourceVersion {version}",
         )
         served.cluster.compact()
         told.wait_for(rf"watch of JobSet {js} expired \(410 Gone")

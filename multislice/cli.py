@@ -366,7 +366,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
         if verify:
             written = verify.written_mesh or {}
             mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, dict) else written
-            dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1)
+            dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1) or "none, one slice"
             passed = sum(c.passed for c in verify.checks)
             lines.append(
                 f"  verification  {verify.verdict} ({passed}/{len(verify.checks)} checks, "

@@ -156,3 +156,17 @@ def test_run_summary_has_the_export_line(plan, tmp_path):
         "loader: 5.23.0 3.2e-06, 4.57.6 4.1e-06 (tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
     assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "
                                                                               f"({stage.model_label}):")])  # fmt: skip
+
+
+def test_run_summary_of_a_one_slice_stage_says_it_has_no_dcn_axis(tmp_path):
+    from multislice import cli
+    from multislice.reports import Check, VerificationReport, write
+
+    overrides = {"output_dir": str(tmp_path / "out"), "run_name": "one", "num_slices": 1, "stages.1.dcn.fsdp": 1}
+    one = make_plan(config.load_profile("local", overrides))
+    stage = one.stages[0]
+    report = VerificationReport(verdict="PASS", checks=[Check(name="checksums", passed=True, detail="")],
+                                parameter_count=10, written_mesh={"fsdp": 2}, latest_step=4)  # fmt: skip
+    write(one, report, stage)
+    lines = cli.summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    assert "  verification  PASS (1/1 checks, 10 parameters, sharded over mesh fsdp=2; DCN none, one slice)" in lines

@@ -179,6 +179,14 @@ def test_cli_submit_kfp(fake, capsys):
     assert "submitted run cli-run to kfp" in capsys.readouterr().out
 
 
+def test_kfp_clients_version_warning_stays_off_the_terminal(fake):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        client = submission.KfpTarget(host=fake.url).make_client()
+    assert client is not None
+    assert not [w for w in caught if "only works with Kubeflow Pipeline" in str(w.message)]
+
+
 def test_cli_submit_refuses_bad_parameter_before_sending(fake, capsys):
     status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,
                        "--set", "num_slices=two"])  # fmt: skip

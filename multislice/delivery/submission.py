@@ -45,6 +45,7 @@ import json
 import re
 import tempfile
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,10 @@ class KfpTarget:
         kwargs: dict[str, Any] = {"host": self.host, "existing_token": self.existing_token}
         if self.namespace:
             kwargs["namespace"] = self.namespace
-        return kfp.Client(**kwargs)
+        with warnings.catch_warnings():
+            # kfp.Client warns on every construction that it needs a v2 server; check_version tells that instead.
+            warnings.filterwarnings("ignore", message="This client only works with", category=FutureWarning)
+            return kfp.Client(**kwargs)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.export_memory import TINY, write_checkpoint
+from multislice import storage
 from multislice.backends.local.environment import trainer_process_env
 from multislice.trainer import export, verify
 from tests.conftest import run_in_trainer
@@ -172,7 +173,7 @@ gcsfs.GCSFileSystem().put(sys.argv[1], sys.argv[2].removeprefix("gs://"), recurs
 """
 
 
-def test_the_exporter_reads_and_writes_cloud_storage(sp_stage, trainer_python, gcs, monkeypatch):
+def test_the_exporter_reads_and_writes_cloud_storage(sp_stage, trainer_python, gcs, monkeypatch, tmp_path):
     # As on GKE (multislice/backends/gke/exporter.py): checkpoint, export and report all gs://, in the emulator.
     monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", gcs.url)  # TensorStore's GCS driver, to the emulator
     monkeypatch.setenv("GCE_METADATA_ROOT", "127.0.0.1:9")  # no credentials lookup on a metadata server
@@ -193,6 +194,25 @@ def test_the_exporter_reads_and_writes_cloud_storage(sp_stage, trainer_python, g
     assert json.loads(gcs.read("runs/r/export/stage-1-report.json")) == report
     local = {name: (sp_stage.export / name).read_bytes() for name in ("config.json", "tokenizer.json")}
     assert all(gcs.read(f"runs/r/export/stage-1/{name}") == data for name, data in local.items())
+    # The results API loads it as a notebook would, from the run's reports (a copy of the gs:// export).
+    storage.write_json("gs://bucket/runs/r/reports/stage-1/export.json", report)
+    done = run_in_trainer(trainer_python, LOAD_FROM_RUN, str(tmp_path / "copy"), str(sp_stage.export))
+    assert done.returncode == 0, done.stderr[-3000:]
+    kind, layers, ids, local_ids = json.loads(done.stdout.splitlines()[-1])
+    assert (kind, layers) == ("LlamaForCausalLM", 2) and ids == local_ids and ids[0] == 1
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(report["files"])
+
+
+LOAD_FROM_RUN = """
+import json, sys
+from transformers import AutoTokenizer
+from multislice.delivery import results
+run = results.RunRef("r", "gs://bucket/runs", ["stage-1"])
+model, tokenizer = results.load_hf_model(run, "stage-1", local_dir=sys.argv[1])
+local = AutoTokenizer.from_pretrained(sys.argv[2])
+print(json.dumps([type(model).__name__, model.config.num_hidden_layers, tokenizer("Hello world")["input_ids"],
+                  local("Hello world")["input_ids"]]))
+"""
 
 
 def test_default_dtype_is_bfloat16_from_a_billion_parameters():

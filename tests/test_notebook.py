@@ -130,7 +130,7 @@ def test_notebook_submits_follows_cancels_and_compares(tmp_path, monkeypatch, gc
     assert len(terminated) == 1 and c["runtime_config"]["parameters"]["stage1_steps"] == 300
     table = text[7].splitlines()
     assert table[0].startswith("| run | stage | steps | first loss | final loss |")
-    assert table[2].startswith(f"| {name_a} | llama3-8b | 300 | 7.5 | 6.503 |") and table[2].endswith("| PASS |")
+    assert table[2].startswith(f"| {name_a} | llama3-8b | 300 | 7.5 | 6.503 |") and table[2].endswith("| PASS |  |")
     assert table[4].startswith(f"| {name_b} | llama3-8b | 200 | 7.5 | 6.505 |")
     assert images[8] == 1  # both runs in one plot
     # Vertex AI: the PipelineJob sent, its console page, followed to the end.

@@ -4,7 +4,8 @@ Each step writes its report to ``<output_dir>/<run_name>/reports/<stage>/<step>.
 (:mod:`multislice.reports`): ``train.json`` holds the training metrics the
 train step also logs as KFP Metrics (steps trained, first and final loss,
 step time in seconds, tokens/s and TFLOP/s per device, JobSet restarts),
-``verification.json`` the checkpoint verifier's verdict. Reading them back
+``verification.json`` the checkpoint verifier's verdict, ``export.json`` the
+Hugging Face export's verdict and directory. Reading them back
 needs no pipelines API (KFP's v2beta1 API does not serve metric values; they
 live in its ML Metadata store), only read access to the run directory,
 through :mod:`multislice.storage` (``gs://`` by gcsfs, which honours
@@ -13,8 +14,9 @@ through :mod:`multislice.storage` (``gs://`` by gcsfs, which honours
 For notebooks, a :class:`RunRef` names a run wherever it ran (local, KFP,
 Vertex AI): :func:`stages`, :func:`metrics`, :func:`curves` and
 :func:`checkpoints` read it; :func:`compare_table` and :func:`plot` put
-several runs side by side; :func:`wait` follows one with progress lines and
-:func:`cancel` stops it.
+several runs side by side (train and eval loss); :func:`wait` follows one with
+progress lines and :func:`cancel` stops it; :func:`load_hf_model` loads a
+stage's exported model with transformers.
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multislice import identity, storage
-from multislice.reports import StepReport, TrainReport, VerificationReport, parse, report_path
+from multislice.errors import InputError, UserError
+from multislice.reports import ExportReport, StepReport, TrainReport, VerificationReport, parse, report_path
 
 #: The reports :func:`read_run` returns per stage: key -> report type.
-STAGE_REPORTS: dict[str, type[StepReport]] = {"train": TrainReport, "verification": VerificationReport}
+STAGE_REPORTS: dict[str, type[StepReport]] = {
+    "train": TrainReport,
+    "verification": VerificationReport,
+    "export": ExportReport,
+}
 
 
 def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, dict[str, StepReport]]:
-    """Every stage's reports of a run: ``{stage: {"train": TrainReport, "verification": VerificationReport}}``.
+    """Every stage's reports of a run: ``{stage: {"train": TrainReport, "verification": ..., "export": ...}}``.
 
     Args:
         output_dir: The run's ``output_dir`` parameter (local path or ``gs://``).
@@ -175,6 +182,7 @@ def wait(
                 if (stage, key) not in seen:
                     seen.add((stage, key))
                     what = f"final loss {report.final_loss:.3f}" if key == "train" else f"verdict {report.verdict}"
+                    what += f" at {report.export_dir}" if key == "export" and report.export_dir else ""
                     tell(f"{run.run_name}: stage {stage} {key} reported, {what}")
         if now_state in FINAL_STATES:
             return now_state
@@ -208,18 +216,34 @@ def stages(run: RunRef) -> list[dict[str, Any]]:
 
 
 def metrics(run: RunRef) -> dict[str, dict[str, Any]]:
-    """Each stage's training metrics (:class:`multislice.reports.TrainReport` fields) and checkpoint verdict."""
+    """Each stage's training metrics (:class:`multislice.reports.TrainReport` fields, eval loss and perplexity
+    among them), its checkpoint verdict (``verdict``), and its export's verdict and directory (``export``,
+    ``export_dir``; None where the stage exports nothing or has not yet)."""
     out = {}
     for stage, found in read_run(run.output_dir, run.run_name, run.stages).items():
-        train, verification = found.get("train"), found.get("verification")
-        out[stage] = {**(train.to_dict() if train else {}), "verdict": verification.verdict if verification else None}
+        train, verification, export = found.get("train"), found.get("verification"), found.get("export")
+        out[stage] = {
+            **(train.to_dict() if train else {}),
+            "verdict": verification.verdict if verification else None,
+            "export": export.verdict if export else None,
+            "export_dir": export.export_dir if export else None,
+        }
     return out
 
 
-def curves(run: RunRef) -> dict[str, list[tuple[int, float]]]:
-    """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins)."""
+def curves(run: RunRef, kind: str = "train") -> dict[str, list[tuple[int, float]]]:
+    """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins).
+
+    Args:
+        kind: ``train`` (MaxText's ``learning/loss`` per step) or ``eval`` (``eval/avg_loss``, mean
+            cross-entropy per target token in nats, at each ``eval_after_step``).
+
+    Raises:
+        ValueError: ``kind`` is neither.
+    """
     from multislice import metrics as metric_records
 
+    step_key, loss_key = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}[kind]
     out = {}
     for stage in run.stages:
         location = storage.join(run.run_dir, stage, "metrics.jsonl")
@@ -228,7 +252,7 @@ def curves(run: RunRef) -> dict[str, list[tuple[int, float]]]:
         except FileNotFoundError:
             out[stage] = []
             continue
-        by_step = {int(r["step"]): float(r["learning/loss"]) for r in records if "step" in r and "learning/loss" in r}
+        by_step = {int(r[step_key]): float(r[loss_key]) for r in records if step_key in r and loss_key in r}
         out[stage] = sorted(by_step.items())
     return out
 
@@ -244,9 +268,12 @@ COMPARE_COLUMNS = {
     "steps_trained": "steps",
     "first_loss": "first loss",
     "final_loss": "final loss",
+    "final_eval_loss": "final eval loss",
+    "final_eval_perplexity": "eval perplexity",
     "tokens_per_second_per_device": "tokens/s per device",
     "restarts": "restarts",
     "verdict": "checkpoint",
+    "export": "export",
 }
 
 
@@ -263,7 +290,8 @@ def compare_table(runs: Sequence[RunRef]) -> str:
 
 
 def plot(runs: Sequence[RunRef]) -> Any:
-    """One matplotlib figure: a loss-vs-step axes per stage, a line per run. Returns the figure."""
+    """One matplotlib figure: a loss-vs-step axes per stage, a line per run (its train loss) and, where the
+    stage evaluates, a dashed line of the same colour labelled ``<run> eval`` (its eval loss). Returns the figure."""
     import matplotlib
 
     if "ipykernel" not in sys.modules:
@@ -273,10 +301,16 @@ def plot(runs: Sequence[RunRef]) -> Any:
     stage_names = list(dict.fromkeys(s for run in runs for s in run.stages))
     figure, axes = plt.subplots(1, len(stage_names), figsize=(5 * len(stage_names), 3.5), squeeze=False)
     for run in runs:
+        train, evals = curves(run), curves(run, "eval")
         for ax, stage in zip(axes[0], stage_names, strict=True):
-            points = curves(run).get(stage) or []
+            points, eval_points = train.get(stage) or [], evals.get(stage) or []
+            colour = None
             if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], label=run.run_name)
+                [line] = ax.plot([p[0] for p in points], [p[1] for p in points], label=run.run_name)
+                colour = line.get_color()
+            if eval_points:
+                ax.plot([p[0] for p in eval_points], [p[1] for p in eval_points], linestyle="--", marker=".",
+                        color=colour, label=f"{run.run_name} eval")  # fmt: skip
     for ax, stage in zip(axes[0], stage_names, strict=True):
         ax.set_title(stage)
         ax.set_xlabel("step")
@@ -285,3 +319,62 @@ def plot(runs: Sequence[RunRef]) -> Any:
             ax.legend(fontsize="small")
     figure.tight_layout()
     return figure
+
+
+def load_hf_model(run: RunRef, stage: str, local_dir: str | None = None, **from_pretrained: Any) -> tuple[Any, Any]:
+    """The stage's exported model and tokenizer, loaded with transformers: ``(model, tokenizer)``.
+
+    Reads the stage's ``export.json`` (the export step's report) and loads its ``export_dir`` with
+    ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` (transformers 4.57 or 5,
+    with torch, in the calling Python; the pipeline environment has neither, the trainer environment both).
+    A ``gs://`` export is copied to ``local_dir`` (a new temporary directory when None) first: an 8B
+    export in bfloat16 is about 16 GB on disk and in memory.
+
+    Args:
+        run: The run (:class:`RunRef`).
+        stage: One of ``run.stages``.
+        local_dir: Where a ``gs://`` export is copied to.
+        from_pretrained: Passed to both ``from_pretrained`` calls (e.g. ``device_map``).
+
+    Raises:
+        multislice.errors.InputError: ``stage`` is not one of the run's, or transformers is not installed here.
+        multislice.errors.UserError: the stage has no export (not reached, or ``stages.N.export`` unset), or its
+            export did not pass (``export.json``'s verdict and error are in the message).
+    """
+    if stage not in run.stages:
+        raise InputError(f"stage {stage!r} is not a stage of run {run.run_name}", f"use one of {run.stages}")
+    found = read_run(run.output_dir, run.run_name, [stage])[stage].get("export")
+    if found is None:
+        raise UserError(
+            f"stage {stage} of run {run.run_name} has no export report under {run.run_dir}/reports/{stage}",
+            "set the stage's `export` in the profile (stages.N.export) and run it, or wait for its export step",
+        )
+    if found.verdict != "PASS" or not found.export_dir:
+        cause = found.error or f"logits check {found.logits_check}"
+        raise UserError(f"stage {stage}'s export is {found.verdict}: {cause}", "see the export step's log and report")
+    try:
+        import transformers  # deferred: only this helper needs it, and the pipeline environment does not have it
+    except ImportError as error:
+        raise InputError(
+            f"transformers is not installed in this Python ({error})",
+            "pip install 'transformers>=4.57' torch, or call this from the trainer environment",
+        ) from error
+    source = found.export_dir
+    if storage.is_remote(source):
+        source = _copy_export(source, local_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, **from_pretrained)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source, **from_pretrained)
+    return model, tokenizer
+
+
+def _copy_export(remote: str, local_dir: str | None) -> str:
+    """Copy an export directory's files (flat, as the exporter writes them) to a local directory; its path."""
+    import shutil
+    import tempfile
+
+    target = storage.path(local_dir or tempfile.mkdtemp(prefix="multislice-export-"))
+    target.mkdir(parents=True, exist_ok=True)
+    for item in storage.path(remote).iterdir():
+        with item.open("rb") as source, (target / item.name).open("wb") as copy:
+            shutil.copyfileobj(source, copy, 16 << 20)
+    return str(target)

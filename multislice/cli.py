@@ -313,6 +313,29 @@ def _stop_run(plan: Plan, pipeline_run_id: str) -> str:
         f"nothing of pipeline run {pipeline_run_id} was left running")  # fmt: skip
 
 
+def elastic_lines(train: reports.TrainReport) -> list[str]:
+    """An elastic stage's story for the summary: each resize (when, why, from and to, steps lost) and goodput.
+
+    Empty for a stage that never resized and reports no goodput. Times are seconds since training began
+    (:class:`multislice.elastic.Resize`); goodput is productive step time over wall time, 0-1.
+    """
+    lines = []
+    for resize in train.resizes:
+        resumed = (
+            f"resumed from step {resize.resumed_from_step} at {resize.resumed_at_seconds:.0f} s"
+            if resize.resumed_at_seconds is not None and resize.resumed_from_step is not None
+            else "not resumed"
+        )
+        lines.append(
+            f"  resized       at {resize.detected_at_seconds:.0f} s: {resize.from_slices} -> {resize.to_slices} "
+            f"slices ({resize.cause}); {resumed}, {resize.steps_lost} steps lost"
+        )
+    if train.goodput is not None:
+        lost = f", {train.steps_lost} steps trained again" if train.steps_lost else ""
+        lines.append(f"  goodput       {train.goodput:.2f} (productive step time / wall time{lost})")
+    return lines
+
+
 def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run_id: str) -> list[str]:
     """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live.
 
@@ -354,6 +377,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
                     else f"{train.restarts} JobSet restarts"
                 )
             )
+            lines.extend(elastic_lines(train))
             if train.evals:
                 lines.append(
                     f"  eval          loss {train.first_eval_loss:.3f} -> {train.final_eval_loss:.3f} "

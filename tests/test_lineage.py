@@ -170,3 +170,25 @@ def test_run_summary_of_a_one_slice_stage_says_it_has_no_dcn_axis(tmp_path):
     write(one, report, stage)
     lines = cli.summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
     assert "  verification  PASS (1/1 checks, 10 parameters, sharded over mesh fsdp=2; DCN none, one slice)" in lines
+
+
+def test_run_summary_tells_an_elastic_stages_resizes_and_goodput(plan, tmp_path):
+    from multislice import cli
+    from multislice.elastic import Resize
+    from multislice.reports import TrainReport, write
+
+    stage = plan.stages[0]
+    shrink = Resize(from_slices=2, to_slices=1, cause="slice 1 lost", detected_at_seconds=41.2,
+                    resumed_at_seconds=77.9, last_step_before=7, resumed_from_step=5, steps_lost=2)  # fmt: skip
+    grow = Resize(from_slices=1, to_slices=2, cause="capacity back for 2 slices", detected_at_seconds=120.0)
+    train = TrainReport(jobset=stage.jobset, steps_trained=15, first_loss=9.0, final_loss=7.0,
+                        tokens_per_second_per_device=10.0, restarts=1, resizes=[shrink, grow], goodput=0.625,
+                        steps_lost=2)  # fmt: skip
+    write(plan, train, stage)
+    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    at = lines.index(next(line for line in lines if line.startswith("  trained       15/")))
+    assert lines[at + 1 : at + 4] == [
+        "  resized       at 41 s: 2 -> 1 slices (slice 1 lost); resumed from step 5 at 78 s, 2 steps lost",
+        "  resized       at 120 s: 1 -> 2 slices (capacity back for 2 slices); not resumed, 0 steps lost",
+        "  goodput       0.62 (productive step time / wall time, 2 steps trained again)",
+    ]

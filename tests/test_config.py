@@ -65,6 +65,13 @@ def test_dcn_product_must_equal_slices():
     assert "multiplies to 2" in message and "4 slices" in message
 
 
+def test_one_slice_says_which_dcn_axes_to_set_to_one():
+    [(field, message)] = issues({"num_slices": 1})
+    assert field == "stages[1] (tiny-70b-recipe).dcn"
+    assert message.endswith("one slice has no DCN axis: --set stages.1.dcn.fsdp=1")
+    assert config.load_profile("local", {"num_slices": 1, "stages.1.dcn.fsdp": 1}).num_slices == 1  # it is enough
+
+
 def test_fill_axis_must_divide():
     [(field, message)] = issues({"stages.0.ici": {"fsdp": -1, "tensor": 3}})
     assert field.endswith(".ici") and "does not divide 8" in message

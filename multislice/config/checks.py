@@ -69,11 +69,15 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
         ):
             fixed, filled = _fill(degrees, target)
             if filled is None and fixed != target:
+                fix = f"make the product {target}, or set one axis to -1 so MaxText fills it"
+                if net == "dcn" and target == 1:  # one slice: no DCN axis; say exactly what to set
+                    sets = " ".join(f"--set stages.{i}.dcn.{axis}=1" for axis, n in degrees.items() if n not in (1, -1))
+                    fix = f"one slice has no DCN axis: {sets}"
                 issues.append(
                     (
                         f"{where}.{net}",
                         f"{net.upper()} parallelism {_describe(degrees)} multiplies to {fixed}, but there are "
-                        f"{target} {unit}; make the product {target}, or set one axis to -1 so MaxText fills it",
+                        f"{target} {unit}; {fix}",
                     )
                 )
             elif filled == 0:

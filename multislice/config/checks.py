@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from multislice import libtpu_flags, names
+from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec
 
 
@@ -94,8 +95,6 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                     f"{global_batch:g} sequences, not a whole number; use a multiple of 1/{chips}",
                 )
             )
-        from multislice.elastic import elastic_issues  # imports the models: not at module level (a cycle)
-
         issues += elastic_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
         if stage.checkpoint_period > stage.steps:

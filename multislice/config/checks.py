@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from multislice import libtpu_flags, names
+from multislice import exporting, libtpu_flags, names
 from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec
 
@@ -144,8 +144,6 @@ def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
     """Why a stage's ``export`` could not run, from the spec alone (:mod:`multislice.exporting`): a model or
     tokenizer the exporter cannot export, a Hub repository without a credential on GKE, export options without
     ``export``. The plan step adds what needs this machine (:func:`export_environment_issues`)."""
-    from multislice import exporting
-
     issues: list[tuple[str, str]] = []
     if not stage.export:
         for name in ("export_dtype", "export_hub_repo"):
@@ -183,8 +181,6 @@ def export_environment_issues(spec: RunSpec, export_dirs: dict[str, str]) -> lis
         spec: The run spec.
         export_dirs: Stage name -> its export directory (``multislice.plan.StagePlan.export_dir``).
     """
-    from multislice import exporting
-
     issues: list[tuple[str, str]] = []
     for i, stage in enumerate(spec.stages):
         if not stage.export:

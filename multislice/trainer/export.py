@@ -149,7 +149,7 @@ def command(
         report: ``--report``: where the exporter writes its JSON report too (local or ``gs://``).
         card: The model card's facts, each given one an option (None values left out): ``run`` (``--run-name``),
             ``stage``, ``data_fingerprint``, ``steps``, ``train_loss``, ``eval_loss``
-            (:func:`multislice.exporting.model_card`).
+            (:func:`multislice.reports.model_card`).
     """
     argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
     if dtype:

@@ -23,11 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import exporting, names
+from multislice import names, reports
 from multislice.backends.base import (
     Admission,
     Backend,
-    CompileSession,
     Finished,
     LaunchFailed,
     PodExit,
@@ -43,7 +42,7 @@ from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.jobsets import FINISHED, LocalJobSets
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan, StagePlan
-from multislice.preflight import work_dir_for
+from multislice.preflight import CompileSession, work_dir_for
 from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 
@@ -411,5 +410,5 @@ class LocalBackend(Backend):
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout
         (raises VerifierTimeout)."""
-        card = exporting.model_card(plan, stage)
+        card = reports.model_card(plan, stage)
         return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]

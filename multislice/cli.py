@@ -73,7 +73,7 @@ def _check_output(option: str, value: str, *, directory: bool, suffixes: tuple[s
 def cmd_render(args: argparse.Namespace) -> int:
     """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet for TPU and CPU and,
     for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
-    from multislice.render import manifests
+    from multislice.backends import manifests
 
     _check_output("--output", args.output, directory=True)
     profile, overrides = _profile_and_overrides(args)

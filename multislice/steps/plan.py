@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from multislice import cancel, config, ownership
+from multislice.backends import manifests
 from multislice.config import data
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.release import check as release_check
-from multislice.render import manifests
 from multislice.reports import PlanReport
 from multislice.steps import cancellable, say, write_report
 

@@ -107,7 +107,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
     # With unique_run_name each run's plan step appends "-<8 characters of its pipeline run id>"
     # (identity.unique_run_name): check the name every run will have, not the one given.
-    from multislice import identity  # imports storage: not at module level
+    from multislice import identity  # its storage imports etils.epath (0.1 s), which the config itself needs not
 
     suffix = identity.UNIQUE_SUFFIX_LENGTH if spec.unique_run_name else 0
     run_name = spec.run_name + "-" + "x" * (suffix - 1) if suffix else spec.run_name

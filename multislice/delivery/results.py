@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from multislice import identity, storage
+from multislice import config, identity, storage
+from multislice import metrics as metric_records
+from multislice.delivery.artifacts import markdown_table
 from multislice.reports import StepReport, TrainReport, VerificationReport, parse, report_path
 
 #: The reports :func:`read_run` returns per stage: key -> report type.
@@ -109,8 +111,6 @@ def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any
         profile: The profile it was submitted from (its stage names).
         kfp, vertex: The target's settings (the run's URL; KFP: the client that waits and cancels).
     """
-    from multislice import config
-
     data = config.read_profile(profile) if isinstance(profile, str) else profile
     stages = [s["name"] for s in data["stages"]]
     output_dir = str(submitted.parameters.get("output_dir") or data.get("output_dir"))
@@ -126,8 +126,6 @@ def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any
 
 def from_kfp(client: Any, run_id: str, profile: str | Mapping[str, Any], host: str = "") -> RunRef:
     """A :class:`RunRef` for any KFP run of this pipeline, from the parameters the run was given."""
-    from multislice import config
-
     data = config.read_profile(profile) if isinstance(profile, str) else profile
     run = client.get_run(run_id)
     params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
@@ -218,8 +216,6 @@ def metrics(run: RunRef) -> dict[str, dict[str, Any]]:
 
 def curves(run: RunRef) -> dict[str, list[tuple[int, float]]]:
     """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins)."""
-    from multislice import metrics as metric_records
-
     out = {}
     for stage in run.stages:
         location = storage.join(run.run_dir, stage, "metrics.jsonl")
@@ -257,8 +253,6 @@ def compare(runs: Sequence[RunRef]) -> list[dict[str, Any]]:
 
 def compare_table(runs: Sequence[RunRef]) -> str:
     """:func:`compare` as a Markdown table (``IPython.display.Markdown`` shows it in a notebook)."""
-    from multislice.delivery.artifacts import markdown_table
-
     return markdown_table(compare(runs), COMPARE_COLUMNS)
 
 

@@ -21,7 +21,7 @@ from multislice.steps import cancellable, say, write_report
 
 def _trainer_site_packages() -> str | None:
     """The local trainer environment's site-packages (where ``site-packages:`` data globs point), or None."""
-    from multislice.backends.local.environment import TrainerEnvMissing, trainer_env
+    from multislice.backends.local.environment import TrainerEnvMissing, trainer_env  # the local backend: local runs
 
     try:
         found = sorted(trainer_env().glob("lib/python3*/site-packages"))

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import names, reports
+from multislice import names, ownership, reports
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -377,8 +377,6 @@ class LocalBackend(Backend):
         it. Each other JobSet is deleted as its own pipeline run would delete it (:meth:`.LocalJobSets.delete_jobset`
         with that run id as owner); one with no pipeline run id by name (made by hand or by a test).
         """
-        from multislice import ownership
-
         live = ownership.read_owner(self.run_dir)
         if live is not None and (live.expires is not None or not ownership.alive(self.run_dir, live)):
             live = None

@@ -91,6 +91,7 @@ soak: env
 lint: $(VENVS)/pipeline/.installed
 	$(VENVS)/pipeline/bin/ruff check .
 	$(VENVS)/pipeline/bin/ruff format --check .
+	$(VENVS)/pipeline/bin/lint-imports --no-cache
 
 # Two files per profile: <profile>.yaml for KFP (with kfp-kubernetes platform config) and
 # <profile>.vertex.yaml for Vertex AI Pipelines (one YAML document).

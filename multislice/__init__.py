@@ -11,20 +11,20 @@ def submit(*args: Any, **kwargs: Any) -> Any:
 
     Imported on call, so that the trainer image (no kfp, no aiplatform) can import this package.
     """
-    from multislice.delivery.submission import submit as _submit
+    from multislice.delivery.submission import submit as _submit  # the trainer image has no kfp: on call
 
     return _submit(*args, **kwargs)
 
 
 def remote(*args: Any, **kwargs: Any) -> Any:
     """Run a function on every host of a slice and return the leader's value: :func:`multislice.remote_call.remote`."""
-    from multislice.remote_call import remote as _remote
+    from multislice.remote_call import remote as _remote  # the pipeline image's modules: on call
 
     return _remote(*args, **kwargs)
 
 
 def run_remote(*args: Any, **kwargs: Any) -> Any:
     """The plain function form of :func:`remote`: :func:`multislice.remote_call.run_remote`."""
-    from multislice.remote_call import run_remote as _run_remote
+    from multislice.remote_call import run_remote as _run_remote  # the pipeline image's modules: on call
 
     return _run_remote(*args, **kwargs)

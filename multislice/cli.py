@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import os
 import re
 import signal
@@ -21,10 +22,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, config, identity, ownership, reports, storage, timings
+from multislice import backends, config, identity, names, ownership, preflight, reports, storage, timings, tpu
 from multislice.config import parameters
+from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
+from multislice.delivery import images, schedule, submission
+from multislice.delivery.submission import add_target_arguments
+from multislice.delivery.targets import KubernetesConfig
 from multislice.errors import InputError, RunFailed, UserError
 from multislice.plan import Plan, make_plan
+from multislice.preflight import planner, user_cache_dir
+from multislice.steps import preflight as preflight_step
 
 STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|export|cleanup"
 PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
@@ -73,7 +80,7 @@ def _check_output(option: str, value: str, *, directory: bool, suffixes: tuple[s
 def cmd_render(args: argparse.Namespace) -> int:
     """Write every manifest of a profile, validated: Kueue objects, each stage's JobSet for TPU and CPU and,
     for backend gke, the RBAC objects and the node pool plan (the GKE API requests provision would send)."""
-    from multislice.render import manifests
+    from multislice.backends import manifests  # jsonschema and the CRDs: only for render (0.6 s)
 
     _check_output("--output", args.output, directory=True)
     profile, overrides = _profile_and_overrides(args)
@@ -88,7 +95,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if plan.spec.backend == "gke":
         plan_file = Path(args.output) / manifests.NODE_POOL_PLAN
         print(f"node pools provision would create (GKE API requests, not sent): {plan_file}")
-        from multislice.backends.gke import nodepool
+        from multislice.backends.gke import nodepool  # the GKE clients (2-3 s): only for a gke profile
 
         accounts = plan.spec.service_accounts
         writer = (
@@ -106,14 +113,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile the profile's pipeline to YAML (overrides become the parameters' defaults)."""
-    from pipelines.multislice_training import compile_pipeline
+    from pipelines.multislice_training import compile_pipeline  # kfp (2-5 s): only for the verbs that compile
 
     _check_output("--output", args.output, directory=False, suffixes=(".yaml", ".yml"))
     if args.base_image and (problem := config.values.image_problem(args.base_image)):
         raise InputError(f"--base-image: {problem}", "give a container image reference")
     profile, overrides = _profile_and_overrides(args)
-    from multislice.delivery import images
-
     built = images.built_references(args.images)
     if "trainer" in built and not any(k in overrides for k in ("trainer_image", "images.trainer")):
         overrides["images.trainer"] = built["trainer"]
@@ -124,8 +129,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     data = config.spec_to_data(config.load_spec(profile, overrides))
     kubernetes = None
     if args.node_selector:
-        from multislice.delivery.targets import KubernetesConfig
-
         selector = _node_selector(args.node_selector)
         kubernetes = KubernetesConfig(node_selector=selector)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -213,9 +216,9 @@ def _run_owned(
     """``multislice run`` once its run directory is claimed: compile, run with kfp.local, summarise."""
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    from kfp import components, local
+    from kfp import components, local  # kfp (2-5 s): only for the verbs that compile
 
-    from pipelines.multislice_training import compile_pipeline
+    from pipelines.multislice_training import compile_pipeline  # kfp (2-5 s): only for the verbs that compile
 
     compiled, log_path = run_files(run_dir, run_id)
     compile_pipeline(config.spec_to_data(spec), str(compiled), remote=False, retries=False)  # a local failure is final
@@ -306,7 +309,7 @@ def _stop_run(plan: Plan, pipeline_run_id: str) -> str:
     """
     if plan.spec.backend != "local" or not pipeline_run_id:
         return "nothing of this run was left running"
-    from multislice.backends.local import LocalBackend
+    from multislice.backends.local import LocalBackend  # jsonschema and the CRDs (0.5 s): local runs only
 
     deleted, _ = LocalBackend(plan.run_dir).cleanup(pipeline_run_id, lambda line: None)
     return f"deleted {', '.join(deleted)} (pipeline run {pipeline_run_id})" if deleted else (
@@ -442,7 +445,7 @@ def _find_plan(checkpoint_dir: str) -> tuple[Plan, str]:
 
 def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     """Verify a stage's final checkpoint with the checkpoint verifier (trainer environment, this machine)."""
-    from multislice.backends.local import verifier
+    from multislice.backends.local import verifier  # jsonschema and the CRDs (0.5 s): local runs only
 
     if problem := config.values.control_problem(args.path) or (
         args.path.startswith("gs://") and config.values.gcs_path_problem(args.path)
@@ -518,8 +521,6 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     (``multislice-pipelines/run-name``) except workloads whose Lease is still renewed, JobSets not
     Completed and unfinished Jobs; with ``--pipeline-run-id``, only that run's. What is kept is printed.
     """
-    from multislice import names
-
     if not names.DNS1035_LABEL.match(args.run or ""):
         raise InputError(
             f"--run {args.run!r} is not a run name (a DNS-1035 label: lower-case letters, digits and '-', "
@@ -557,8 +558,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     ``output_dir`` from ``--output-dir``, else the profile's; its slices and stages from its plan report, else the
     profile.
     """
-    from multislice import names
-    from multislice.backends.local import capacity
+    from multislice.backends.local import capacity  # jsonschema and the CRDs (0.5 s): local runs only
 
     if not names.DNS1035_LABEL.fullmatch(args.run or ""):
         raise InputError(f"--run {args.run!r} is not a run name (a DNS-1035 label)", "give the run's run_name")
@@ -600,7 +600,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     CronJob of :func:`multislice.backends.gke.lease.reaper_cronjob` runs it every minute. The cluster and
     namespace come from ``--profile`` (and ``--set``); ``--in-cluster`` uses the pod's service account.
     """
-    from multislice.backends.gke import lease
+    from multislice.backends.gke import lease  # the GKE clients (2-3 s): only for reap
 
     profile, overrides = _profile_and_overrides(args)
     if args.in_cluster:
@@ -638,9 +638,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     profile's backend, so no cloud credentials are needed; ``--on-cluster``
     runs them as Jobs of the trainer image on the profile's cluster instead.
     """
-    from multislice import preflight
-    from multislice.backends.local import LocalBackend
-    from multislice.steps import preflight as step
+    from multislice.backends.local import LocalBackend  # jsonschema and the CRDs (0.5 s): local runs only
 
     if args.report:
         _check_output("--report", args.report, directory=False, suffixes=(".json",))
@@ -657,7 +655,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             _check_cache_dir("preflight.cache_dir" if not args.cache_dir else "--cache-dir", cache, remote_ok=False)
         backend = LocalBackend(plan.run_dir, timings.timings_for(plan.spec, "local"))
     try:
-        found = step.run(plan, stages, backend=backend, cache_dir=cache, write_reports=False)
+        found = preflight_step.run(plan, stages, backend=backend, cache_dir=cache, write_reports=False)
     except preflight.PreflightFailed as error:
         _write_json(args.report, {"verdict": "does_not_fit", "stages": [r.to_dict() for r in error.reports]})
         raise
@@ -702,10 +700,6 @@ def _plan_option_issues(args: argparse.Namespace, chips: int, first_slices: int)
 
     ``chips``: chips per slice of the planned TPU type; ``first_slices``: the slice count the search starts at.
     """
-    import math
-
-    from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
-
     issues: list[tuple[str, str]] = []
 
     def whole(option: str, value: int | None, low: int, high: int, what: str) -> None:
@@ -748,10 +742,6 @@ def _fixed_knobs(pairs: list[str]) -> dict[str, Any]:
     Raises:
         ConfigError: (field ``--fix``) an unknown knob, or a value the planner would never try.
     """
-    import math
-
-    from multislice.preflight import planner
-
     choices: dict[str, Any] = {
         "per_device_batch_size": "a number > 0",
         "remat_policy": planner.REMAT_CHOICES,
@@ -792,9 +782,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     Every option is checked before anything is written or compiled (exit 2, the option and the fix named).
     """
-    from multislice import tpu
-    from multislice.backends.local.aot import AotSession
-    from multislice.preflight import planner, user_cache_dir
+    from multislice.backends.local.aot import AotSession  # jsonschema and the CRDs (0.5 s): local runs only
 
     if args.report:
         _check_output("--report", args.report, directory=False, suffixes=(".json",))
@@ -884,8 +872,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Validate, compile and submit one run to Vertex AI Pipelines or KFP (:mod:`multislice.delivery.submission`)."""
-    from multislice.delivery import submission
-
     profile, overrides = _profile_and_overrides(args)
     run = submission.submit(
         profile, overrides, target=args.target, continue_run=args.continue_run, **submission.targets_from_args(args)
@@ -898,8 +884,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Create, list, pause, resume or delete schedules (:mod:`multislice.delivery.schedule`)."""
-    from multislice.delivery import schedule, submission
-
     where = submission.targets_from_args(args)
     if args.action == "create":
         missing = [("--profile", "required by `schedule create`")] if not args.profile else []
@@ -1062,8 +1046,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_images(args: argparse.Namespace) -> int:
     """Build and push both images with Cloud Build (no Docker engine), writing build/images/<image>.json."""
-    from multislice.delivery import images
-
     if not args.cloud_build:
         raise InputError(
             "multislice images build needs --cloud-build (the only builder it drives)",
@@ -1076,8 +1058,6 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 
 def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
-    from multislice.delivery.submission import add_target_arguments
-
     imgs = sub.add_parser("images", help="build and push the pipeline and trainer images (Cloud Build: no Docker)")
     imgs.add_argument("action", choices=["build"])
     imgs.add_argument("--cloud-build", action="store_true", help="build with Cloud Build (the repository as source)")
@@ -1147,7 +1127,7 @@ def expected_error(error: BaseException) -> UserError | None:
     KFP endpoint that cannot be reached or refuses (urllib3, kfp_server_api), and a path
     this machine cannot read or write (an ``OSError`` naming its file).
     """
-    from google.api_core.exceptions import GoogleAPICallError
+    from google.api_core.exceptions import GoogleAPICallError  # 0.3 s, and 0.2 s for urllib3: only on an error
     from google.auth.exceptions import DefaultCredentialsError
     from urllib3.exceptions import HTTPError as Urllib3Error
 

@@ -2,7 +2,8 @@
 
 Used by the plan (the export's dtype, :func:`default_dtype`), the config checks (:func:`model_issue`,
 :func:`tokenizer_issue`: refused at plan, before anything is created) and the GKE export Job
-(:func:`sizing`: its memory request and the size of its scratch volume). The exporter itself is
+(:func:`sizing`: its memory request and the size of its scratch volume); the model card's facts are
+:func:`multislice.reports.model_card`. The exporter itself is
 :mod:`multislice.trainer.export` (trainer image); what it supports is its :data:`~multislice.trainer.export.SUPPORTED`,
 mirrored here from the stage's config, without MaxText.
 
@@ -32,6 +33,8 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from multislice.memory import model_dims
 
 #: Models of at least this many parameters are exported in bfloat16 by default (the issue's "a billion").
 BFLOAT16_FROM_PARAMETERS = 10**9
@@ -74,8 +77,6 @@ def default_dtype(stage: Any) -> str:
     :data:`BFLOAT16_FROM_PARAMETERS` parameters up, else float32 (also when the model's size is unknown)."""
     if stage.export_dtype:
         return stage.export_dtype
-    from multislice.preflight.memory import model_dims
-
     dims = model_dims(stage)
     return "bfloat16" if dims is not None and dims.parameters >= BFLOAT16_FROM_PARAMETERS else "float32"
 
@@ -108,8 +109,6 @@ def sizing(stage: Any, dtype: str) -> ExportSizing:
     Raises:
         ValueError: the model's dimensions are unknown (:func:`model_issue` refuses such a stage at plan).
     """
-    from multislice.preflight.memory import model_dims
-
     dims = model_dims(stage)
     if dims is None:
         raise ValueError(f"stage {stage.name}: the model's dimensions are unknown; cannot size its export")
@@ -175,23 +174,6 @@ def hub_token_locally() -> bool:
     """Whether this machine's environment has a Hugging Face token in ``$HF_TOKEN``: what the exporter reads (its
     contract with :func:`multislice.trainer.export.command`; the token file of ``hf auth login`` is not read)."""
     return bool(os.environ.get("HF_TOKEN", "").strip())
-
-
-def model_card(plan: Any, stage: Any) -> dict[str, Any]:
-    """The model card's facts for the exporter (:func:`multislice.trainer.export.command`'s ``card``): the run, the
-    stage, its data fingerprint (when the plan has one), the stage's training steps and the final train and eval
-    losses from the stage's train report in the run directory (left out when it has none, e.g. before training)."""
-    from multislice import reports
-
-    trained = reports.read(reports.TrainReport, plan, stage)
-    return {
-        "run": plan.spec.run_name,
-        "stage": stage.name,
-        "data_fingerprint": getattr(stage, "data_fingerprint", None),
-        "steps": stage.steps,
-        "train_loss": trained.final_loss if trained else None,
-        "eval_loss": getattr(trained, "final_eval_loss", None) if trained else None,
-    }
 
 
 def nearest_existing(path: str) -> str:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from multislice import exporting, identity, maxtext, names, storage, tpu
 from multislice.config import RunSpec, Stage, data
-from multislice.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
+from multislice.config.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
 
 
 def resolve_degrees(degrees: dict[str, int], target: int) -> dict[str, int]:

@@ -19,6 +19,7 @@ import hashlib
 import json
 from importlib import metadata
 
+from multislice.config.models import RunSpec
 from multislice.errors import InputError
 
 #: The distribution name in pyproject.toml.
@@ -36,8 +37,6 @@ def version() -> str:
 @functools.cache
 def schema_fingerprint() -> str:
     """First 16 hex digits of the SHA-256 of the run spec's JSON schema (keys sorted)."""
-    from multislice.config.models import RunSpec
-
     text = json.dumps(RunSpec.model_json_schema(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -58,6 +58,7 @@ minutes of wall time; a preempted or failed host fails the whole call.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import queue
 import re
@@ -70,8 +71,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from multislice import config, storage
+from multislice import backends, config, storage
+from multislice.backends.base import Backend
+from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, output_dir_problem
 from multislice.errors import ConfigError, RunFailed
+from multislice.plan import make_plan
+from multislice.trainer.remote_worker import MARK
 
 #: The worker's module (the container command of each pod).
 WORKER_MODULE = "multislice.trainer.remote_worker"
@@ -160,7 +165,6 @@ def plan_call(
     values = {"run_name": f"remote-{stem}-{run_id}", "output_dir": output_dir, "tpu_type": tpu_type,
               "num_slices": num_slices}  # fmt: skip
     spec = config.load_spec(data, values)
-    from multislice.plan import make_plan
 
     return make_plan(spec)
 
@@ -310,11 +314,6 @@ def option_issues(options: dict[str, Any]) -> list[tuple[str, str]]:
     :data:`multislice.config.values.MAX_TIMEOUT_SECONDS`; ``tell`` None or a callable; ``out`` None or an
     object with ``write``; ``by_value`` modules; ``keep`` true or false.
     """
-    import math
-
-    from multislice.backends.base import Backend
-    from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, output_dir_problem
-
     issues: list[tuple[str, str]] = []
     for name in options:
         if name not in OPTIONS:
@@ -441,7 +440,6 @@ def run_remote(
         KeyboardInterrupt: interrupted; the JobSet was deleted first.
         multislice.errors.RunFailed: the JobSet failed otherwise (its pods' report in the message).
     """
-    from multislice import backends
 
     if not callable(function):
         raise ConfigError([("function", f"{function!r} ({type(function).__name__}) is not callable; give a function")])
@@ -494,7 +492,6 @@ def run_remote(
 
 def _follow(call: RemoteCall, say: Callable[[str], None], write: Any, collective_timeout: float) -> Any:
     """Follow the JobSet in a thread; here: print the leader's lines, tell progress, watch for hangs."""
-    from multislice.trainer.remote_worker import MARK
 
     lines: queue.Queue[str | None] = queue.Queue()
     ended: dict[str, Any] = {}

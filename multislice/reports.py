@@ -482,3 +482,18 @@ class CleanupReport(StepReport):
     error: str | None = None
     notified: bool | str | None = None
     failed_step: str | None = None
+
+
+def model_card(plan: Plan, stage: StagePlan) -> dict[str, Any]:
+    """The model card's facts for the exporter (:func:`multislice.trainer.export.command`'s ``card``): the run, the
+    stage, its data fingerprint (when the plan has one), the stage's training steps and the final train and eval
+    losses from the stage's train report in the run directory (left out when it has none, e.g. before training)."""
+    trained = read(TrainReport, plan, stage)
+    return {
+        "run": plan.spec.run_name,
+        "stage": stage.name,
+        "data_fingerprint": getattr(stage, "data_fingerprint", None),
+        "steps": stage.steps,
+        "train_loss": trained.final_loss if trained else None,
+        "eval_loss": getattr(trained, "final_eval_loss", None) if trained else None,
+    }

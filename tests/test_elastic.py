@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multislice import config, elastic, preflight
+from multislice.config.elastic import describe
 from multislice.errors import ConfigError
 from multislice.plan import make_plan
 from multislice.steps import preflight as step
@@ -35,7 +36,7 @@ def test_the_gke_8b_stage_trains_on_one_slice_with_gradient_accumulation_two():
     assert full.maxtext_args == stage.maxtext_args
     assert stage.wait_for_lost_slice_seconds == 300
     assert plan.stage("llama3-70b").elastic == []
-    assert "1 slice: gradient_accumulation_steps 2, global batch 128 (unchanged)" in elastic.describe(stage.elastic)
+    assert "1 slice: gradient_accumulation_steps 2, global batch 128 (unchanged)" in describe(stage.elastic)
 
 
 @pytest.mark.parametrize(

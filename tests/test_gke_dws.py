@@ -257,7 +257,7 @@ def test_flex_start_pods_unschedulable_past_the_wait_fail_launch_naming_the_fiel
 
 
 def test_render_writes_the_dws_objects_with_the_other_kueue_objects():
-    from multislice.render import manifests
+    from multislice.backends import manifests
 
     rendered = manifests.render_all(make_plan(spec_of(QUEUED)), RUN_ID)
     assert rendered[f"kueue-provisioningrequestconfig-{CONFIG}.yaml"]["kind"] == "ProvisioningRequestConfig"

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from multislice import config, exporting, metrics, names, reports, storage
+from multislice import config, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, exporter, jobs, nodepool, retry
@@ -1004,7 +1004,7 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     created = play.batch.api_client.sanitize_for_serialization(
         play.batch.read_namespaced_job(exporter.job_name(stage), "default")
     )
-    rendered = exporter.render_job(plan, stage, RUN_ID, exporting.model_card(plan, stage))
+    rendered = exporter.render_job(plan, stage, RUN_ID, reports.model_card(plan, stage))
     command = created["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == rendered["spec"]["template"]["spec"]["containers"][0]["command"]
     card = command[command.index("--run-name") : command.index("--")]  # the model card: from the train report

@@ -195,8 +195,8 @@ parameter_sets = st.lists(
 @cases(200)
 @given(given_parameters=parameter_sets)
 def test_any_pipeline_parameters_are_refused_or_planned(given_parameters):
+    from multislice.backends import manifests
     from multislice.plan import make_plan
-    from multislice.render import manifests
 
     try:
         spec = config.load_spec(LOCAL, given_parameters)

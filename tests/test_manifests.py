@@ -8,6 +8,7 @@ import yaml
 from google.cloud.container_v1 import NodePool
 
 from multislice import config
+from multislice.backends import manifests as run_manifests
 from multislice.plan import make_plan
 from multislice.render import jobset, kueue, manifests, schema
 from tests.conftest import SHARED_CRDS
@@ -160,7 +161,7 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
         "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CronJob", "Job",
     }  # fmt: skip
     # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
-    node_pools = json.loads((tmp_path / manifests.NODE_POOL_PLAN).read_text())
+    node_pools = json.loads((tmp_path / run_manifests.NODE_POOL_PLAN).read_text())
     assert node_pools["cluster"] == "projects/your-project/locations/us-east5/clusters/your-cluster"
     assert [p["name"] for p in node_pools["node_pools"]] == ["tpu-v6e-4x4-0", "tpu-v6e-4x4-1"]
     request = node_pools["node_pools"][0]["request"]
@@ -206,8 +207,8 @@ def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would()
     import copy
 
     from multislice import config
+    from multislice.backends import manifests
     from multislice.plan import make_plan
-    from multislice.render import manifests
 
     plan = make_plan(config.load_profile("gke-v6e-16x2"))
     reaper = manifests.render_all(plan, "run-1")["cronjob-multislice-reaper.yaml"]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from multislice import config, maxtext, tpu
+from multislice import config, maxtext, memory, tpu
 from multislice.plan import resolve_degrees
-from multislice.preflight import memory, planner
+from multislice.preflight import planner
 
 RECORDED = json.loads((Path(__file__).with_name("data") / "aot_recorded.json").read_text())["results"]
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from multislice.backends.base import Backend
+from multislice.config import ClusterSpec
 from multislice.plan import Plan
 from multislice.timings import timings_for
 
@@ -26,11 +27,11 @@ def backend_class(name: str) -> type[Backend]:
         ValueError: an unknown name.
     """
     if name == "local":
-        from multislice.backends.local import LocalBackend
+        from multislice.backends.local import LocalBackend  # jsonschema and the CRDs: only when asked for
 
         return LocalBackend
     if name == "gke":
-        from multislice.backends.gke import GkeBackend
+        from multislice.backends.gke import GkeBackend  # the kubernetes and GKE clients (2-3 s): only when asked for
 
         return GkeBackend
     raise ValueError(f"unknown backend {name!r}; use one of {', '.join(NAMES)}")
@@ -61,8 +62,6 @@ def create(
     """
     kind = backend_class(name)
     if name == "gke":
-        from multislice.config import ClusterSpec
-
         return kind.connect(ClusterSpec.model_validate(cluster or {}), namespace, timings, say)
     return kind(run_dir, timings)
 

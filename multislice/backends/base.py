@@ -29,11 +29,12 @@ import abc
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from multislice import cancel, names
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
+from multislice.preflight import CompileSession
 from multislice.render import jobset
 from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import Timings
@@ -154,21 +155,6 @@ class PodExit:
     host: int
     exit_code: int | None
     finished_at: float | None = None
-
-
-class CompileSession(Protocol):
-    """Where preflight's AOT compiles run: a trainer-environment process, or Jobs of the trainer image.
-
-    A context manager; :meth:`compile` answers one request of
-    :func:`multislice.preflight.request_for` with the result dict of
-    :mod:`multislice.trainer.aot`.
-    """
-
-    def __enter__(self) -> CompileSession: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-    def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
 
 class Backend(abc.ABC):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from multislice import libtpu_flags, names
+from multislice import exporting, libtpu_flags, names
+from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec
 
 
@@ -98,8 +99,6 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                     f"{global_batch:g} sequences, not a whole number; use a multiple of 1/{chips}",
                 )
             )
-        from multislice.elastic import elastic_issues  # imports the models: not at module level (a cycle)
-
         issues += elastic_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
         if stage.checkpoint_period > stage.steps:
@@ -112,7 +111,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
     # With unique_run_name each run's plan step appends "-<8 characters of its pipeline run id>"
     # (identity.unique_run_name): check the name every run will have, not the one given.
-    from multislice import identity  # imports storage: not at module level
+    from multislice import identity  # its storage imports etils.epath (0.1 s), which the config itself needs not
 
     suffix = identity.UNIQUE_SUFFIX_LENGTH if spec.unique_run_name else 0
     run_name = spec.run_name + "-" + "x" * (suffix - 1) if suffix else spec.run_name
@@ -149,8 +148,6 @@ def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
     """Why a stage's ``export`` could not run, from the spec alone (:mod:`multislice.exporting`): a model or
     tokenizer the exporter cannot export, a Hub repository without a credential on GKE, export options without
     ``export``. The plan step adds what needs this machine (:func:`export_environment_issues`)."""
-    from multislice import exporting
-
     issues: list[tuple[str, str]] = []
     if not stage.export:
         for name in ("export_dtype", "export_hub_repo"):
@@ -188,8 +185,6 @@ def export_environment_issues(spec: RunSpec, export_dirs: dict[str, str]) -> lis
         spec: The run spec.
         export_dirs: Stage name -> its export directory (``multislice.plan.StagePlan.export_dir``).
     """
-    from multislice import exporting
-
     issues: list[tuple[str, str]] = []
     for i, stage in enumerate(spec.stages):
         if not stage.export:

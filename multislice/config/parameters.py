@@ -9,11 +9,14 @@ goes through the same validation wherever it comes from.
 from __future__ import annotations
 
 import re
+import types
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from multislice.config import RunSpec
+from pydantic import BaseModel
+
+from multislice.config.models import RunSpec, Stage
 
 
 @dataclass(frozen=True)
@@ -169,13 +172,6 @@ def field_kind(path: str) -> FieldKind | None:
 
     Read from the pydantic models' annotations (:mod:`multislice.config.models`).
     """
-    import types
-    import typing
-
-    from pydantic import BaseModel
-
-    from multislice.config.models import RunSpec, Stage
-
     model: Any = RunSpec
     parts = path.split(".")
     index = 0

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multislice import release
 from multislice.errors import InputError, RunFailed
 
 #: The images, each built from ``containers/<image>/Dockerfile`` with the repository root as context.
@@ -96,8 +97,6 @@ def git_commit(root: str | Path = ".") -> str:
 
 def image_tag(version: str | None = None, commit: str | None = None, root: str | Path = ".") -> str:
     """The images' tag: ``<package version>-<commit>``, e.g. ``0.1.0-3f2a9c1d0b7e`` (Docker tag characters only)."""
-    from multislice import release
-
     tag = f"{version or release.version()}-{commit or git_commit(root)}"
     return re.sub(r"[^A-Za-z0-9_.-]", "-", tag)[:128]
 

@@ -12,7 +12,7 @@ checkpoint's location is a metadata field (``checkpoint_uri``) rather than the a
 
 Metadata of the checkpoint model (:data:`CHECKPOINT_FIELDS`): ``checkpoint_uri`` (the final step's
 directory), ``checkpoint_dir``, ``step``, ``parameter_count`` (from the model's dimensions,
-:func:`multislice.preflight.memory.model_dims`; the verifier checks it against the checkpoint),
+:func:`multislice.memory.model_dims`; the verifier checks it against the checkpoint),
 ``final_train_loss``, ``maxtext_version``, ``stage``, ``format`` (``orbax``); and, when the train
 report or the plan has them, ``final_eval_loss`` and ``data_fingerprint``.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from multislice import maxtext, storage
+from multislice import maxtext, memory, storage
 from multislice.errors import InputError
 from multislice.plan import Plan
 from multislice.reports import ExportReport, TrainReport
@@ -41,8 +41,6 @@ EXPORT_FIELDS = (
 
 def parameter_count(plan: Plan, stage_name: str) -> int | None:
     """The stage's model's parameter count from its dimensions (None when MaxText names an unknown model)."""
-    from multislice.preflight import memory
-
     spec_stage = next(s for s in plan.spec.stages if s.name == stage_name)
     dims = memory.model_dims(spec_stage)
     return dims.parameters if dims else None

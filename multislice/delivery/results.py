@@ -21,13 +21,17 @@ stage's exported model with transformers.
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from multislice import identity, storage
+from multislice import config, identity, storage
+from multislice import metrics as metric_records
+from multislice.delivery.artifacts import markdown_table
 from multislice.errors import InputError, UserError
 from multislice.reports import ExportReport, StepReport, TrainReport, VerificationReport, parse, report_path
 
@@ -116,8 +120,6 @@ def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any
         profile: The profile it was submitted from (its stage names).
         kfp, vertex: The target's settings (the run's URL; KFP: the client that waits and cancels).
     """
-    from multislice import config
-
     data = config.read_profile(profile) if isinstance(profile, str) else profile
     stages = [s["name"] for s in data["stages"]]
     output_dir = str(submitted.parameters.get("output_dir") or data.get("output_dir"))
@@ -133,8 +135,6 @@ def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any
 
 def from_kfp(client: Any, run_id: str, profile: str | Mapping[str, Any], host: str = "") -> RunRef:
     """A :class:`RunRef` for any KFP run of this pipeline, from the parameters the run was given."""
-    from multislice import config
-
     data = config.read_profile(profile) if isinstance(profile, str) else profile
     run = client.get_run(run_id)
     params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
@@ -241,9 +241,10 @@ def curves(run: RunRef, kind: str = "train") -> dict[str, list[tuple[int, float]
     Raises:
         ValueError: ``kind`` is neither.
     """
-    from multislice import metrics as metric_records
-
-    step_key, loss_key = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}[kind]
+    keys = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}
+    if kind not in keys:
+        raise ValueError(f"kind {kind!r}: use 'train' or 'eval'")
+    step_key, loss_key = keys[kind]
     out = {}
     for stage in run.stages:
         location = storage.join(run.run_dir, stage, "metrics.jsonl")
@@ -284,8 +285,6 @@ def compare(runs: Sequence[RunRef]) -> list[dict[str, Any]]:
 
 def compare_table(runs: Sequence[RunRef]) -> str:
     """:func:`compare` as a Markdown table (``IPython.display.Markdown`` shows it in a notebook)."""
-    from multislice.delivery.artifacts import markdown_table
-
     return markdown_table(compare(runs), COMPARE_COLUMNS)
 
 
@@ -369,9 +368,6 @@ def load_hf_model(run: RunRef, stage: str, local_dir: str | None = None, **from_
 
 def _copy_export(remote: str, local_dir: str | None) -> str:
     """Copy an export directory's files (flat, as the exporter writes them) to a local directory; its path."""
-    import shutil
-    import tempfile
-
     target = storage.path(local_dir or tempfile.mkdtemp(prefix="multislice-export-"))
     target.mkdir(parents=True, exist_ok=True)
     for item in storage.path(remote).iterdir():

@@ -51,9 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multislice import config
+from multislice import config, release
 from multislice.config import ConfigError
 from multislice.config import parameters as pipeline_parameters
+from multislice.delivery import checks
 
 #: The pipeline's name in KFP (``upload_pipeline``'s ``pipeline_name``) and Vertex AI labels.
 PIPELINE_NAME = "multislice-training"
@@ -291,7 +292,7 @@ def compiled_profile(profile: Mapping[str, Any], values: Mapping[str, Any] | Non
 
 def compile_for(profile: Mapping[str, Any], target: str, directory: str | Path) -> Path:
     """Compile the profile's pipeline for ``target`` into ``directory``; returns the YAML path."""
-    from pipelines.multislice_training import compile_pipeline
+    from pipelines.multislice_training import compile_pipeline  # kfp (2-5 s): only when compiling
 
     path = Path(directory) / f"pipeline.{target}.yaml"
     compile_pipeline(dict(profile), str(path), target=target)
@@ -417,15 +418,11 @@ def content_version_name(template_path: str | Path) -> str:
     Two submissions of an unchanged pipeline get the same name, so the version is reused
     (:func:`_kfp_upload`) instead of uploaded again; any change to the YAML gives a new one.
     """
-    from multislice import release
-
     digest = hashlib.sha256(Path(template_path).read_bytes()).hexdigest()[:12]
     return f"{PIPELINE_NAME}-{release.version()}-{digest}".replace(".", "-").replace("+", "-")
 
 
 def _compiled_by() -> str:
-    from multislice import release
-
     return f"compiled by multislice-pipelines {release.version()} (profile schema {release.schema_fingerprint()})"
 
 
@@ -529,8 +526,6 @@ def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None
         ConfigError: each bad setting named (``--project``, ``--location``, ``--service-account``,
             ``--host``, ``--kfp-namespace``, ...) with its rule.
     """
-    from multislice.delivery import checks
-
     if target not in ("vertex", "kfp"):
         raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
     if target == "vertex" and vertex is None or target == "kfp" and kfp is None:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from multislice import timings
+from multislice.config import ConfigError
+from multislice.delivery.notify import WEBHOOK_ENV
 
 if TYPE_CHECKING:
     from multislice.config import RunSpec
@@ -64,8 +66,6 @@ class KubernetesConfig:
         """
         from kfp import kubernetes
 
-        from multislice.delivery.notify import WEBHOOK_ENV
-
         kubernetes.use_secret_as_env(
             task, secret_name=self.webhook_secret, secret_key_to_env={"url": WEBHOOK_ENV}, optional=True
         )
@@ -89,8 +89,6 @@ def check_target(target: str) -> str:
     Raises:
         multislice.config.ConfigError: an unknown target, naming the known ones.
     """
-    from multislice.config import ConfigError
-
     if target not in TARGETS:
         raise ConfigError([("target", f"unknown compile target {target!r}; use one of {', '.join(TARGETS)}")])
     return target

@@ -3,7 +3,7 @@
 config -> plan -> **preflight** -> provision: nothing is provisioned until every
 stage compiles for ``num_slices`` x ``tpu_type`` within the HBM XLA allows per
 chip. A compile runs where MaxText is, through a backend's
-:class:`~multislice.backends.base.CompileSession`: a trainer-environment process
+:class:`CompileSession`: a trainer-environment process
 of this machine (:mod:`multislice.backends.local.aot`) or a Job of the trainer
 image on the cluster (:mod:`multislice.backends.gke.aot`); both run
 :mod:`multislice.trainer.aot` (MaxText's own ``train_compile`` path with
@@ -15,7 +15,7 @@ recompiles nothing.
 Each stage's report (:func:`stage_report`, a
 :class:`multislice.reports.PreflightReport`) states its units: bytes per
 chip, with GiB (2**30 bytes; XLA's ``G``) for reading. The memory model and
-the planner that searches fitting configs are :mod:`.memory` and :mod:`.planner`.
+the planner that searches fitting configs are :mod:`multislice.memory` and :mod:`.planner`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from multislice import storage
-from multislice.backends.base import CompileSession
+from multislice import memory, storage
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.reports import CostEstimate, ElasticVerdict, HbmUse, PreflightReport, PreflightTarget
@@ -36,6 +35,24 @@ from multislice.reports import CostEstimate, ElasticVerdict, HbmUse, PreflightRe
 GIB = 1024**3
 AOT_MODULE = "multislice.trainer.aot"
 RESULT_PREFIX = "AOT_RESULT "
+
+
+class CompileSession(Protocol):
+    """Where preflight's AOT compiles run: a trainer-environment process, or Jobs of the trainer image.
+
+    Each backend gives one (:meth:`multislice.backends.base.Backend.aot_session`); defined here, by its user, so
+    that preflight needs nothing of the backends.
+
+    A context manager; :meth:`compile` answers one request of
+    :func:`request_for` with the result dict of
+    :mod:`multislice.trainer.aot`.
+    """
+
+    def __enter__(self) -> CompileSession: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def compile(self, request: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
 
 class PreflightError(RunFailed):
@@ -241,12 +258,10 @@ def on_slices(plan: Plan, stage: StagePlan, slices: int) -> tuple[Plan, StagePla
 def memory_floor_bytes(plan: Plan, stage: StagePlan, slices: int) -> int | None:
     """The memory model's lower bound of HBM per chip for ``stage`` on ``slices`` slices, bytes; None if unknown.
 
-    :func:`multislice.preflight.memory.estimate`'s lower bound (parameters, moments, gradients), plus one more
+    :func:`multislice.memory.estimate`'s lower bound (parameters, moments, gradients), plus one more
     set of gradients when the count accumulates (MaxText's ``gradient_accumulation_loss_and_grad`` carries the
     running sum through its ``scan``, ``maxtext/utils/gradient_accumulation.py``).
     """
-    from multislice.preflight import memory
-
     spec_stage = plan.spec.stage(stage.name)
     dims = memory.model_dims(spec_stage)
     if dims is None:

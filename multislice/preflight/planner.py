@@ -6,7 +6,7 @@ use: per-device batch, remat policy, the ICI split of FSDP and tensor
 parallelism, the DCN split of FSDP and data parallelism, AdamW and parameter
 host offload (parameter offload with ``param_scan_axis=0``, which MaxText
 requires for it) and the weight dtype. The analytic model
-(:mod:`multislice.preflight.memory`) prunes every candidate whose *lower bound* exceeds
+(:mod:`multislice.memory`) prunes every candidate whose *lower bound* exceeds
 the HBM XLA allows per chip, and orders the rest; the candidates predicted to
 fit are AOT-compiled (:mod:`multislice.preflight`) in order until enough are
 verified or the time budget is spent. Fitting configs are ranked by estimated
@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from multislice.backends.base import CompileSession
+from multislice import memory
 from multislice.config import RunSpec, Stage
 from multislice.plan import make_plan, resolve_degrees
-from multislice.preflight import CompileTimeout, memory, request_for, stage_report
+from multislice.preflight import CompileSession, CompileTimeout, request_for, stage_report
 from multislice.reports import PreflightReport
 
 #: Remat policies the planner tries, from least memory (most recompute) to most.

@@ -284,7 +284,7 @@ def render_ray_driver_jobset(
     Raises:
         ValueError: ``hardware`` is ``tpu`` (a TPU Ray stage is a RayJob), or a bad ``pipeline_run_id``.
     """
-    from multislice.render import ray
+    from multislice.render import ray  # imports this module (and jsonschema): only for a Ray stage
 
     if hardware != "cpu":
         raise ValueError(f"stage {stage.name} has launcher ray: on TPU it is a RayJob (multislice.render.ray)")

@@ -305,7 +305,7 @@ CLAIM_TEMPLATE_SCHEMA: dict[str, Any] = {
 
 def claim_template_problems(obj: dict[str, Any]) -> list[str]:
     """Why the API server would reject a rendered ResourceClaimTemplate: its fields and its ObjectMeta."""
-    from multislice.render import schema
+    from multislice.render import schema  # celpy and the CRDs: only when a claim template is checked
 
     found = [
         f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"

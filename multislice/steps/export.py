@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from multislice import cancel
 from multislice.backends import Backend
-from multislice.errors import RunFailed
+from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan
 from multislice.reports import ExportReport, report_path
 from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
@@ -32,8 +32,6 @@ def run(
         ExportFailed: verdict FAIL or ERROR.
         multislice.errors.RunFailed: the exporter left no report, or the backend cannot run it.
     """
-    from multislice.errors import InputError
-
     stage = plan.stage(stage_name)
     if not stage.export:
         raise InputError(f"stages.{stage.name}.export is not set", f"set stages.{stage.name}.export: huggingface")

@@ -10,18 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from multislice import cancel, config, ownership
+from multislice.backends import manifests
 from multislice.config import data
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.release import check as release_check
-from multislice.render import manifests
 from multislice.reports import PlanReport
 from multislice.steps import cancellable, say, write_report
 
 
 def _trainer_site_packages() -> str | None:
     """The local trainer environment's site-packages (where ``site-packages:`` data globs point), or None."""
-    from multislice.backends.local.environment import TrainerEnvMissing, trainer_env
+    from multislice.backends.local.environment import TrainerEnvMissing, trainer_env  # the local backend: local runs
 
     try:
         found = sorted(trainer_env().glob("lib/python3*/site-packages"))

@@ -45,7 +45,7 @@ def _request(plan: Plan, stage_name: str) -> dict:
 
 
 def _run_in_trainer_env(request: dict, tell) -> dict:
-    from multislice.backends.local.environment import trainer_env, trainer_process_env
+    from multislice.backends.local.environment import trainer_env, trainer_process_env  # the local backend: local runs
 
     env_dir = trainer_env()
     env = trainer_process_env(env_dir)
@@ -98,7 +98,7 @@ def run(plan: Plan, stage_name: str) -> PrepareDataReport:
             return write_report(plan, PrepareDataReport(skipped=True), stage)
         request = _request(plan, stage_name)
         if _in_process() and not os.environ.get("MULTISLICE_PREPARE_DATA_SUBPROCESS"):
-            from multislice.trainer import prepare_data as work
+            from multislice.trainer import prepare_data as work  # numpy, tokenizers: only when run here
 
             try:
                 manifest = work.prepare(spec.data, spec.tokenizer, spec.max_target_length, stage.data_dir, say=tell)

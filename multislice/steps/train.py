@@ -27,6 +27,7 @@ from multislice.backends import Backend
 from multislice.backends.base import Finished, TrainingFailed
 from multislice.delivery import artifacts
 from multislice.plan import Plan, StagePlan
+from multislice.preflight import on_slices
 from multislice.reports import AdmitReport, TrainReport, report_path
 from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
 
@@ -221,8 +222,6 @@ def follow_elastic(
     checkpoint and Orbax restores it onto the new mesh. Returns how the last workload ended (``restarts`` summed over
     every workload).
     """
-    from multislice.preflight import on_slices
-
     runnable = stage.runnable_counts()
     wait_seconds = stage.wait_for_lost_slice_seconds or 0.0
     started = time.monotonic()

@@ -52,6 +52,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from multislice import storage
+
 #: The digest record in each committed step directory.
 DIGEST_FILE = "multislice_digests.json"
 #: Orbax's step metadata, written at each commit (with the commit time): identifies the commit a record is of.
@@ -243,8 +245,6 @@ def write_record(step_dir: Any) -> bool:
 
     Never creates the step directory: a step deleted while it was read stays deleted.
     """
-    from multislice import storage
-
     step_dir = _path(step_dir)
     if not (step_dir / storage.COMMIT_FILE).exists():
         return False
@@ -552,8 +552,6 @@ class DigestRecorder:
 
     def record_pending(self) -> None:
         """Record every committed step without a record (errors are logged, never raised)."""
-        from multislice import storage
-
         try:
             steps = storage.committed_steps(self.checkpoint_dir)
         except Exception as error:  # noqa: BLE001 - a listing error must not stop training

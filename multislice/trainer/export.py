@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.trainer import verify
+from multislice.trainer.worker import resolve_package_paths
 
 #: This module, as the trainer image runs it.
 MODULE = "multislice.trainer.export"
@@ -149,7 +150,7 @@ def command(
         report: ``--report``: where the exporter writes its JSON report too (local or ``gs://``).
         card: The model card's facts, each given one an option (None values left out): ``run`` (``--run-name``),
             ``stage``, ``data_fingerprint``, ``steps``, ``train_loss``, ``eval_loss``
-            (:func:`multislice.exporting.model_card`).
+            (:func:`multislice.reports.model_card`).
     """
     argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
     if dtype:
@@ -188,8 +189,6 @@ def _tokenizer_spec(config: Any) -> tuple[str, str, bool, bool]:
 def stage_config(maxtext_args: list[str]) -> Any:
     """MaxText's config of the stage for the export: float32 activations, highest matmul precision (shapes are
     unchanged), and whether the stage named its tokenizer (:func:`_tokenizer_spec`)."""
-    from multislice.trainer.worker import resolve_package_paths
-
     # the plan names the maxtext package's tokenizers as maxtext:assets/... (resolved as the trainer does)
     maxtext_args = resolve_package_paths(maxtext_args)
     config = verify._config([*maxtext_args, "dtype=float32", "matmul_precision=highest"])

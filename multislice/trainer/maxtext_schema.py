@@ -25,14 +25,14 @@ import json
 import sys
 from typing import Annotated, Any
 
+from multislice import maxtext
+
 
 def extract() -> dict[str, Any]:
     """The schema data: MaxText version, each config key's JSON Schema, and the activation names."""
     import jax.nn
     from maxtext.configs import types
     from pydantic import TypeAdapter
-
-    from multislice import maxtext
 
     fields = {}
     for key, field in sorted(types.MaxTextConfig.model_fields.items()):

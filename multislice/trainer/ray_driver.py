@@ -49,6 +49,9 @@ import sys
 import threading
 from typing import Any
 
+from multislice import maxtext
+from multislice.trainer import digests, worker
+
 #: Test hook from the environment (the local backend passes its environment to pods): ``NAME:RANK:STEP``
 #: applies ``--kill-rank=RANK --kill-after-step=STEP`` to the driver whose ``--name`` is NAME.
 KILL_HOOK_ENV = "MULTISLICE_RAY_KILL_WORKER"
@@ -98,8 +101,6 @@ def worker_counts(options: argparse.Namespace) -> int | tuple[int, int]:
 
 def cpu_env_for_rank(rank: int, world: int, hosts_per_slice: int) -> dict[str, str]:
     """MaxText's multi-process CPU variables for the worker of world rank ``rank`` (as a JobSet pod has them)."""
-    from multislice import maxtext
-
     return {
         maxtext.ENV_JOB_INDEX: str(rank // hosts_per_slice),
         maxtext.ENV_JOB_COMPLETION_INDEX: str(rank % hosts_per_slice),
@@ -161,9 +162,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tee = _Tee(queue) if rank == 0 else None
     try:
         if not config["tpu"]:
-            from multislice import maxtext
-            from multislice.trainer import worker
-
             os.environ.update(cpu_env_for_rank(rank, world, hosts))
             address = None
             if rank == 0:
@@ -187,8 +185,6 @@ def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None, leader: bo
     from absl import app
     from maxtext.trainers.pre_train import train
 
-    from multislice.trainer import digests, worker
-
     base_yml, argv = worker.maxtext_argv(maxtext_args)  # the tokenizer's maxtext: path resolved, as on a JobSet
 
     def run() -> None:
@@ -201,7 +197,7 @@ def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None, leader: bo
 
     with digests.recording(maxtext_args, leader=leader):
         if emulate_slices:
-            from multislice.trainer import emulated_slices
+            from multislice.trainer import emulated_slices  # jax at import: only when emulating slices
 
             axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
             with emulated_slices.install(emulate_slices, axis_names):

@@ -30,7 +30,9 @@ import sys
 import traceback
 from typing import Any
 
+from multislice import storage
 from multislice.maxtext import ENV_JOB_COMPLETION_INDEX, ENV_JOB_INDEX, ENV_PROCESSES_IN_JOB
+from multislice.trainer.worker import initialize_cpu_distributed
 
 #: Prefix of the worker's own progress lines in a pod's log.
 MARK = "[multislice.remote]"
@@ -42,8 +44,6 @@ def host_key(slice_index: int, host: int) -> str:
 
 
 def _write_bytes(location: str, data: bytes) -> None:
-    from multislice import storage
-
     target = storage.path(location)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
@@ -53,8 +53,6 @@ def _initialise(emulate: bool, timeout: float) -> None:
     import jax
 
     if emulate:
-        from multislice.trainer.worker import initialize_cpu_distributed
-
         initialize_cpu_distributed(max(1, round(timeout)))
     elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):
         jax.distributed.initialize()  # TPU: JAX reads the slice's hosts from the TPU environment
@@ -88,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import cloudpickle
 
-    from multislice import storage
-
     slice_index = int(os.environ.get(ENV_JOB_INDEX) or 0)
     host = int(os.environ.get(ENV_JOB_COMPLETION_INDEX) or 0)
     key = host_key(slice_index, host)
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             storage.path(storage.join(options.call_dir, "payload.pkl")).read_bytes()
         )
         if options.emulate_slices:
-            from multislice.trainer import emulated_slices
+            from multislice.trainer import emulated_slices  # jax at import: only when emulating slices
 
             with emulated_slices.install(int(os.environ.get(ENV_PROCESSES_IN_JOB) or 1)):
                 value = function(*args, **kwargs)

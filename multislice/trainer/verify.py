@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.maxtext import TRAIN_MODULE
+from multislice.trainer import digests
 
 #: Checkpoints up to this size (bytes, all arrays: parameters and optimizer state) have every array
 #: restored and checked; larger ones a sample of at most ``--sample-bytes`` (plus the loss replay).
@@ -193,9 +194,7 @@ def choose_samples(sizes: dict[str, int], budget: int) -> list[str]:
 
 def _error(error: BaseException) -> str:
     """An exception as one short line for a check's detail (TensorStore's source locations and spec dropped)."""
-    from multislice.trainer.digests import summarize_error
-
-    return summarize_error(error)
+    return digests.summarize_error(error)
 
 
 def _leaves(tree: Any) -> dict[str, Any]:
@@ -483,8 +482,6 @@ def checksum_check(step_dir: Any, step: int, report: dict[str, Any]) -> dict[str
     the commit. A step without one (written before the worker recorded digests, or by another tool) passes
     with that said: the other checks still run. An unreadable record fails.
     """
-    from multislice.trainer import digests
-
     found, why = digests.read_record(step_dir)
     if found is None and why == "absent":
         problems, files = digests.reference_problems(step_dir)

@@ -45,6 +45,7 @@ from multislice.maxtext import (
     ENV_PROCESSES_IN_JOB,
     TRAIN_MODULE,
 )
+from multislice.trainer import digests
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -97,7 +98,7 @@ def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
     The plan names the tokenizers maxtext ships so (``tokenizer_path=maxtext:assets/tokenizers/...``),
     as the package's place differs between the trainer image, a venv and a source checkout.
     """
-    from multislice.config.data import MAXTEXT_PREFIX
+    from multislice.config.data import MAXTEXT_PREFIX  # the config package (pydantic models, ~1.5 s): only here
 
     resolved = []
     for argument in maxtext_args:
@@ -162,13 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     from absl import app
     from maxtext.trainers.pre_train import train
 
-    from multislice.trainer import digests
-
     base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
     # The leader records each committed checkpoint step's digests (the verifier checks them).
     with digests.recording(maxtext_args, leader=process_index == 0):
         if options.emulate_slices:
-            from multislice.trainer import emulated_slices
+            from multislice.trainer import emulated_slices  # jax at import: only when emulating slices
 
             axis_names = yaml.safe_load(base_yml.read_text())["mesh_axes"]
             with emulated_slices.install(int(os.environ[ENV_PROCESSES_IN_JOB]), axis_names):

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 from multislice import config
+from multislice.backends import manifests
 from multislice.plan import make_plan
-from multislice.render import manifests
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 PROFILES = ("local", "gke-v6e-16x2")

@@ -23,7 +23,6 @@ from multislice import names
 from multislice.backends.base import (
     Admission,
     Backend,
-    CompileSession,
     Finished,
     LaunchFailed,
     PodExit,
@@ -53,6 +52,7 @@ from multislice.backends.gke.aot import JobAotSession
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
 from multislice.config import ClusterSpec
 from multislice.plan import Plan, StagePlan
+from multislice.preflight import CompileSession
 from multislice.render import ray as render_ray
 from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings

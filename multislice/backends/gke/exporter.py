@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from multislice import exporting, storage
+from multislice import exporting, reports, storage
 from multislice.backends.gke import verifier
 from multislice.backends.gke.client import Kube
 from multislice.errors import RunFailed
@@ -70,7 +70,7 @@ def render_job(
 ) -> dict[str, Any]:
     """The export Job (batch/v1): one pod, no retries, the trainer image, CPU only, a scratch ``emptyDir``.
 
-    ``card``: the model card's facts (:func:`multislice.exporting.model_card`); None: the run and stage only (what
+    ``card``: the model card's facts (:func:`multislice.reports.model_card`); None: the run and stage only (what
     ``multislice render`` writes, before any training).
 
     Raises:
@@ -137,7 +137,7 @@ def run(
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
     return verifier.run_report_job(
-        kube, render_job(plan, stage, pipeline_run_id, exporting.model_card(plan, stage)), timeout=timeout,
+        kube, render_job(plan, stage, pipeline_run_id, reports.model_card(plan, stage)), timeout=timeout,
         on_progress=on_progress, what="export Job", failure=ExporterJobFailed,
         fix="read the events above; check the trainer image, that its ServiceAccount may read the checkpoints and "
         f"write {stage.export_dir}, and that the node gave the pod the memory it asked for",

@@ -23,11 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import exporting, names
+from multislice import names, ownership, reports
 from multislice.backends.base import (
     Admission,
     Backend,
-    CompileSession,
     Finished,
     LaunchFailed,
     PodExit,
@@ -43,7 +42,7 @@ from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.jobsets import FINISHED, LocalJobSets
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan, StagePlan
-from multislice.preflight import work_dir_for
+from multislice.preflight import CompileSession, work_dir_for
 from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 
@@ -378,8 +377,6 @@ class LocalBackend(Backend):
         it. Each other JobSet is deleted as its own pipeline run would delete it (:meth:`.LocalJobSets.delete_jobset`
         with that run id as owner); one with no pipeline run id by name (made by hand or by a test).
         """
-        from multislice import ownership
-
         live = ownership.read_owner(self.run_dir)
         if live is not None and (live.expires is not None or not ownership.alive(self.run_dir, live)):
             live = None
@@ -411,5 +408,5 @@ class LocalBackend(Backend):
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout
         (raises VerifierTimeout)."""
-        card = exporting.model_card(plan, stage)
+        card = reports.model_card(plan, stage)
         return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]

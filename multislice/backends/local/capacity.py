@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from multislice.backends.local.state import read_state
+
 #: The capacity file's name in a run directory.
 CAPACITY_FILE = "capacity.json"
 
@@ -110,8 +112,6 @@ def preempt_slice(run_dir: str | Path, jobset: str, slices: int, slice_index: in
     Raises:
         ValueError: a slice index outside the run, or a negative duration.
     """
-    from multislice.backends.local.state import read_state
-
     withdraw(run_dir, slices, slice_index, seconds, f"preempted (JobSet {jobset})")
     state = read_state(Path(run_dir) / "jobsets" / jobset)
     killed = []

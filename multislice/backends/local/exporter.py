@@ -28,7 +28,7 @@ def run(
     With the same options as the GKE export Job: the stage's dtype, Hub repository and report copy. The Hub token
     is this machine's ``$HF_TOKEN`` (the process inherits the environment), or, with ``hub_token_secret``, read
     from Secret Manager with this machine's Google credentials by :mod:`multislice.trainer.hub_token`. ``card``: the
-    model card's facts (:func:`multislice.exporting.model_card`).
+    model card's facts (:func:`multislice.reports.model_card`).
 
     Returns:
         ``(exit status, report)``: 0 PASS, 1 FAIL (logits differ), 2 the export could not be made.

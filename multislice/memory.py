@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multislice import maxtext
-from multislice.config import Stage
+
+if TYPE_CHECKING:  # annotations only: the config checks use this model (through multislice.exporting)
+    from multislice.config import Stage
 
 #: Bytes of one bf16 activation element (MaxText's ``dtype: bfloat16``).
 ACTIVATION_BYTES = 2

@@ -1,0 +1,108 @@
+"""Every manifest of a plan, validated, for ``multislice render``, the plan step and the golden files.
+
+xpk's ``--dry-run`` / ``--output-manifest-file`` counterpart: the Kueue
+objects a cluster needs once, and each stage's JobSet for TPU (what runs on
+GKE) and for CPU (what the local backend runs). For the
+``gke`` backend also the RBAC objects (:mod:`multislice.render.rbac`) and the node
+pool plan: the GKE API requests provision would send to create the run's TPU
+node pools (:func:`multislice.backends.gke.nodepool.node_pool_plan`), written under
+``gke-api/`` so that ``kubectl apply -f DIR`` does not read it, and the reaper CronJob
+(``cronjob-multislice-reaper.yaml``, :func:`multislice.backends.gke.lease.reaper_cronjob`): the
+cluster-owned safety net that deletes a cancelled run's JobSets once their Lease expired.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from multislice.plan import Plan
+from multislice.render import jobset, kueue, ray, rbac, schema
+from multislice.render.manifests import object_problems, to_yaml
+
+#: Where the node pool plan goes, relative to the output directory.
+NODE_POOL_PLAN = "gke-api/node-pools.json"
+
+
+def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
+    """File name -> object for every Kubernetes manifest of the plan, each validated.
+
+    Kueue objects (``kueue-<kind>-<name>.yaml``), each stage's JobSet in both
+    hardware variants (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
+    RBAC objects (``rbac-<kind>-<name>.yaml``). A stage with ``launcher: ray`` has instead
+    its RayJob for GKE (``rayjob-<stage>.tpu.yaml``), its DRANET claim templates
+    (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
+    backend's driver JobSet (``jobset-<stage>.cpu.yaml``, :func:`multislice.render.jobset.render_jobset`).
+    For backend ``gke``, a stage with ``export`` also has its export Job (``job-<stage>-export.yaml``,
+    :func:`multislice.backends.gke.exporter.render_job`).
+
+    Raises:
+        multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for obj in kueue.render_kueue_objects(plan):
+        out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+    for stage in plan.stages:
+        if stage.launcher == "ray":
+            out[f"rayjob-{stage.name}.tpu.yaml"] = ray.render_rayjob(plan, stage, pipeline_run_id=pipeline_run_id)
+            for obj in ray.render_claim_templates(plan, stage, pipeline_run_id=pipeline_run_id):
+                out[f"resourceclaimtemplate-{obj['metadata']['name']}.yaml"] = obj
+            out[f"jobset-{stage.name}.cpu.yaml"] = jobset.render_jobset(
+                plan, stage, hardware="cpu", pipeline_run_id=pipeline_run_id
+            )
+            continue
+        for hardware in ("tpu", "cpu"):
+            out[f"jobset-{stage.name}.{hardware}.yaml"] = jobset.render_jobset(
+                plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id
+            )
+    if plan.spec.backend == "gke":
+        from multislice.backends.gke import exporter, lease  # the kubernetes client: only for a gke plan
+
+        for obj in rbac.render_rbac_objects(plan):
+            out[f"rbac-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        reaper = lease.reaper_cronjob(
+            plan.spec.namespace, plan.spec.images.pipeline, plan.spec.service_accounts.pipeline
+        )
+        out[f"cronjob-{reaper['metadata']['name']}.yaml"] = reaper
+        for stage in plan.stages:
+            if stage.export:
+                out[f"job-{stage.name}-export.yaml"] = exporter.render_job(plan, stage, pipeline_run_id)
+    for obj in out.values():
+        found = object_problems(obj)
+        if found:
+            raise schema.ManifestInvalid(obj, found)
+    return out
+
+
+def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
+    """Relative path -> text of every file ``multislice render`` writes: :func:`render_all` as YAML, plus,
+    for backend ``gke``, the node pool plan (:data:`NODE_POOL_PLAN`, JSON).
+
+    Raises:
+        multislice.render.schema.ManifestInvalid: an object fails validation.
+        multislice.config.ConfigError: backend gke without a complete cluster reference.
+    """
+    files = {name: to_yaml(obj) for name, obj in render_all(plan, pipeline_run_id).items()}
+    if plan.spec.backend == "gke":
+        from multislice.backends.gke import nodepool  # the GKE client libraries: only for a gke plan
+
+        files[NODE_POOL_PLAN] = json.dumps(nodepool.node_pool_plan(plan), indent=2) + "\n"
+    return files
+
+
+def write_manifests(plan: Plan, directory: Path, pipeline_run_id: str) -> list[Path]:
+    """Write :func:`render_files` into ``directory``; returns the paths.
+
+    Everything is rendered and validated first: on an invalid manifest nothing is written and
+    ``directory`` is not created.
+    """
+    files = render_files(plan, pipeline_run_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    return paths

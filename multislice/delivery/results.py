@@ -21,6 +21,7 @@ stage's exported model with transformers.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from multislice import metrics as metric_records
 from multislice.delivery.artifacts import markdown_table
 from multislice.errors import InputError, UserError
 from multislice.reports import ExportReport, StepReport, TrainReport, VerificationReport, parse, report_path
+from multislice.trainer import hf_loader
 
 #: The reports :func:`read_run` returns per stage: key -> report type.
 STAGE_REPORTS: dict[str, type[StepReport]] = {
@@ -336,7 +338,8 @@ def load_hf_model(run: RunRef, stage: str, local_dir: str | None = None, **from_
         from_pretrained: Passed to both ``from_pretrained`` calls (e.g. ``device_map``).
 
     Raises:
-        multislice.errors.InputError: ``stage`` is not one of the run's, or transformers is not installed here.
+        multislice.errors.InputError: ``stage`` is not one of the run's, or transformers or torch is not installed
+            here (checked before anything is copied).
         multislice.errors.UserError: the stage has no export (not reached, or ``stages.N.export`` unset), or its
             export did not pass (``export.json``'s verdict and error are in the message).
     """
@@ -351,19 +354,16 @@ def load_hf_model(run: RunRef, stage: str, local_dir: str | None = None, **from_
     if found.verdict != "PASS" or not found.export_dir:
         cause = found.error or f"logits check {found.logits_check}"
         raise UserError(f"stage {stage}'s export is {found.verdict}: {cause}", "see the export step's log and report")
-    try:
-        import transformers  # deferred: only this helper needs it, and the pipeline environment does not have it
-    except ImportError as error:
+    missing = [name for name in ("transformers", "torch") if importlib.util.find_spec(name) is None]
+    if missing:  # before a gs:// export (about 16 GB at 8B) is copied
         raise InputError(
-            f"transformers is not installed in this Python ({error})",
+            f"{' and '.join(missing)} not installed in this Python",
             "pip install 'transformers>=4.57' torch, or call this from the trainer environment",
-        ) from error
+        )
     source = found.export_dir
     if storage.is_remote(source):
         source = _copy_export(source, local_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(source, **from_pretrained)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source, **from_pretrained)
-    return model, tokenizer
+    return hf_loader.load(source, **from_pretrained)
 
 
 def _copy_export(remote: str, local_dir: str | None) -> str:

@@ -17,6 +17,21 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
+
+
+def load(export_dir: str, **from_pretrained: Any) -> tuple[Any, Any]:
+    """An export's model and tokenizer: ``AutoModelForCausalLM`` and ``AutoTokenizer`` ``.from_pretrained``.
+
+    For users (:func:`multislice.delivery.results.load_hf_model`), in any Python with transformers and torch.
+
+    Raises:
+        ImportError: transformers (or torch) is not installed in this Python.
+    """
+    import transformers  # deferred: the pipeline environment imports this module and has no transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(export_dir, **from_pretrained)
+    return model, transformers.AutoTokenizer.from_pretrained(export_dir, **from_pretrained)
 
 
 def main(argv: list[str] | None = None) -> int:

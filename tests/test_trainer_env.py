@@ -181,6 +181,25 @@ def test_tokenizer_vocab_sizes_match_maxtexts_tokenizers(trainer_python):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == maxtext.TOKENIZER_VOCAB_SIZES
 
 
+#: What the train worker (``multislice.trainer.worker``) imports of this package, at module level and in ``main``
+#: before MaxText's train module.
+WORKER_OWN_IMPORTS = (
+    "import sys, json\n"
+    "import multislice.trainer.worker\n"
+    "from multislice.trainer import digests, emulated_slices\n"
+    "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n"
+)
+
+
+def test_the_train_workers_own_imports_pull_in_no_torch_or_transformers(trainer_python):
+    """The exporter and the HF loader need torch and transformers; the step loop does not (issue 28). MaxText's
+    train module still imports both (tensorboardX tries torch; its checkpointing reads HF model configs), which
+    this package does not patch: this guards only what the worker itself adds."""
+    done = run_in_trainer(trainer_python, WORKER_OWN_IMPORTS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
 def _print_then_wait_for_stdin():
     import sys
 

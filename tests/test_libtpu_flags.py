@@ -46,7 +46,7 @@ def test_the_v6e_recipes_give_8b_and_70b_their_flags_in_the_tpu_jobset():
     eight, seventy = plan.stages
     assert eight.libtpu_flags == V6E_8B
     value = env_of(trainer_container(jobset.render_jobset(plan, eight, hardware="tpu", pipeline_run_id="r")))
-    assert value == {"LIBTPU_INIT_ARGS": " ".join(f"--{k}={v}" for k, v in V6E_8B.items())}
+    assert value == {"LIBTPU_INIT_ARGS": " ".join(f"--{k}={v}" for k, v in V6E_8B.items()), "PYTHONUNBUFFERED": "1"}
     # llama3_70b_8192: the 8B groups + HOST_OFFLOAD_FLAGS, then --xla_tpu_scheduler_percent_shared_memory_limit=90,
     # which replaces HOST_OFFLOAD_FLAGS' 100 (a later flag wins in absl; one occurrence is rendered).
     args = env_of(trainer_container(jobset.render_jobset(plan, seventy, hardware="tpu", pipeline_run_id="r")))

@@ -101,9 +101,51 @@ def test_admitted_ran_returned(served, play):
     assert pod["containers"][0]["args"] == ["--call-dir", CALL_DIR]
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 0 and rj["replicas"] == 1
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    assert {"name": "PYTHONUNBUFFERED", "value": "1"} in pod["containers"][0]["env"]  # prints are not held back
     payload = storage.path(storage.join(CALL_DIR, "payload.pkl")).read_bytes()
     function, args, kwargs = cloudpickle.loads(payload)
     assert function([1, 2, 3]) == 6 and args == ([1, 2, 3],) and kwargs == {}
+
+
+class Printed(Told):
+    """The caller's ``out``: each line the call writes there, for the cluster script to wait on."""
+
+    def write(self, text):
+        for line in text.splitlines():
+            self.add(line)
+
+    def flush(self):
+        pass
+
+
+def test_the_leaders_prints_reach_the_caller_while_the_function_runs(served, play):
+    """The leader prints two lines, one at a time; each must be in the caller's ``out`` before the host goes on
+    (the script waits on ``out``, not on time), and no host has a result until both have arrived."""
+    told, printed = Told(), Printed()
+
+    def cluster():
+        pods = _admitted_and_running(play, told)
+        told.wait_for("pods scheduled: 4 of 4 running")
+        for host in HOSTS:
+            _host_writes(host, None)
+        told.wait_for("JAX initialised on 4 of 4 hosts")
+        play.log(pods[0], f"{MARK} slice-0-host-0: started\nepoch 1 of 2\n")
+        printed.wait_for("^epoch 1 of 2$")  # the function is still running: no result, the pods are running
+        assert not storage.path(storage.join(CALL_DIR, "hosts", f"{host_key(0, 0)}.result")).exists()
+        play.log(pods[0], "epoch 2 of 2\n")
+        printed.wait_for("^epoch 2 of 2$")
+        for host in HOSTS:
+            _host_writes(host, {"ok": True, "value": 6 if host == (0, 0) else None})
+        for pod in pods:
+            play.pod_status(pod, {"phase": "Succeeded"})
+        play.jobset_done(JOBSET, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+    with Background(cluster, told):
+        try:
+            assert _call(served, told, out=printed) == 6
+        finally:
+            printed.close()  # a script still waiting on a line the call never wrote fails at once
+    assert printed.lines == ["epoch 1 of 2", "epoch 2 of 2"]
 
 
 def test_a_host_failed(served, play):

@@ -179,3 +179,68 @@ def test_tokenizer_vocab_sizes_match_maxtexts_tokenizers(trainer_python):
     done = run_in_trainer(trainer_python, script, *maxtext.TOKENIZER_VOCAB_SIZES)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == maxtext.TOKENIZER_VOCAB_SIZES
+
+
+#: What the train worker (``multislice.trainer.worker``) imports of this package, at module level and in ``main``
+#: before MaxText's train module.
+WORKER_OWN_IMPORTS = (
+    "import sys, json\n"
+    "import multislice.trainer.worker\n"
+    "from multislice.trainer import digests, emulated_slices\n"
+    "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n"
+)
+
+
+def test_the_train_workers_own_imports_pull_in_no_torch_or_transformers(trainer_python):
+    """The exporter and the HF loader need torch and transformers; the step loop does not (issue 28). MaxText's
+    train module still imports both (tensorboardX tries torch; its checkpointing reads HF model configs), which
+    this package does not patch: this guards only what the worker itself adds."""
+    done = run_in_trainer(trainer_python, WORKER_OWN_IMPORTS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def _print_then_wait_for_stdin():
+    import sys
+
+    print("halfway")  # no flush: the remote worker's line buffering must send it
+    return 7 if sys.stdin.readline() == "go on\n" else -1
+
+
+def test_a_remote_functions_print_reaches_the_pipe_while_it_runs(trainer_python, tmp_path):
+    """The remote worker with its stdout a pipe and no PYTHONUNBUFFERED (trainer_process_env drops PYTHON*): the
+    function's print arrives while the function waits on stdin, which the test feeds only once it read the line."""
+    import queue
+    import sys
+    import threading
+
+    import cloudpickle
+
+    from multislice.remote_call import _pickle_payload
+    from multislice.trainer.remote_worker import MARK, host_key
+
+    (tmp_path / "payload.pkl").write_bytes(_pickle_payload(_print_then_wait_for_stdin, (), {}, [sys.modules[__name__]]))
+    env = trainer_process_env(trainer_python.parent.parent)
+    assert not any(k.startswith("PYTHON") for k in env)
+    worker = subprocess.Popen(
+        [str(trainer_python), "-m", "multislice.trainer.remote_worker", "--call-dir", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in worker.stdout], daemon=True).start()
+    try:
+        seen = []
+        while not seen or seen[-1] != "halfway\n":
+            try:
+                seen.append(lines.get(timeout=120))  # a failure bound: without line buffering it never comes
+            except queue.Empty:
+                raise AssertionError(f"the print did not arrive while the function ran; lines: {seen}") from None
+        assert worker.poll() is None and not (tmp_path / "hosts" / f"{host_key(0, 0)}.result").exists()
+        worker.stdin.write("go on\n")
+        worker.stdin.close()
+        assert worker.wait(timeout=120) == 0
+    finally:
+        worker.kill()
+    outcome = cloudpickle.loads((tmp_path / "hosts" / f"{host_key(0, 0)}.result").read_bytes())
+    assert outcome == {"ok": True, "value": 7}
+    assert seen[0] == f"{MARK} slice-0-host-0: started\n"

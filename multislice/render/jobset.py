@@ -59,6 +59,16 @@ Hardware = Literal["tpu", "cpu"]
 WORKER_MODULE = "multislice.trainer.worker"
 
 
+def unbuffered_env() -> dict[str, str]:
+    """``PYTHONUNBUFFERED=1``, in every trainer-image container this package renders.
+
+    A container's stdout is a pipe, so Python would buffer prints in 8 KiB blocks: a remote
+    function's prints and MaxText's per-step lines would reach ``kubectl logs`` (and the caller
+    following them) late or only at exit. The local backend's supervisor sets the same variable.
+    """
+    return {"name": "PYTHONUNBUFFERED", "value": "1"}
+
+
 def run_labels(plan: Plan, pipeline_run_id: str, stage: StagePlan | None = None) -> dict[str, str]:
     """Labels naming the pipeline run (and stage) that owns an object.
 
@@ -90,7 +100,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def cpu_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
-    """Environment of a CPU pod: MaxText's multi-process CPU variables.
+    """Environment of a CPU pod: MaxText's multi-process CPU variables, and :func:`unbuffered_env`.
 
     ``$(VAR)`` references are expanded by the kubelet (and the local backend)
     from variables defined earlier in the list.
@@ -108,6 +118,7 @@ def cpu_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
         {"name": "JAX_PLATFORMS", "value": "cpu"},
         # One CPU device per chip of the emulated host.
         {"name": "XLA_FLAGS", "value": f"--xla_force_host_platform_device_count={plan.slice.chips_per_host}"},
+        unbuffered_env(),
     ]
 
 
@@ -183,6 +194,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
         if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
             container["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
+        container["env"] = [*container.get("env", []), unbuffered_env()]
         # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
         # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
         # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity
@@ -297,7 +309,7 @@ def render_ray_driver_jobset(
         "imagePullPolicy": "IfNotPresent",
         "command": command[:3],
         "args": command[3:],
-        "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}],
+        "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}, unbuffered_env()],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     pod_spec = {

@@ -111,6 +111,7 @@ def _container(plan: Plan, name: str, resources: dict[str, Any] | None = None) -
         "name": name,
         "image": plan.spec.images.trainer,
         "imagePullPolicy": "IfNotPresent",
+        "env": [jobset.unbuffered_env()],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if resources:
@@ -139,7 +140,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
         plan, "ray-worker", {"limits": {tpu.TPU_RESOURCE: chips}, "requests": {tpu.TPU_RESOURCE: chips}}
     )
     if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
-        worker["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
+        worker["env"].insert(0, {"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)})
     worker["ports"] = [
         {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
         {"containerPort": 8081, "name": "megascale", "protocol": "TCP"},

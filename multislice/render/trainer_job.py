@@ -7,7 +7,7 @@ from typing import Any
 
 from multislice import names
 from multislice.plan import Plan, StagePlan
-from multislice.render.jobset import run_labels
+from multislice.render.jobset import run_labels, unbuffered_env
 
 
 def render_trainer_job(
@@ -25,14 +25,18 @@ def render_trainer_job(
 
     It runs as the trainer's ServiceAccount (:mod:`multislice.render.rbac`), whose
     Workload Identity reads and writes the run's ``gs://`` paths; JAX is told
-    to use the CPU (``JAX_PLATFORMS=cpu``). ``node_selector`` (pod ``spec.nodeSelector``) picks its nodes.
+    to use the CPU (``JAX_PLATFORMS=cpu``) and Python not to buffer its output (``PYTHONUNBUFFERED=1``).
+    ``node_selector`` (pod ``spec.nodeSelector``) picks its nodes.
     """
     labels = run_labels(plan, pipeline_run_id, stage)
     container: dict[str, Any] = {
         "name": names.TRAINER_CONTAINER,
         "image": plan.spec.images.trainer,
         "command": command,
-        "env": [{"name": k, "value": v} for k, v in {"JAX_PLATFORMS": "cpu", **(env or {})}.items()],
+        "env": [
+            *({"name": k, "value": v} for k, v in {"JAX_PLATFORMS": "cpu", **(env or {})}.items()),
+            unbuffered_env(),
+        ],
     }
     if resources:
         container["resources"] = resources

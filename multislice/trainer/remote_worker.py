@@ -19,7 +19,9 @@ a cloudpickle of ``(function, args, kwargs)``. Each host:
 4. exits 0, or 1 when the function raised (the JobSet then fails at once).
 
 Lines starting with :data:`MARK` are progress for the caller; every other line
-of the leader's stdout is the function's own output.
+of the leader's stdout is the function's own output. stdout and stderr are
+line-buffered (:func:`line_buffered`), so each line the function prints reaches
+the pod log, and the caller following it, when it is printed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ MARK = "[multislice.remote]"
 def host_key(slice_index: int, host: int) -> str:
     """``slice-S-host-H``: the file stem of a host's markers."""
     return f"slice-{slice_index}-host-{host}"
+
+
+def line_buffered() -> None:
+    """Make ``sys.stdout`` and ``sys.stderr`` flush at every newline, whatever ``PYTHONUNBUFFERED`` says.
+
+    A pod's stdout is a pipe, which Python block-buffers (8 KiB) unless told otherwise: a
+    remote function's prints would reach the caller in blocks or when it returns. Streams
+    without ``reconfigure`` (replaced by the caller, e.g. ``io.StringIO``) are left as they are.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
 
 
 def _write_bytes(location: str, data: bytes) -> None:
@@ -83,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate-slices", action="store_true", help="CPU pods: each child Job is one slice")
     parser.add_argument("--distributed-timeout", type=float, default=300.0, help="jax.distributed timeouts, s")
     options = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    line_buffered()
 
     import cloudpickle
 

@@ -60,6 +60,15 @@ def _host_writes(host, outcome):
         storage.path(storage.join(hosts, f"{host_key(*host)}.result")).write_bytes(cloudpickle.dumps(outcome))
 
 
+def _every_host_returns(play, pods, value):
+    """Each host writes its result (the leader's is ``value``), its pod succeeds, and the JobSet completes."""
+    for host in HOSTS:
+        _host_writes(host, {"ok": True, "value": value if host == (0, 0) else None})
+    for pod in pods:
+        play.pod_status(pod, {"phase": "Succeeded"})
+    play.jobset_done(JOBSET, "Completed", "AllJobsCompleted", "jobset completed successfully")
+
+
 def _call(served, told, **options):
     return run_remote(train_shard, [1, 2, 3], tpu_type="v6e-16", num_slices=1, backend=GkeBackend(served.kube()),
                       output_dir="gs://bucket/remote", call_id=CALL, tell=told.add, **options)  # fmt: skip
@@ -83,11 +92,7 @@ def test_admitted_ran_returned(served, play):
             _host_writes(host, None)
         told.wait_for("JAX initialised on 4 of 4 hosts")
         play.log(pods[0], f"{MARK} slice-0-host-0: started\nshard sum is 6\n")
-        for host in HOSTS:
-            _host_writes(host, {"ok": True, "value": 6 if host == (0, 0) else None})
-        for pod in pods:
-            play.pod_status(pod, {"phase": "Succeeded"})
-        play.jobset_done(JOBSET, "Completed", "AllJobsCompleted", "jobset completed successfully")
+        _every_host_returns(play, pods, 6)
 
     with Background(cluster, told):
         assert _call(served, told, out=out) == 6
@@ -134,11 +139,7 @@ def test_the_leaders_prints_reach_the_caller_while_the_function_runs(served, pla
         assert not storage.path(storage.join(CALL_DIR, "hosts", f"{host_key(0, 0)}.result")).exists()
         play.log(pods[0], "epoch 2 of 2\n")
         printed.wait_for("^epoch 2 of 2$")
-        for host in HOSTS:
-            _host_writes(host, {"ok": True, "value": 6 if host == (0, 0) else None})
-        for pod in pods:
-            play.pod_status(pod, {"phase": "Succeeded"})
-        play.jobset_done(JOBSET, "Completed", "AllJobsCompleted", "jobset completed successfully")
+        _every_host_returns(play, pods, 6)
 
     with Background(cluster, told):
         try:

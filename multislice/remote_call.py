@@ -547,7 +547,9 @@ def _follow(call: RemoteCall, say: Callable[[str], None], write: Any, collective
         elif results and len(results) == len(call.hosts):
             first_arrival = None
     thread.join()
-    _, results = _read_outcomes(call)
+    ready, results = _read_outcomes(call)
+    if len(ready) > told_ready:  # hosts that joined and returned between two reads: still told, in order
+        say(f"JAX initialised on {len(ready)} of {len(call.hosts)} hosts")
     finished = ended.get("finished")
     if any(not r["ok"] for r in results.values()) or finished is None or finished.phase != "Completed":
         _raise_failure(results, call.backend.pod_exits(call.jobset))

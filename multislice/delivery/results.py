@@ -233,6 +233,10 @@ def metrics(run: RunRef) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Each curve's step and loss keys in MaxText's metrics records.
+CURVE_KEYS = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}
+
+
 def curves(run: RunRef, kind: str = "train") -> dict[str, list[tuple[int, float]]]:
     """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins).
 
@@ -243,20 +247,23 @@ def curves(run: RunRef, kind: str = "train") -> dict[str, list[tuple[int, float]
     Raises:
         ValueError: ``kind`` is neither.
     """
-    keys = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}
-    if kind not in keys:
+    if kind not in CURVE_KEYS:
         raise ValueError(f"kind {kind!r}: use 'train' or 'eval'")
-    step_key, loss_key = keys[kind]
+    return {stage: found[kind] for stage, found in _stage_curves(run).items()}
+
+
+def _stage_curves(run: RunRef) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{stage: {kind: [(step, loss)]}}`` for every kind of :data:`CURVE_KEYS`, each metrics file read once."""
     out = {}
     for stage in run.stages:
-        location = storage.join(run.run_dir, stage, "metrics.jsonl")
         try:
-            records = metric_records.read_records(location)
+            records = metric_records.read_records(storage.join(run.run_dir, stage, "metrics.jsonl"))
         except FileNotFoundError:
-            out[stage] = []
-            continue
-        by_step = {int(r[step_key]): float(r[loss_key]) for r in records if step_key in r and loss_key in r}
-        out[stage] = sorted(by_step.items())
+            records = []
+        out[stage] = {
+            kind: sorted({int(r[step]): float(r[loss]) for r in records if step in r and loss in r}.items())
+            for kind, (step, loss) in CURVE_KEYS.items()
+        }
     return out
 
 
@@ -302,9 +309,9 @@ def plot(runs: Sequence[RunRef]) -> Any:
     stage_names = list(dict.fromkeys(s for run in runs for s in run.stages))
     figure, axes = plt.subplots(1, len(stage_names), figsize=(5 * len(stage_names), 3.5), squeeze=False)
     for run in runs:
-        train, evals = curves(run), curves(run, "eval")
+        found = _stage_curves(run)
         for ax, stage in zip(axes[0], stage_names, strict=True):
-            points, eval_points = train.get(stage) or [], evals.get(stage) or []
+            points, eval_points = found.get(stage, {}).get("train", []), found.get(stage, {}).get("eval", [])
             colour = None
             if points:
                 [line] = ax.plot([p[0] for p in points], [p[1] for p in points], label=run.run_name)

@@ -9,8 +9,10 @@ does) and is shared by the end-to-end assertions and the verifier tests.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +26,9 @@ os.environ.update(HNS_PROBE_OFF)  # before anything imports gcsfs (see tests/gcs
 # No test reaches the real Cloud Storage: without the ``gcs`` fixture, gs:// goes to a closed loopback port.
 os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"
 
-from multislice import config  # noqa: E402
+from multislice import config, storage  # noqa: E402
 from multislice.backends.local import trainer_env, trainer_process_env  # noqa: E402
+from multislice.backends.local.jobsets import LocalJobSets, pid_alive  # noqa: E402
 from multislice.plan import Plan, make_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +71,23 @@ class Intrusion:
 
 
 @dataclass
+class Killed:
+    """A worker SIGKILLed while the twin's stage 1 trained (after its first periodic checkpoint was committed).
+
+    Attributes:
+        jobset: The stage's JobSet.
+        pod: The killed pod's name (``<jobset>-slice-<j>-<i>``).
+        after_step: The periodic checkpoint that was committed when the pod was killed.
+        landed: The pod was alive when it was killed (False: the stage had ended first).
+    """
+
+    jobset: str
+    pod: str
+    after_step: int
+    landed: bool
+
+
+@dataclass
 class LocalRun:
     """One finished ``multislice run --profile local``."""
 
@@ -77,6 +97,7 @@ class LocalRun:
     seconds: float
     plan: Plan
     intrusion: Intrusion | None = None
+    killed: Killed | None = None
 
 
 #: The run beside the shared end-to-end run, in the same output directory (so the same preflight cache):
@@ -85,7 +106,9 @@ class LocalRun:
 #: the synthetic batch, which a real-data stage has no equivalent of); stage 2 trains 6 steps.
 TWIN_PROFILE = "local-synthetic"
 #: The twin trains on one slice (issue 13: a single-slice run end to end); stage 2's FSDP over DCN
-#: across 2 slices becomes 1, and preflight compiles both stages for 1 x v5litepod-8.
+#: across 2 slices becomes 1, and preflight compiles both stages for 1 x v5litepod-8. A worker of its
+#: stage 1 is SIGKILLed after the first periodic checkpoint (:func:`_kill_a_worker`): the JobSet restarts
+#: and the stage resumes from that checkpoint (what a lost host does to a run).
 TWIN_SETTINGS = {
     "run_name": "e2e-twin", "stage1_steps": 20, "stage2_steps": 6, "num_slices": 1,
     "stages.tiny-70b-recipe.dcn.fsdp": 1,
@@ -138,6 +161,27 @@ def _intrude(owner: subprocess.Popen, settings: dict[str, object], output: Path)
                      after)  # fmt: skip
 
 
+def _kill_a_worker(owner: subprocess.Popen, settings: dict[str, object], output: Path) -> Killed | None:
+    """Once ``owner``'s stage 1 has committed its first periodic checkpoint (inotify on its commit file),
+    SIGKILL host 1 of slice 0 of that stage's JobSet: the JobSet restarts and the stage resumes from it."""
+    spec = config.load_profile(TWIN_PROFILE, {**settings, "output_dir": str(output)})
+    plan = make_plan(spec)
+    stage = plan.stages[0]
+    step = stage.checkpoint_period
+    commit = Path(stage.checkpoint_dir, str(step), storage.COMMIT_FILE).relative_to(output)
+    pidfd = os.pidfd_open(owner.pid)
+    try:
+        if not wait_for_glob(output, str(commit), 3600, pidfd):
+            return None
+    finally:
+        os.close(pidfd)
+    victim = LocalJobSets(plan.run_dir).get_jobset(stage.jobset).pod(0, 1)
+    landed = pid_alive(victim.pid)
+    if landed:
+        os.kill(victim.pid, signal.SIGKILL)
+    return Killed(stage.jobset, victim.hostname, step, landed)
+
+
 @pytest.fixture(scope="session")
 def local_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalRun, LocalRun]:
     """Two ``multislice run --profile local`` at once, as ``make run`` does, in one output directory.
@@ -153,10 +197,16 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalRun, Loca
     settings = {"run_name": "e2e"}
     started = time.monotonic()
     main, twin = _start_run(settings, output), _start_run(TWIN_SETTINGS, output, TWIN_PROFILE)
+    killed: list[Killed] = []
+    killer = threading.Thread(target=lambda: killed.append(_kill_a_worker(twin, TWIN_SETTINGS, output)))
+    killer.start()
     intrusion = _intrude(main, settings, output)
     first = _finish_run(main, settings, output, started)
     first.intrusion = intrusion
-    return first, _finish_run(twin, TWIN_SETTINGS, output, started, TWIN_PROFILE)
+    second = _finish_run(twin, TWIN_SETTINGS, output, started, TWIN_PROFILE)
+    killer.join()
+    second.killed = killed[0] if killed else None
+    return first, second
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,13 @@
 """End to end on this machine: the pipeline trains both stages across emulated slices; a killed worker is survived."""
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from multislice import config, reports
+from multislice import reports
 from multislice.backends.local import LocalJobSets, pid_alive
-from multislice.plan import make_plan
-from multislice.steps import admit, launch, prepare_data, train, verify_checkpoint
+from multislice.steps import admit, launch, prepare_data
 from multislice.storage import latest_committed_step
 
 pytestmark = pytest.mark.e2e
@@ -67,8 +63,10 @@ def test_two_local_runs_at_once_both_train_and_verify(local_runs):
         assert f"run {run.plan.spec.run_name}: SUCCEEDED" in run.stdout
         assert run.stdout.count("verification  PASS") == 2
         for state in LocalJobSets(run.plan.run_dir).list_jobsets():
-            assert (state.phase, state.restarts) == ("Completed", 0)
-            assert [e.reason for e in state.events].count("CoordinatorPort") == 1  # a free port, not 1234
+            restarts = 1 if run.killed and state.name == run.killed.jobset else 0  # the twin's killed worker
+            assert (state.phase, state.restarts) == ("Completed", restarts)
+            # a free port per attempt, not 1234
+            assert [e.reason for e in state.events].count("CoordinatorPort") == 1 + restarts
     assert "trained       6/6 steps" in local_runs[1].stdout
     # The twin is the single-slice run: one slice (child Job 0) of 8 chips, each stage's DCN degrees all 1.
     twin = local_runs[1]
@@ -97,36 +95,27 @@ def test_a_second_run_of_the_same_name_is_refused_before_writing_and_the_first_t
     assert local_run.stdout.count("verification  PASS") == 2
 
 
-def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(tmp_path):
-    # The synthetic-data profile: the restart mechanics are the same, and its small vocabulary trains 10x faster.
-    spec = config.load_profile(
-        "local-synthetic", {"run_name": "restart", "output_dir": str(tmp_path), "max_restarts": 1}
-    )
-    plan = make_plan(spec)
+def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(local_runs):
+    """The twin's stage 1 lost host 1 of its slice (SIGKILL) after its first periodic checkpoint
+    (tests/conftest.py ``_kill_a_worker``): the JobSet restarted, the stage resumed from that checkpoint,
+    trained to the end, and its final checkpoint verified."""
+    twin = local_runs[1]
+    killed, plan = twin.killed, twin.plan
     stage = plan.stages[0]
-    prepare_data.run(plan, stage.name)  # the stage's shards, as the pipeline's prepare_data task makes them
-    admitted = admit.run(plan, stage.name, "restart-test")
-    backend = LocalJobSets(plan.run_dir)
-    deadline = time.monotonic() + 600
-    while (latest_committed_step(stage.checkpoint_dir) or 0) < stage.checkpoint_period:
-        assert time.monotonic() < deadline, "no periodic checkpoint within 10 minutes"
-        assert backend.get_jobset(stage.jobset).phase == "Running"
-        time.sleep(1)
-    victim = backend.get_jobset(stage.jobset).pod(1, 1)
-    os.kill(victim.pid, signal.SIGKILL)
-
-    report = train.run(plan, stage.name, admitted)
-
+    assert killed is not None and killed.landed, "the twin's stage 1 ended before its worker could be killed"
+    assert killed.jobset == stage.jobset and killed.after_step == stage.checkpoint_period
+    report = reports.read(reports.TrainReport, plan, stage)
     assert report.restarts == 1 and len(report.leader_logs) == 2  # both attempts' leader logs were read
     assert report.steps_trained == stage.steps and report.last_step == stage.final_step
-    state = backend.get_jobset(stage.jobset)
-    failed = next(e for e in state.events if e.reason == "JobFailed")
-    assert "restart-tiny-8b-recipe-slice-1-1 exited with code 137" in failed.message
+    backend = LocalJobSets(plan.run_dir)
+    failed = next(e for e in backend.get_jobset(stage.jobset).events if e.reason == "JobFailed")
+    assert f"{killed.pod} exited with code 137" in failed.message
     resumed = backend.pod_log(stage.jobset, 0, 0, attempt=1).read_text()
     step = int(resumed.split("restoring from this run's directory step ")[1].split()[0])
     assert step >= stage.checkpoint_period
     assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
-    assert verify_checkpoint.run(plan, stage.name).verdict == "PASS"
+    assert reports.read(reports.VerificationReport, plan, stage).verdict == "PASS"
+    assert "1 JobSet restarts" in twin.stdout
 
 
 def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run):

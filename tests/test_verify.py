@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,27 +12,21 @@ from multislice.trainer import digests
 from multislice.trainer.verify import _devices, choose_samples, logged_losses
 from tests.conftest import ROOT, run_in_trainer
 
-VERIFY = "import sys; from multislice.trainer.verify import main; sys.exit(main())"
-
-
-def verify(trainer_python, checkpoint_dir, expected_step, args, *options):
-    done = run_in_trainer(
-        trainer_python, VERIFY, "--checkpoint-dir", str(checkpoint_dir), "--expected-step", str(expected_step),
-        *options, "--", *args,
-    )  # fmt: skip
-    return done.returncode, json.loads(done.stdout)
-
-
-@pytest.fixture
-def stage_copy(local_runs, tmp_path):
-    """A copy of stage 1's checkpoints from the synthetic-data run beside the end-to-end run, safe to break.
-
-    Synthetic data: the functional checks replay the logged loss on MaxText's synthetic batch.
-    """
-    stage = local_runs[1].plan.stages[0]
-    target = tmp_path / "checkpoints"
-    shutil.copytree(stage.checkpoint_dir, target)
-    return stage, target
+# Runs the verifier once per request (JSON lines: name, argv) in one trainer process, so JAX, Orbax and MaxText
+# are imported once for every case; writes one JSON line per request (name, exit status, report).
+BATCH = """
+import contextlib, io, json, sys
+from multislice.trainer.verify import main
+with open(sys.argv[1]) as requests, open(sys.argv[2], "w") as results:
+    for line in requests:
+        request = json.loads(line)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = main(request["argv"])
+        results.write(json.dumps({"name": request["name"], "status": status, "report": json.loads(out.getvalue())}))
+        results.write("\\n")
+        results.flush()
+"""
 
 
 def failed_checks(report):
@@ -42,10 +37,83 @@ def detail(report, name):
     return next(c["detail"] for c in report["checks"] if c["name"] == name)
 
 
+def intact(trainer_python, stage, checkpoints):
+    return stage.final_step, stage.maxtext_args, ()
+
+
+def expecting_a_later_step(trainer_python, stage, checkpoints):
+    return stage.final_step + 10, stage.maxtext_args, ()
+
+
+def uncommitted(trainer_python, stage, checkpoints):
+    (checkpoints / str(stage.final_step) / "items" / "commit_success.txt").unlink()
+    (checkpoints / f"{stage.final_step}.orbax-checkpoint-tmp-1").mkdir()
+    return stage.final_step, stage.maxtext_args, ()
+
+
+def of_another_model(trainer_python, stage, checkpoints):
+    return (
+        stage.final_step,
+        [a if not a.startswith("base_mlp_dim=") else "base_mlp_dim=512" for a in stage.maxtext_args],
+        (),
+    )
+
+
+def a_weight_bit_flipped_and_arrays_only_sampled(trainer_python, stage, checkpoints):
+    # A large checkpoint's arrays are only sampled; force that with a zero full-check size and a
+    # sample too small for the damaged array. Bit 30 of one weight makes it 2**128 times larger,
+    # still finite: only the final checkpoint's loss shows it.
+    (checkpoints / str(stage.final_step) / digests.DIGEST_FILE).unlink()  # as one written before digests
+    items = checkpoints / str(stage.final_step) / "items"
+    done = run_in_trainer(trainer_python, REWRITE, str(items), SAMPLED_OUT, "bit")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return stage.final_step, stage.maxtext_args, ("--full-check-bytes", "0", "--sample-bytes", str(2**20))
+
+
+#: The weight the sampled-arrays case flips a bit of (left out of the sample).
+SAMPLED_OUT = "params/params/decoder/layers/mlp/wo/kernel"
+
+
+@pytest.fixture(scope="module")
+def verdicts(trainer_python, local_runs, tmp_path_factory):
+    """Every case's verifier report, from one trainer process: ``(stage, {case: (exit status, report)})``.
+
+    Each case breaks (or not) its own copy of stage 1's checkpoints from the synthetic-data run beside the
+    end-to-end run (synthetic data: the functional checks replay the logged loss on MaxText's synthetic batch).
+    """
+    stage = local_runs[1].plan.stages[0]
+    root = tmp_path_factory.mktemp("verify")
+    cases = {**PLAIN_CASES, **{case: _damaging(damage) for case, (damage, _) in DAMAGE.items()}}
+    requests = []
+    for number, (case, prepare) in enumerate(cases.items()):
+        checkpoints = root / f"case-{number}" / "checkpoints"
+        shutil.copytree(stage.checkpoint_dir, checkpoints)
+        step, args, options = prepare(trainer_python, stage, checkpoints)
+        argv = ["--checkpoint-dir", str(checkpoints), "--expected-step", str(step), *options, "--", *args]
+        requests.append(json.dumps({"name": case, "argv": argv}) + "\n")
+    (root / "requests.jsonl").write_text("".join(requests))
+    done = run_in_trainer(
+        trainer_python, BATCH, str(root / "requests.jsonl"), str(root / "results.jsonl"), timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in results] == list(cases)
+    return stage, {r["name"]: (r["status"], r["report"]) for r in results}
+
+
+def _damaging(damage):
+    def prepare(trainer_python, stage, checkpoints):
+        damage(trainer_python, checkpoints / str(stage.final_step))
+        return stage.final_step, stage.maxtext_args, ()
+
+    return prepare
+
+
 @pytest.mark.e2e
-def test_real_checkpoint_passes_every_check(trainer_python, stage_copy):
-    stage, checkpoints = stage_copy
-    status, report = verify(trainer_python, checkpoints, stage.final_step, stage.maxtext_args)
+def test_real_checkpoint_passes_every_check(verdicts):
+    stage, results = verdicts
+    status, report = results["intact"]
+    checkpoints = Path(report["checkpoint_dir"])
     assert (status, report["verdict"]) == (0, "PASS"), report["checks"]
     assert [c["name"] for c in report["checks"]] == [
         "latest_step",
@@ -75,28 +143,22 @@ def test_real_checkpoint_passes_every_check(trainer_python, stage_copy):
 
 
 @pytest.mark.e2e
-def test_wrong_final_step_fails(trainer_python, stage_copy):
-    stage, checkpoints = stage_copy
-    status, report = verify(trainer_python, checkpoints, stage.final_step + 10, stage.maxtext_args)
+def test_wrong_final_step_fails(verdicts):
+    status, report = verdicts[1]["expecting a later step"]
     assert (status, report["verdict"]) == (1, "FAIL") and failed_checks(report) == {"latest_step"}
 
 
 @pytest.mark.e2e
-def test_uncommitted_checkpoint_fails(trainer_python, stage_copy):
-    stage, checkpoints = stage_copy
-    (checkpoints / str(stage.final_step) / "items" / "commit_success.txt").unlink()
-    (checkpoints / f"{stage.final_step}.orbax-checkpoint-tmp-1").mkdir()
-    status, report = verify(trainer_python, checkpoints, stage.final_step, stage.maxtext_args)
+def test_uncommitted_checkpoint_fails(verdicts):
+    status, report = verdicts[1]["uncommitted"]
     assert status == 1 and failed_checks(report) == {"commit_markers", "checksums"}
     assert "items commit_success.txt" in detail(report, "commit_markers")
     assert "missing: items/commit_success.txt (Orbax's commit marker" in detail(report, "checksums")
 
 
 @pytest.mark.e2e
-def test_checkpoint_of_another_model_fails(trainer_python, stage_copy):
-    stage, checkpoints = stage_copy
-    args = [a if not a.startswith("base_mlp_dim=") else "base_mlp_dim=512" for a in stage.maxtext_args]
-    status, report = verify(trainer_python, checkpoints, stage.final_step, args)
+def test_checkpoint_of_another_model_fails(verdicts):
+    status, report = verdicts[1]["of another model"]
     assert status == 1 and failed_checks(report) == {"params_tree", "parameter_count", "loss_replay"}
     assert "mlp/wi_0/kernel: expected (256, 2, 512)" in detail(report, "params_tree")
 
@@ -351,14 +413,23 @@ DAMAGE = {
 DIGEST_CASES = [case for case, (_, reasons) in DAMAGE.items() if list(reasons) == ["checksums"]]
 
 
+#: Cases other than :data:`DAMAGE`'s, each verified in :func:`verdicts`'s batch.
+PLAIN_CASES = {
+    "intact": intact,
+    "expecting a later step": expecting_a_later_step,
+    "uncommitted": uncommitted,
+    "of another model": of_another_model,
+    "a weight bit flipped, arrays only sampled": a_weight_bit_flipped_and_arrays_only_sampled,
+}
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_damaged_checkpoint_fails_with_the_reason(trainer_python, stage_copy, case):
-    stage, checkpoints = stage_copy
-    damage, reasons = DAMAGE[case]  # the check(s) that must catch it, and what each says
+def test_a_damaged_checkpoint_fails_with_the_reason(verdicts, case):
+    stage, results = verdicts
+    _, reasons = DAMAGE[case]  # the check(s) that must catch it, and what each says
     assert stage.final_step == 19 and stage.checkpoint_period == 5  # the steps the cases name
-    damage(trainer_python, checkpoints / str(stage.final_step))
-    status, report = verify(trainer_python, checkpoints, stage.final_step, stage.maxtext_args)
+    status, report = results[case]
     assert (status, report["verdict"]) == (1, "FAIL"), report
     failed = {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
     caught = [
@@ -377,18 +448,9 @@ def test_a_damaged_checkpoint_fails_with_the_reason(trainer_python, stage_copy, 
 
 
 @pytest.mark.e2e
-def test_the_loss_check_finds_a_flipped_bit_the_sampled_arrays_miss(trainer_python, stage_copy):
-    # A large checkpoint's arrays are only sampled; force that with a zero full-check size and a
-    # sample too small for the damaged array. Bit 30 of one weight makes it 2**128 times larger,
-    # still finite: only the final checkpoint's loss shows it.
-    stage, checkpoints = stage_copy
-    (checkpoints / str(stage.final_step) / digests.DIGEST_FILE).unlink()  # as one written before digests
-    target = "params/params/decoder/layers/mlp/wo/kernel"
-    done = run_in_trainer(trainer_python, REWRITE, str(checkpoints / str(stage.final_step) / "items"), target, "bit")
-    assert done.returncode == 0, done.stderr[-2000:]
-    options = ("--full-check-bytes", "0", "--sample-bytes", str(2**20))
-    status, report = verify(trainer_python, checkpoints, stage.final_step, stage.maxtext_args, *options)
-    assert report["array_check"]["mode"] == "sample" and target not in report["array_check"]["checked"]
+def test_the_loss_check_finds_a_flipped_bit_the_sampled_arrays_miss(verdicts):
+    status, report = verdicts[1]["a weight bit flipped, arrays only sampled"]
+    assert report["array_check"]["mode"] == "sample" and SAMPLED_OUT not in report["array_check"]["checked"]
     assert status == 1 and failed_checks(report) == {"final_loss"}, report["checks"]
 
 

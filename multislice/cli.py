@@ -195,6 +195,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides.update(run_name=found.run_name, output_dir=found.output_dir)
     spec = config.load_spec(profile, overrides)
     plan = make_plan(spec)
+    for followed in config.followed_checkpoint_periods(profile, overrides):
+        print(followed.describe())
     # The compiled pipeline, the full log and kfp.local's files stay on this machine: in the
     # run directory when it is local, else under build/runs/<run_name>. Each run's own files are
     # named by its run id, and the run directory is claimed first: a run directory another live

@@ -38,6 +38,14 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("run_name", str, "run_name", "Run name: prefix of JobSet names and output directory"),
     Parameter("backend", str, "backend", "Where steps act: local (this machine) or gke"),
     Parameter("tpu_type", str, "tpu_type", "TPU type of each slice, e.g. v6e-16"),
+    Parameter(
+        "machine_type",
+        str,
+        "machine_type",
+        "GKE machine type of each TPU host where the topology offers a choice, e.g. ct6e-standard-8t for v6e-8 "
+        "on one VM ('' for the default)",
+        optional=True,
+    ),
     Parameter("num_slices", int, "num_slices", "Number of slices joined over DCN"),
     Parameter("output_dir", str, "output_dir", "Base directory (path or gs://) for checkpoints and logs"),
     Parameter("trainer_image", str, "images.trainer", "Trainer container image (MaxText)"),

@@ -995,9 +995,9 @@ EXAMPLES: dict[str, str] = {
     "plan": "multislice plan --profile gke-v6e-16x2 --model llama3-70b --tpu-type v6e-16 --max-slices 4",
     "verify-checkpoint": "multislice verify-checkpoint output/runs/local-demo-20261201-030000/tiny-8b-recipe",
     "cleanup": "multislice cleanup --run local-demo-20261201-030000 --profile local",
-    "inject": "multislice inject preempt-slice --run elastic-demo-20261201-030000 --profile elastic --stage "
-    "elastic-tiny --slice 1 --for 60\nmultislice inject restore-capacity --run elastic-demo-20261201-030000 "
-    "--profile elastic",
+    "inject": "multislice inject preempt-slice --run elastic-demo-20261201-030000 --profile elastic \\\n"
+    "    --stage tiny-elastic --slice 1 --for 90\n"
+    "multislice inject restore-capacity --run elastic-demo-20261201-030000 --profile elastic",
     "images": "multislice images build --cloud-build --project my-project "
     "--repo us-east5-docker.pkg.dev/my-project/multislice",
     "submit": "multislice submit --profile gke-v6e-16x2 --target vertex --project my-project --location us-east5 \\\n"
@@ -1009,8 +1009,8 @@ EXAMPLES: dict[str, str] = {
     "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs\n"
     "multislice schedule list --target kfp --host http://localhost:8888",
     "schedule create": "multislice schedule create --profile gke-v6e-16x2 --target vertex --project my-project \\\n"
-    "    --location us-east5 --cron '0 3 * * 1-5' --timezone Europe/Paris --set output_dir=gs://my-bucket/runs "
-    "--dry-run\n"
+    "    --location us-east5 --cron '0 3 * * 1-5' --timezone Europe/Paris \\\n"
+    "    --set output_dir=gs://my-bucket/runs --dry-run\n"
     "multislice schedule create --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
     "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs",
     "schedule list": "multislice schedule list --target vertex --project my-project --location us-east5",

@@ -76,3 +76,26 @@ def test_worker_command_per_hardware():
 def test_plan_round_trips_through_json():
     p = local_plan()
     assert plan.Plan.from_json(p.to_json()) == p
+
+
+def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_with_the_same_batch():
+    from multislice.backends import manifests
+    from multislice.preflight import on_slices
+    from multislice.render import jobset
+
+    spec = config.load_profile("elastic", {"output_dir": "/data/out"})
+    assert (spec.backend, spec.num_slices, spec.tpu_type) == ("local", 2, "v5litepod-8")
+    made = plan.make_plan(spec)
+    [stage] = made.stages
+    assert spec.stages[0].elastic.min_slices == 1 and stage.steps > 3 * stage.checkpoint_period
+    two, one = (stage.on_slices(n) for n in (2, 1))
+    assert (two.runnable, two.gradient_accumulation_steps, two.dcn["data"]) == (True, 1, 2)
+    assert (one.runnable, one.gradient_accumulation_steps, one.dcn["data"]) == (True, 2, 1)
+    assert one.global_batch_size == two.global_batch_size == stage.global_batch_size
+    assert "gradient_accumulation_steps=2" in one.maxtext_args
+    # Every manifest validates, and the JobSet a shrink submits has one slice of the same hosts.
+    assert manifests.render_all(made, "elastic-example")
+    smaller_plan, smaller_stage = on_slices(made, stage, 1)
+    shrunk = jobset.render_jobset(smaller_plan, smaller_stage, hardware="cpu", pipeline_run_id="elastic-example")
+    [replicated] = shrunk["spec"]["replicatedJobs"]
+    assert replicated["replicas"] == 1 and replicated["template"]["spec"]["parallelism"] == made.slice.hosts

@@ -99,3 +99,14 @@ def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_wi
     shrunk = jobset.render_jobset(smaller_plan, smaller_stage, hardware="cpu", pipeline_run_id="elastic-example")
     [replicated] = shrunk["spec"]["replicatedJobs"]
     assert replicated["replicas"] == 1 and replicated["template"]["spec"]["parallelism"] == made.slice.hosts
+
+
+def test_the_plan_step_says_when_a_checkpoint_period_follows_the_pipelines_steps(tmp_path, capsys):
+    from multislice.steps import plan as plan_step
+
+    # As the compiled pipeline's plan task passes a stage's steps parameter (components/plan.py).
+    parameters = {"output_dir": str(tmp_path), "stages.tiny-8b-recipe.steps": 4}
+    made = plan_step.run(config.read_profile("local"), parameters, "tiny-8b-recipe", "")
+    assert (made.stage("tiny-8b-recipe").steps, made.stage("tiny-8b-recipe").checkpoint_period) == (4, 4)
+    out = capsys.readouterr().out
+    assert "stage 1 tiny-8b-recipe: checkpoint_period follows steps=4 (the profile's 5 exceeds it" in out

@@ -33,7 +33,7 @@ REPO ?=
 .PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud clean
 
 help:
-	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE))"
+	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE); PROFILE=elastic: an elastic stage)"
 	@echo "make test     install and run the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without the end-to-end MaxText runs and AOT compiles"
 	@echo "make test-under-load  the whole suite beside two busy processes, timed (benchmarks/under_load.py)"

@@ -195,6 +195,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides.update(run_name=found.run_name, output_dir=found.output_dir)
     spec = config.load_spec(profile, overrides)
     plan = make_plan(spec)
+    for followed in config.followed_checkpoint_periods(profile, overrides):
+        print(followed.describe())
     # The compiled pipeline, the full log and kfp.local's files stay on this machine: in the
     # run directory when it is local, else under build/runs/<run_name>. Each run's own files are
     # named by its run id, and the run directory is claimed first: a run directory another live
@@ -873,6 +875,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """Validate, compile and submit one run to Vertex AI Pipelines or KFP (:mod:`multislice.delivery.submission`)."""
     profile, overrides = _profile_and_overrides(args)
+    if args.dry_run:
+        request = submission.dry_run(
+            profile, overrides, target=args.target, continue_run=args.continue_run, **submission.targets_from_args(args)
+        )
+        print_request(request, f"run {request.run_name} would be submitted to {args.target}")
+        return 0
     run = submission.submit(
         profile, overrides, target=args.target, continue_run=args.continue_run, **submission.targets_from_args(args)
     )
@@ -880,6 +888,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     for name, value in run.parameters.items():
         print(f"  {name} = {value!r}")
     return 0
+
+
+def print_request(request: submission.Request, headline: str) -> None:
+    """Print what a ``--dry-run`` would have sent: the headline, the pipeline, the settings, every parameter."""
+    print(f"dry run: {headline}; nothing was sent (no client built, no credentials read)")
+    for note in request.notes:
+        print(f"note: {note}")
+    if request.template_bytes:
+        print(f"pipeline: {request.pipeline}; compiled, {request.template_bytes:,} bytes")
+    else:
+        print(f"request: {request.pipeline}")
+    for key, value in request.settings.items():
+        shown = ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else value
+        print(f"  {key + ':':<21} {shown}")
+    if request.parameters:
+        print(f"parameters ({len(request.parameters)}):")
+        for name, value in request.parameters.items():
+            print(f"  {name} = {value!r}")
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
@@ -899,10 +925,14 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 interval_seconds=args.interval, name=args.name,
                 max_concurrent_runs=1 if args.max_concurrent_runs is None else args.max_concurrent_runs,
                 allow_queueing=args.allow_queueing, catch_up=args.catch_up, max_runs=args.max_runs,
-                start_time=args.start_time, end_time=args.end_time, continue_run=args.continue_run, **where,
+                start_time=args.start_time, end_time=args.end_time, continue_run=args.continue_run,
+                dry_run=args.dry_run, **where,
             )  # fmt: skip
         _print_warnings(caught)
-        print(f"schedule {made.name} created on {made.target}: {made.schedule_id}, cron {made.cron!r}")
+        if made.request is not None:
+            print_request(made.request, f"schedule {made.name} would be created on {made.target}")
+        else:
+            print(f"schedule {made.name} created on {made.target}: {made.schedule_id}, cron {made.cron!r}")
         print(f"catch-up: {'on' if args.catch_up else 'off (missed runs are skipped)'}")
         if args.cron:
             next_times = schedule.Cron.parse(args.cron, args.timezone).next_times()
@@ -917,9 +947,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         made = schedule.update(
             args.schedule_id, args.target, cron=args.cron, timezone=args.timezone, name=args.name,
             max_concurrent_runs=args.max_concurrent_runs, allow_queueing=args.allow_queueing or None,
-            max_runs=args.max_runs, start_time=args.start_time, end_time=args.end_time, **where,
+            max_runs=args.max_runs, start_time=args.start_time, end_time=args.end_time, dry_run=args.dry_run,
+            **where,
         )  # fmt: skip
-        print(f"schedule {made.schedule_id} updated: {made.name}, cron {made.cron!r}")
+        if made.request is not None:
+            print_request(made.request, f"schedule {made.schedule_id} would be updated")
+        else:
+            print(f"schedule {made.schedule_id} updated: {made.name}, cron {made.cron!r}")
     else:
         if not args.schedule_id:
             raise config.ConfigError([("SCHEDULE_ID", f"`schedule {args.action}` needs the schedule's ID (see list)")])
@@ -937,9 +971,110 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
         print(f"warning: {item.message}", file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``multislice`` argument parser."""
-    parser = argparse.ArgumentParser(prog="multislice", description=__doc__.split("\n")[0])
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose ``epilog`` may be a function, called only when the help is printed
+    (``run --help`` reads a profile for its parameter list; no other command pays for it)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+#: Each sub-command's examples, shown at the end of its ``--help``.
+EXAMPLES: dict[str, str] = {
+    "render": "multislice render --profile gke-v6e-16x2 --output build/manifests/gke-v6e-16x2\n"
+    "multislice render --profile local --output build/m --set num_slices=1 --set stages.1.dcn.fsdp=1",
+    "compile": "multislice compile --profile gke-v6e-16x2 --output build/pipelines/gke-v6e-16x2.yaml\n"
+    "multislice compile --profile gke-v6e-16x2 --target vertex --output build/pipelines/gke.vertex.yaml",
+    "run": "multislice run --profile local                      # what `make run` does\n"
+    "multislice run --profile local --set stage1_steps=4 --set stage2_steps=4 --set run_name=short\n"
+    "multislice run --profile elastic                    # `make run PROFILE=elastic`: an elastic stage",
+    "preflight": "multislice preflight --profile gke-v6e-16x2\n"
+    "multislice preflight --profile gke-v6e-16x2 --stage seed-llama3-70b --no-alternative",
+    "plan": "multislice plan --profile gke-v6e-16x2 --model llama3-70b --tpu-type v6e-16 --max-slices 4",
+    "verify-checkpoint": "multislice verify-checkpoint output/runs/local-demo-20261201-030000/tiny-8b-recipe",
+    "cleanup": "multislice cleanup --run local-demo-20261201-030000 --profile local",
+    "inject": "multislice inject preempt-slice --run elastic-demo-20261201-030000 --profile elastic \\\n"
+    "    --stage tiny-elastic --slice 1 --for 90\n"
+    "multislice inject restore-capacity --run elastic-demo-20261201-030000 --profile elastic",
+    "images": "multislice images build --cloud-build --project my-project "
+    "--repo us-east5-docker.pkg.dev/my-project/multislice",
+    "submit": "multislice submit --profile gke-v6e-16x2 --target vertex --project my-project --location us-east5 \\\n"
+    "    --set output_dir=gs://my-bucket/runs --set stage1_steps=500 --dry-run\n"
+    "multislice submit --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
+    "    --set output_dir=gs://my-bucket/runs",
+    "reap": "multislice reap --profile gke-v6e-16x2",
+    "schedule": "multislice schedule create --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
+    "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs\n"
+    "multislice schedule list --target kfp --host http://localhost:8888",
+    "schedule create": "multislice schedule create --profile gke-v6e-16x2 --target vertex --project my-project \\\n"
+    "    --location us-east5 --cron '0 3 * * 1-5' --timezone Europe/Paris \\\n"
+    "    --set output_dir=gs://my-bucket/runs --dry-run\n"
+    "multislice schedule create --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
+    "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs",
+    "schedule list": "multislice schedule list --target vertex --project my-project --location us-east5",
+    "schedule update": "multislice schedule update SCHEDULE_ID --target vertex --project my-project "
+    "--location us-east5 \\\n    --cron '0 4 * * *' --dry-run",
+    "schedule pause": "multislice schedule pause SCHEDULE_ID --target kfp --host http://localhost:8888",
+    "schedule resume": "multislice schedule resume SCHEDULE_ID --target vertex --project my-project "
+    "--location us-east5 --catch-up",
+    "schedule delete": "multislice schedule delete SCHEDULE_ID --target kfp --host http://localhost:8888",
+}
+
+
+def _profile_in(argv: list[str] | None) -> str:
+    """The ``--profile`` among the command's arguments, else ``local`` (what ``make run`` runs)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for index, arg in enumerate(argv):
+        if arg == "--profile" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--profile="):
+            return arg.partition("=")[2]
+    return "local"
+
+
+def run_parameters_help(profile: str) -> str:
+    """``multislice run --help``'s parameter list: every pipeline parameter with ``profile``'s value, its type and
+    description (:func:`multislice.config.parameters.help_lines`), how to set them, and the examples."""
+    try:
+        spec: config.RunSpec | None = config.load_profile(profile)
+        source = f"profile {profile}'s values" + (" (the default of `make run`)" if profile == "local" else "")
+    except UserError as error:
+        spec, source = None, f"profile {profile} does not load: {str(error).splitlines()[-1].strip()}"
+    lines = [
+        f"run parameters: --set NAME=VALUE (repeatable); {source}:",
+        *parameters.help_lines(spec),
+        "",
+        "any other field of the profile by its dotted path, stages by index from 0 or by name:",
+        "  --set stages.0.ici.fsdp=4  --set stages.1.checkpoint_period=10  --set timeouts.train=3600",
+        "fewer steps than a stage's checkpoint_period lower the period to the steps (unless it is set too).",
+        "a bad value stops the command before anything starts, naming the field and the fix.",
+        "",
+        "examples:",
+        *(f"  {line}" for line in EXAMPLES["run"].splitlines()),
+    ]
+    return "\n".join(lines)
+
+
+def _add_examples(sub: Any, prefix: str = "") -> None:
+    """Give every sub-command of ``sub`` its examples (:data:`EXAMPLES`) and its one-line help as description."""
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        command.description = command.description or helps.get(name)
+        key = f"{prefix}{name}"
+        if command.epilog is None and key in EXAMPLES:
+            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[key].splitlines())
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_examples(action, f"{key} ")
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``multislice`` argument parser; ``argv`` (default ``sys.argv[1:]``) names the profile ``run --help``
+    lists the parameters of."""
+    parser = _Parser(prog="multislice", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -977,7 +1112,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.set_defaults(func=cmd_compile)
 
-    run = sub.add_parser("run", help="run the pipeline locally with kfp.local (what `make run` does)")
+    run = sub.add_parser(
+        "run",
+        help="run the pipeline locally with kfp.local (what `make run` does)",
+        epilog=lambda: run_parameters_help(_profile_in(argv)),
+    )
     with_profile(run)
     run.set_defaults(func=cmd_run)
 
@@ -1041,6 +1180,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_profile(inject, required=False)
     inject.set_defaults(func=cmd_inject)
     _add_delivery_commands(sub, with_profile)
+    _add_examples(sub)
     return parser
 
 
@@ -1079,6 +1219,9 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
         metavar="RUN",
         help="continue the earlier run RUN (its run_name as it ran): resume from its checkpoints instead of a new run",
     )
+    submit.add_argument(
+        "--dry-run", action="store_true", help="validate everything and print what would be sent; send nothing"
+    )
     submit.set_defaults(func=cmd_submit)
 
     reaper = sub.add_parser("reap", help="delete unfinished JobSets whose Lease expired (a cancelled run's orphans)")
@@ -1088,35 +1231,68 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
     reaper.set_defaults(func=cmd_reap)
 
     sched = sub.add_parser("schedule", help="recurring runs: create, list, update, pause, resume, delete")
-    sched.add_argument("action", choices=["create", "list", "update", "pause", "resume", "delete"])
-    sched.add_argument("schedule_id", nargs="?", help="the schedule's ID (update, pause, resume, delete)")
-    with_profile(sched, required=False)
-    add_target_arguments(sched)
-    sched.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
-    sched.add_argument(
+    actions = sched.add_subparsers(dest="action", required=True, metavar="ACTION")
+    # Each action is its own sub-command, so that `schedule create --help` prints create's options.
+    schedule_actions = {
+        "create": "create a schedule of the profile's pipeline (--cron, or --interval on KFP)",
+        "list": "list the schedules of the target",
+        "update": "change a Vertex AI schedule in place (KFP cannot update: delete and create)",
+        "pause": "pause a schedule", "resume": "resume a paused schedule", "delete": "delete a schedule",
+    }  # fmt: skip
+    for action, text in schedule_actions.items():
+        act = actions.add_parser(action, help=text, description=text)
+        if action == "create":
+            with_profile(act)
+        elif action != "list":
+            act.add_argument("schedule_id", nargs="?", help="the schedule's ID (see `multislice schedule list`)")
+        add_target_arguments(act)
+        if action in ("create", "update"):
+            _add_schedule_options(act, create=action == "create")
+            act.add_argument(
+                "--dry-run", action="store_true", help="validate everything and print what would be sent; send nothing"
+            )
+        if action == "resume":
+            act.add_argument("--catch-up", action="store_true", help="start the runs missed while paused (Vertex)")
+        taken = {a.dest for a in act._actions}
+        act.set_defaults(func=cmd_schedule, **{k: None for k in _SCHEDULE_OPTIONS if k not in taken})
+
+
+#: Every ``schedule`` option's destination, None where an action does not take it.
+_SCHEDULE_OPTIONS = (
+    "profile", "set", "schedule_id", "cron", "timezone", "interval", "name", "max_concurrent_runs", "allow_queueing",
+    "catch_up", "start_time", "end_time", "max_runs", "continue_run", "dry_run",
+)  # fmt: skip
+
+
+def _add_schedule_options(act: argparse.ArgumentParser, create: bool) -> None:
+    """The options of ``schedule create`` (``create``) or ``schedule update``."""
+    act.add_argument("--cron", help="5 fields: minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
+    act.add_argument(
         "--timezone", help="IANA time zone of --cron (Vertex only; KFP uses its controller's CRON_SCHEDULE_TIMEZONE)"
     )
-    sched.add_argument("--interval", type=int, metavar="SECONDS", help="KFP only, instead of --cron: every N seconds")
-    sched.add_argument("--name", help="display name (default <run_name>-schedule)")
-    sched.add_argument("--max-concurrent-runs", type=int, help="runs of this schedule at once (default 1)")
-    sched.add_argument(
+    if create:
+        act.add_argument("--interval", type=int, metavar="SECONDS", help="KFP only, instead of --cron: every N seconds")
+    act.add_argument("--name", help="display name" + (" (default <run_name>-schedule)" if create else ""))
+    default = " (default 1)" if create else ""
+    act.add_argument("--max-concurrent-runs", type=int, help=f"runs of this schedule at once{default}")
+    act.add_argument(
         "--allow-queueing", action="store_true", help="Vertex only: a run due at the concurrency limit waits"
     )
-    sched.add_argument(
-        "--catch-up",
-        action="store_true",
-        help="start missed runs (create on KFP: since --start-time and while disabled; resume: while paused); "
-        "off by default",
-    )
-    sched.add_argument("--start-time", metavar="RFC3339", help="first run not before, e.g. 2026-12-01T03:00:00Z")
-    sched.add_argument("--end-time", metavar="RFC3339", help="no run after, e.g. 2027-03-01T00:00:00Z")
-    sched.add_argument("--max-runs", type=int, help="stop after this many runs (Vertex only)")
-    sched.add_argument(
-        "--continue-run",
-        action="store_true",
-        help="every run continues the same run_name (one long training run) instead of a new one",
-    )
-    sched.set_defaults(func=cmd_schedule)
+    if create:
+        act.add_argument(
+            "--catch-up",
+            action="store_true",
+            help="KFP: start the runs missed since --start-time and while disabled; off by default",
+        )
+    act.add_argument("--start-time", metavar="RFC3339", help="first run not before, e.g. 2026-12-01T03:00:00Z")
+    act.add_argument("--end-time", metavar="RFC3339", help="no run after, e.g. 2027-03-01T00:00:00Z")
+    act.add_argument("--max-runs", type=int, help="stop after this many runs (Vertex only)")
+    if create:
+        act.add_argument(
+            "--continue-run",
+            action="store_true",
+            help="every run continues the same run_name (one long training run) instead of a new one",
+        )
 
 
 def expected_error(error: BaseException) -> UserError | None:
@@ -1161,7 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
     not fit, a failed run) print their cause and fix, never a traceback: exit 2
     for bad input, 1 for a run that failed. An interrupt exits 130.
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.func(args)
     except UserError as error:

@@ -22,6 +22,13 @@ Sources of the facts below:
   chip) and twice the chips for v5p and v4; multi-host slices use 4 chips per
   host (``ct6e-standard-4t``, ``ct5lp-hightpu-4t``, ``ct5p-hightpu-4t``,
   ``ct4p-hightpu-4t``).
+- v6e machine types by topology (the "Supported configurations" table of
+  https://cloud.google.com/tpu/docs/v6e and GKE's
+  https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus): 1x1 on one
+  ``ct6e-standard-1t``, 2x2 on one ``ct6e-standard-4t``, 2x4 (8 chips) either on one
+  ``ct6e-standard-8t`` VM (single-host, 8 chips per host) or on two ``ct6e-standard-4t``
+  VMs (the GKE API only; this catalog's default, as xpk's), and 4x4 and larger on
+  ``ct6e-standard-4t`` hosts only.
 - GKE runs v5e 2x4 as a multi-host slice of two ``ct5lp-hightpu-4t`` nodes in
   its multislice + Kueue tutorial:
   https://cloud.google.com/kubernetes-engine/docs/tutorials/tpu-multislice-kueue
@@ -59,6 +66,8 @@ class TpuGeneration:
         gke_accelerator: Value of the ``cloud.google.com/gke-tpu-accelerator`` node label.
         multi_host_machine_type: GKE machine type of each host of a multi-host slice.
         single_host_machine_types: Machine type for single-host topologies, by topology.
+        other_machine_types: Machine types a topology may also be given on (``RunSpec.machine_type``),
+            by topology: machine type -> chips per host (v6e 2x4: ``ct6e-standard-8t``, 8 chips on 1 host).
         tensorcores_per_chip: TensorCores per chip (the unit of the number in ``v5p-16``).
         hbm_bytes_per_chip: High-bandwidth memory per chip, bytes (the product page's figure).
         usable_hbm_bytes_per_chip: HBM per chip that XLA:TPU lets a program use, bytes: the
@@ -77,6 +86,7 @@ class TpuGeneration:
     gke_accelerator: str
     multi_host_machine_type: str
     single_host_machine_types: dict[str, str]
+    other_machine_types: dict[str, dict[str, int]]
     tensorcores_per_chip: int
     hbm_bytes_per_chip: int
     usable_hbm_bytes_per_chip: int
@@ -169,6 +179,7 @@ GENERATIONS: dict[str, TpuGeneration] = {
             gke_accelerator="tpu-v6e-slice",
             multi_host_machine_type="ct6e-standard-4t",
             single_host_machine_types={"1x1": "ct6e-standard-1t", "2x2": "ct6e-standard-4t"},
+            other_machine_types={"2x4": {"ct6e-standard-8t": 8}},
             tensorcores_per_chip=1,
             hbm_bytes_per_chip=32 * GIB,
             usable_hbm_bytes_per_chip=round(31.24 * GIB),
@@ -183,6 +194,7 @@ GENERATIONS: dict[str, TpuGeneration] = {
             gke_accelerator="tpu-v5-lite-podslice",
             multi_host_machine_type="ct5lp-hightpu-4t",
             single_host_machine_types={"1x1": "ct5lp-hightpu-1t", "2x2": "ct5lp-hightpu-4t"},
+            other_machine_types={},
             tensorcores_per_chip=1,
             hbm_bytes_per_chip=16 * GIB,
             usable_hbm_bytes_per_chip=round(15.75 * GIB),
@@ -197,6 +209,7 @@ GENERATIONS: dict[str, TpuGeneration] = {
             gke_accelerator="tpu-v5p-slice",
             multi_host_machine_type="ct5p-hightpu-4t",
             single_host_machine_types={"2x2x1": "ct5p-hightpu-4t"},
+            other_machine_types={},
             tensorcores_per_chip=2,
             hbm_bytes_per_chip=95 * GIB,
             usable_hbm_bytes_per_chip=round(95.73 * GIB),
@@ -211,6 +224,7 @@ GENERATIONS: dict[str, TpuGeneration] = {
             gke_accelerator="tpu-v4-podslice",
             multi_host_machine_type="ct4p-hightpu-4t",
             single_host_machine_types={"2x2x1": "ct4p-hightpu-4t"},
+            other_machine_types={},
             tensorcores_per_chip=2,
             hbm_bytes_per_chip=32 * GIB,
             usable_hbm_bytes_per_chip=round(30.75 * GIB),
@@ -229,9 +243,11 @@ def _chips(topology: str) -> int:
     return math.prod(int(d) for d in topology.split("x"))
 
 
-def _slice(generation: TpuGeneration, topology: str) -> SliceType:
+def _slice(generation: TpuGeneration, topology: str, machine_type: str | None = None) -> SliceType:
     chips = _chips(topology)
-    if topology in generation.single_host_machine_types:
+    if machine_type is not None and machine_type in generation.other_machine_types.get(topology, {}):
+        chips_per_host = generation.other_machine_types[topology][machine_type]
+    elif topology in generation.single_host_machine_types:
         machine_type = generation.single_host_machine_types[topology]
         chips_per_host = chips
     else:
@@ -253,19 +269,54 @@ def all_slice_types() -> list[SliceType]:
     return [_slice(g, t) for g in GENERATIONS.values() for t in g.topologies]
 
 
-def parse_tpu_type(name: str) -> SliceType:
+def machine_types(shape: SliceType) -> list[str]:
+    """The GKE machine types a slice shape can be given on: its default first, then the others of its topology."""
+    others = shape.generation.other_machine_types.get(shape.topology, {})
+    default = _slice(shape.generation, shape.topology).machine_type
+    return [default, *(m for m in others if m != default)]
+
+
+def with_machine_type(shape: SliceType, machine_type: str | None) -> SliceType:
+    """``shape`` on ``machine_type`` (hosts and chips per host follow it); None keeps the default.
+
+    Raises:
+        UnknownTpuType: a machine type the shape's topology is not offered on; the message names the reason
+            and the machine types it is offered on (:data:`GENERATIONS`, from the generation's Cloud TPU page).
+    """
+    if machine_type is None or machine_type == shape.machine_type:
+        return shape
+    choices = machine_types(shape)
+    if machine_type not in choices:
+        elsewhere = [
+            _slice(g, t, machine_type).name
+            for g in GENERATIONS.values()
+            for t in g.topologies
+            if machine_type in machine_types(_slice(g, t))
+        ]
+        hint = f"; {machine_type} hosts {', '.join(elsewhere)}" if elsewhere else ""
+        raise UnknownTpuType(
+            f"machine type {machine_type!r} cannot host {shape.name} (topology {shape.topology}, {shape.chips} chips): "
+            f"GKE offers that topology on {' or '.join(choices)}{hint} (source: {shape.generation.doc})"
+        )
+    return _slice(shape.generation, shape.topology, machine_type)
+
+
+def parse_tpu_type(name: str, machine_type: str | None = None) -> SliceType:
     """Parse a TPU type name into its slice shape.
 
     Accepts ``<generation>-<tensorcores>`` (``v6e-16``, ``v5p-128``,
     ``v5litepod-16``, alias ``v5e-16``) and ``<generation>-<topology>``
     (``v6e-4x4``, ``v5p-4x4x4``), as xpk does.
 
+    ``machine_type`` picks another machine type the topology is offered on (:func:`with_machine_type`):
+    ``parse_tpu_type("v6e-8", "ct6e-standard-8t")`` is 8 chips on one host instead of two hosts of 4.
+
     Returns:
         The SliceType (chips, hosts, chips per host, topology, machine type).
 
     Raises:
-        UnknownTpuType: the name is not a known generation and size; the
-            message lists the valid sizes of that generation.
+        UnknownTpuType: the name is not a known generation and size (the message lists the valid sizes of
+            that generation), or a machine type the topology is not offered on.
     """
     match = _NAME.fullmatch(name.strip().lower())
     generation = None
@@ -282,7 +333,7 @@ def parse_tpu_type(name: str) -> SliceType:
     shapes = [_slice(generation, t) for t in generation.topologies]
     for shape in shapes:
         if size == shape.topology or size == str(shape.chips * generation.tensorcores_per_chip):
-            return shape
+            return with_machine_type(shape, machine_type)
     valid = ", ".join(s.name for s in shapes)
     unit = "TensorCores (2 per chip)" if generation.tensorcores_per_chip == 2 else "chips"
     raise UnknownTpuType(

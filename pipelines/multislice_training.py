@@ -18,7 +18,7 @@ The pipeline is built per profile (:func:`build_pipeline`): the profile fixes
 the stages and their model and parallelism; every field a user changes per
 run is a named pipeline parameter whose default is the profile's value
 (:mod:`multislice.config.parameters`): ``run_name``, ``backend``, ``tpu_type``,
-``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
+``machine_type``, ``num_slices``, ``output_dir``, ``trainer_image``, ``namespace``, ``queue``,
 ``priority``, ``max_restarts``, ``skip_preflight`` and ``stage<N>_steps``,
 ``stage<N>_per_device_batch_size``, and where the run goes: ``cluster_project``,
 ``cluster_location``, ``cluster_name``, ``cluster_access``, ``zone``,

@@ -39,3 +39,54 @@ def test_failed_run_names_the_step_and_its_cause(tmp_path):
     assert "runs/fails/reports/tiny-70b-recipe/preflight.json" in written
     assert "runs/fails/reports/provision.json" not in written and "runs/fails/reports/cleanup.json" in written
     assert done.stdout.count("preflight     skipped") == 2
+
+
+def _subcommands(parser, prefix=""):
+    """Every sub-command parser of ``parser`` by its full name (``schedule create``), nested ones included."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{prefix}{name}", sub
+                yield from _subcommands(sub, f"{prefix}{name} ")
+
+
+def test_run_help_lists_every_parameter_with_the_profiles_value_and_how_to_set_it(capsys):
+    import pytest
+
+    from multislice import cli, config
+    from multislice.config import parameters
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["run", "--profile", "gke-v6e-16x2", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "run parameters: --set NAME=VALUE (repeatable); profile gke-v6e-16x2's values" in out
+    spec = config.load_profile("gke-v6e-16x2")
+    listed = [line.split("=")[0].strip() for line in out.splitlines() if line.startswith("  ") and "=" in line
+              and line[2] != " " and not line.lstrip().startswith(("--set", "multislice"))]  # fmt: skip
+    assert listed == list(parameters.parameter_values(spec))  # every parameter, in the pipeline's order
+    steps = spec.stages[0].steps
+    assert f"\n  stage1_steps={steps} (int; sets stages.0.steps)\n      Stage 1 (llama3-8b): Training steps\n" in out
+    assert "\n  trainer_image=multislice-trainer:0.1.0 (str; sets images.trainer)\n" in out
+    assert "\n  cluster_project=your-project (str; sets cluster.project; '' for none)\n" in out
+    assert "--set stages.0.ici.fsdp=4" in out  # dotted keys, stages by index or name
+    # Without --profile: the values of `make run`'s profile, local.
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    local_steps = config.load_profile("local").stages[0].steps
+    assert f"\n  stage1_steps={local_steps} (int; sets stages.0.steps)\n" in capsys.readouterr().out
+
+
+def test_every_subcommand_help_ends_with_an_example_of_itself():
+    from multislice import cli
+
+    names = []
+    for name, sub in _subcommands(cli.build_parser([])):
+        text = sub.format_help()
+        names.append(name)
+        assert "\nexamples:\n" in text, name
+        examples = text.split("\nexamples:\n")[1]
+        assert f"  multislice {name} " in examples, name
+    assert {"run", "submit", "schedule create", "schedule update", "inject"} <= set(names)

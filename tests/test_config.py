@@ -183,3 +183,23 @@ def test_an_unknown_model_preset_names_the_known_ones():
     with pytest.raises(config.ConfigError, match=r"stages\[0\] \(tiny-8b-recipe\).model.preset: no model preset "
                                                  r"'llama9'; known presets: llama3-tiny"):  # fmt: skip
         config.load_profile("local", {"stages.0.model.preset": "llama9"})
+
+
+def test_fewer_steps_than_the_checkpoint_period_lower_the_period_unless_it_was_set():
+    profile = config.read_profile("local")
+    assert profile["stages"][0]["checkpoint_period"] == 5  # what a short run used to be refused by
+    for key in ("stage1_steps", "stages.0.steps", "stages.tiny-8b-recipe.steps"):
+        spec = config.load_spec(profile, {key: 4})
+        assert (spec.stages[0].steps, spec.stages[0].checkpoint_period) == (4, 4)
+        assert spec.stages[1].checkpoint_period == 5  # the other stage keeps the profile's
+    [followed] = config.followed_checkpoint_periods(profile, {"stage1_steps": 4})
+    assert (followed.index, followed.steps, followed.profile_period) == (0, 4, 5)
+    assert "checkpoint_period follows steps=4" in followed.describe()
+    assert "stages.0.checkpoint_period" in followed.describe()
+    # More steps than the period: nothing follows; a period given with the steps is checked as given.
+    assert config.followed_checkpoint_periods(profile, {"stage1_steps": 40}) == []
+    assert config.load_spec(profile, {"stage1_steps": 40}).stages[0].checkpoint_period == 5
+    [(field, message)] = issues({"stage1_steps": 4, "stages.0.checkpoint_period": 5})
+    assert field == "stages[0] (tiny-8b-recipe).checkpoint_period" and "make it at most steps" in message
+    chosen = config.load_spec(profile, {"stage1_steps": 4, "stages.0.checkpoint_period": 2})
+    assert chosen.stages[0].checkpoint_period == 2

@@ -1,11 +1,12 @@
 """End to end on the local backend with real MaxText: 2 slices -> 1 (gradient accumulation 2) -> 2, same global batch.
 
-One elastic run of the local-synthetic profile's 8B-recipe stage (tiny Llama 3 architecture, 12 steps, a checkpoint
-every 3), shared by the tests here (session-scoped). From the train step's ``on_record`` hook (no clock): once the
-checkpoint of step 3 is committed, slice 1 is preempted (its processes are SIGKILLed and its capacity withdrawn);
-the stage relaunches on 1 slice at once (``wait_for_lost_slice_seconds: 0``); at its first step the capacity
-comes back, and at the next checkpoint the stage grows back to 2 slices and trains to the end. The final
-checkpoint is verified.
+One elastic run of the elastic example profile's stage (``configs/elastic.yaml``: the local-synthetic profile's
+8B recipe, tiny Llama 3 architecture, a checkpoint every 3; here 12 steps), shared by the tests here
+(session-scoped), so the profile a user runs with ``make run PROFILE=elastic`` is the one shown to shrink and
+grow. From the train step's ``on_record`` hook (no clock): once the checkpoint of step 3 is committed, slice 1
+is preempted (its processes are SIGKILLed and its capacity withdrawn); the stage relaunches on 1 slice at once
+(``wait_for_lost_slice_seconds: 0``); at its first step the capacity comes back, and at the next checkpoint the
+stage grows back to 2 slices and trains to the end. The final checkpoint is verified.
 """
 
 import json
@@ -32,15 +33,15 @@ LOSS_TOLERANCE = 0.05
 def elastic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("elastic")
     spec = config.load_profile(
-        "local-synthetic",  # the recipes of the local profile on synthetic data (nothing to prepare)
+        "elastic",  # the example profile: local-synthetic's 8B recipe on synthetic data (nothing to prepare)
         {
             "run_name": "elastic-e2e",
             "output_dir": str(out),
             "stages.0.steps": STEPS,
-            "stages.0.checkpoint_period": 3,
-            "stages.0.elastic": {"min_slices": 1, "wait_for_lost_slice_seconds": 0},
+            "stages.0.elastic.wait_for_lost_slice_seconds": 0,  # relaunch on 1 slice at once (the profile waits 30 s)
         },
     )
+    assert spec.stages[0].checkpoint_period == 3 and spec.stages[0].elastic.min_slices == 1
     plan = make_plan(spec.with_stages(spec.stages[0]))
     stage = plan.stages[0]
     backend = LocalBackend(plan.run_dir)

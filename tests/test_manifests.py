@@ -99,6 +99,29 @@ def test_tpu_jobset_is_a_gke_multislice_jobset():
     assert [e["name"] for e in container["env"]] == ["LIBTPU_INIT_ARGS", "PYTHONUNBUFFERED"]
 
 
+def test_v6e_8_on_one_vm_renders_one_pod_of_8_chips_per_slice():
+    plan = make_plan(
+        config.load_profile(
+            "gke-v6e-16x2",
+            {
+                "tpu_type": "v6e-8",
+                "machine_type": "ct6e-standard-8t",
+                "stages.0.ici": {"fsdp": 8, "tensor": 1},
+                "stages.1.ici": {"tensor": 8, "fsdp": 1},
+            },
+        )
+    )
+    obj = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="run-7")
+    [rj] = obj["spec"]["replicatedJobs"]
+    job = rj["template"]["spec"]
+    assert rj["replicas"] == 2 and job["parallelism"] == job["completions"] == 1
+    pod = job["template"]["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x4"
+    [container] = pod["containers"]
+    assert container["resources"]["limits"] == {"google.com/tpu": 8}
+    assert run_manifests.render_all(plan, "run-7")  # every object validated as the plan step validates it
+
+
 def test_cpu_jobset_passes_maxtext_cpu_environment():
     plan = make_plan(config.load_profile("local"))
     obj = jobset.render_jobset(plan, plan.stages[0], hardware="cpu", pipeline_run_id="r")

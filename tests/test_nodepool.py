@@ -386,3 +386,22 @@ def test_workload_identity_on_tpu_pods_drops_host_network_by_choice():
     default = make()
     rendered = jobset.render_jobset(default, default.stages[0], hardware=GkeBackend.hardware, pipeline_run_id="r")
     assert rendered["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+def test_v6e_8_on_one_ct6e_standard_8t_vm_is_one_node_without_placement_policy():
+    one_vm = {"tpu_type": "v6e-8", "machine_type": "ct6e-standard-8t", "stages.0.ici": {"fsdp": 8, "tensor": 1},
+              "stages.1.ici": {"tensor": 8, "fsdp": 1}}  # fmt: skip
+    body = nodepool.node_pool_body("p", nodepool.PoolShape.of(make(**one_vm)))
+    assert body.initial_node_count == 1 and body.config.machine_type == "ct6e-standard-8t"
+    assert not body.placement_policy.tpu_topology  # a single-host slice: no COMPACT placement
+    # The default machine type of 2x4 is two ct6e-standard-4t hosts, placed as one slice.
+    two_vms = nodepool.node_pool_body("p", nodepool.PoolShape.of(make(**{**one_vm, "machine_type": None})))
+    assert two_vms.initial_node_count == 2 and two_vms.config.machine_type == "ct6e-standard-4t"
+    assert two_vms.placement_policy.tpu_topology == "2x4"
+
+
+def test_a_machine_type_the_topology_is_not_offered_on_is_refused_by_plan():
+    with pytest.raises(config.ConfigError) as caught:
+        make(machine_type="ct6e-standard-8t")  # the profile's v6e-16 (4x4) runs on ct6e-standard-4t only
+    [(field, message)] = caught.value.issues
+    assert field == "machine_type" and "cannot host v6e-16" in message and "ct6e-standard-8t hosts v6e-8" in message

@@ -10,7 +10,7 @@ from pipelines.multislice_training import compile_pipeline
 from tests.golden import GOLDEN_DIR, PIPELINE_GOLDENS, PROFILES, compiled_pipeline
 
 RUN_PARAMETERS = {
-    "run_name": "String", "tpu_type": "String", "num_slices": "Integer",
+    "run_name": "String", "tpu_type": "String", "machine_type": "String", "num_slices": "Integer",
     "output_dir": "String", "trainer_image": "String", "namespace": "String", "queue": "String",
     "priority": "String", "max_restarts": "Integer", "launcher": "String", "skip_preflight": "Boolean",
     "unique_run_name": "Boolean",

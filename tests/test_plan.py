@@ -76,3 +76,37 @@ def test_worker_command_per_hardware():
 def test_plan_round_trips_through_json():
     p = local_plan()
     assert plan.Plan.from_json(p.to_json()) == p
+
+
+def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_with_the_same_batch():
+    from multislice.backends import manifests
+    from multislice.preflight import on_slices
+    from multislice.render import jobset
+
+    spec = config.load_profile("elastic", {"output_dir": "/data/out"})
+    assert (spec.backend, spec.num_slices, spec.tpu_type) == ("local", 2, "v5litepod-8")
+    made = plan.make_plan(spec)
+    [stage] = made.stages
+    assert spec.stages[0].elastic.min_slices == 1 and stage.steps > 3 * stage.checkpoint_period
+    two, one = (stage.on_slices(n) for n in (2, 1))
+    assert (two.runnable, two.gradient_accumulation_steps, two.dcn["data"]) == (True, 1, 2)
+    assert (one.runnable, one.gradient_accumulation_steps, one.dcn["data"]) == (True, 2, 1)
+    assert one.global_batch_size == two.global_batch_size == stage.global_batch_size
+    assert "gradient_accumulation_steps=2" in one.maxtext_args
+    # Every manifest validates, and the JobSet a shrink submits has one slice of the same hosts.
+    assert manifests.render_all(made, "elastic-example")
+    smaller_plan, smaller_stage = on_slices(made, stage, 1)
+    shrunk = jobset.render_jobset(smaller_plan, smaller_stage, hardware="cpu", pipeline_run_id="elastic-example")
+    [replicated] = shrunk["spec"]["replicatedJobs"]
+    assert replicated["replicas"] == 1 and replicated["template"]["spec"]["parallelism"] == made.slice.hosts
+
+
+def test_the_plan_step_says_when_a_checkpoint_period_follows_the_pipelines_steps(tmp_path, capsys):
+    from multislice.steps import plan as plan_step
+
+    # As the compiled pipeline's plan task passes a stage's steps parameter (components/plan.py).
+    parameters = {"output_dir": str(tmp_path), "stages.tiny-8b-recipe.steps": 4}
+    made = plan_step.run(config.read_profile("local"), parameters, "tiny-8b-recipe", "")
+    assert (made.stage("tiny-8b-recipe").steps, made.stage("tiny-8b-recipe").checkpoint_period) == (4, 4)
+    out = capsys.readouterr().out
+    assert "stage 1 tiny-8b-recipe: checkpoint_period follows steps=4 (the profile's 5 exceeds it" in out

@@ -241,6 +241,39 @@ def test_cli_schedule_create_prints_next_runs(fake, capsys):
     assert len(fake.state.sent("POST", "/recurringruns")) == 1
 
 
+def test_cli_schedule_dry_run_prints_the_schedule_and_sends_nothing(fake, capsys, monkeypatch):
+    monkeypatch.setattr(submission.KfpTarget, "make_client", lambda *a, **k: pytest.fail("a dry run built a client"))
+    status = cli.main(["schedule", "create", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,
+                       "--cron", "0 4 * * sun", "--set", "output_dir=gs://bucket/r", "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0 and fake.state.requests == []
+    assert out.startswith("dry run: schedule llama3-multislice-schedule would be created on kfp; nothing was sent")
+    assert "  cron:                 0 0 4 * * sun\n" in out  # as KFP's controller would get it
+    assert "  each run:             a new run named llama3-multislice-<its run id, 8 characters>\n" in out
+    assert "  unique_run_name = True\n" in out and "next runs: " in out
+
+
+def test_schedule_update_dry_run_checks_the_changes_and_sends_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(schedule, "_vertex_schedule", lambda *a: pytest.fail("a dry run read the schedule"))
+    name = "projects/team-project/locations/us-east5/schedules/777"
+    argv = ["schedule", "update", name, "--target", "vertex", "--project", "team-project", "--location", "us-east5"]
+    assert cli.main([*argv, "--cron", "0 4 * * *", "--max-concurrent-runs", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"dry run: schedule {name} would be updated; nothing was sent")
+    assert "  change cron:          0 4 * * *\n" in out and "  change max concurrent run count: 2\n" in out
+    assert cli.main([*argv, "--cron", "0 4 * * 7", "--dry-run"]) == 2  # Vertex's dialect: day-of-week 0-6
+    assert "cron" in capsys.readouterr().err
+
+
+def test_schedule_create_help_is_creates_own(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["schedule", "create", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: multislice schedule create ")
+    assert "--cron CRON" in out and "--dry-run" in out and "ACTION" not in out  # not `schedule --help`'s text
+    assert "\nexamples:\n  multislice schedule create --profile " in out
+
+
 @pytest.mark.parametrize(
     ("cron", "target", "words"),
     [

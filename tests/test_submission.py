@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 PROFILE = "gke-v6e-16x2"
 EXPECTED = {
-    "run_name": "nightly-1", "tpu_type": "v6e-16", "num_slices": 2,
+    "run_name": "nightly-1", "tpu_type": "v6e-16", "machine_type": "", "num_slices": 2,
     "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
     "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "launcher": "jobset",
     "skip_preflight": False,
@@ -74,7 +74,7 @@ def vertex_target(**kwargs):
         ({"num_slices": "two"}, "num_slices", "expected an integer"),
         ({"unique_run_name": "yes"}, "unique_run_name", "expected true or false"),
         ({"stage1_per_device_batch_size": True}, "stage1_per_device_batch_size", "expected a number"),
-        ({"stage1_steps": 10}, "stages[0] (llama3-8b).checkpoint_period", "exceeds steps 10"),
+        ({"stage1_steps": 0}, "stages[0] (llama3-8b).steps", "greater than 0"),
         ({"notify_webhook_secret": "https://hooks.example/T0"}, "notify_webhook_secret", "store it in Secret Manager"),
         ({"backend": "local", "output_dir": "/data/runs"}, "backend", "set backend=gke"),
     ],
@@ -177,6 +177,41 @@ def test_cli_submit_kfp(fake, capsys):
     [run] = fake.state.sent("POST", "/runs")
     assert run.body["runtime_config"]["parameters"]["max_restarts"] == 1
     assert "submitted run cli-run to kfp" in capsys.readouterr().out
+
+
+def _no_client(*args, **kwargs):
+    raise AssertionError("a dry run built a client")
+
+
+def test_cli_submit_dry_run_checks_and_compiles_but_sends_nothing(fake, capsys, monkeypatch):
+    monkeypatch.setattr(submission.KfpTarget, "make_client", _no_client)
+    status = cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set", "run_name=dry",
+                       "--set", "output_dir=gs://bucket/r", "--set", "stage1_steps=10", "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0 and fake.state.requests == []
+    assert out.startswith("dry run: run dry would be submitted to kfp; nothing was sent")
+    # The profile's checkpoint_period 50 follows the 10 steps (the plan step applies the same rule).
+    assert "note: stage 1 llama3-8b: checkpoint_period follows steps=10 (the profile's 50 exceeds it" in out
+    assert re.search(r"pipeline: multislice-training, version multislice-training-[-0-9a-z]+-[0-9a-f]{12} ", out)
+    assert f"  host:                 {fake.url}\n" in out and "  experiment:           multislice\n" in out
+    assert "  stage1_steps = 10\n" in out and "  run_name = 'dry'\n" in out
+    # What a real submission refuses, a dry run refuses too, before compiling.
+    assert cli.main(["submit", "--profile", PROFILE, "--target", "kfp", "--host", fake.url, "--set", "num_slices=two",
+                     "--dry-run"]) == 2  # fmt: skip
+    assert "num_slices: expected an integer" in capsys.readouterr().err
+    assert fake.state.requests == []
+
+
+def test_vertex_dry_run_needs_no_credentials_and_says_what_the_job_would_be(monkeypatch):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")  # any client would fail on it
+    where = submission.VertexTarget(project="team-project", location="us-east5", labels={"team": "ml"})
+    request = submission.dry_run(PROFILE, VALUES, target="vertex", vertex=where)
+    assert request.parameters == EXPECTED and request.run_name == "nightly-1"
+    assert request.settings["pipeline root"] == "gs://team-bucket/runs/pipeline-root"
+    assert request.settings["labels"] == {"multislice-pipeline": "multislice-training", "team": "ml"}
+    assert request.template_bytes > 10_000
+    with pytest.raises(ConfigError, match="--pipeline-root: '' is not a Cloud Storage bucket name"):
+        submission.dry_run(PROFILE, VALUES, target="vertex", vertex=vertex_target(pipeline_root="gs://"))
 
 
 def test_kfp_clients_version_warning_stays_off_the_terminal(fake):

@@ -1,5 +1,7 @@
 """TPU catalog: names parse to the shapes GKE documents."""
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,3 +57,28 @@ def test_every_shape_is_consistent_and_round_trips(shape):
     assert tpu.parse_tpu_type(shape.name) == shape
     assert tpu.parse_tpu_type(f"{shape.generation.name}-{shape.topology}") == shape
     assert int(shape.name.split("-")[1]) == shape.chips * shape.generation.tensorcores_per_chip
+
+
+def test_v6e_8_on_one_vm_is_a_machine_type_choice_of_its_topology():
+    """cloud.google.com/tpu/docs/v6e: 2x4 on one ct6e-standard-8t VM or two ct6e-standard-4t (GKE API only)."""
+    default, one_vm = tpu.parse_tpu_type("v6e-8"), tpu.parse_tpu_type("v6e-8", "ct6e-standard-8t")
+    assert (default.machine_type, default.hosts, default.chips_per_host) == ("ct6e-standard-4t", 2, 4)
+    assert (one_vm.machine_type, one_vm.hosts, one_vm.chips_per_host) == ("ct6e-standard-8t", 1, 8)
+    assert (one_vm.topology, one_vm.chips, one_vm.multi_host) == ("2x4", 8, False)
+    assert tpu.parse_tpu_type("v6e-2x4", "ct6e-standard-4t") == default
+    assert tpu.machine_types(default) == ["ct6e-standard-4t", "ct6e-standard-8t"]
+    assert tpu.machine_types(tpu.parse_tpu_type("v6e-16")) == ["ct6e-standard-4t"]
+
+
+@pytest.mark.parametrize(
+    ("name", "machine_type", "fragment"),
+    [
+        ("v6e-16", "ct6e-standard-8t", "GKE offers that topology on ct6e-standard-4t; ct6e-standard-8t hosts v6e-8"),
+        ("v6e-4", "ct6e-standard-8t", "cannot host v6e-4 (topology 2x2, 4 chips)"),
+        ("v5litepod-8", "ct6e-standard-8t", "offers that topology on ct5lp-hightpu-4t"),
+        ("v6e-8", "n2-standard-8", "ct6e-standard-4t or ct6e-standard-8t"),
+    ],
+)
+def test_a_machine_type_that_cannot_host_the_slice_is_refused_with_the_choices(name, machine_type, fragment):
+    with pytest.raises(tpu.UnknownTpuType, match=re.escape(fragment)):
+        tpu.parse_tpu_type(name, machine_type)

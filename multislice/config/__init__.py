@@ -30,7 +30,7 @@ from multislice.config.models import (
     Stage,
     TimeoutsSpec,
 )
-from multislice.config.overrides import apply_overrides, parse_set_arguments
+from multislice.config.overrides import apply_overrides, followed_checkpoint_periods, parse_set_arguments
 from multislice.config.profiles import (
     PROFILES_DIR,
     PROJECT_ROOT,
@@ -47,7 +47,8 @@ __all__ = [
     "ModelSpec",
     "NodePoolSpec", "PROFILES_DIR", "PROJECT_ROOT", "PreflightSpec", "RunSpec", "ServiceAccountsSpec", "Stage",
     "TimeoutsSpec",
-    "apply_overrides", "cross_field_issues", "export_environment_issues", "load_profile", "load_spec",
+    "apply_overrides", "cross_field_issues", "followed_checkpoint_periods", "export_environment_issues",
+    "load_profile", "load_spec",
     "parse_set_arguments", "profile_path",
     "read_profile", "spec_to_data", "values",
 ]  # fmt: skip

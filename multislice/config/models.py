@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
@@ -942,6 +942,12 @@ class RunSpec(_Strict):
         100, ge=INT32_MIN, le=INT32_MAX, description="Value of that WorkloadPriorityClass (an int32)."
     )
     tpu_type: str
+    machine_type: str | None = Field(
+        None,
+        description="GKE machine type of each host when the topology is offered on more than one: v6e-8 (2x4) on "
+        "one ct6e-standard-8t VM (8 chips, 1 host) instead of two ct6e-standard-4t (the default); null: the "
+        "default (multislice.tpu, from https://cloud.google.com/tpu/docs/v6e).",
+    )
     num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
     max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
     jobset_ttl_seconds: int | None = Field(
@@ -1033,10 +1039,17 @@ class RunSpec(_Strict):
     def _tpu_type(cls, value: str) -> str:
         return tpu.parse_tpu_type(value).name
 
+    @field_validator("machine_type")
+    @classmethod
+    def _machine_type(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and "tpu_type" in info.data:  # a bad tpu_type is reported by its own check
+            tpu.parse_tpu_type(info.data["tpu_type"], value)  # UnknownTpuType (a ValueError): the reason and choices
+        return value
+
     @property
     def slice_type(self) -> tpu.SliceType:
-        """The parsed slice shape of ``tpu_type``."""
-        return tpu.parse_tpu_type(self.tpu_type)
+        """The parsed slice shape of ``tpu_type`` on ``machine_type`` (hosts and chips per host follow it)."""
+        return tpu.parse_tpu_type(self.tpu_type, self.machine_type)
 
     def stage(self, name: str) -> Stage:
         """The stage (or example stage) called ``name``; KeyError naming the known stages otherwise."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import datetime
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -79,11 +80,54 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     dotted paths into the spec (``images.trainer``, ``stages.0.steps``,
     ``stages.tiny-8b-recipe.ici.fsdp``; a stage may be named by index or name).
 
+    A stage whose ``steps`` is overridden below its ``checkpoint_period``, the period itself not
+    overridden, gets ``checkpoint_period = steps`` (:func:`followed_checkpoint_periods`), so a short run
+    (``--set stage1_steps=4``) needs no second setting; an overridden period stays as given and is checked.
+
     Raises:
         ConfigError: a path that leads nowhere (unknown stage, or a non-mapping on the way).
     """
+    return _apply(data, overrides)[0]
+
+
+@dataclass(frozen=True)
+class FollowedPeriod:
+    """A stage's ``checkpoint_period`` lowered to its overridden ``steps`` (:func:`apply_overrides`).
+
+    Attributes:
+        index: The stage's index in ``stages``, from 0.
+        stage: The stage's name.
+        steps: Its steps, as overridden.
+        profile_period: The checkpoint period the profile gave, steps.
+    """
+
+    index: int
+    stage: str
+    steps: int
+    profile_period: int
+
+    def describe(self) -> str:
+        """In words, for the plan and the CLI (``stage 1 tiny: checkpoint_period follows steps ...``)."""
+        return (
+            f"stage {self.index + 1} {self.stage}: checkpoint_period follows steps={self.steps} "
+            f"(the profile's {self.profile_period} exceeds it; set stages.{self.index}.checkpoint_period to choose)"
+        )
+
+
+def followed_checkpoint_periods(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> list[FollowedPeriod]:
+    """The stages whose ``checkpoint_period`` :func:`apply_overrides` lowers to their overridden ``steps``.
+
+    Raises:
+        ConfigError: as :func:`apply_overrides`.
+    """
+    return _apply(data, overrides)[1]
+
+
+def _apply(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[FollowedPeriod]]:
     result = copy.deepcopy(dict(data))
     issues: list[tuple[str, str]] = []
+    steps_set: set[int] = set()
+    period_set: set[int] = set()
     for key, value in overrides.items():
         value = parameters.as_override(key, value)
         path = parameters.path_for(key)
@@ -111,11 +155,23 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
             continue
         if isinstance(node, dict):
             node[parts[-1]] = value
+            if len(parts) == 3 and parts[0] == "stages" and parts[2] in ("steps", "checkpoint_period"):
+                index = _stage_index(result.get("stages") or [], parts[1])
+                if index is not None:
+                    (steps_set if parts[2] == "steps" else period_set).add(index)
         else:
             issues.append((key, f"{'.'.join(parts[:-1])} is not a mapping"))
     if issues:
         raise ConfigError(issues)
-    return result
+    followed = []
+    for index in sorted(steps_set - period_set):
+        stage = result["stages"][index]
+        steps, period = stage.get("steps"), stage.get("checkpoint_period")
+        whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (steps, period))
+        if whole and 0 < steps < period:
+            stage["checkpoint_period"] = steps
+            followed.append(FollowedPeriod(index, str(stage.get("name", index)), steps, period))
+    return result, followed
 
 
 def _stage_index(stages: list[Any], part: str) -> int | None:

@@ -38,6 +38,14 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
     Parameter("run_name", str, "run_name", "Run name: prefix of JobSet names and output directory"),
     Parameter("backend", str, "backend", "Where steps act: local (this machine) or gke"),
     Parameter("tpu_type", str, "tpu_type", "TPU type of each slice, e.g. v6e-16"),
+    Parameter(
+        "machine_type",
+        str,
+        "machine_type",
+        "GKE machine type of each TPU host where the topology offers a choice, e.g. ct6e-standard-8t for v6e-8 "
+        "on one VM",
+        optional=True,
+    ),
     Parameter("num_slices", int, "num_slices", "Number of slices joined over DCN"),
     Parameter("output_dir", str, "output_dir", "Base directory (path or gs://) for checkpoints and logs"),
     Parameter("trainer_image", str, "images.trainer", "Trainer container image (MaxText)"),
@@ -137,6 +145,42 @@ def descriptions(spec: RunSpec, remote: bool = False) -> dict[str, str]:
         for field, _, description in STAGE_FIELDS:
             text[stage_parameter_name(index, field)] = f"Stage {index + 1} ({stage.name}): {description}"
     return {name: text[name] for name in parameter_values(spec, remote)}
+
+
+_TYPE_WORDS = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+def help_lines(spec: RunSpec | None, width: int = 78) -> list[str]:
+    """Every run parameter as ``multislice run --help`` lists it: ``name=<the spec's value> (type)``, then its
+    description indented; without a spec (a profile that does not load), the stage parameters of stage 1 and
+    no values. Generated from :data:`RUN_PARAMETERS` and :data:`STAGE_FIELDS`, so the list cannot drift."""
+    import textwrap
+
+    if spec is not None:
+        values = {name: value for name, (_, value) in parameter_values(spec).items()}
+        text = descriptions(spec)
+    else:
+        values = {}
+        text = {p.name: p.description for p in RUN_PARAMETERS}
+        text |= {stage_parameter_name(0, f): f"Stage 1: {d}" for f, _, d in STAGE_FIELDS}
+    kinds = {p.name: p.type for p in RUN_PARAMETERS}
+    for name in text:
+        match = _STAGE_PARAM.fullmatch(name)
+        if match:
+            kinds[name] = next(kind for field, kind, _ in STAGE_FIELDS if field == match.group("field"))
+    lines = []
+    for name, description in text.items():
+        value = values.get(name)
+        shown = "" if name not in values else ("''" if value == "" else str(value).lower() if isinstance(value, bool)
+                                                else str(value))  # fmt: skip
+        notes = [_TYPE_WORDS[kinds[name]]]
+        if path_for(name) != name:
+            notes.append(f"sets {path_for(name)}")
+        if name in _BY_NAME and _BY_NAME[name].optional:
+            notes.append("'' for none")
+        lines.append(f"  {name}{'=' + shown if values else ''} ({'; '.join(notes)})")
+        lines += textwrap.wrap(description, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return lines
 
 
 def as_override(key: str, value: Any) -> Any:

@@ -213,6 +213,7 @@ class Schedule:
         cron: The cron expression as the service holds it.
         state: ``ACTIVE``/``PAUSED`` (Vertex) or ``ENABLE``/``DISABLE`` (KFP), as the service reports.
         parameters: The parameter values each run gets.
+        request: With ``dry_run``: what would have been sent (nothing was); None otherwise.
     """
 
     target: str
@@ -221,6 +222,7 @@ class Schedule:
     cron: str
     state: str = ""
     parameters: Mapping[str, Any] | None = None
+    request: submission.Request | None = None
 
 
 def schedule_parameters(
@@ -263,8 +265,9 @@ def create(
     vertex: VertexTarget | None = None,
     kfp: KfpTarget | None = None,
     now: datetime.datetime | None = None,
+    dry_run: bool = False,
 ) -> Schedule:
-    """Create a schedule of the profile's pipeline.
+    """Create a schedule of the profile's pipeline (``dry_run``: check and compile it, send nothing).
 
     Args:
         profile: A profile name, a path to a ``.yaml``, or its content.
@@ -289,9 +292,11 @@ def create(
         continue_run: Every run continues one run name (see the module doc).
         vertex, kfp: The target's settings (:mod:`multislice.delivery.submission`).
         now: The current time for the catch-up count (tests); default now.
+        dry_run: Validate and compile as for a real create, build no client and send nothing: the
+            :class:`Schedule` returned has no ``schedule_id`` and its ``request`` says what would be sent.
 
     Returns:
-        The created :class:`Schedule`.
+        The created :class:`Schedule` (with ``dry_run``: the one that would be).
 
     Raises:
         ConfigError: bad cron, zone, counts or parameters, before anything is sent.
@@ -350,6 +355,29 @@ def create(
     display = name or f"{spec.run_name}-schedule"
     with tempfile.TemporaryDirectory() as tmp:
         template = submission.compile_for(submission.compiled_profile(data, parameters), target, tmp)
+        if dry_run:
+            notes = tuple(f.describe() for f in config.followed_checkpoint_periods(data, dict(parameters or {})))
+            request = submission.request_for(spec, arguments, template, target, vertex, kfp, notes)
+            zone = f" (zone {when.timezone})" if when and when.timezone else ""
+            each = (
+                f"continues run {spec.run_name}"
+                if continue_run
+                else f"a new run named {spec.run_name}-<its run id, {SUFFIX_CHARACTERS} characters>"
+            )
+            request.settings.update(
+                {
+                    "schedule name": display,
+                    "cron": cron_sent + zone,
+                    "each run": each,
+                    "max concurrent runs": max_concurrent_runs,
+                    "allow queueing": allow_queueing,
+                    "catch up": catch_up,
+                    "start time": start_time or "(now)",
+                    "end time": end_time or "(none)",
+                    "max runs": max_runs or "(no limit)",
+                }
+            )
+            return Schedule(target, "", display, cron_sent, "not created (dry run)", arguments, request)
         if target == "vertex":
             from google.cloud import aiplatform
 
@@ -616,8 +644,12 @@ def update(
     end_time: str | None = None,
     vertex: VertexTarget | None = None,
     kfp: KfpTarget | None = None,
+    dry_run: bool = False,
 ) -> Schedule:
     """Change a Vertex AI schedule in place (``PipelineJobSchedule.update``); only the given fields are sent.
+
+    ``dry_run``: every check, no client built and nothing sent; the :class:`Schedule` returned carries the
+    changes that would be sent as its ``request``.
 
     KFP's v2beta1 API has no update for recurring runs (RecurringRunService:
     create, get, list, enable, disable, delete), so it is refused with the fix.
@@ -657,6 +689,13 @@ def update(
     }  # fmt: skip
     if all(v is None for v in changes.values()):
         raise ConfigError([("update", "nothing to change; give --cron, --name, --max-concurrent-runs, ...")])
+    if dry_run:
+        sent = {k: v for k, v in changes.items() if v is not None}
+        settings = {"project": vertex.project, "location": vertex.location, "schedule": schedule_id,
+                    **{f"change {k.replace('_', ' ')}": v for k, v in sent.items()}}  # fmt: skip
+        request = submission.Request(target, "", "PipelineJobSchedule.update (the schedule's pipeline job "
+                                     "is not changed)", 0, {}, settings)  # fmt: skip
+        return Schedule(target, schedule_id, name or "", cron_sent or "", "not updated (dry run)", request=request)
     found = _vertex_schedule(schedule_id, vertex)
     found.update(**changes)
     return Schedule("vertex", found.resource_name, found.display_name, found.cron, found.state.name)

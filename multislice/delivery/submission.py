@@ -163,6 +163,30 @@ class SubmittedRun:
     job: Any = None
 
 
+@dataclass(frozen=True)
+class Request:
+    """What a submission or a schedule would send, built without sending anything (``--dry-run``).
+
+    Attributes:
+        target: ``vertex`` or ``kfp``.
+        run_name: The run's name (a schedule's base name, each run appending its id unless it continues one run).
+        pipeline: The pipeline and the version it would be uploaded as (KFP: :func:`content_version_name`, a
+            version with that name is reused) or the template (Vertex AI).
+        template_bytes: Size of the compiled pipeline YAML, bytes.
+        parameters: Every parameter value that would be sent, by pipeline parameter name.
+        settings: The request's other fields, in words (where it goes, labels, the schedule's cron...).
+        notes: What the values of the profile were changed to, in words (a checkpoint period that follows the steps).
+    """
+
+    target: str
+    run_name: str
+    pipeline: str
+    template_bytes: int
+    parameters: dict[str, Any]
+    settings: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+
 def default_run_name(base: str, now: datetime.datetime | None = None) -> str:
     """``<base>-<YYYYmmdd-HHMMSS>`` (UTC): a run name no earlier run has, as ``multislice run`` makes."""
     stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%d-%H%M%S")
@@ -314,14 +338,7 @@ def vertex_job(
     """
     from google.cloud import aiplatform
 
-    root = where.pipeline_root
-    if not root and spec.output_dir.startswith("gs://"):
-        root = f"{spec.output_dir.rstrip('/')}/pipeline-root"
-    if not root or not root.startswith("gs://"):
-        raise ConfigError(
-            [("pipeline_root", "Vertex AI needs a gs:// pipeline root for the run's artifacts; give "
-                               "--pipeline-root gs://BUCKET/path or set output_dir to a gs:// path")]
-        )  # fmt: skip
+    root = vertex_pipeline_root(spec, where)
     return aiplatform.PipelineJob(
         display_name=spec.run_name,
         template_path=str(template_path),
@@ -334,6 +351,93 @@ def vertex_job(
         location=where.location,
         credentials=where.credentials,
     )
+
+
+def vertex_pipeline_root(spec: config.RunSpec, where: VertexTarget) -> str:
+    """The run's Vertex AI pipeline root: ``where.pipeline_root``, else ``<output_dir>/pipeline-root`` on GCS.
+
+    Raises:
+        ConfigError: no ``gs://`` root (``output_dir`` not on GCS and none given).
+    """
+    root = where.pipeline_root
+    if not root and spec.output_dir.startswith("gs://"):
+        root = f"{spec.output_dir.rstrip('/')}/pipeline-root"
+    if not root or not root.startswith("gs://"):
+        raise ConfigError(
+            [("pipeline_root", "Vertex AI needs a gs:// pipeline root for the run's artifacts; give "
+                               "--pipeline-root gs://BUCKET/path or set output_dir to a gs:// path")]
+        )  # fmt: skip
+    return root
+
+
+def request_for(
+    spec: config.RunSpec,
+    arguments: Mapping[str, Any],
+    template: Path,
+    target: str,
+    vertex: VertexTarget | None,
+    kfp: KfpTarget | None,
+    notes: tuple[str, ...] = (),
+) -> Request:
+    """The :class:`Request` :func:`submit` would send for a validated run and its compiled ``template``; offline.
+
+    Raises:
+        ConfigError: Vertex AI with no ``gs://`` pipeline root (:func:`vertex_pipeline_root`).
+    """
+    if target == "vertex":
+        settings: dict[str, Any] = {
+            "project": vertex.project,
+            "location": vertex.location,
+            "pipeline root": vertex_pipeline_root(spec, vertex),
+            "job id": f"{spec.run_name[:118]}-<8 random hex characters, chosen when sent>",
+            "display name": spec.run_name,
+            "service account": vertex.service_account or "(Vertex AI's default)",
+            "network": vertex.network or "(none)",
+            "labels": {"multislice-pipeline": PIPELINE_NAME, **check_labels(vertex.labels)},
+            "caching": "off",
+        }
+        pipeline = f"template {PIPELINE_NAME} (compiled for vertex, sent with the job)"
+    else:
+        settings = {
+            "host": kfp.host or "(from $KF_PIPELINES_ENDPOINT or the in-cluster default)",
+            "experiment": kfp.experiment,
+            "kfp namespace": kfp.namespace or "(single-user)",
+            "service account": kfp.service_account or "(KFP's default)",
+            "server version": f"checked >= {'.'.join(map(str, MIN_KFP_BACKEND))} before the upload"
+            if kfp.check_version
+            else "not checked (--no-version-check)",
+            "caching": "off",
+        }
+        pipeline = f"{PIPELINE_NAME}, version {content_version_name(template)} (reused when the server has it)"
+    size = Path(template).stat().st_size
+    return Request(target, spec.run_name, pipeline, size, dict(arguments), settings, tuple(notes))
+
+
+def dry_run(
+    profile: str | Mapping[str, Any],
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    target: str,
+    vertex: VertexTarget | None = None,
+    kfp: KfpTarget | None = None,
+    continue_run: str | None = None,
+) -> Request:
+    """Everything :func:`submit` checks and compiles, and what it would send, with nothing sent.
+
+    No client is built, so no credentials and no network are needed: the target's settings, the
+    parameters and the run spec are validated, and the pipeline compiled, as :func:`submit` does.
+
+    Raises:
+        ConfigError: as :func:`submit`, before it would send anything.
+    """
+    check_target(target, vertex, kfp)
+    data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
+    spec, arguments = prepare(data, parameters, target, continue_run)
+    notes = tuple(f.describe() for f in config.followed_checkpoint_periods(data, dict(parameters or {})))
+    data = compiled_profile(data, parameters)
+    with tempfile.TemporaryDirectory() as tmp:
+        template = compile_for(data, target, tmp)
+        return request_for(spec, arguments, template, target, vertex, kfp, notes)
 
 
 def check_labels(labels: Mapping[str, Any], field_name: str = "--label") -> dict[str, str]:

@@ -96,6 +96,8 @@ def run(
             f"run {spec.run_name}: {spec.num_slices} x {spec.tpu_type} ({plan.total_chips} chips), "
             f"backend {spec.backend}, {len(plan.stages)} stages, outputs in {plan.run_dir}",
         )
+        for followed in config.followed_checkpoint_periods(profile, parameters):
+            say("plan", followed.describe())
         stages = [plan.stage(stage)] if stage else plan.stages
         for resolved in stages:
             say(

@@ -115,7 +115,16 @@ CLI_COMMANDS: dict[str, list[str]] = {
     "unreachable-cluster": [
         "preflight", "--profile", "gke-v6e-16x2", "--on-cluster", "--set", "cluster.access=kubeconfig",
     ],
+    "run-help": ["run", "--help"],
+    "submit-dry-run": [
+        "submit", "--profile", "gke-v6e-16x2", "--target", "vertex", "--project", "my-project", "--location",
+        "us-east5", "--label", "team=ml-platform", "--set", "output_dir=gs://my-bucket/runs", "--set",
+        "run_name=nightly", "--set", "stage1_steps=4", "--dry-run",
+    ],
+    "schedule-create-help": ["schedule", "create", "--help"],
 }  # fmt: skip
+#: The terminal width the transcripts are written for (argparse wraps ``--help`` to ``$COLUMNS``).
+COLUMNS = 100
 
 #: The seed 70B command's verdict on 2 x v6e-16 as the compiler gave it here, with the v6e libtpu flags
 #: the run's pods get (libtpu 0.0.52; tests/data/oom_messages.json): what the transcript's verdict cache
@@ -131,6 +140,7 @@ def no_cloud_env(home: Path) -> dict[str, str]:
     return {
         **env,
         "PYTHONUNBUFFERED": "1",
+        "COLUMNS": str(COLUMNS),
         "HOME": str(home),  # no ~/.kube/config, no ~/.config/gcloud credentials
         "GOOGLE_APPLICATION_CREDENTIALS": str(home / "no-such-key.json"),
         "KUBECONFIG": str(home / "no-such-kubeconfig"),

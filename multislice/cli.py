@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, config, identity, names, ownership, preflight, reports, storage, timings, tpu
+from multislice import backends, calls, config, identity, names, ownership, preflight, reports, storage, timings, tpu
 from multislice.config import parameters
 from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
 from multislice.delivery import images, schedule, submission
@@ -1117,6 +1117,8 @@ def _add_delivery_commands(sub: Any, with_profile: Any) -> None:
         help="every run continues the same run_name (one long training run) instead of a new one",
     )
     sched.set_defaults(func=cmd_schedule)
+
+    calls.add_parser(sub)
 
 
 def expected_error(error: BaseException) -> UserError | None:

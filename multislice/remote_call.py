@@ -787,7 +787,7 @@ _ERRORS = {cls.__name__: cls for cls in (RemoteError, RemoteExit, RemoteHang, Re
 
 
 def _host_arg(host: Any, hosts: list[tuple[int, int]]) -> tuple[int, int]:
-    """``(slice, host)`` from a pair or ``"S,H"``; ConfigError naming ``host`` when it is not one of the call's."""
+    """``(slice, host)`` from a pair or ``"S,H"``; InputError when it is not one of the call's."""
     if host is None:
         return (0, 0)
     try:
@@ -796,8 +796,8 @@ def _host_arg(host: Any, hosts: list[tuple[int, int]]) -> tuple[int, int]:
         pair = ()
     if len(pair) != 2 or pair not in hosts:
         last = hosts[-1] if hosts else (0, 0)
-        raise ConfigError([("host", f"{host!r} is not a host of this call; give (slice, host) or 'S,H' from 0,0 "
-                                    f"to {last[0]},{last[1]}")])  # fmt: skip
+        raise InputError(f"host {host!r} is not a host of this call",
+                         f"give (slice, host) or 'S,H', from 0,0 to {last[0]},{last[1]}")  # fmt: skip
     return pair  # type: ignore[return-value]
 
 
@@ -921,10 +921,11 @@ class RemoteJob:
         leader_lines: list[str] = []
         chosen = self._bounded(self.backend, deadline)
         try:
-            admission = chosen.wait_admitted(call.plan, stage, say)
-            say(f"admitted (ClusterQueue {admission.cluster_queue}, waited {admission.wait_seconds:.0f} s)")
-            running = chosen.wait_running(call.plan, stage, say)
-            say(f"pods scheduled: {len(running.placement)} of {len(call.hosts)} running")
+            if self.backend.workload_phase(call.jobset) not in ("Completed", "Failed"):  # else: ended unwatched
+                admission = chosen.wait_admitted(call.plan, stage, say)
+                say(f"admitted (ClusterQueue {admission.cluster_queue}, waited {admission.wait_seconds:.0f} s)")
+                running = chosen.wait_running(call.plan, stage, say)
+                say(f"pods scheduled: {len(running.placement)} of {len(call.hosts)} running")
             value = _follow(call, say, write, self._options["collective_timeout"], deadline, leader_lines)
         except ResultTimeout:
             raise
@@ -968,9 +969,8 @@ class RemoteJob:
             out: A writable text stream.
 
         Raises:
-            ConfigError: ``host`` is not one of the call's hosts.
-            multislice.errors.InputError: the log is not there: the JobSet (with its pods) is gone and only the
-                leader's log is kept, or the pod has not started.
+            multislice.errors.InputError: ``host`` is not one of the call's hosts, or the log is not there: the
+                JobSet (with its pods) is gone and only the leader's log is kept, or the pod has not started.
         """
         pair = _host_arg(host, self.hosts)
         got: list[str] = []
@@ -1100,6 +1100,14 @@ def _outcome(error: BaseException) -> dict[str, Any]:
     return outcome
 
 
+def _check_output_dir(output_dir: Any) -> None:
+    if output_dir is None:
+        return
+    problem = output_dir_problem(output_dir) if isinstance(output_dir, str) else "it is not a path or gs:// URL"
+    if problem:
+        raise InputError(f"output_dir {output_dir!r}: {problem}", "give the calls' output_dir (a path or gs:// URL)")
+
+
 def _call_dirs(output_dir: str) -> list[Any]:
     root = storage.path(output_dir)
     if not root.exists():
@@ -1128,14 +1136,15 @@ def attach(
         out: Where the leader's lines go while :meth:`RemoteJob.result` waits (default ``sys.stdout``).
 
     Raises:
-        ConfigError: ``call_id`` is not a string.
-        multislice.errors.InputError: no call of that id under ``output_dir`` (the fix names ``calls list``).
+        multislice.errors.InputError: ``call_id`` or ``output_dir`` is malformed, or there is no call of that id
+            under ``output_dir`` (the fix names ``calls list``).
     """
     if not isinstance(call_id, str) or not re.fullmatch(r"[a-z0-9-]{1,63}", call_id):
-        raise ConfigError([("call_id", f"{call_id!r} is not a call id such as 'remote-train-shard-c0ffee00'")])
-    if output_dir is not None and (problem := output_dir_problem(output_dir) if isinstance(output_dir, str)
-                                   else "not a directory path or gs:// URL"):  # fmt: skip
-        raise ConfigError([("output_dir", problem)])
+        raise InputError(
+            f"call_id {call_id!r} is not a call id",
+            "give one such as 'remote-train-shard-c0ffee00' (`multislice calls list` shows them)",
+        )
+    _check_output_dir(output_dir)
     output_dir = _default_output_dir("local", None) if output_dir is None else output_dir
     if not storage.is_remote(output_dir):
         output_dir = os.path.abspath(output_dir)
@@ -1166,10 +1175,9 @@ def list_calls(output_dir: str | None = None, backend: Backend | None = None) ->
     """Every call recorded under ``output_dir`` (default as :func:`attach`), oldest first.
 
     Raises:
-        ConfigError: a bad ``output_dir``.
+        multislice.errors.InputError: a malformed ``output_dir``.
     """
-    if output_dir is not None and (problem := output_dir_problem(output_dir)):
-        raise ConfigError([("output_dir", problem)])
+    _check_output_dir(output_dir)
     output_dir = _default_output_dir("local", None) if output_dir is None else output_dir
     jobs = [_job_from_record(json.loads(p.read_text()), backend, None, None) for p in _call_dirs(output_dir)]
     return sorted(jobs, key=lambda job: (job._record["created"], job.id))

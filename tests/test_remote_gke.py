@@ -18,7 +18,7 @@ import pytest
 from multislice import storage
 from multislice.backends.gke import GkeBackend
 from multislice.errors import InputError
-from multislice.remote_call import RemoteError, RemoteExit, attach, run_remote
+from multislice.remote_call import RemoteError, RemoteExit, ResultTimeout, attach, run_remote
 from multislice.trainer.remote_worker import MARK, host_key, outcome_of
 from tests.kube_cluster import Served
 from tests.kube_controllers import Play
@@ -249,6 +249,9 @@ def test_a_detached_call_is_attached_from_its_record_followed_and_another_is_can
     assert served.kube().get_jobset(JOBSET) is not None
     play.kueue_queues(JOBSET, "waiting for quota")  # nobody follows yet: Kueue admits it, its pods run
     assert job.status() == "Queued"
+    with pytest.raises(ResultTimeout, match="not running yet after 1 s .*waiting for quota"):
+        job.result(timeout=1)  # the wait gives up; the call does not
+    assert served.kube().get_jobset(JOBSET) is not None and job.status() == "Queued"
     play.kueue_admits(JOBSET)
     pods = play.pods(JOBSET, 1, 4, pools=POOLS)
     assert job.status() == "Running"

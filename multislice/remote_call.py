@@ -47,9 +47,19 @@ How (the same on every backend, through :class:`multislice.backends.base.Backend
   the errors the other hosts raise because it left (see :func:`blamed_host`);
 * when some hosts finished (or joined JAX) and the others did not within
   ``collective_timeout`` seconds, :class:`RemoteHang` names the hosts that did
-  not arrive, and the JobSet is deleted;
+  not arrive with their last log lines, within :data:`HANG_REPORT_SECONDS` of
+  the timeout, the JobSet deleted with a :data:`HANG_GRACE_SECONDS` grace
+  (see :meth:`RemoteJob.result`);
 * KeyboardInterrupt (Ctrl-C, a kernel interrupt) deletes the JobSet (its pods,
   or processes) and is re-raised; a finished call's JobSet is deleted too.
+
+The blocking call is a submit followed by :meth:`RemoteJob.result`. With
+``wait=False`` (or ``RemoteFunction.submit``) the :class:`RemoteJob` comes back
+once the JobSet is created: ``status()``, ``result(timeout)``,
+``logs(follow, host)``, ``cancel()``, ``cleanup()``. The call's record
+(``call.json`` in its directory) lets :func:`attach` rebuild the handle in
+another process, and ``multislice calls list|logs`` (:mod:`multislice.calls`)
+read it from a shell.
 
 Kinetic's advice holds here: checkpoint long functions at least every 10
 minutes of wall time; a preempted or failed host fails the whole call.

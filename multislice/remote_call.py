@@ -554,7 +554,11 @@ def _submit(function: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | 
     job = RemoteJob(call, record, tell=o["tell"], out=o["out"])
     job._options = o
     job._write_record()
-    chosen = job.backend  # connects (GKE) now: a cluster that cannot be reached fails before the JobSet is sent
+    try:
+        chosen = job.backend  # connects (GKE) now: a cluster that cannot be reached fails before the JobSet is sent
+    except BaseException as error:
+        job._write_record(state="Failed", outcome=_outcome(error))
+        raise
     manifest = _manifest(call)
     say(f"{name} on {num_slices} x {tpu_type} ({len(call.hosts)} hosts, backend {backend}): JobSet {call.jobset}")
     try:

@@ -28,3 +28,10 @@ def run_remote(*args: Any, **kwargs: Any) -> Any:
     from multislice.remote_call import run_remote as _run_remote  # the pipeline image's modules: on call
 
     return _run_remote(*args, **kwargs)
+
+
+def attach(*args: Any, **kwargs: Any) -> Any:
+    """The handle of an earlier remote call, by its id: :func:`multislice.remote_call.attach`."""
+    from multislice.remote_call import attach as _attach  # the pipeline image's modules: on call
+
+    return _attach(*args, **kwargs)

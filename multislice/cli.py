@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, config, identity, names, ownership, preflight, reports, storage, timings, tpu
+from multislice import backends, calls, config, identity, names, ownership, preflight, reports, storage, timings, tpu
 from multislice.config import parameters
 from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
 from multislice.delivery import images, schedule, submission
@@ -1293,6 +1293,8 @@ def _add_schedule_options(act: argparse.ArgumentParser, create: bool) -> None:
             action="store_true",
             help="every run continues the same run_name (one long training run) instead of a new one",
         )
+
+    calls.add_parser(sub)
 
 
 def expected_error(error: BaseException) -> UserError | None:

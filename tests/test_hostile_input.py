@@ -639,6 +639,7 @@ REMOTE_NAMES = sorted(
         "out",
         "by_value",
         "keep",
+        "wait",
         "rows",
         "not_an_option",
     ]  # fmt: skip
@@ -669,10 +670,11 @@ def test_any_remote_arguments_are_refused_naming_one_or_planned(monkeypatch, opt
     except Reached:
         pass
     assert set(options) <= set(remote_call.OPTIONS), options
-    kinds = {"num_slices": int, "keep": bool, "tpu_type": str, "backend": str, "collective_timeout": (int, float)}
+    kinds = {"num_slices": int, "keep": bool, "wait": bool, "tpu_type": str, "backend": str,
+             "collective_timeout": (int, float)}  # fmt: skip
     for name, kind in kinds.items():
         if name in options:
-            assert isinstance(options[name], kind) and (name == "keep" or not isinstance(options[name], bool))
+            assert isinstance(options[name], kind) and (kind is bool or not isinstance(options[name], bool))
     assert options.get("num_slices", 1) >= 1 and options.get("backend", "local") in ("local", "gke")
     assert 0 < options.get("collective_timeout", 1) <= values.MAX_TIMEOUT_SECONDS
     assert options.get("tell") is None and options.get("out") is None  # no generated value is callable/writable

@@ -27,6 +27,10 @@ who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
 print("pod", who, "attempt", attempt, "coordinator", os.environ["JAX_COORDINATOR_ADDRESS"],
       "processes", os.environ["JAX_PROCESS_COUNT"], flush=True)
 mode = sys.argv[1]
+if mode == "ignore-sigterm":  # as JAX's preemption handler: SIGTERM does not end the process
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ignoring SIGTERM", flush=True)
+    time.sleep(600)
 if mode == "step-then-sleep" or (mode == "sleep-first-attempt" and attempt > 0):
     print("completed step: 0, seconds: 0.100, loss: 5.000", flush=True)
 if mode in ("sleep", "step-then-sleep") or (mode == "sleep-first-attempt" and attempt == 0):
@@ -190,6 +194,28 @@ def test_delete_stops_every_process_and_frees_the_name(tmp_path):
     backend.create_jobset(other)  # a deleted name can be created again; the old state is kept aside
     assert any(p.name.startswith(f"{name}.deleted-") for p in backend.jobsets_dir.iterdir())
     backend.delete_jobset(name)
+
+
+def test_a_delete_with_its_own_grace_period_does_not_wait_out_the_pods(tmp_path):
+    """Pods that ignore SIGTERM, with a grace period of an hour: a delete with ``grace_seconds=0`` (a hung remote
+    call's) is carried out by the supervisor itself, SIGKILL at once, not by the delete's fallback after its
+    timeout (which is what waiting out the pods' grace period would come to)."""
+    plan, obj = scripted_jobset(tmp_path, "ignore-sigterm")
+    obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 3600
+    backend = LocalJobSets(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    for pod in state.pods:  # every pod has set its handler (an event in its log, not a delay)
+        backend.wait(name, lambda s, p=pod: "ignoring SIGTERM" in _log(backend, name, p), timeout=120, poll=0.2)
+    deleted = backend.delete_jobset(name, timeout=120, grace_seconds=0)
+    assert (deleted.phase, deleted.message) == ("Deleted", "the JobSet was deleted")  # the supervisor's, in time
+    assert [p.exit_code for p in deleted.pods] == [137] * 4  # SIGKILL: SIGTERM was ignored
+    assert not any(pid_alive(p.pid) for p in deleted.pods)
+
+
+def _log(backend, name, pod):
+    path = backend.pod_log(name, pod.job_index, pod.completion_index)
+    return path.read_text() if path.exists() else ""
 
 
 def test_a_finished_jobset_of_an_earlier_pipeline_run_is_replaced(tmp_path):

@@ -9,6 +9,7 @@ the call tells (:class:`tests.test_gke_steps.Told`) before each change.
 
 from __future__ import annotations
 
+import hashlib
 import io
 
 import cloudpickle
@@ -16,7 +17,8 @@ import pytest
 
 from multislice import storage
 from multislice.backends.gke import GkeBackend
-from multislice.remote_call import RemoteError, RemoteExit, run_remote
+from multislice.errors import InputError
+from multislice.remote_call import RemoteError, RemoteExit, ResultTimeout, attach, run_remote
 from multislice.trainer.remote_worker import MARK, host_key, outcome_of
 from tests.kube_cluster import Served
 from tests.kube_controllers import Play
@@ -235,3 +237,57 @@ def test_an_unknown_slice_is_refused_before_anything_is_sent(served, play):
                    output_dir="gs://bucket/remote", call_id=CALL, tell=lambda _: None)  # fmt: skip
     assert served.kube().get_jobset(JOBSET) is None
     assert not storage.path(storage.join(CALL_DIR, "payload.pkl")).exists()
+
+
+def test_a_detached_call_is_attached_from_its_record_followed_and_another_is_cancelled_alone(served, play):
+    """``wait=False`` returns once the JobSet is created; a handle made from the record alone (a new kernel)
+    reads the leader's log, waits for the value, and after the JobSet is gone still has the leader's log;
+    cancelling a second call deletes its JobSet and not the first's."""
+    told, out = Told(), io.StringIO()
+    job = _call(served, told, wait=False)
+    assert job.id == f"remote-train-shard-{CALL}" and job.jobset == JOBSET and job.status() == "Queued"
+    assert served.kube().get_jobset(JOBSET) is not None
+    play.kueue_queues(JOBSET, "waiting for quota")  # nobody follows yet: Kueue admits it, its pods run
+    assert job.status() == "Queued"
+    with pytest.raises(ResultTimeout, match="not running yet after 1 s .*waiting for quota"):
+        job.result(timeout=1)  # the wait gives up; the call does not
+    assert served.kube().get_jobset(JOBSET) is not None and job.status() == "Queued"
+    play.kueue_admits(JOBSET)
+    pods = play.pods(JOBSET, 1, 4, pools=POOLS)
+    assert job.status() == "Running"
+
+    again = attach(job.id, output_dir="gs://bucket/remote", backend=GkeBackend(served.kube()), tell=told.add, out=out)
+    record = again.record
+    payload = storage.path(storage.join(CALL_DIR, "payload.pkl")).read_bytes()
+    assert record["function"] == f"{__name__}.train_shard"
+    assert record["args_sha256"] == hashlib.sha256(payload).hexdigest()
+    assert (record["backend"], record["run_id"], record["hosts"]) == ("gke", f"remote-{CALL}", [list(h) for h in HOSTS])
+    assert attach(CALL, output_dir="gs://bucket/remote", backend=GkeBackend(served.kube())).id == job.id  # short id
+    play.log(pods[0], f"{MARK} slice-0-host-0: started\nshard sum is 6\n")
+    play.log(pods[1], f"{MARK} slice-0-host-1: started\n")
+    assert again.logs().endswith("shard sum is 6\n") and again.logs(host="0,1") == f"{MARK} slice-0-host-1: started\n"
+
+    def cluster():
+        told.wait_for("pods scheduled: 4 of 4 running")
+        for host in HOSTS:
+            _host_writes(host, None)
+        told.wait_for("JAX initialised on 4 of 4 hosts")
+        _every_host_returns(play, pods, 6)
+
+    with Background(cluster, told):
+        assert again.result() == 6
+    assert out.getvalue() == "shard sum is 6\n"
+    assert served.kube().get_jobset(JOBSET) is None  # deleted once it finished
+    assert job.status() == "Succeeded" and job.result() == 6  # the first handle reads the record
+    assert again.logs() == f"{MARK} slice-0-host-0: started\nshard sum is 6\n"  # kept in the call's directory
+    with pytest.raises(InputError, match="JobSet .* was deleted.*only the leader's log is kept"):
+        again.logs(host=(0, 1))
+
+    other = run_remote(train_shard, [1], tpu_type="v6e-16", backend=GkeBackend(served.kube()), wait=False,
+                       output_dir="gs://bucket/remote", call_id="c0ffee01", tell=lambda _: None)  # fmt: skip
+    third = run_remote(train_shard, [2], tpu_type="v6e-16", backend=GkeBackend(served.kube()), wait=False,
+                       output_dir="gs://bucket/remote", call_id="c0ffee02", tell=lambda _: None)  # fmt: skip
+    assert other.cancel() is True and other.status() == "Cancelled"
+    assert served.kube().get_jobset(other.jobset) is None and served.kube().get_jobset(third.jobset) is not None
+    assert third.status() == "Queued" and job.status() == "Succeeded"
+    assert third.cleanup() == [f"JobSet {third.jobset}"] and served.kube().get_jobset(third.jobset) is None

@@ -293,12 +293,44 @@ class Backend(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def delete(self, name: str, owner: str | None = None) -> bool:
+    def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
         """Delete a workload and stop its pods; False when there was none.
 
         With ``owner`` (a pipeline run id) only a workload that run created is deleted (its recorded
-        ``pipeline/runid``, re-checked at delete time); another's is left and False returned.
+        ``pipeline/runid``, re-checked at delete time); another's is left and False returned. With
+        ``grace_seconds``, its pods get that long after SIGTERM before SIGKILL instead of their
+        ``terminationGracePeriodSeconds`` (a hung remote call: a host that catches SIGTERM must not hold the
+        caller for the whole grace period).
         """
+
+    def workload_phase(self, name: str) -> str | None:
+        """The workload's phase now (``Suspended``, ``Running``, ``Completed``, ``Failed``; locally also
+        ``Deleted``, whose state and logs stay on disk), or None when it does not exist."""
+        raise NotImplementedError(f"the {self.name} backend does not read a workload's phase")
+
+    def host_log(
+        self,
+        name: str,
+        slice_index: int,
+        host: int,
+        on_line: Callable[[str], None],
+        follow: bool = False,
+        tail: int | None = None,
+    ) -> bool:
+        """Pass on the log of one host's pod (the latest restart attempt) line by line.
+
+        Args:
+            name: The workload (JobSet) name.
+            slice_index: The host's slice (child Job index).
+            host: The host within its slice (completion index).
+            on_line: Called with each line, in order.
+            follow: Keep passing on new lines until the pod ends (or the workload is deleted).
+            tail: Only the last ``tail`` lines (without ``follow``).
+
+        Returns:
+            False when the pod (or its log) is not there to read: the workload or its pods are gone.
+        """
+        raise NotImplementedError(f"the {self.name} backend does not read a host's log")
 
     @abc.abstractmethod
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:

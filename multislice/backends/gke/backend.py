@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -467,18 +468,24 @@ class GkeBackend(Backend):
             exits.append(PodExit(pods.slice_index(pod), pods.host_index(pod), pods.exit_code(pod), finished))
         return exits
 
-    def delete(self, name: str, owner: str | None = None) -> bool:
+    def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
         """Delete the JobSet (or the RayJob and its claim templates) with foreground propagation (its Jobs and pods,
-        or its RayCluster and submitter Job, go first).
+        or its RayCluster and submitter Job, go first). Returns once the API server accepted the deletion; the
+        kubelets stop the pods after that.
 
         With ``owner`` (a pipeline run id): only when the object's ``pipeline/runid`` label is ``owner``, deleted
-        with a ``uid`` precondition on the object read, so one another run created meanwhile is left.
+        with a ``uid`` precondition on the object read, so one another run created meanwhile is left. With
+        ``grace_seconds`` (a JobSet), its pods (those of ``owner`` only) are deleted too with that
+        ``gracePeriodSeconds`` (core v1 ``DeleteOptions``), overriding their ``terminationGracePeriodSeconds``.
         """
         found = self.kube.get_jobset(name)
         if found is not None:
             if owner is not None and not _owned(found, owner):
                 return False
-            return jobset.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
+            gone = jobset.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
+            if gone and grace_seconds is not None:
+                self._delete_pods(name, owner, grace_seconds)
+            return gone
         found = rayjob.get(self.kube, name)
         if found is None or (owner is not None and not _owned(found, owner)):
             return False
@@ -488,6 +495,62 @@ class GkeBackend(Backend):
         if all(labels.get(key) for key in keys):
             rayjob.delete_claim_templates(self.kube, ",".join(f"{key}={labels[key]}" for key in keys))
         return gone
+
+    def _delete_pods(self, name: str, owner: str | None, grace_seconds: float) -> None:
+        """Delete the JobSet's pods (only ``owner``'s) with ``grace_seconds``; pods already gone are skipped."""
+        for pod in pods.list_pods(self.kube, name):
+            if owner is not None and (pod.metadata.labels or {}).get(names.LABEL_PIPELINE_RUN_ID) != owner:
+                continue
+            try:
+                self.kube.call(
+                    self.kube.core.delete_namespaced_pod, pod.metadata.name, self.kube.namespace,
+                    grace_period_seconds=max(0, math.ceil(grace_seconds)), what=f"delete pod {pod.metadata.name}",
+                )  # fmt: skip
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def workload_phase(self, name: str) -> str | None:
+        """The JobSet's phase (:func:`.jobset.phase`), or None when it does not exist."""
+        found = self.kube.get_jobset(name)
+        return None if found is None else jobset.phase(found)
+
+    def host_log(
+        self,
+        name: str,
+        slice_index: int,
+        host: int,
+        on_line: Callable[[str], None],
+        follow: bool = False,
+        tail: int | None = None,
+    ) -> bool:
+        """Pass on the log of the newest pod of (slice, host) from the API server (the kubelet's copy: gone with
+        the pod); following, with :class:`.logs.LeaderLog` pointed at that pod, until it ended. False when the
+        JobSet has no such pod (it was deleted, or the pod is not created yet)."""
+
+        def find() -> Any:
+            found = [p for p in pods.list_pods(self.kube, name)
+                     if (pods.slice_index(p), pods.host_index(p)) == (slice_index, host)]  # fmt: skip
+            return max(found, key=pods.attempt, default=None)
+
+        if find() is None:
+            return False
+        if tail is not None and not follow:
+            pod = find()
+            for line in logs.tail(self.kube, pod.metadata.name, tail).splitlines():
+                on_line(line)
+            return True
+        reader = logs.LeaderLog(self.kube, name, lambda _, line: on_line(line), self.timings.poll_seconds, find)
+        if follow:
+            reader.start()
+            try:
+                while (pod := find()) is not None and pod.status.phase not in ("Succeeded", "Failed"):
+                    time.sleep(self.timings.poll_seconds)
+            finally:
+                reader.stop()
+            reader.join(timeout=self.timings.poll_seconds * 4 + 5)
+        reader.catch_up()
+        return True
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the run's JobSets that are not Completed and its unfinished Jobs (verifier, AOT compiles), each

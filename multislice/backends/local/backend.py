@@ -320,13 +320,56 @@ class LocalBackend(Backend):
             return []
         return [PodExit(p.job_index, p.completion_index, p.exit_code, p.finished_at) for p in state.pods]
 
-    def delete(self, name: str, owner: str | None = None) -> bool:
+    def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
         """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop (or,
-        with ``owner``, it is another pipeline run's: :meth:`.LocalJobSets.delete_jobset`)."""
+        with ``owner``, it is another pipeline run's: :meth:`.LocalJobSets.delete_jobset`). Returns once every
+        pod process has ended (SIGKILL after ``grace_seconds``, default the pods' ``terminationGracePeriodSeconds``).
+        """
         state = self.jobsets.get_jobset(name)
         if state is None or state.phase == "Deleted":
             return False
-        return self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout, owner=owner) is not None
+        final = self.jobsets.delete_jobset(
+            name, timeout=self.timings.delete_timeout, owner=owner, grace_seconds=grace_seconds
+        )
+        return final is not None
+
+    def workload_phase(self, name: str) -> str | None:
+        """The JobSet's phase from its state file (``Deleted`` ones keep their state and logs); None when absent."""
+        state = self.jobsets.get_jobset(name)
+        return None if state is None else state.phase
+
+    def host_log(
+        self,
+        name: str,
+        slice_index: int,
+        host: int,
+        on_line: Callable[[str], None],
+        follow: bool = False,
+        tail: int | None = None,
+    ) -> bool:
+        """Pass on a pod's log file of the latest attempt (kept after the JobSet ended or was deleted); following,
+        until that pod's process ended (polled every ``timings.poll_seconds``). False when there is no log."""
+        state = self.jobsets.get_jobset(name)
+        if state is None:
+            return False
+        path = self.jobsets.pod_log(name, slice_index, host)
+        if not follow:
+            if not path.exists():
+                return False
+            text = _tail(path, tail) if tail is not None else path.read_text(encoding="utf-8", errors="replace")
+            for line in text.splitlines():
+                on_line(line)
+            return True
+        offset = 0
+        while True:
+            state = self.jobsets.get_jobset(name)
+            pods = state.pods if state is not None else []
+            pod = next((p for p in pods if (p.job_index, p.completion_index) == (slice_index, host)), None)
+            ended = state is None or state.terminal or (pod is not None and pod.phase in ("Succeeded", "Failed"))
+            offset = self._pass_on(path, offset, on_line, final=ended)
+            if ended:
+                return True
+            time.sleep(self.timings.poll_seconds)
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the pipeline run's JobSets that have not completed; completed ones are kept.

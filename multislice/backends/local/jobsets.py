@@ -42,7 +42,7 @@ from multislice import cancel, names
 from multislice.backends.base import WorkloadConflict
 from multislice.backends.local.environment import trainer_env
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
-from multislice.backends.local.state import JobSetState, read_state, write_state
+from multislice.backends.local.state import GRACE_FILE, JobSetState, read_state, write_state
 from multislice.render import schema
 
 #: Phases of a JobSet that holds nothing and may be replaced by another pipeline run of the same name.
@@ -321,7 +321,9 @@ class LocalJobSets:
 
     # -- delete ---------------------------------------------------------
 
-    def delete_jobset(self, name: str, timeout: float = 60, owner: str | None = None) -> JobSetState | None:
+    def delete_jobset(
+        self, name: str, timeout: float = 60, owner: str | None = None, grace_seconds: float | None = None
+    ) -> JobSetState | None:
         """Delete a JobSet: stop its supervisor and every pod. Its state and logs stay on disk.
 
         A deleted JobSet's name can be created again (the old state directory is
@@ -329,6 +331,9 @@ class LocalJobSets:
         id), only a JobSet that run created is deleted: its recorded
         ``pipeline/runid`` is re-read under the name's lock, so a JobSet another
         run created under the same name after the caller listed it is left alone.
+        With ``grace_seconds``, the supervisor gives its pods that long after
+        SIGTERM before SIGKILL (:data:`.state.GRACE_FILE`), not the manifest's
+        ``terminationGracePeriodSeconds``.
 
         Returns:
             The final state (phase Deleted); None if it does not exist, or is not ``owner``'s.
@@ -337,9 +342,11 @@ class LocalJobSets:
             state = self.get_jobset(name)
             if state is None or (owner is not None and not owned_by(state, owner)):
                 return None
-            return self._delete_locked(name, state, timeout)
+            return self._delete_locked(name, state, timeout, grace_seconds)
 
-    def _delete_locked(self, name: str, state: JobSetState, timeout: float) -> JobSetState:
+    def _delete_locked(
+        self, name: str, state: JobSetState, timeout: float, grace_seconds: float | None = None
+    ) -> JobSetState:
         if state.phase == "Deleted":
             return state
         if state.terminal and state.reason != "SupervisorLost":
@@ -350,6 +357,8 @@ class LocalJobSets:
             write_state(self.state_dir(name), state)
             return state
         if pid_alive(state.supervisor_pid):
+            if grace_seconds is not None:
+                (self.state_dir(name) / GRACE_FILE).write_text(f"{max(0.0, grace_seconds):g}", encoding="ascii")
             os.kill(state.supervisor_pid, signal.SIGTERM)
             try:
                 final = self.wait(name, lambda s: s.terminal, timeout=timeout, poll=0.2)

@@ -25,6 +25,11 @@ Phase = Literal["Pending", "Running", "Completed", "Failed", "Deleted"]
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Completed", "Failed", "Deleted"})
 
+#: File of a JobSet's state directory holding the grace period (seconds) of a delete that asked for one
+#: (:meth:`.jobsets.LocalJobSets.delete_jobset`); the supervisor reads it when it stops its pods, in place of the
+#: manifest's ``terminationGracePeriodSeconds``.
+GRACE_FILE = "delete-grace"
+
 
 class PodState(BaseModel):
     """One pod (process) of the current restart attempt.

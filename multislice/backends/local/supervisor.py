@@ -55,7 +55,7 @@ from multislice import maxtext
 from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.pods import LocalPod, expand_jobset
-from multislice.backends.local.state import JobSetState, PodState, read_state, write_state
+from multislice.backends.local.state import GRACE_FILE, JobSetState, PodState, read_state, write_state
 from multislice.cancel import die_with_parent
 
 POLL_SECONDS = 0.25
@@ -149,6 +149,11 @@ class Supervisor:
         return env
 
     def _grace_seconds(self) -> float:
+        asked = self.state_dir / GRACE_FILE  # a delete with its own grace period (LocalJobSets.delete_jobset)
+        try:
+            return float(asked.read_text(encoding="ascii"))
+        except (OSError, ValueError):
+            pass
         template = self.spec["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         return float(template.get("terminationGracePeriodSeconds", 30))
 

@@ -1020,6 +1020,9 @@ EXAMPLES: dict[str, str] = {
     "schedule resume": "multislice schedule resume SCHEDULE_ID --target vertex --project my-project "
     "--location us-east5 --catch-up",
     "schedule delete": "multislice schedule delete SCHEDULE_ID --target kfp --host http://localhost:8888",
+    "calls list": "multislice calls list --output-dir output\nmultislice calls list --output-dir gs://my-bucket/remote",
+    "calls logs": "multislice calls logs remote-train-shard-c0ffee00 --follow\n"
+    "multislice calls logs c0ffee00 --host 1,0 --output-dir gs://my-bucket/remote",
 }
 
 
@@ -1180,6 +1183,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     with_profile(inject, required=False)
     inject.set_defaults(func=cmd_inject)
     _add_delivery_commands(sub, with_profile)
+    calls.add_parser(sub)
     _add_examples(sub)
     return parser
 
@@ -1293,8 +1297,6 @@ def _add_schedule_options(act: argparse.ArgumentParser, create: bool) -> None:
             action="store_true",
             help="every run continues the same run_name (one long training run) instead of a new one",
         )
-
-    calls.add_parser(sub)
 
 
 def expected_error(error: BaseException) -> UserError | None:

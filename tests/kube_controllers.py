@@ -174,12 +174,25 @@ class Play:
         self, jobset: str, slices: int, hosts: int, *, attempt: int = 0, phase: str = "Running",
         pools: list[str] | None = None, status: dict[str, Any] | None = None,
     ) -> list[str]:  # fmt: skip
-        """Create the JobSet's pods of one restart attempt, on node pool ``pools[slice]`` (unscheduled if None)."""
+        """Create the JobSet's pods of one restart attempt, on node pool ``pools[slice]`` (unscheduled if None).
+
+        Each pod carries its replicated job's pod-template labels (the pipeline's run id among them) under
+        the JobSet's own labels, as the JobSet controller makes them (``labelAndAnnotateObject`` in
+        kubernetes-sigs/jobset ``pkg/controllers/jobset_controller.go`` labels the Job's pod template, which
+        the Job controller copies to its pods).
+        """
+        try:
+            found = self.custom.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, self.ns, JOBSET_PLURAL,
+                                                            jobset)  # fmt: skip
+            replicated = found["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+            template_labels = dict(replicated.get("metadata", {}).get("labels") or {})
+        except (k8s.ApiException, KeyError, IndexError):  # a scenario's pods without a JobSet object
+            template_labels = {}
         created = []
         for j in range(slices):
             for h in range(hosts):
                 name = self.pod_name(jobset, j, h, attempt)
-                labels = {names.JOBSET_NAME_KEY: jobset, names.JOB_INDEX_KEY: str(j),
+                labels = {**template_labels, names.JOBSET_NAME_KEY: jobset, names.JOB_INDEX_KEY: str(j),
                           names.RESTART_ATTEMPT_KEY: str(attempt), names.JOB_COMPLETION_INDEX_KEY: str(h)}  # fmt: skip
                 spec: dict[str, Any] = {"containers": [{"name": names.TRAINER_CONTAINER, "image": "trainer"}]}
                 if pools:

@@ -105,8 +105,12 @@ def restore_pool(play, plan, slice_index: int) -> None:
 
 def delete_old_pods(play, jobset: str) -> None:
     """The garbage collector: the deleted JobSet's pods and its Kueue Workload go (foreground deletion)."""
-    play.custom.delete_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads",
-                                                play.workload_name(jobset))  # fmt: skip
+    try:
+        play.custom.delete_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, play.ns, "workloads",
+                                                    play.workload_name(jobset))  # fmt: skip
+    except ApiException as error:
+        if error.status != 404:  # already collected
+            raise
     for pod in play.core.list_namespaced_pod(play.ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}").items:
         play.core.delete_namespaced_pod(pod.metadata.name, play.ns)
 
@@ -177,12 +181,19 @@ class Follow:
         return self.result
 
 
-def relaunch_admitted(backend, play, plan, stage, slices: int, told: list[str]) -> None:
-    """``backend.relaunch`` on ``slices``, Kueue admitting the new JobSet once it exists."""
+def relaunch_admitted(backend, play, plan, stage, slices: int, told: list[str], collect: bool = False) -> None:
+    """``backend.relaunch`` on ``slices``, Kueue admitting the new JobSet once it exists.
+
+    With ``collect``, the garbage collector's part (:func:`delete_old_pods`) is played once the new JobSet
+    exists, so the old JobSet's deletion is never missed: the emulator deletes at once, and ``relaunch``
+    creates the new JobSet of the same name a moment later.
+    """
     new_plan, new_stage = on_slices(plan, stage, slices) if slices != 2 else (plan, stage)
     thread = threading.Thread(target=backend.relaunch, args=(new_plan, new_stage, told.append), daemon=True)
     thread.start()
     wait_until(lambda: any("waiting for Kueue" in line for line in told), what="the relaunched JobSet")
+    if collect:
+        delete_old_pods(play, stage.jobset)
     play.kueue_queues(stage.jobset, "waiting")
     play.kueue_admits(stage.jobset)
     thread.join(timeout=120)
@@ -264,16 +275,7 @@ def test_preemption_during_a_resize(served, play, plan):
     cluster_queue(play, plan, nominal_slices=2, reserved_slices=1)
     backend = launched(served, play, plan, stage, slices=1)
     told: list[str] = []
-    watcher = threading.Thread(
-        target=lambda: (
-            wait_until(lambda: backend.kube.get_jobset(stage.jobset) is None, what="the deletion"),
-            delete_old_pods(play, stage.jobset),
-        ),
-        daemon=True,
-    )
-    watcher.start()
-    relaunch_admitted(backend, play, plan, stage, 2, told)
-    watcher.join(timeout=60)
+    relaunch_admitted(backend, play, plan, stage, 2, told, collect=True)
     assert backend.kube.get_jobset(stage.jobset)["spec"]["replicatedJobs"][0]["replicas"] == 2
     # Reclaimed during the resize: slice 1's nodes go, its new pods cannot be scheduled.
     for host in range(plan.slice.hosts):

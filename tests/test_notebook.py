@@ -203,8 +203,6 @@ def test_notebook_reads_the_suites_local_runs_and_runs_the_remote_section(tmp_pa
     assert table[2].startswith("| e2e | tiny-8b-recipe | 20 |") and table[2].endswith("| PASS |  |")
     assert table[3].startswith("| e2e | tiny-70b-recipe | 20 |") and table[3].endswith("| PASS | PASS |")
     assert table[4].startswith("| e2e-twin | tiny-8b-recipe | 20 |")
-    lr = text[8].split("learning rate of stage tiny-8b-recipe:\n", 1)[1].splitlines()
-    assert lr[0] == "| step | e2e | e2e-twin |" and len(lr) > 4  # MaxText logged the schedule of both runs
     assert "hello from process 0 of 4" in text[11] and "hello from process 1" not in text[11]  # the leader's lines
     assert "devices seen by the leader: 16" in text[11]
     assert "slice 1 host 1 raised builtins.ValueError: bad shard" in text[12]

@@ -17,9 +17,7 @@ STAGES = ["tiny-8b-recipe", "tiny-70b-recipe"]
 def local_run(tmp_path, name, losses, verified=True, evals=()):
     """A local run directory where only the first stage ran: metrics (step 1 twice), reports, checkpoints."""
     run = results.RunRef(name, str(tmp_path), STAGES)
-    records = [
-        {"step": s, "learning/loss": loss, "learning/current_learning_rate": 1e-3 * s} for s, loss in enumerate(losses)
-    ] + [  # fmt: skip
+    records = [{"step": s, "learning/loss": loss} for s, loss in enumerate(losses)] + [
         {"step": 1, "learning/loss": 0.5}
     ]
     records += [{"eval_after_step": s, "eval/avg_loss": loss, "eval/avg_perplexity": 2.0} for s, loss in evals]
@@ -50,9 +48,6 @@ def test_stages_curves_checkpoints_and_comparison(tmp_path):
     assert results.curves(a)[STAGES[0]][:2] == [(0, 3.0), (1, 0.5)]  # the last record of a step wins
     assert results.curves(a)[STAGES[1]] == []
     assert results.curves(a, "eval") == {STAGES[0]: [(1, 2.5), (3, 1.25)], STAGES[1]: []}
-    assert results.curves(a, "learning_rate")[STAGES[0]] == [(s, 1e-3 * s) for s in range(5)]  # the schedule's value
-    with pytest.raises(ValueError, match="'train', 'eval', 'learning_rate'"):
-        results.curves(a, "lr")
     assert results.checkpoints(a) == {STAGES[0]: [2, 4], STAGES[1]: []}
     table = results.compare_table([a, b]).splitlines()
     assert table[0] == ("| run | stage | steps | first loss | final loss | final eval loss | eval perplexity "

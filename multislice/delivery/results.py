@@ -273,27 +273,22 @@ def metrics(run: RunRef) -> dict[str, dict[str, Any]]:
     return out
 
 
-#: Each curve's step and value keys in MaxText's metrics records (``maxtext/common/metric_logger.py``).
-CURVE_KEYS = {
-    "train": ("step", "learning/loss"),
-    "eval": ("eval_after_step", "eval/avg_loss"),
-    "learning_rate": ("step", "learning/current_learning_rate"),
-}
+#: Each curve's step and loss keys in MaxText's metrics records.
+CURVE_KEYS = {"train": ("step", "learning/loss"), "eval": ("eval_after_step", "eval/avg_loss")}
 
 
 def curves(run: RunRef, kind: str = "train") -> dict[str, list[tuple[int, float]]]:
-    """Each stage's curve ``[(step, value)]`` from its metrics file (the last record of a step wins).
+    """Each stage's loss curve ``[(step, loss)]`` from its metrics file (the last record of a step wins).
 
     Args:
-        kind: ``train`` (MaxText's ``learning/loss`` per step), ``eval`` (``eval/avg_loss``, mean
-            cross-entropy per target token in nats, at each ``eval_after_step``) or ``learning_rate``
-            (``learning/current_learning_rate``, the schedule's value at each step).
+        kind: ``train`` (MaxText's ``learning/loss`` per step) or ``eval`` (``eval/avg_loss``, mean
+            cross-entropy per target token in nats, at each ``eval_after_step``).
 
     Raises:
-        ValueError: ``kind`` is none of them.
+        ValueError: ``kind`` is neither.
     """
     if kind not in CURVE_KEYS:
-        raise ValueError(f"kind {kind!r}: use one of {', '.join(map(repr, CURVE_KEYS))}")
+        raise ValueError(f"kind {kind!r}: use 'train' or 'eval'")
     return {stage: found[kind] for stage, found in _stage_curves(run).items()}
 
 

@@ -86,7 +86,7 @@ def expected_error(error: BaseException) -> UserError | None:
         return RunFailed(f"the Google Cloud API refused: {error}", "check the project, location and your IAM roles")
     if isinstance(error, Urllib3Error) or type(error).__name__ == "ApiException":
         return InputError(
-            f"the KFP endpoint did not answer as expected: {error}",
+            f"the endpoint did not answer as expected: {error}",
             "check the endpoint (--host, KfpTarget(host=...) or $KF_PIPELINES_ENDPOINT) and that it is reachable",
         )
     if isinstance(error, OSError) and error.filename is not None:

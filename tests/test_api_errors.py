@@ -40,26 +40,26 @@ def test_kfp_unreachable_is_the_clis_input_error_from_submit_and_results(capsys)
     with pytest.raises(InputError) as raised:
         multislice.submit(PROFILE, VALUES, target="kfp", kfp=submission.KfpTarget(host=CLOSED))
     error = raised.value
-    assert error.message.startswith("the KFP endpoint did not answer as expected: ") and "Max retries" in error.message
+    assert error.message.startswith("the endpoint did not answer as expected: ") and "Max retries" in error.message
     assert "KfpTarget(host=...)" in error.fix and "--host" in error.fix
     assert isinstance(error.__cause__, MaxRetryError)  # the client's own error stays reachable
     code, cause, fix = cli_error(["submit", "--profile", PROFILE, "--target", "kfp", "--host", CLOSED,
                                   "--set", "output_dir=gs://team-bucket/runs"], capsys)  # fmt: skip
     assert code == error.exit_code == 2
-    assert cause.startswith("the KFP endpoint did not answer as expected: ") and fix == f"fix: {error.fix}"
-    with pytest.raises(InputError, match="the KFP endpoint did not answer"):
+    assert cause.startswith("the endpoint did not answer as expected: ") and fix == f"fix: {error.fix}"
+    with pytest.raises(InputError, match="the endpoint did not answer"):
         submission.KfpTarget(host=CLOSED).make_client()  # kfp.Client reads the server's healthz
 
 
 def test_a_kfp_endpoint_gone_after_the_client_was_made_is_an_input_error_from_results():
     with FakeServer() as fake:  # up while the client is made, then gone (a port-forward that ended)
         client = submission.KfpTarget(host=fake.url).make_client()
-    with pytest.raises(InputError, match="the KFP endpoint did not answer") as raised:
+    with pytest.raises(InputError, match="the endpoint did not answer") as raised:
         results.from_kfp(client, "run-1", PROFILE, host=fake.url)
     assert "KfpTarget(host=...)" in raised.value.fix
     run = results.RunRef("nightly-1", "gs://team-bucket/runs", ["llama3-8b"], "kfp", "run-1", handle=client)
     for call in (results.state, results.wait, results.cancel):
-        with pytest.raises(InputError, match="the KFP endpoint did not answer"):
+        with pytest.raises(InputError, match="the endpoint did not answer"):
             call(run)
 
 

@@ -16,6 +16,14 @@ def submit(*args: Any, **kwargs: Any) -> Any:
     return _submit(*args, **kwargs)
 
 
+def run_local(*args: Any, **kwargs: Any) -> Any:
+    """Run a profile on this machine as ``multislice run`` does; its ``RunRef``:
+    :func:`multislice.delivery.submission.run_local`."""
+    from multislice.delivery.submission import run_local as _run_local  # kfp, pydantic models: on call
+
+    return _run_local(*args, **kwargs)
+
+
 def remote(*args: Any, **kwargs: Any) -> Any:
     """Run a function on every host of a slice and return the leader's value: :func:`multislice.remote_call.remote`."""
     from multislice.remote_call import remote as _remote  # the pipeline image's modules: on call

@@ -28,7 +28,7 @@ from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
 from multislice.delivery import images, schedule, submission
 from multislice.delivery.submission import add_target_arguments
 from multislice.delivery.targets import KubernetesConfig
-from multislice.errors import InputError, RunFailed, UserError
+from multislice.errors import InputError, UserError, expected_error
 from multislice.plan import Plan, make_plan
 from multislice.preflight import planner, user_cache_dir
 from multislice.steps import preflight as preflight_step
@@ -1182,10 +1182,39 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     inject.add_argument("--output-dir", help="the run's output_dir (default: the profile's)")
     with_profile(inject, required=False)
     inject.set_defaults(func=cmd_inject)
+
+    env = sub.add_parser(
+        "env",
+        help="build the trainer environment (MaxText) that local runs and remote calls need, without a checkout",
+        description="Build the trainer environment `make env` builds, from the lock files this package carries: "
+        "DIR/trainer (MaxText 0.2.5 with JAX, Orbax, torch, Ray: about 8 GB; this package copied in) and "
+        "DIR/loader-hf4 (the export check's transformers 4.57). Then set MULTISLICE_TRAINER_ENV=DIR/trainer.",
+        epilog="example: multislice env install ~/multislice-envs\n"
+        "         export MULTISLICE_TRAINER_ENV=~/multislice-envs/trainer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    env.add_argument("action", choices=["install"])
+    env.add_argument("directory", metavar="DIR", help="where to create trainer/ and loader-hf4/")
+    env.add_argument("--python", default=sys.executable, help="a Python 3.12 interpreter (default: this one)")
+    env.add_argument("--requirements", metavar="FILE", help="trainer lock file (default: the packaged one, what "
+                     "`make env` installs)")  # fmt: skip
+    env.add_argument("--loader-requirements", metavar="FILE", help="the export check's loader lock file (default: "
+                     "the packaged one)")  # fmt: skip
+    env.set_defaults(func=cmd_env)
     _add_delivery_commands(sub, with_profile)
     calls.add_parser(sub)
     _add_examples(sub)
     return parser
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """``multislice env install DIR``: :func:`multislice.backends.local.environment.install_trainer_env`."""
+    from multislice.backends.local import environment
+
+    locks = {"trainer_lock": args.requirements, "loader_lock": args.loader_requirements}
+    environment.install_trainer_env(args.directory, python=args.python,
+                                    **{k: Path(v) for k, v in locks.items() if v})  # fmt: skip
+    return 0
 
 
 def cmd_images(args: argparse.Namespace) -> int:
@@ -1297,34 +1326,6 @@ def _add_schedule_options(act: argparse.ArgumentParser, create: bool) -> None:
             action="store_true",
             help="every run continues the same run_name (one long training run) instead of a new one",
         )
-
-
-def expected_error(error: BaseException) -> UserError | None:
-    """An error of a client library that a user meets and can act on, as a :class:`UserError`; else None.
-
-    Covers what the delivery commands meet outside this package: no Google Cloud
-    credentials (google-auth), a Google Cloud API refusal (google-api-core), and a
-    KFP endpoint that cannot be reached or refuses (urllib3, kfp_server_api), and a path
-    this machine cannot read or write (an ``OSError`` naming its file).
-    """
-    from google.api_core.exceptions import GoogleAPICallError  # 0.3 s, and 0.2 s for urllib3: only on an error
-    from google.auth.exceptions import DefaultCredentialsError
-    from urllib3.exceptions import HTTPError as Urllib3Error
-
-    if isinstance(error, DefaultCredentialsError):
-        return InputError(
-            f"no Google Cloud credentials: {error}",
-            "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file",
-        )
-    if isinstance(error, GoogleAPICallError):
-        return RunFailed(f"the Google Cloud API refused: {error}", "check the project, location and your IAM roles")
-    if isinstance(error, Urllib3Error) or type(error).__name__ == "ApiException":
-        return InputError(f"the endpoint did not answer as expected: {error}", "check --host and that it is reachable")
-    if isinstance(error, OSError) and error.filename is not None:
-        return InputError(
-            f"cannot use {error.filename}: {error.strerror or error}", "check the path and its permissions"
-        )
-    return None
 
 
 def report_error(error: UserError) -> int:

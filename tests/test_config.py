@@ -126,6 +126,14 @@ def test_parameter_names_and_paths_reach_the_same_field():
     assert by_param.stages[1].steps == 7
 
 
+def test_an_override_of_one_stage_leaves_a_stage_sharing_its_yaml_alias_alone():
+    # configs/local.yaml gives both stages `maxtext_overrides: *local_maxtext` (one object once loaded)
+    spec = config.load_profile("local", {"stages.tiny-8b-recipe.maxtext_overrides.lr_schedule_type": "wsd"})
+    assert spec.stages[0].maxtext_overrides["lr_schedule_type"] == "wsd"
+    assert "lr_schedule_type" not in spec.stages[1].maxtext_overrides
+    assert spec.stages[1].maxtext_overrides["learning_rate"] == spec.stages[0].maxtext_overrides["learning_rate"]
+
+
 def test_unknown_stage_in_override():
     [(field, message)] = issues({"stages.9.steps": 3})
     assert field == "stages.9.steps" and "tiny-8b-recipe" in message

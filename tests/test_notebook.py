@@ -1,21 +1,29 @@
-"""examples/rerun_from_notebook.ipynb runs top to bottom (nbclient) from an installed copy of the package.
+"""examples/rerun_from_notebook.ipynb runs top to bottom (nbclient) from the wheel, installed outside the checkout.
 
-The kernel starts in a temporary directory with ``PYTHONPATH`` naming a copy
-of the packages (``multislice``, ``components``, ``pipelines``; links
-resolved, as a wheel holds them) outside the checkout, so profiles must come
-from the package. KFP and Vertex AI are the suite's fakes (tests/fakes.py,
-Vertex AI over REST) and Cloud Storage the loopback one; the fakes play the
-cluster: each run moves PENDING -> RUNNING -> SUCCEEDED over the notebook's
-polls, writing the stages' reports, metrics files and checkpoints as the
-pipeline does.
+The wheel is built from a copy of the checkout (setuptools' PEP 517 backend,
+offline, in the trainer environment, which pins setuptools) and installed
+with ``pip install --no-deps --target``; the kernel starts in a temporary
+directory with ``PYTHONPATH`` naming that target, so profiles, CRDs and lock
+files must come from the wheel. Two executions:
 
-Two tests: the fast one leaves out the ``@multislice.remote`` section; the
-``e2e`` one runs it (4 JAX processes of the trainer environment, twice).
+- the fast one with ``MULTISLICE_TARGET=kfp,vertex``: KFP and Vertex AI are the
+  suite's fakes (tests/fakes.py, Vertex AI over REST) and Cloud Storage the
+  loopback one; the fakes play the cluster: each run moves PENDING -> RUNNING
+  -> SUCCEEDED over the notebook's polls, writing the stages' reports, metrics
+  files and checkpoints as the pipeline does. The local and
+  ``@multislice.remote`` sections are skipped.
+- the ``e2e`` one with the default target, ``local``, on the suite's shared
+  local runs (``local_runs``: ``e2e`` and its twin ``e2e-twin``, through
+  ``MULTISLICE_LOCAL_RUNS``, so nothing trains anew), and the
+  ``@multislice.remote`` section (4 JAX processes of the trainer environment, twice).
 """
 
 import json
 import re
 import shutil
+import subprocess
+import zipfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -75,76 +83,126 @@ class Cluster:
             self.advance(job["name"], params, lambda s: job.update(state=s), "PIPELINE_STATE_")
 
 
-def installed_copy(target):
-    """The packages as a wheel installs them: real files (profiles/ is a link to configs/ in the checkout)."""
-    for package in ("multislice", "components", "pipelines"):
-        shutil.copytree(ROOT / package, target / package, symlinks=False,
-                        ignore=shutil.ignore_patterns("__pycache__", "*_test.py"))  # fmt: skip
-    return target
+#: What the notebook needs from the wheel besides the code: the profiles and model presets (links to configs/ in
+#: the checkout), the CRDs the manifests are checked against, and the lock files `multislice env install` installs.
+PACKAGE_DATA = [
+    "multislice/profiles/local.yaml", "multislice/profiles/gke-v6e-16x2.yaml",
+    "multislice/profiles/models/llama3-tiny.yaml", "multislice/data/trainer-requirements.txt",
+    "multislice/data/loader-hf4-requirements.txt", "multislice/data/maxtext_config_schema.json",
+    "components/train.py", "pipelines/multislice_training.py",
+]  # fmt: skip
 
 
-def execute(tmp_path, monkeypatch, gcs, remote):
-    site, work = installed_copy(tmp_path / "site"), tmp_path / "work"
+@pytest.fixture(scope="session")
+def wheel_site(tmp_path_factory, trainer_python):
+    """The project's wheel, built offline from a copy of the checkout and installed with ``pip --target``."""
+    root = tmp_path_factory.mktemp("wheel")
+    source, dist, site = root / "source", root / "dist", root / "site"
+    skip = (".venvs", ".git", "build", "output", "__pycache__", "*.egg-info", ".ruff_cache", ".pytest_cache")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip))
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    built = subprocess.run([str(trainer_python), "-c", build, str(dist)], cwd=source, capture_output=True, text=True,
+                           check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = dist / built.stdout.split()[-1]
+    names = zipfile.ZipFile(wheel).namelist()
+    assert [n for n in PACKAGE_DATA if n not in names] == [], "pyproject.toml's package-data misses these"
+    assert wheel.name == "multislice_pipelines-0.1.0-py3-none-any.whl"
+    pip = [str(ROOT / ".venvs" / "bootstrap" / "bin" / "python"), "-m", "pip"]  # `make env`'s pip (uv venvs have none)
+    done = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--quiet", "--target", str(site), str(wheel)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return site
+
+
+def execute(tmp_path, monkeypatch, site, env):
+    """Execute the notebook from ``site`` with ``env`` set; each code cell's text and its count of PNG images."""
+    work = tmp_path / "work"
     work.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("MULTISLICE_TRAINER_ENV", str(trainer_env()))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    cells = [c for c in notebook.cells if c.cell_type == "code"]
+    text = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in cells]
+    images = [sum("image/png" in o.get("data", {}) for o in c.get("outputs", [])) for c in cells]
+    return text, images
+
+
+def execute_on_fakes(tmp_path, monkeypatch, site):
+    """The notebook with ``MULTISLICE_TARGET=kfp,vertex`` against the fakes; also what the fakes were sent."""
     with FakeServer() as fake:
         cluster = Cluster()
         fake.state.on_run, fake.state.on_get_run = cluster.kfp_created, cluster.kfp_read
         fake.state.on_vertex_job = cluster.vertex
-        monkeypatch.setenv("PYTHONPATH", str(site))
-        monkeypatch.setenv("MULTISLICE_TRAINER_ENV", str(trainer_env()))
-        monkeypatch.setenv("KF_PIPELINES_ENDPOINT", fake.url)
-        monkeypatch.setenv("VERTEX_API_ENDPOINT", fake.url)
-        monkeypatch.setenv("VERTEX_PROJECT", "team-project")
-        monkeypatch.setenv("MULTISLICE_OUTPUT_DIR", "gs://bucket/runs")
-        monkeypatch.setenv("MULTISLICE_POLL_SECONDS", "0")
-        monkeypatch.setenv("MULTISLICE_REMOTE_DEMO", "1" if remote else "0")
-        notebook = nbformat.read(NOTEBOOK, as_version=4)
-        NotebookClient(
-            notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}}
-        ).execute()
+        text, images = execute(tmp_path, monkeypatch, site, {
+            "MULTISLICE_TARGET": "kfp,vertex", "KF_PIPELINES_ENDPOINT": fake.url, "VERTEX_API_ENDPOINT": fake.url,
+            "VERTEX_PROJECT": "team-project", "MULTISLICE_OUTPUT_DIR": "gs://bucket/runs",
+            "MULTISLICE_POLL_SECONDS": "0", "MULTISLICE_REMOTE_DEMO": "0",
+        })  # fmt: skip
         runs = [r.body for r in fake.state.sent("POST", "/runs")]
         jobs = list(fake.state.vertex_jobs.values())
         terminated = fake.state.sent("POST", ":terminate")
-    cells = [c for c in notebook.cells if c.cell_type == "code"]
-    text = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in cells]
-    images = [sum("image/png" in o.get("data", {}) for o in c.get("outputs", [])) for c in cells]
-    return text, images, runs, jobs, terminated, site
+    return text, images, runs, jobs, terminated
 
 
-def test_notebook_submits_follows_cancels_and_compares(tmp_path, monkeypatch, gcs):
-    text, images, runs, jobs, terminated, site = execute(tmp_path, monkeypatch, gcs, remote=False)
+def test_notebook_submits_follows_cancels_and_compares(tmp_path, monkeypatch, gcs, wheel_site):
+    text, images, runs, jobs, terminated = execute_on_fakes(tmp_path, monkeypatch, wheel_site)
+    site = wheel_site
     assert f"profiles from {site / 'multislice' / 'profiles'}" in text[0]  # no checkout: the packaged profiles
+    assert "targets: kfp, vertex | profile: gke-v6e-16x2" in text[0]
     a, b, c = runs
     params = a["runtime_config"]["parameters"]
     assert (params["stage1_steps"], params["stage2_per_device_batch_size"], params["max_restarts"]) == (300, 1.0, 6)
     assert "stage1_steps: expected an integer, got 'many'" in text[2] and "stage3_steps: unknown" in text[2]
+    assert text[3] == ""  # the local section skipped
     name_a = params["run_name"]
     # The run's page, then progress while waiting.
-    assert re.search(rf"run page: http://127\.0\.0\.1:\d+/#/runs/details/run-\d+\n{name_a}: RUNNING", text[3])
-    assert f"{name_a}: stage llama3-8b train reported, final loss 6.503" in text[3]
-    assert f"{name_a}: SUCCEEDED" in text[3] and f"run {name_a}: SUCCEEDED" in text[3]
-    assert "| llama3-8b | verified | 300 | 299 |" in text[4] and "| llama3-70b | verified | 200 | 199 |" in text[4]
-    assert images[5] == 1  # the loss curves, inline
+    assert re.search(rf"run page: http://127\.0\.0\.1:\d+/#/runs/details/run-\d+\n{name_a}: RUNNING", text[4])
+    assert f"{name_a}: stage llama3-8b train reported, final loss 6.503" in text[4]
+    assert f"{name_a}: SUCCEEDED" in text[4] and f"run {name_a}: SUCCEEDED" in text[4]
+    assert "| llama3-8b | verified | 300 | 299 |" in text[6] and "| llama3-70b | verified | 200 | 199 |" in text[6]
+    assert images[7] == 1  # the loss curves, inline
     name_b = b["runtime_config"]["parameters"]["run_name"]
-    assert f"run {name_b}: SUCCEEDED" in text[6] and re.search(r"run llama3-multislice-\S+: CANCELED", text[6])
+    assert f"run {name_b}: SUCCEEDED" in text[5] and re.search(r"run llama3-multislice-\S+: CANCELED", text[5])
     assert len(terminated) == 1 and c["runtime_config"]["parameters"]["stage1_steps"] == 300
-    table = text[7].splitlines()
+    table = text[8].splitlines()
     assert table[0].startswith("| run | stage | steps | first loss | final loss |")
     assert table[2].startswith(f"| {name_a} | llama3-8b | 300 | 7.5 | 6.503 |") and table[2].endswith("| PASS |  |")
     assert table[4].startswith(f"| {name_b} | llama3-8b | 200 | 7.5 | 6.505 |")
-    assert images[8] == 1  # both runs in one plot
+    assert images[9] == 1  # both runs in one plot
     # Vertex AI: the PipelineJob sent, its console page, followed to the end.
     [job] = jobs
     assert job["runtimeConfig"]["parameterValues"]["stage1_steps"] == 300 and job["state"].endswith("SUCCEEDED")
-    assert "https://console.cloud.google.com/vertex-ai/locations/us-east5/pipelines/runs/" in text[9]
-    assert "?project=team-project" in text[9] and re.search(r"run \S+: SUCCEEDED", text[9])
-    assert text[10] == "" and text[11] == ""  # remote section skipped
+    assert "https://console.cloud.google.com/vertex-ai/locations/us-east5/pipelines/runs/" in text[10]
+    assert "?project=team-project" in text[10] and re.search(r"run \S+: SUCCEEDED", text[10])
+    assert text[11] == "" and text[12] == ""  # remote section skipped
 
 
 @pytest.mark.e2e
-def test_notebook_remote_section_runs_on_emulated_slices(tmp_path, monkeypatch, gcs):
-    text, *_ = execute(tmp_path, monkeypatch, gcs, remote=True)
-    assert "hello from process 0 of 4" in text[10] and "hello from process 1" not in text[10]  # the leader's lines
-    assert "devices seen by the leader: 16" in text[10]
-    assert "slice 1 host 1 raised builtins.ValueError: bad shard" in text[11]
-    assert text[11].rstrip().endswith("ValueError: bad shard")
+def test_notebook_reads_the_suites_local_runs_and_runs_the_remote_section(tmp_path, monkeypatch, local_runs,
+                                                                        wheel_site):  # fmt: skip
+    """The default target (local) on runs the suite made, and ``@multislice.remote`` on emulated slices."""
+    main, twin = local_runs
+    output = Path(main.plan.run_dir).parent
+    assert Path(twin.plan.run_dir).parent == output and main.returncode == twin.returncode == 0
+    text, images = execute(tmp_path, monkeypatch, wheel_site, {
+        "MULTISLICE_LOCAL_RUNS": f"{output}:e2e,e2e-twin", "MULTISLICE_REMOTE_DIR": str(tmp_path / "remote"),
+    })  # fmt: skip
+    assert f"profiles from {wheel_site / 'multislice' / 'profiles'}" in text[0]
+    assert "targets: local | profile: local" in text[0]
+    assert f"runs e2e and e2e-twin in {output}" in text[3]
+    assert text[4] == text[5] == text[10] == ""  # KFP and Vertex AI sections skipped
+    for stage in ("tiny-8b-recipe", "tiny-70b-recipe"):
+        assert f"| {stage} | verified | 20 | 19 |" in text[6]
+    assert images[7] == 1 and images[9] == 1
+    table = text[8].splitlines()
+    assert table[2].startswith("| e2e | tiny-8b-recipe | 20 |") and table[2].endswith("| PASS |  |")
+    assert table[3].startswith("| e2e | tiny-70b-recipe | 20 |") and table[3].endswith("| PASS | PASS |")
+    assert table[4].startswith("| e2e-twin | tiny-8b-recipe | 20 |")
+    assert "hello from process 0 of 4" in text[11] and "hello from process 1" not in text[11]  # the leader's lines
+    assert "devices seen by the leader: 16" in text[11]
+    assert "slice 1 host 1 raised builtins.ValueError: bad shard" in text[12]
+    assert text[12].rstrip().endswith("ValueError: bad shard")

@@ -72,6 +72,17 @@ def _mapping_message(key: str, raw: str, value: dict[Any, Any]) -> str:
     )
 
 
+def _unshared(value: Any) -> Any:
+    """A deep copy in which no mapping or list is shared: a YAML alias (``maxtext_overrides: *local_maxtext``)
+    loads as one object in two places, which ``copy.deepcopy`` keeps shared (its memo), so setting one
+    stage's key would set the other's too."""
+    if isinstance(value, Mapping):
+        return {key: _unshared(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unshared(item) for item in value]
+    return copy.deepcopy(value)
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Return a copy of ``data`` with overrides applied.
 
@@ -124,7 +135,7 @@ def followed_checkpoint_periods(data: Mapping[str, Any], overrides: Mapping[str,
 
 
 def _apply(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[dict[str, Any], list[FollowedPeriod]]:
-    result = copy.deepcopy(dict(data))
+    result = _unshared(dict(data))
     issues: list[tuple[str, str]] = []
     steps_set: set[int] = set()
     period_set: set[int] = set()

@@ -33,8 +33,16 @@ from typing import Any
 from multislice import config, identity, storage
 from multislice import metrics as metric_records
 from multislice.delivery.artifacts import markdown_table
-from multislice.errors import InputError, UserError
-from multislice.reports import ExportReport, StepReport, TrainReport, VerificationReport, parse, report_path
+from multislice.errors import InputError, UserError, translated
+from multislice.reports import (
+    ExportReport,
+    PlanReport,
+    StepReport,
+    TrainReport,
+    VerificationReport,
+    parse,
+    report_path,
+)
 from multislice.trainer import hf_loader
 
 #: The reports :func:`read_run` returns per stage: key -> report type.
@@ -102,6 +110,27 @@ class RunRef:
         return identity.run_dir(self.output_dir, self.run_name)
 
 
+def from_run_dir(output_dir: str, run_name: str) -> RunRef:
+    """A :class:`RunRef` for a run already made, from its run directory alone (a local run's, or any
+    ``gs://`` one): its stages from the plan report the plan step wrote (``reports/plan.json``, or a
+    stage's ``reports/<stage>/plan.json``).
+
+    Raises:
+        multislice.errors.InputError: no run directory there, or one without a plan report.
+    """
+    run_dir = identity.run_dir(output_dir, run_name)
+    base = storage.path(storage.join(run_dir, "reports"))
+    if not storage.path(run_dir).is_dir():
+        raise InputError(f"no run directory {run_dir}", "check output_dir and the run's run_name")
+    found = [base / PlanReport.file_name, *sorted(base.glob(f"*/{PlanReport.file_name}"))] if base.is_dir() else []
+    for path in found:
+        data = storage.read_json(str(path))
+        if data is not None:
+            plan = parse(PlanReport, data).plan
+            return RunRef(run_name, output_dir, [s.name for s in plan.spec.stages])
+    raise InputError(f"run directory {run_dir} has no plan report", "the run stopped before its plan step; rerun it")
+
+
 def run_url(target: str, run_id: str, *, host: str = "", project: str = "", location: str = "") -> str:
     """The run's page: KFP UI ``<host>/#/runs/details/<id>`` (the UI's route), or the console's Vertex AI run page.
 
@@ -114,6 +143,7 @@ def run_url(target: str, run_id: str, *, host: str = "", project: str = "", loca
     return f"https://console.cloud.google.com/vertex-ai/locations/{location}/pipelines/runs/{job}?project={project}"
 
 
+@translated
 def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any = None, vertex: Any = None) -> RunRef:
     """A :class:`RunRef` for what :func:`multislice.submit` returned (run name and output_dir from what was sent).
 
@@ -135,6 +165,7 @@ def from_submitted(submitted: Any, profile: str | Mapping[str, Any], *, kfp: Any
     return RunRef(submitted.run_name, output_dir, stages, submitted.target, submitted.run_id, url, handle)
 
 
+@translated
 def from_kfp(client: Any, run_id: str, profile: str | Mapping[str, Any], host: str = "") -> RunRef:
     """A :class:`RunRef` for any KFP run of this pipeline, from the parameters the run was given."""
     data = config.read_profile(profile) if isinstance(profile, str) else profile
@@ -146,8 +177,14 @@ def from_kfp(client: Any, run_id: str, profile: str | Mapping[str, Any], host: s
     return RunRef(run_name, output_dir, stage_names, "kfp", run_id, run_url("kfp", run_id, host=host), client)
 
 
+@translated
 def state(run: RunRef) -> str:
-    """The run's state as the service reports it (``RUNNING``, ``SUCCEEDED``...); ``LOCAL`` for a local run."""
+    """The run's state as the service reports it (``RUNNING``, ``SUCCEEDED``...); ``LOCAL`` for a local run.
+
+    Raises:
+        multislice.errors.UserError: the KFP endpoint cannot be reached or refuses, no Google Cloud credentials,
+            or Vertex AI refuses (:func:`multislice.errors.expected_error`: the cause and fix the CLI prints).
+    """
     if run.target == "kfp":
         return str(run.handle.get_run(run.run_id).state)
     if run.target == "vertex":
@@ -155,6 +192,7 @@ def state(run: RunRef) -> str:
     return "LOCAL"
 
 
+@translated
 def wait(
     run: RunRef,
     *,
@@ -172,6 +210,7 @@ def wait(
 
     Raises:
         TimeoutError: not ended within ``timeout`` seconds (the run goes on; :func:`cancel` stops it).
+        multislice.errors.UserError: the service cannot be reached or refuses (as :func:`state`).
     """
     started, told_state, seen = clock(), None, set()
     while True:
@@ -193,6 +232,7 @@ def wait(
         pause(poll_seconds)
 
 
+@translated
 def cancel(run: RunRef) -> None:
     """Stop the run: KFP ``terminate_run``; Vertex ``PipelineJob.cancel``. Its exit handler deletes its JobSets."""
     if run.target == "kfp":

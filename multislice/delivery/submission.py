@@ -42,7 +42,11 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 import warnings
@@ -51,10 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multislice import config, release
+import yaml
+
+from multislice import config, identity, release
 from multislice.config import ConfigError
 from multislice.config import parameters as pipeline_parameters
 from multislice.delivery import checks
+from multislice.delivery.results import RunRef
+from multislice.errors import InputError, RunFailed, translated
 
 #: The pipeline's name in KFP (``upload_pipeline``'s ``pipeline_name``) and Vertex AI labels.
 PIPELINE_NAME = "multislice-training"
@@ -125,8 +133,13 @@ class KfpTarget:
     client: Any = None
     check_version: bool = True
 
+    @translated
     def make_client(self) -> Any:
-        """The ``kfp.Client`` for this endpoint."""
+        """The ``kfp.Client`` for this endpoint (kfp reads the server's healthz here).
+
+        Raises:
+            multislice.errors.InputError: the endpoint cannot be reached or refuses (as the CLI says it).
+        """
         if self.client is not None:
             return self.client
         import kfp
@@ -567,6 +580,7 @@ def _kfp_upload(
     return pipeline_id, version.pipeline_version_id, False
 
 
+@translated
 def submit(
     profile: str | Mapping[str, Any],
     parameters: Mapping[str, Any] | None = None,
@@ -591,8 +605,9 @@ def submit(
 
     Raises:
         ConfigError: bad parameters or a missing target setting, before anything is sent.
-        google.api_core.exceptions.GoogleAPICallError, kfp_server_api.ApiException:
-            the service refused the request.
+        multislice.errors.UserError: what the CLI's ``submit`` reports too (:func:`multislice.errors.expected_error`,
+            the client library's error as ``__cause__``): no Google Cloud credentials (``InputError``), the KFP
+            endpoint unreachable or refusing (``InputError``), the Google Cloud API refusing (``RunFailed``).
     """
     check_target(target, vertex, kfp)
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
@@ -694,3 +709,73 @@ def targets_from_args(args: Any) -> dict[str, Any]:
                                        args.network, labels)}  # fmt: skip
     return {"kfp": KfpTarget(args.host, args.experiment, args.kfp_namespace, args.service_account,
                              check_version=not getattr(args, "no_version_check", False))}  # fmt: skip
+
+
+def _set_argument(key: str, value: Any) -> str:
+    """``key=value`` for ``--set``: a string as written, anything else as JSON (a YAML subset)."""
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def run_local(
+    profile: str | Mapping[str, Any],
+    changes: Mapping[str, Any] | None = None,
+    *,
+    tell: Any = print,
+) -> RunRef:
+    """Run the profile's pipeline on this machine as ``multislice run`` does, and return the finished run.
+
+    It is ``multislice run --profile PROFILE --set KEY=VALUE ...`` in a child process of this Python
+    (an argument list, no shell): the same compile, kfp.local run, summary and exit status; each line it
+    prints is passed to ``tell`` as it is printed (progress, then the summary). Interrupting this call
+    (Ctrl-C, a notebook's stop button) sends the run SIGTERM, which stops its steps and the JobSets they
+    started, as Ctrl-C stops ``multislice run``.
+
+    Args:
+        profile: A profile name (``local``), a path to a ``.yaml``, or a profile's content.
+        changes: ``--set`` overrides: pipeline parameters (``stage1_steps``) or dotted fields
+            (``stages.tiny-8b-recipe.maxtext_overrides.lr_schedule_type``). Without ``run_name`` the run
+            gets ``<profile run_name>-<local time>``, as ``multislice run`` names it.
+        tell: Called with each line the run prints.
+
+    Returns:
+        A :class:`multislice.delivery.results.RunRef` (``target="local"``) for :mod:`multislice.delivery.results`.
+
+    Raises:
+        multislice.config.ConfigError: a bad change, before anything starts.
+        multislice.errors.InputError: the run refused its input or this machine (exit 2: no trainer
+            environment, a run directory another live run owns...), with the CLI's cause and fix.
+        multislice.errors.RunFailed: the run failed (exit 1), with the failing step's cause and the full log's path.
+    """
+    data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
+    changes = dict(changes or {})
+    run_name = str(changes.get("run_name") or identity.timestamped_run_name(str(data.get("run_name", "run"))))
+    found = identity.run_identity(run_name, str(changes.get("output_dir", data.get("output_dir", ""))))
+    changes.update(run_name=found.run_name, output_dir=found.output_dir)
+    spec = config.load_spec(data, changes)  # refused here, before a process starts
+    sets = [arg for key, value in changes.items() for arg in ("--set", _set_argument(key, value))]
+    with tempfile.TemporaryDirectory(prefix="multislice-run-") as tmp:
+        path = profile if isinstance(profile, str) else Path(tmp, "profile.yaml")
+        if not isinstance(profile, str):
+            path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        argv = [sys.executable, "-m", "multislice.cli", "run", "--profile", str(path), *sets]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        lines: list[str] = []
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
+            try:
+                for line in child.stdout:
+                    lines.append(line.rstrip("\n"))
+                    tell(lines[-1])
+                code = child.wait()
+            except KeyboardInterrupt:
+                child.send_signal(signal.SIGTERM)  # multislice run stops its steps and their JobSets
+                child.wait()
+                raise
+    if code == 0:
+        return RunRef(found.run_name, found.output_dir, [s.name for s in spec.stages], "local")
+
+    def last(prefix: str) -> str:
+        return next((line.removeprefix(prefix) for line in reversed(lines) if line.startswith(prefix)), "")
+
+    cause = last("error: ") or last("cause: ") or last("FAILED: ") or f"multislice run exited {code}"
+    fix = last("fix: ") or (f"see the run's full log {last('see ')}" if last("see ") else "")
+    raise (InputError if code == 2 else RunFailed)(f"local run {found.run_name} failed: {cause}", fix)

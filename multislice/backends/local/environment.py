@@ -2,21 +2,38 @@
 
 The local backend runs every pod, AOT compile and verifier as a process of
 the trainer environment (``.venvs/trainer``, MaxText with JAX), which
-``make env`` installs from ``requirements/trainer.txt``.
+``make env`` installs from ``requirements/trainer.txt``. Without a checkout
+(the package installed from a wheel), ``multislice env install DIR``
+(:func:`install_trainer_env`) builds one from the same lock files, which the
+wheel carries (``multislice/data/*-requirements.txt``), and
+``MULTISLICE_TRAINER_ENV`` names it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from multislice.config import PROJECT_ROOT
-from multislice.errors import InputError
+from multislice.errors import InputError, RunFailed
 
+#: Names the trainer environment (a venv directory); else :data:`DEFAULT_TRAINER_ENV`.
+TRAINER_ENV_VAR = "MULTISLICE_TRAINER_ENV"
 #: Where the trainer environment is, unless MULTISLICE_TRAINER_ENV says otherwise.
 DEFAULT_TRAINER_ENV = PROJECT_ROOT / ".venvs" / "trainer"
+#: The lock files ``make env`` installs, packaged with the library (links to ``requirements/`` in a checkout).
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+TRAINER_LOCK = DATA_DIR / "trainer-requirements.txt"
+LOADER_HF4_LOCK = DATA_DIR / "loader-hf4-requirements.txt"
+#: This distribution's name (pyproject.toml; :data:`multislice.release.DISTRIBUTION`).
+DISTRIBUTION = "multislice-pipelines"
+#: The import packages of this distribution (what a wheel installs), copied into a trainer environment.
+PACKAGES = ("multislice", "components", "pipelines")
 #: Resident memory to allow per local trainer process, bytes. Measured here: at most
 #: 1.21 GiB resident per process for either stage of the local profile; doubled for headroom.
 BYTES_PER_PROCESS = 2 * 1024**3
@@ -36,14 +53,116 @@ def trainer_env() -> Path:
     Raises:
         TrainerEnvMissing: it has no ``bin/python``.
     """
-    path = Path(os.environ.get("MULTISLICE_TRAINER_ENV", DEFAULT_TRAINER_ENV)).resolve()
+    path = Path(os.environ.get(TRAINER_ENV_VAR, DEFAULT_TRAINER_ENV)).resolve()
     if not (path / "bin" / "python").exists():
+        named = f"{TRAINER_ENV_VAR}={os.environ[TRAINER_ENV_VAR]}" if os.environ.get(TRAINER_ENV_VAR) else (
+            f"{TRAINER_ENV_VAR} is not set")  # fmt: skip
         raise TrainerEnvMissing(
-            f"no trainer environment at {path}",
-            "run `make env` (it creates .venvs/trainer with MaxText), or set MULTISLICE_TRAINER_ENV to a venv "
-            "with the trainer extra installed",
+            f"no trainer environment (MaxText, JAX, Orbax) at {path} ({named})",
+            f"build one with `multislice env install ~/multislice-envs` (about 8 GB: MaxText, JAX, torch, Ray) and "
+            f"set {TRAINER_ENV_VAR}=~/multislice-envs/trainer; in a source checkout `make env` builds .venvs/trainer",
         )
     return path
+
+
+def _site_packages(python: Path) -> Path:
+    done = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(done.stdout.strip())
+
+
+def copy_packages(site_packages: Path) -> list[Path]:
+    """Copy this distribution's import packages (:data:`PACKAGES`, as this Python imports them; links
+    resolved, no ``__pycache__``) and a ``.dist-info`` naming its version into ``site_packages``.
+
+    Returns:
+        The directories written.
+    """
+    import importlib
+    from importlib import metadata
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # the packages on PYTHONPATH without their metadata
+        version = "0+unknown"
+    written = []
+    for name in PACKAGES:
+        source = Path(importlib.import_module(name).__file__).parent
+        target = site_packages / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
+        written.append(target)
+    info = site_packages / f"multislice_pipelines-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("multislice env install\n")
+    return [*written, info]
+
+
+def install_trainer_env(
+    directory: str | Path,
+    *,
+    python: str = sys.executable,
+    trainer_lock: Path = TRAINER_LOCK,
+    loader_lock: Path = LOADER_HF4_LOCK,
+    tell: Callable[[str], object] = print,
+) -> Path:
+    """Build the trainer environment ``make env`` builds, for a package installed without a checkout.
+
+    ``directory/trainer``: a venv of ``python`` (3.12) with the trainer lock file (MaxText 0.2.5, JAX,
+    Orbax, torch, Ray: about 8 GB) installed ``--no-deps`` as pinned, and this package copied in
+    (:func:`copy_packages`); ``directory/loader-hf4``: the export check's transformers 4.57 loader, a venv
+    of its three pins layered over the trainer's packages (a ``.pth`` file), where
+    :mod:`multislice.trainer.export` looks for it (beside the trainer environment). Every command is an
+    argument list; each is told before it runs.
+
+    Args:
+        directory: Where to put both venvs (created).
+        python: The interpreter the venvs are made from.
+        trainer_lock, loader_lock: The pinned requirements (default: the packaged lock files).
+
+    Returns:
+        The trainer environment's directory: set ``MULTISLICE_TRAINER_ENV`` to it.
+
+    Raises:
+        InputError: a lock file is missing, or ``python`` is not Python 3.12 (the lock files' version).
+        RunFailed: a command failed (its exit status and the end of its output in the message).
+    """
+    root = Path(directory).expanduser().resolve()
+    for lock in (trainer_lock, loader_lock):
+        if not Path(lock).is_file():
+            raise InputError(f"no lock file {lock}", "reinstall the package (its wheel carries multislice/data/)")
+    version = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+                             capture_output=True, text=True)  # fmt: skip
+    if version.stdout.strip() != "3.12":
+        raise InputError(f"{python} is Python {version.stdout.strip() or '?'}, not 3.12",
+                         "give --python /path/to/python3.12 (the lock files pin packages for 3.12)")  # fmt: skip
+    trainer, loader = root / "trainer", root / "loader-hf4"
+
+    def step(argv: list[str]) -> None:
+        tell("$ " + " ".join(argv))
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise RunFailed(
+                f"{argv[0]} exited {done.returncode}: {done.stdout.strip()[-2000:]}",
+                "fix what the output says, then rerun `multislice env install` (it reuses the venvs)",
+            )
+
+    step([python, "-m", "venv", str(trainer)])
+    pip = [str(trainer / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check"]
+    step([*pip, "--requirement", str(trainer_lock)])
+    site = _site_packages(trainer / "bin" / "python")
+    tell(f"copying {', '.join(PACKAGES)} into {site}")
+    copy_packages(site)
+    step([python, "-m", "venv", str(loader)])
+    step([str(loader / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+          "--requirement", str(loader_lock)])  # fmt: skip
+    layered = _site_packages(loader / "bin" / "python") / "zz-trainer.pth"
+    layered.write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    tell(f"trainer environment ready: export {TRAINER_ENV_VAR}={trainer}")
+    return trainer
 
 
 def trainer_process_env(env: Path) -> dict[str, str]:

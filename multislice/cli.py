@@ -1020,6 +1020,8 @@ EXAMPLES: dict[str, str] = {
     "schedule resume": "multislice schedule resume SCHEDULE_ID --target vertex --project my-project "
     "--location us-east5 --catch-up",
     "schedule delete": "multislice schedule delete SCHEDULE_ID --target kfp --host http://localhost:8888",
+    "env": "multislice env install ~/multislice-envs\n"
+    "export MULTISLICE_TRAINER_ENV=~/multislice-envs/trainer   # then the notebook and run_local use it",
     "calls list": "multislice calls list --output-dir output\nmultislice calls list --output-dir gs://my-bucket/remote",
     "calls logs": "multislice calls logs remote-train-shard-c0ffee00 --follow\n"
     "multislice calls logs c0ffee00 --host 1,0 --output-dir gs://my-bucket/remote",
@@ -1189,8 +1191,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="Build the trainer environment `make env` builds, from the lock files this package carries: "
         "DIR/trainer (MaxText 0.2.5 with JAX, Orbax, torch, Ray: about 8 GB; this package copied in) and "
         "DIR/loader-hf4 (the export check's transformers 4.57). Then set MULTISLICE_TRAINER_ENV=DIR/trainer.",
-        epilog="example: multislice env install ~/multislice-envs\n"
-        "         export MULTISLICE_TRAINER_ENV=~/multislice-envs/trainer",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     env.add_argument("action", choices=["install"])

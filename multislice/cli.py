@@ -382,6 +382,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
                     else f"{train.restarts} JobSet restarts"
                 )
             )
+            lines.extend(f"  restart {n:<5} {cause}" for n, cause in enumerate(train.restart_causes, 1))
             lines.extend(elastic_lines(train))
             if train.evals:
                 lines.append(

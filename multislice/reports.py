@@ -300,6 +300,7 @@ class TrainReport(StepReport):
     Attributes:
         steps_trained: Distinct steps with metrics.
         restarts: JobSet restarts during training.
+        restart_causes: Why each restart happened (the failed pod, its exit code and reason), in order.
         wall_seconds: From following the training to its end.
         step_time_seconds: Mean step time over steady steps.
         first_eval_loss: MaxText's eval loss (mean cross-entropy per target token, nats) at the first eval.
@@ -322,6 +323,7 @@ class TrainReport(StepReport):
     skipped: bool = False
     steps_trained: int | None = None
     restarts: int | None = None
+    restart_causes: list[str] = Field(default_factory=list)
     wall_seconds: float | None = None
     first_step: int | None = None
     last_step: int | None = None

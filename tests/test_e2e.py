@@ -116,6 +116,9 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(l
     assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
     assert reports.read(reports.VerificationReport, plan, stage).verdict == "PASS"
     assert "1 JobSet restarts" in twin.stdout
+    # the restart's cause, in the report and the summary: the killed pod and its exit code (SIGKILL)
+    assert len(report.restart_causes) == 1 and f"pod {killed.pod} exited with code 137" in report.restart_causes[0]
+    assert f"  restart 1     {report.restart_causes[0]}" in twin.stdout
 
 
 def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run):

@@ -534,7 +534,10 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
     )
     assert f"pod {first[0]} (slice 0, host 0, attempt 0) exit code 137" in text
     assert "RESOURCE_EXHAUSTED: out of HBM" in text
-    assert "JobSet restarted (1/4 restarts); following the new leader" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "JobSet restarted (1/4 restarts); following the new leader" in out
+    # the restart's cause: the failed pod of attempt 0, its exit code and the kubelet's reason
+    assert f"restart 1 cause: pod {first[0]} (slice 0, host 0) exited with code 137 (OOMKilled)" in out
 
 
 def test_watch_410_during_training_relists_and_finishes(served, play, plan, told, capsys):
@@ -695,6 +698,7 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
     assert trained.leader_logs == [first[0], play.pod_name(js, 0, 0, attempt=1)]
     assert (trained.restarts, trained.steps_trained, trained.records) == (1, 4, 5)
     assert (trained.first_loss, trained.final_loss) == (8.0, 6.5)
+    assert trained.restart_causes == [f"pod {first[0]} (slice 0, host 0) Failed"]  # no container status: the phase
 
 
 def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, play, plan, capsys):

@@ -133,11 +133,14 @@ class Finished:
         phase: ``Completed`` or ``Failed``.
         restarts: JobSet restarts during training.
         leader_logs: What was followed: each attempt's leader log (files locally, pod names on GKE).
+        restart_causes: Why each restart happened, in order (the failed pod, its exit code and reason), one per
+            restart where the backend could read it.
     """
 
     phase: str
     restarts: int
     leader_logs: list[str]
+    restart_causes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

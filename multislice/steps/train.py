@@ -128,6 +128,7 @@ def run(
             jobset=stage.jobset,
             steps_trained=measured.pop("steps_recorded"),
             restarts=finished.restarts,
+            restart_causes=finished.restart_causes,
             wall_seconds=round(wall, 1),
             **measured,
             metrics_file=stage.metrics_file,
@@ -225,7 +226,7 @@ def follow_elastic(
     runnable = stage.runnable_counts()
     wait_seconds = stage.wait_for_lost_slice_seconds or 0.0
     started = time.monotonic()
-    current = {"slices": runnable[0], "restarts": 0}
+    current: dict[str, Any] = {"slices": runnable[0], "restarts": 0, "causes": []}
     pending: dict[str, elastic.Resize | None] = {"resize": None}
 
     def tagged(line: str) -> None:
@@ -252,8 +253,10 @@ def follow_elastic(
         interrupt = watch.interrupt
         finished = backend.follow(target_plan, target_stage, tagged, tell, interrupt=interrupt)
         current["restarts"] += finished.restarts
+        current["causes"] += finished.restart_causes
         if finished.phase != "Interrupted":
-            return Finished(phase=finished.phase, restarts=current["restarts"], leader_logs=finished.leader_logs)
+            return Finished(phase=finished.phase, restarts=current["restarts"], leader_logs=finished.leader_logs,
+                            restart_causes=current["causes"])  # fmt: skip
         decision = watch.decision
         last = next((r for r in reversed(records) if "step" in r), None)
         resize = elastic.Resize(

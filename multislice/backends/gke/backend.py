@@ -345,6 +345,7 @@ class GkeBackend(Backend):
         follower.start()
         started = time.monotonic()
         seen_restarts, suspended_since, final = 0, None, None
+        causes: list[str] = []
         try:
             # An elastic stage's lost slice shows in pods and nodes, not in the JobSet: each watch request then
             # lasts at most poll_seconds, and ``interrupt`` is asked after each event and each idle end.
@@ -363,9 +364,14 @@ class GkeBackend(Backend):
                     raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted during training")
                 state = jobset.phase(js)
                 if jobset.restarts(js) != seen_restarts:
+                    causes += [
+                        pods.attempt_failure(self.kube, stage.jobset, a)
+                        for a in range(seen_restarts, jobset.restarts(js))
+                    ]
                     seen_restarts = jobset.restarts(js)
                     count = f"{seen_restarts}/{plan.spec.max_restarts}"
                     tell(f"JobSet restarted ({count} restarts); following the new leader")
+                    tell(f"restart {seen_restarts} cause: {causes[-1]}")
                 if state == "Suspended":
                     if suspended_since is None:
                         suspended_since = time.monotonic()
@@ -406,7 +412,10 @@ class GkeBackend(Backend):
             )
         follower.join(timeout=timings.poll_seconds * 4 + 5)
         follower.catch_up()
-        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed)
+        for attempt in range(seen_restarts, jobset.restarts(final)):  # restarts the watch did not see one by one
+            causes.append(pods.attempt_failure(self.kube, stage.jobset, attempt))
+        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed,
+                        restart_causes=causes)  # fmt: skip
 
     # -- elastic training ----------------------------------------------------
 

@@ -107,6 +107,28 @@ def exit_code(pod: Any, container: str = names.TRAINER_CONTAINER) -> int | None:
     return None
 
 
+def attempt_failure(kube: Kube, jobset_name: str, restart_attempt: int) -> str:
+    """Why restart attempt ``restart_attempt`` of the JobSet ended: its first failed pod, with the trainer
+    container's exit code and termination reason (``OOMKilled``, ``Error``...).
+
+    The JobSet controller deletes a failed attempt's Jobs when it restarts (kubernetes-sigs/jobset
+    ``pkg/controllers/jobset_controller.go``, ``deleteJobs``), so the pods may be gone by the time the
+    restart is seen: the text then says so.
+    """
+    failed = [p for p in list_pods(kube, jobset_name, restart_attempt)
+              if p.status.phase == "Failed" or exit_code(p) not in (None, 0)]  # fmt: skip
+    if not failed:
+        return f"attempt {restart_attempt}: its pods were deleted before their exit could be read"
+    pod = min(failed, key=lambda p: (slice_index(p), host_index(p)))
+    reason = next((s.state.terminated.reason for s in pod.status.container_statuses or []
+                   if s.name == names.TRAINER_CONTAINER and s.state and s.state.terminated
+                   and s.state.terminated.reason), None)  # fmt: skip
+    code = exit_code(pod)
+    return (f"pod {pod.metadata.name} (slice {slice_index(pod)}, host {host_index(pod)}) "
+            + (f"exited with code {code}" if code is not None else f"{pod.status.phase}")
+            + (f" ({reason})" if reason else ""))  # fmt: skip
+
+
 def placement(kube: Kube, pods: list[Any]) -> dict[str, dict[str, Any]]:
     """Pod name -> ``{"slice", "host", "node", "node_pool"}`` from each pod's node's labels."""
     pools: dict[str, str | None] = {}

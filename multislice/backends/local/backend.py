@@ -282,7 +282,9 @@ class LocalBackend(Backend):
             time.sleep(self.timings.poll_seconds)
         logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
         restarts = max(0, leader_starts - 1) if stage.launcher == "ray" else state.restarts
-        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs)
+        # The supervisor records a JobFailed event for each failed attempt (the pod and its exit code).
+        causes = [e.message for e in state.events if e.reason == "JobFailed"][: state.restarts]
+        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs, restart_causes=causes)
 
     @staticmethod
     def _pass_on(path: Path, offset: int, on_line: Callable[[str], None], final: bool) -> int:

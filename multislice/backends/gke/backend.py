@@ -401,7 +401,10 @@ class GkeBackend(Backend):
                     follower.join(timeout=timings.poll_seconds * 4 + 5)
                     follower.catch_up()
                     return Finished(
-                        phase="Interrupted", restarts=jobset.restarts(js), leader_logs=follower.pods_followed
+                        phase="Interrupted",
+                        restarts=jobset.restarts(js),
+                        leader_logs=follower.pods_followed,
+                        restart_causes=causes,
                     )
         finally:
             follower.stop()

@@ -273,7 +273,8 @@ class LocalBackend(Backend):
                 self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
                 for attempt in range(state.restarts + 1):
                     self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
-                return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[])
+                return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[],
+                                restart_causes=_restart_causes(state))  # fmt: skip
             if time.monotonic() > deadline:
                 raise TrainingFailed(
                     f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s",
@@ -282,9 +283,7 @@ class LocalBackend(Backend):
             time.sleep(self.timings.poll_seconds)
         logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
         restarts = max(0, leader_starts - 1) if stage.launcher == "ray" else state.restarts
-        # The supervisor records a JobFailed event for each failed attempt (the pod and its exit code).
-        causes = [e.message for e in state.events if e.reason == "JobFailed"][: state.restarts]
-        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs, restart_causes=causes)
+        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs, restart_causes=_restart_causes(state))
 
     @staticmethod
     def _pass_on(path: Path, offset: int, on_line: Callable[[str], None], final: bool) -> int:
@@ -455,3 +454,9 @@ class LocalBackend(Backend):
         (raises VerifierTimeout)."""
         card = reports.model_card(plan, stage)
         return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]
+
+
+def _restart_causes(state: Any) -> list[str]:
+    """Why each of the JobSet's restarts happened: the supervisor's ``JobFailed`` event of each restarted
+    attempt (the Job, the pod and its exit code, the failure policy rule), in order."""
+    return [e.message for e in state.events if e.reason == "JobFailed"][: state.restarts]

@@ -30,7 +30,8 @@ mode = sys.argv[1]
 if mode == "ignore-sigterm":  # as JAX's preemption handler: SIGTERM does not end the process
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("ignoring SIGTERM", flush=True)
-    time.sleep(600)
+    while True:  # until SIGKILL: no signal it heeds ends the wait
+        signal.pause()
 if mode == "step-then-sleep" or (mode == "sleep-first-attempt" and attempt > 0):
     print("completed step: 0, seconds: 0.100, loss: 5.000", flush=True)
 if mode in ("sleep", "step-then-sleep") or (mode == "sleep-first-attempt" and attempt == 0):

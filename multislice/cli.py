@@ -376,11 +376,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
             lines.append(
                 f"  trained       {train.steps_trained}/{stage.steps} steps, loss {train.first_loss:.3f} -> "
                 f"{train.final_loss:.3f}, {train.tokens_per_second_per_device:.1f} tokens/s per device, "
-                + (
-                    f"{train.restarts} Ray Train retries (launcher ray)"
-                    if train.launcher == "ray"
-                    else f"{train.restarts} JobSet restarts"
-                )
+                f"{train.restarts} {backends.launcher_kind(train.launcher).restarts_are}"
             )
             lines.extend(f"  restart {n:<5} {cause}" for n, cause in enumerate(train.restart_causes, 1))
             lines.extend(elastic_lines(train))

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from multislice import cancel, config
+from multislice.backends.base import LaunchFailed
 from multislice.backends.local import AlreadyExists, LocalJobSets, pid_alive
 from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
 from multislice.plan import make_plan
@@ -233,6 +234,37 @@ def test_a_finished_jobset_of_an_earlier_pipeline_run_is_replaced(tmp_path):
     assert result.replaced == "run-a" and result.adopted is False
     assert any(p.name.startswith(f"{name}.replaced-") for p in backend.jobsets_dir.iterdir())
     assert finish(backend, name).labels["pipeline/runid"] == "b"
+
+
+def test_a_ray_stage_is_the_ray_launchers_and_its_errors_name_the_ray_driver(tmp_path):
+    """The local backend looks a stage's launcher up: a Ray stage's driver JobSet is the Ray launcher's, by name too
+    (a failure report, a delete), and what it says names the Ray driver, not a JobSet."""
+    from multislice.backends.local import launchers
+    from multislice.backends.local.backend import LocalBackend
+    from multislice.render.ray import DRIVER_MODULE
+
+    spec = config.load_profile("local", {"run_name": "r", "output_dir": str(tmp_path), "launcher": "ray"})
+    plan = make_plan(spec)
+    stage = plan.stages[0]
+    local = LocalBackend(plan.run_dir)
+    assert isinstance(local.launcher_for(stage), launchers.RayLauncher)
+    obj = local.workload_manifest(plan, stage, "run-a")
+    container = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert DRIVER_MODULE in container["command"]
+    container["command"], container["args"] = ["python", "-c", "import sys; sys.exit(3)"], [DRIVER_MODULE]
+    assert local.submit(obj).adopted is False
+    assert finish(local.jobsets, stage.jobset).phase == "Failed"  # its one pod exited 3: no pod will run
+    with pytest.raises(LaunchFailed) as failed:
+        local.wait_running(plan, stage, print)
+    assert str(failed.value).startswith(f"Ray driver {stage.jobset} is Failed") and "JobSet" not in str(failed.value)
+    assert isinstance(local.launcher_of(stage.jobset), launchers.RayLauncher)
+    report = local.failure_report(stage.jobset)
+    assert report.startswith(f"Ray driver {stage.jobset} Failed") and "exit code 3" in report
+    assert "JobSet" not in report.splitlines()[0]
+    assert local.workload_phase(stage.jobset) == "Failed"
+    plain, other = scripted_jobset(tmp_path / "plain", "ok")  # a JobSet stage's is the JobSet launcher's
+    LocalBackend(plain.run_dir).submit(other)
+    assert isinstance(LocalBackend(plain.run_dir).launcher_of(other["metadata"]["name"]), launchers.JobSetLauncher)
 
 
 def test_a_lost_supervisor_is_reported_and_its_pods_are_killed_on_delete(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from multislice import config, tpu
 from multislice.config import ConfigError
 from multislice.plan import make_plan
-from multislice.render import jobset, manifests, ray
+from multislice.render import jobset, launchers, manifests, ray
 from multislice.trainer import ray_driver
 
 NETWORKS = [{"network": "dcn-net", "subnetwork": "dcn-sub"}, {"network": "dcn-net-2", "subnetwork": "dcn-sub-2"}]
@@ -125,7 +125,7 @@ def test_elastic_worker_counts():
 def test_local_ray_stage_is_one_driver_pod_with_the_cpu_arguments():
     plan = _plan("local", launcher="ray")
     stage = plan.stages[1]
-    js = jobset.render_jobset(plan, stage, hardware="cpu", pipeline_run_id="r")
+    js = launchers.kind_of(stage).render(plan, stage, "cpu", "r")
     assert manifests.object_problems(js) == []
     (rjob,) = js["spec"]["replicatedJobs"]
     assert rjob["replicas"] == 1 and rjob["template"]["spec"]["parallelism"] == 1
@@ -135,7 +135,8 @@ def test_local_ray_stage_is_one_driver_pod_with_the_cpu_arguments():
     assert not options.tpu and options.slices == 2
     assert {"hardware=cpu", "num_slices=2", "dcn_fsdp_parallelism=2", "jax_cache_dir="} <= set(maxtext_args)
     with pytest.raises(ValueError, match="RayJob"):
-        jobset.render_jobset(plan, stage, hardware="tpu", pipeline_run_id="r")
+        jobset.render_ray_driver_jobset(plan, stage, hardware="tpu", pipeline_run_id="r")
+    assert launchers.kind_of(stage).render(plan, stage, "tpu", "r")["kind"] == "RayJob"
 
 
 @pytest.mark.parametrize(("rank", "slice_index", "host"), [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)])
@@ -157,17 +158,24 @@ def test_driver_refuses_bad_arguments():
 
 
 def test_the_gke_backend_renders_a_ray_stage_as_its_rayjob_and_the_default_refuses_it_with_a_fix():
-    from multislice.backends.base import Backend, LauncherUnsupported
+    from types import SimpleNamespace
+
+    from multislice.backends.base import LauncherUnsupported
     from multislice.backends.gke import GkeBackend
+    from multislice.timings import DEFAULTS
 
     plan = _plan(launcher="ray")
-    backend = GkeBackend.__new__(GkeBackend)  # no cluster needed: rendering makes no call
-    backend._claims = {}
+    backend = GkeBackend(SimpleNamespace(timings=DEFAULTS["gke"]))  # no cluster needed: rendering makes no call
     manifest = backend.workload_manifest(plan, plan.stages[0], "run-1")
     assert manifest["kind"] == "RayJob" and manifest["metadata"]["name"] == plan.stages[0].jobset
-    assert list(backend._claims) == [plan.stages[0].jobset]  # submit creates these first (none without networks)
-    with pytest.raises(LauncherUnsupported, match="launcher ray") as refused:  # a TPU backend without RayJobs
-        Backend.workload_manifest(backend, plan, plan.stages[0], "run-1")
+    launcher = backend.launcher_for(plan.stages[0])
+    assert list(launcher.claims) == [plan.stages[0].jobset]  # submit creates these first (none without networks)
+
+    class JobSetsOnly(GkeBackend):  # a TPU backend without RayJobs
+        launcher_classes = (GkeBackend.launcher_classes[0],)
+
+    with pytest.raises(LauncherUnsupported, match="launcher ray") as refused:
+        JobSetsOnly(SimpleNamespace(timings=DEFAULTS["gke"])).workload_manifest(plan, plan.stages[0], "run-1")
     assert "launcher=jobset" in refused.value.fix
 
 

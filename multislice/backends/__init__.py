@@ -14,10 +14,20 @@ from typing import Any
 from multislice.backends.base import Backend
 from multislice.config import ClusterSpec
 from multislice.plan import Plan
+from multislice.render.launchers import LauncherKind, named
 from multislice.timings import timings_for
 
 #: Backend names, as the run spec's ``backend`` field takes them.
 NAMES = ("local", "gke")
+
+
+def launcher_kind(name: str) -> LauncherKind:
+    """The launcher kind of a ``launcher`` value as a report records it (:func:`multislice.render.launchers.named`).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    return named(name)
 
 
 def backend_class(name: str) -> type[Backend]:

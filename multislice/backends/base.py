@@ -9,11 +9,12 @@ GKE cluster through the Kubernetes API (JobSet, Kueue) and the GKE API (node
 pools). A step (:mod:`multislice.steps`) renders what is common, calls these
 methods, and builds its report from what they return.
 
-A workload is what trains one stage: today a JobSet, rendered by
-:meth:`Backend.workload_manifest`. Another launcher (a KubeRay RayCluster) or
-an elastic resize (the same stage relaunched on fewer slices) is another
-manifest through the same methods: :meth:`submit` a manifest,
-:meth:`wait_admitted`, :meth:`wait_running`, :meth:`follow`, :meth:`delete`.
+A workload is what trains one stage: a JobSet or a KubeRay RayJob, each launched by one of the backend's
+launchers (:mod:`multislice.backends.launcher`, a second axis in the style of kubeflow/sdk's container adapters).
+The backend looks a stage's launcher up once (:meth:`Backend.launcher_for`) and delegates to it:
+:meth:`workload_manifest`, :meth:`submit`, :meth:`wait_running`, :meth:`follow`, :meth:`failure_report`,
+:meth:`delete`, :meth:`workload_phase`. An elastic resize (the same stage relaunched on fewer slices) is another
+manifest through the same methods.
 
 Every wait takes its limits from :attr:`Backend.timings`
 (:mod:`multislice.timings`), the same values the compiled pipeline's pod
@@ -27,17 +28,21 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from multislice import cancel, names
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession
-from multislice.render import jobset
+from multislice.render import jobset, launchers
 from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
 from multislice.timings import Timings
+
+if TYPE_CHECKING:
+    from multislice.backends.launcher import Launcher
 
 #: A progress callback: one human-readable line.
 Tell = Callable[[str], None]
@@ -173,6 +178,9 @@ class Backend(abc.ABC):
     hardware: ClassVar[jobset.Hardware]
     #: Whether the backend implements elastic training (:meth:`available_slices`, :meth:`lost_slice`, ``interrupt``).
     elastic: ClassVar[bool] = False
+    #: The backend's launchers, one per kind of workload it launches, each built with the backend
+    #: (:mod:`multislice.backends.launcher`); a name-only call (:meth:`delete`) asks them in this order.
+    launcher_classes: ClassVar[tuple[Callable[[Any], Launcher], ...]] = ()
 
     def __init__(self, timings: Timings):
         self.timings = timings
@@ -194,35 +202,59 @@ class Backend(abc.ABC):
 
     # -- a stage's workload -------------------------------------------------
 
-    def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
-        """The workload that trains ``stage``: its multislice JobSet for this backend's hardware.
+    @functools.cached_property
+    def launchers(self) -> list[Launcher]:
+        """One instance of each of :attr:`launcher_classes`, built on first use."""
+        return [make(self) for make in self.launcher_classes]
 
-        A stage with ``launcher: ray`` is, on CPU (the local backend), the one-pod JobSet of its Ray driver
-        (:func:`multislice.render.jobset.render_ray_driver_jobset`). On TPU it is a KubeRay RayJob
-        (:func:`multislice.render.ray.render_rayjob`): a TPU backend that launches RayJobs overrides this method
-        (:class:`multislice.backends.gke.GkeBackend`); this default refuses them.
+    def launcher_for(self, stage: StagePlan) -> Launcher:
+        """The launcher of ``stage``: the one whose kind is the stage's (:func:`multislice.render.launchers.kind_of`).
+
+        Raises:
+            LauncherUnsupported: this backend has no launcher of that kind (a RayJob on a TPU backend without one).
+        """
+        kind = launchers.kind_of(stage)
+        for launcher in self.launchers:
+            if launcher.kind is kind:
+                return launcher
+        default = next(iter(launchers.KINDS))
+        raise LauncherUnsupported(
+            f"stage {stage.name} has launcher {kind.name}, and the {self.name} backend does not launch {kind.kind}s",
+            f"set launcher: {default} for this backend (or --set launcher={default}); `multislice render --set "
+            f"launcher={kind.name}` writes the {kind.kind} to apply yourself",
+        )
+
+    def launcher_of(self, name: str) -> Launcher | None:
+        """The launcher whose workload ``name`` exists (the first of :attr:`launchers` that has it), or None."""
+        return next((launcher for launcher in self.launchers if launcher.phase(name) is not None), None)
+
+    def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+        """The workload that trains ``stage`` on this backend: what its launcher renders (a JobSet for this
+        backend's hardware; with ``launcher: ray`` a RayJob on GKE, the Ray driver's one-pod JobSet locally).
 
         Raises:
             ValueError: ``pipeline_run_id`` is not a valid label value.
-            LauncherUnsupported: the stage's launcher is ``ray`` and this backend runs TPU workloads.
+            LauncherUnsupported: this backend has no launcher for the stage's.
         """
-        if stage.launcher == "ray" and self.hardware == "tpu":
-            raise LauncherUnsupported(
-                f"stage {stage.name} has launcher ray, and the {self.name} backend does not launch RayJobs",
-                "set launcher: jobset for this backend (or --set launcher=jobset); `multislice render --set "
-                "launcher=ray` writes the RayJob to apply yourself",
-            )
-        return jobset.render_jobset(plan, stage, hardware=self.hardware, pipeline_run_id=pipeline_run_id)
+        return self.launcher_for(stage).render(plan, stage, pipeline_run_id)
 
-    @abc.abstractmethod
     def submit(self, manifest: dict[str, Any]) -> Submission:
         """Create the workload, adopt an existing one of the same name and spec (a retried step), or replace a
-        finished one of another pipeline run (a run that continues an earlier one).
+        finished one of another pipeline run (a run that continues an earlier one): by the launcher of the
+        manifest's kind.
 
         Raises:
             multislice.render.schema.ManifestInvalid: it fails CRD validation.
             WorkloadConflict: the name is taken by another spec.
+            LauncherUnsupported: no launcher of this backend creates that kind.
         """
+        kind = manifest.get("kind")
+        for launcher in self.launchers:
+            if launcher.workload_kind == kind:
+                return launcher.submit(manifest)
+        raise LauncherUnsupported(
+            f"the {self.name} backend does not launch {kind} objects", "render it for this backend"
+        )
 
     @abc.abstractmethod
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
@@ -233,17 +265,16 @@ class Backend(abc.ABC):
             WorkloadDeleted: the workload was deleted while waiting.
         """
 
-    @abc.abstractmethod
     def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
-        """Wait until every pod of every slice runs (``timings.launch_timeout``); where they run.
+        """Wait until every pod of every slice runs (``timings.launch_timeout``); where they run (the stage's launcher).
 
         Raises:
             LaunchFailed: they cannot all start (the message quotes the pods' state and events), or not all
                 run within ``timings.launch_timeout``.
             WorkloadDeleted: the workload was deleted while waiting.
         """
+        return self.launcher_for(stage).wait_running(plan, stage, tell)
 
-    @abc.abstractmethod
     def follow(
         self,
         plan: Plan,
@@ -266,6 +297,7 @@ class Backend(abc.ABC):
                 ``timings.train_timeout``.
             WorkloadDeleted: the workload was deleted during training.
         """
+        return self.launcher_for(stage).follow(plan, stage, on_line, tell, interrupt)
 
     def available_slices(self, plan: Plan) -> int | None:
         """Slices whose capacity is available now (elastic training); None when the backend does not know."""
@@ -283,9 +315,12 @@ class Backend(abc.ABC):
         """
         raise NotImplementedError(f"the {self.name} backend does not relaunch workloads on another slice count")
 
-    @abc.abstractmethod
     def failure_report(self, name: str) -> str:
-        """Why a workload failed: its reason, each failed pod's exit code and last log lines."""
+        """Why a workload failed: its reason, each failed pod's exit code and last log lines (its launcher's)."""
+        launcher = self.launcher_of(name)
+        if launcher is None:
+            return f"{' or '.join(sorted({each.workload_kind for each in self.launchers}))} {name} does not exist"
+        return launcher.failure_report(name)
 
     def pod_exits(self, name: str) -> list[PodExit]:
         """Each pod of the workload's latest attempt: slice, host, exit code and when it ended.
@@ -295,7 +330,6 @@ class Backend(abc.ABC):
         """
         return []
 
-    @abc.abstractmethod
     def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
         """Delete a workload and stop its pods; False when there was none.
 
@@ -305,11 +339,14 @@ class Backend(abc.ABC):
         ``terminationGracePeriodSeconds`` (a hung remote call: a host that catches SIGTERM must not hold the
         caller for the whole grace period).
         """
+        launcher = self.launcher_of(name)
+        return launcher is not None and launcher.delete(name, owner=owner, grace_seconds=grace_seconds)
 
     def workload_phase(self, name: str) -> str | None:
         """The workload's phase now (``Suspended``, ``Running``, ``Completed``, ``Failed``; locally also
         ``Deleted``, whose state and logs stay on disk), or None when it does not exist."""
-        raise NotImplementedError(f"the {self.name} backend does not read a workload's phase")
+        launcher = self.launcher_of(name)
+        return None if launcher is None else launcher.phase(name)
 
     def host_log(
         self,

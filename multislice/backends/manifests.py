@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.plan import Plan
-from multislice.render import jobset, kueue, ray, rbac, schema
+from multislice.render import kueue, launchers, rbac, schema
 from multislice.render.manifests import object_problems, to_yaml
 
 #: Where the node pool plan goes, relative to the output directory.
@@ -30,10 +30,10 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
 
     Kueue objects (``kueue-<kind>-<name>.yaml``), each stage's JobSet in both
     hardware variants (``jobset-<stage>.<tpu|cpu>.yaml``) and, for backend ``gke``, the
-    RBAC objects (``rbac-<kind>-<name>.yaml``). A stage with ``launcher: ray`` has instead
-    its RayJob for GKE (``rayjob-<stage>.tpu.yaml``), its DRANET claim templates
-    (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
-    backend's driver JobSet (``jobset-<stage>.cpu.yaml``, :func:`multislice.render.jobset.render_jobset`).
+    RBAC objects (``rbac-<kind>-<name>.yaml``). Each stage's launcher (:func:`multislice.render.launchers.kind_of`)
+    renders it: a stage with ``launcher: ray`` has instead its RayJob for GKE (``rayjob-<stage>.tpu.yaml``), its
+    DRANET claim templates (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
+    backend's driver JobSet (``jobset-<stage>.cpu.yaml``).
     For backend ``gke``, a stage with ``export`` also has its export Job (``job-<stage>-export.yaml``,
     :func:`multislice.backends.gke.exporter.render_job`).
 
@@ -44,18 +44,12 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     for obj in kueue.render_kueue_objects(plan):
         out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
     for stage in plan.stages:
-        if stage.launcher == "ray":
-            out[f"rayjob-{stage.name}.tpu.yaml"] = ray.render_rayjob(plan, stage, pipeline_run_id=pipeline_run_id)
-            for obj in ray.render_claim_templates(plan, stage, pipeline_run_id=pipeline_run_id):
-                out[f"resourceclaimtemplate-{obj['metadata']['name']}.yaml"] = obj
-            out[f"jobset-{stage.name}.cpu.yaml"] = jobset.render_jobset(
-                plan, stage, hardware="cpu", pipeline_run_id=pipeline_run_id
-            )
-            continue
-        for hardware in ("tpu", "cpu"):
-            out[f"jobset-{stage.name}.{hardware}.yaml"] = jobset.render_jobset(
-                plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id
-            )
+        launcher = launchers.kind_of(stage)
+        tpu = launcher.render(plan, stage, "tpu", pipeline_run_id)
+        out[f"{tpu['kind'].lower()}-{stage.name}.tpu.yaml"] = tpu
+        for obj in launcher.companions(plan, stage, pipeline_run_id):
+            out[f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        out[f"jobset-{stage.name}.cpu.yaml"] = launcher.render(plan, stage, "cpu", pipeline_run_id)
     if plan.spec.backend == "gke":
         from multislice.backends.gke import exporter, lease  # the kubernetes client: only for a gke plan
 

@@ -150,7 +150,8 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
 
 
 def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_run_id: str) -> dict[str, Any]:
-    """The JobSet that trains one stage.
+    """The multislice JobSet that trains one stage (``launcher: jobset``; a stage's launcher picks its renderer:
+    :func:`multislice.render.launchers.kind_of`).
 
     Args:
         plan: The validated plan.
@@ -164,8 +165,6 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     Raises:
         ValueError: ``pipeline_run_id`` is not a valid label value.
     """
-    if stage.launcher == "ray":
-        return render_ray_driver_jobset(plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id)
     spec = plan.spec
     hosts = plan.slice.hosts
     command, args = worker_command(plan, stage, hardware)

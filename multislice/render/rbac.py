@@ -67,7 +67,7 @@ from typing import Any
 
 from multislice import names
 from multislice.plan import Plan
-from multislice.render import kueue, schema
+from multislice.render import kueue, launchers, schema
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 #: Annotation linking a Kubernetes ServiceAccount to a Google service account (GKE Workload Identity).
@@ -100,24 +100,14 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
         _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
-        *ray_rules(plan),
+        *launcher_rules(plan),
     ]
 
 
-def ray_rules(plan: Plan) -> list[dict[str, Any]]:
-    """What a stage with ``launcher: ray`` adds (none without one): the stage's RayJob (admit creates it, launch and
-    train read its status, cleanup deletes it) and its DRANET ResourceClaimTemplates (admit creates, cleanup deletes).
-
-    No ``rayclusters`` rule: the backend reads the RayCluster's state from the RayJob's ``status.rayClusterStatus``
-    and its pods by label, and deleting the RayJob removes the RayCluster (an owned object,
-    :mod:`multislice.backends.gke.rayjob`). No ``rayjobs/status``: a status is read with the object (``get``).
-    """
-    if not any(stage.launcher == "ray" for stage in plan.stages):
-        return []
-    return [
-        _rule("ray.io", ["rayjobs"], [*READ, "create", "delete"]),
-        _rule("resource.k8s.io", ["resourceclaimtemplates"], ["get", "list", "create", "delete"]),
-    ]
+def launcher_rules(plan: Plan) -> list[dict[str, Any]]:
+    """What the plan's launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for a
+    stage with ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates; none without one."""
+    return [rule for kind in launchers.kinds_of(plan) for rule in kind.rbac_rules()]
 
 
 def cluster_read_rules(plan: Plan | None = None) -> list[dict[str, Any]]:

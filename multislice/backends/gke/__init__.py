@@ -11,8 +11,11 @@
 - :mod:`.watch`: list-then-watch that re-lists after 410 Gone;
 - :mod:`.cluster`: the CRDs the run needs are served; server-side apply;
 - :mod:`.nodepool`: the TPU node pools, one per slice (google-cloud-container);
+- :mod:`.launchers`: the stage's launcher (:mod:`multislice.backends.launcher`), a JobSet or a KubeRay RayJob:
+  create or adopt, wait until its pods run, follow, failure report, delete;
 - :mod:`.jobset`: create or adopt a stage's JobSet (spec-hash annotation), its
-  conditions, delete; :mod:`.workload`: its Kueue Workload and admission;
+  conditions, delete; :mod:`.rayjob`: the same for a RayJob, its RayCluster's pods and submitter;
+  :mod:`.workload`: its Kueue Workload and admission;
 - :mod:`.pods`: pods of a JobSet, placement on node pools, failure causes with events;
 - :mod:`.logs`: following the leader pod's log across JobSet restarts;
 - :mod:`.jobs`: one-pod Jobs of the trainer image, run and read back:

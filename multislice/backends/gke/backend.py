@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -24,62 +23,32 @@ from multislice import names
 from multislice.backends.base import (
     Admission,
     Backend,
-    Finished,
-    LaunchFailed,
     PodExit,
-    Running,
-    Submission,
     Tell,
-    TrainingFailed,
     VerifierTimeout,
-    WorkloadDeleted,
 )
 from multislice.backends.gke import (
     access,
     cluster,
     exporter,
     jobset,
+    launchers,
     lease,
     logs,
     nodepool,
     pods,
     rayjob,
     verifier,
-    watch,
     workload,
 )
 from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.aot import JobAotSession
-from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Kube
+from multislice.backends.gke.client import FIELD_MANAGER, Kube
 from multislice.config import ClusterSpec
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession
-from multislice.render import ray as render_ray
-from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
+from multislice.reports import ExportReport, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
-
-#: Last lines of a failed pod's log quoted in a failure report.
-TAIL_LINES = 25
-
-
-def waiting_states(current: list[Any], running: list[Any]) -> list[str]:
-    """Why the pods not yet Running wait: their Unschedulable messages, else their phases."""
-    return sorted({pods.unschedulable(p) or p.status.phase for p in current if p not in running})
-
-
-def capacity_wait(plan: Plan, unschedulable_since: dict[str, float], now: float, grace: float) -> str:
-    """With flex-start node pools and pods Unschedulable: ``; Unschedulable for N s, flex-start: waiting up to G s
-    for capacity`` (Dynamic Workload Scheduler finding the slices is not a failure within that wait,
-    :func:`multislice.timings.timings_for`); else empty."""
-    if not unschedulable_since or plan.spec.node_pools.provisioning != "flex-start":
-        return ""
-    longest = now - min(unschedulable_since.values())
-    return f"; Unschedulable for {longest:.0f} s, flex-start: waiting up to {grace:.0f} s for capacity"
-
-
-def _owned(obj: dict[str, Any], owner: str) -> bool:
-    """Whether a workload was created by pipeline run ``owner`` (its ``pipeline/runid`` label)."""
-    return bool(owner) and (obj["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID) == owner
 
 
 class GkeBackend(Backend):
@@ -92,15 +61,15 @@ class GkeBackend(Backend):
     name = "gke"
     hardware = "tpu"
     elastic = True
+    launcher_classes = (launchers.JobSetLauncher, launchers.RayJobLauncher)
 
     def __init__(self, kube: Kube, lease_seconds: int = lease.LEASE_SECONDS):
         super().__init__(kube.timings)
         self.kube = kube
         self.lease_seconds = lease_seconds
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
-        self.following: str | None = None  # the JobSet last submitted or followed
+        self.following: str | None = None  # the workload last submitted or followed
         self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
-        self._claims: dict[str, list[dict[str, Any]]] = {}  # RayJob name -> its DRANET claim templates
 
     @classmethod
     def connect(
@@ -145,7 +114,7 @@ class GkeBackend(Backend):
         pools = nodepool.ensure_node_pools(
             plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
         )
-        crds = cluster.check_crds(self.kube, ray=any(stage.launcher == "ray" for stage in plan.stages))
+        crds = cluster.check_crds(self.kube, {k: v for s in plan.stages for k, v in self.launcher_for(s).crds.items()})
         tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
         applied, left = [], []
         for obj in kueue_objects:
@@ -174,46 +143,12 @@ class GkeBackend(Backend):
 
     # -- a stage's workload -------------------------------------------------
 
-    def workload_manifest(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
-        """The stage's JobSet, or with ``launcher: ray`` its RayJob (:func:`multislice.render.ray.render_rayjob`).
-
-        A RayJob's DRANET ResourceClaimTemplates (when the node pools have additional networks) are rendered with it
-        and created by :meth:`submit` before the RayJob.
-        """
-        if stage.launcher != "ray":
-            return super().workload_manifest(plan, stage, pipeline_run_id)
-        manifest = render_ray.render_rayjob(plan, stage, pipeline_run_id=pipeline_run_id)
-        self._claims[stage.jobset] = render_ray.render_claim_templates(plan, stage, pipeline_run_id=pipeline_run_id)
-        return manifest
-
-    def _launcher(self, stage: StagePlan) -> str:
-        return "RayJob" if stage.launcher == "ray" else "JobSet"
-
-    def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet (or RayJob) with its spec-hash annotation, adopt it when the hash matches, or replace a
-        finished one of another pipeline run (:mod:`.jobset`, :mod:`.rayjob`). A RayJob's claim templates are
-        created first: its worker pods cannot be created without them."""
-        replaced: list[str] = []
-        self.following = manifest["metadata"]["name"]
-        if manifest.get("kind") == "RayJob":
-            for template in self._claims.get(manifest["metadata"]["name"], []):
-                rayjob.apply_claim_template(self.kube, template)
-            created, adopted = rayjob.create_or_adopt(self.kube, manifest, replaced)
-        else:
-            created, adopted = jobset.create_or_adopt(self.kube, manifest, replaced)
-        return Submission(
-            name=manifest["metadata"]["name"],
-            adopted=adopted,
-            uid=created["metadata"].get("uid"),
-            replaced=replaced[-1] if replaced else None,
-        )
-
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""
-        ray = stage.launcher == "ray"
+        launcher = self.launcher_for(stage)
         admitted, waited = workload.wait_admitted(
             self.kube, stage.jobset, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell,
-            kind=self._launcher(stage), get=rayjob.get if ray else None,
+            kind=launcher.workload_kind, get=lambda _, name: launcher.get(name),
         )  # fmt: skip
         where = workload.admission(admitted)
         return Admission(
@@ -222,203 +157,6 @@ class GkeBackend(Backend):
             wait_seconds=round(waited, 2),
             workload=admitted["metadata"]["name"],
         )
-
-    def _pod_line(self, pod: Any, cause: str) -> str:
-        events = pods.events(self.kube, pod.metadata.name)
-        return f"pod {pod.metadata.name} (slice {pods.slice_index(pod)}, host {pods.host_index(pod)}) {cause}" + (
-            f"; its events:\n{events}" if events else ""
-        )
-
-    def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
-        """Wait for every pod of the current attempt to run; check one slice per node pool.
-
-        Fails at once on image pulls and crash loops; on pods Unschedulable past
-        ``timings.unschedulable_grace``, quoting their events.
-        """
-        if stage.launcher == "ray":
-            return self._ray_wait_running(plan, stage, tell)
-        timings = self.timings
-        expected = plan.spec.num_slices * plan.slice.hosts
-        started = time.monotonic()
-        unschedulable_since: dict[str, float] = {}
-        last_report = 0.0
-        while True:
-            js = self.kube.get_jobset(stage.jobset)
-            if js is None:
-                raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted before all its pods ran")
-            state = jobset.phase(js)
-            if state == "Failed":
-                raise LaunchFailed(f"JobSet {stage.jobset} failed before all its pods ran: {jobset.describe(js)}")
-            current = pods.list_pods(self.kube, stage.jobset, jobset.restarts(js))
-            now = time.monotonic()
-            self._check_pods_can_start(plan, current, unschedulable_since, now)
-            running = [p for p in current if p.status.phase == "Running"]
-            if state == "Completed" or (state == "Running" and len(running) == expected):
-                break
-            if now - last_report >= timings.report_seconds:
-                others = waiting_states(current, running)
-                tell(
-                    f"{len(running)}/{expected} pods Running; JobSet {state}; others: {others}"
-                    + capacity_wait(plan, unschedulable_since, now, timings.unschedulable_grace)
-                )
-                last_report = now
-            if now - started > timings.launch_timeout:
-                raise LaunchFailed(
-                    f"JobSet {stage.jobset}: {len(running)}/{expected} pods Running after "
-                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(current, running)}",
-                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
-                )
-            time.sleep(timings.poll_seconds)
-        placement = self._placement(
-            running, state, f"JobSet {stage.jobset}",
-            "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
-        )  # fmt: skip
-        return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
-
-    def _placement(self, running: list[Any], state: str, what: str, fix: str) -> dict[str, PodPlacement]:
-        """Where the running pods are (pod name -> node and node pool).
-
-        Raises:
-            LaunchFailed: a workload still running is not placed one slice per node pool (``fix`` says what to check).
-        """
-        where = pods.placement(self.kube, running)
-        problems = pods.exclusive_placement_problems(where) if state != "Completed" else []
-        if problems:
-            raise LaunchFailed(f"{what} is not placed one slice per node pool: {'; '.join(problems)}", fix)
-        return {name: PodPlacement(**info) for name, info in where.items()}
-
-    def _check_pods_can_start(
-        self, plan: Plan, current: list[Any], unschedulable_since: dict[str, float], now: float
-    ) -> None:
-        """Fail launch on a pod that cannot start: an image or container error, or Unschedulable for longer than
-        ``timings.unschedulable_grace`` seconds (with flex-start, the capacity wait). ``unschedulable_since`` (pod
-        name -> monotonic seconds) is kept across polls by the caller.
-
-        Raises:
-            LaunchFailed: the pod's line and a fix (flex-start: the capacity wait and the zone).
-        """
-        for pod in current:
-            problem = pods.waiting_problem(pod)
-            if problem:
-                raise LaunchFailed(
-                    self._pod_line(pod, f"cannot start: {problem}"),
-                    f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
-                    "(Artifact Registry reader role for the node service account)",
-                )
-            message = pods.unschedulable(pod)
-            if message is None:
-                unschedulable_since.pop(pod.metadata.name, None)
-                continue
-            since = unschedulable_since.setdefault(pod.metadata.name, now)
-            if now - since > self.timings.unschedulable_grace:
-                flex = plan.spec.node_pools.provisioning == "flex-start"
-                raise LaunchFailed(
-                    self._pod_line(pod, f"Unschedulable for {now - since:.0f} s: {message}"),
-                    f"check that {plan.spec.num_slices} TPU node pools of {plan.slice.name} "
-                    f"(topology {plan.slice.topology}, {plan.slice.machine_type}) exist and are ready"
-                    + (
-                        "; flex-start found no capacity in that time: raise "
-                        "node_pools.max_wait_for_capacity_seconds or try another node_pools.zone"
-                        if flex
-                        else ""
-                    ),
-                )
-
-    def follow(
-        self,
-        plan: Plan,
-        stage: StagePlan,
-        on_line: Callable[[str], None],
-        tell: Tell,
-        interrupt: Callable[[], bool] | None = None,
-    ) -> Finished:
-        """Watch the JobSet (re-listing after 410 Gone) and follow its leader's log across restarts.
-
-        Tells restarts and Kueue evictions (the JobSet suspended again) while it
-        waits to be admitted again, up to ``timings.readmit_timeout``.
-        """
-        if stage.launcher == "ray":
-            return self._ray_follow(plan, stage, on_line, tell)
-        timings = self.timings
-        self.following = stage.jobset
-        follower = logs.LeaderLog(self.kube, stage.jobset, lambda pod, line: on_line(line), timings.poll_seconds)
-        follower.start()
-        started = time.monotonic()
-        seen_restarts, suspended_since, final = 0, None, None
-        causes: list[str] = []
-        try:
-            # An elastic stage's lost slice shows in pods and nodes, not in the JobSet: each watch request then
-            # lasts at most poll_seconds, and ``interrupt`` is asked after each event and each idle end.
-            events = watch.follow(
-                self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
-                self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
-                what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
-                watch_seconds=None if interrupt is None else max(1.0, timings.poll_seconds),
-            )  # fmt: skip
-            for kind, js in events:
-                if kind == watch.IDLE:
-                    js = self.kube.get_jobset(stage.jobset)
-                    if js is None:
-                        kind = "DELETED"
-                if kind == "DELETED":
-                    raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted during training")
-                state = jobset.phase(js)
-                if jobset.restarts(js) != seen_restarts:
-                    causes += [
-                        pods.attempt_failure(self.kube, stage.jobset, a)
-                        for a in range(seen_restarts, jobset.restarts(js))
-                    ]
-                    seen_restarts = jobset.restarts(js)
-                    count = f"{seen_restarts}/{plan.spec.max_restarts}"
-                    tell(f"JobSet restarted ({count} restarts); following the new leader")
-                    tell(f"restart {seen_restarts} cause: {causes[-1]}")
-                if state == "Suspended":
-                    if suspended_since is None:
-                        suspended_since = time.monotonic()
-                        found = workload.find(self.kube, js)
-                        reason = workload.pending_reason(found, stage.jobset, plan.spec.queue)
-                        tell(f"JobSet suspended by Kueue ({reason}); waiting to be admitted again")
-                    elif time.monotonic() - suspended_since > timings.readmit_timeout:
-                        raise TrainingFailed(
-                            f"JobSet {stage.jobset} evicted and not admitted again within "
-                            f"{timings.readmit_timeout:.0f} s",
-                            "free capacity in the ClusterQueue, or raise timeouts.readmit",
-                        )
-                elif suspended_since is not None:
-                    tell(f"JobSet admitted again after {time.monotonic() - suspended_since:.0f} s; training resumes")
-                    suspended_since = None
-                if state in ("Completed", "Failed"):
-                    final = js
-                    break
-                if interrupt is not None and interrupt():
-                    # Stop the pods first, then pass on what the leader logged up to then.
-                    labels = js.get("metadata", {}).get("labels") or {}
-                    if names.LABEL_PIPELINE_RUN_ID in labels:
-                        self.run_ids[stage.jobset] = labels[names.LABEL_PIPELINE_RUN_ID]
-                    jobset.delete(self.kube, stage.jobset)
-                    jobset.wait_gone(self.kube, stage.jobset, timings.delete_timeout)
-                    follower.stop()
-                    follower.join(timeout=timings.poll_seconds * 4 + 5)
-                    follower.catch_up()
-                    return Finished(
-                        phase="Interrupted",
-                        restarts=jobset.restarts(js),
-                        leader_logs=follower.pods_followed,
-                        restart_causes=causes,
-                    )
-        finally:
-            follower.stop()
-        if final is None:
-            raise TrainingFailed(
-                f"JobSet {stage.jobset} still running after {timings.train_timeout:.0f} s",
-                "raise timeouts.train if the stage needs longer",
-            )
-        follower.join(timeout=timings.poll_seconds * 4 + 5)
-        follower.catch_up()
-        for attempt in range(seen_restarts, jobset.restarts(final)):  # restarts the watch did not see one by one
-            causes.append(pods.attempt_failure(self.kube, stage.jobset, attempt))
-        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed,
-                        restart_causes=causes)  # fmt: skip
 
     # -- elastic training ----------------------------------------------------
 
@@ -446,23 +184,6 @@ class GkeBackend(Backend):
         admitted = self.wait_admitted(plan, stage, tell)
         tell(f"JobSet {stage.jobset} admitted on {plan.spec.num_slices} slice(s) after {admitted.wait_seconds:g} s")
 
-    def failure_report(self, name: str) -> str:
-        """The JobSet's conditions and restarts, then each failed pod's exit code and last log lines."""
-        js = self.kube.get_jobset(name)
-        if js is None:
-            found = rayjob.get(self.kube, name)
-            return self._ray_failure_report(found) if found else f"JobSet {name} does not exist"
-        lines = [f"JobSet {name} {jobset.describe(js)}"]
-        for pod in pods.list_pods(self.kube, name):
-            code = pods.exit_code(pod)
-            if pod.status.phase == "Failed" or code not in (None, 0):
-                lines.append(
-                    f"pod {pod.metadata.name} (slice {pods.slice_index(pod)}, host {pods.host_index(pod)}, attempt "
-                    f"{pods.attempt(pod)}) exit code {code}; last log lines:"
-                )
-                lines.append(logs.tail(self.kube, pod.metadata.name, TAIL_LINES))
-        return "\n".join(lines)
-
     def pod_exits(self, name: str) -> list[PodExit]:
         """Each pod of the JobSet's latest restart attempt: slice and host from its JobSet labels, the trainer
         container's exit code and ``finishedAt`` from its terminated state."""
@@ -479,53 +200,6 @@ class GkeBackend(Backend):
                     finished = terminated.finished_at.timestamp()
             exits.append(PodExit(pods.slice_index(pod), pods.host_index(pod), pods.exit_code(pod), finished))
         return exits
-
-    def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
-        """Delete the JobSet (or the RayJob and its claim templates) with foreground propagation (its Jobs and pods,
-        or its RayCluster and submitter Job, go first). Returns once the API server accepted the deletion; the
-        kubelets stop the pods after that.
-
-        With ``owner`` (a pipeline run id): only when the object's ``pipeline/runid`` label is ``owner``, deleted
-        with a ``uid`` precondition on the object read, so one another run created meanwhile is left. With
-        ``grace_seconds`` (a JobSet), its pods (those of ``owner`` only) are deleted too with that
-        ``gracePeriodSeconds`` (core v1 ``DeleteOptions``), overriding their ``terminationGracePeriodSeconds``.
-        """
-        found = self.kube.get_jobset(name)
-        if found is not None:
-            if owner is not None and not _owned(found, owner):
-                return False
-            gone = jobset.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
-            if gone and grace_seconds is not None:
-                self._delete_pods(name, owner, grace_seconds)
-            return gone
-        found = rayjob.get(self.kube, name)
-        if found is None or (owner is not None and not _owned(found, owner)):
-            return False
-        gone = rayjob.delete(self.kube, name, found["metadata"].get("uid") if owner is not None else None)
-        labels = found["metadata"].get("labels") or {}
-        keys = (names.LABEL_PIPELINE_RUN_ID, names.LABEL_STAGE)
-        if all(labels.get(key) for key in keys):
-            rayjob.delete_claim_templates(self.kube, ",".join(f"{key}={labels[key]}" for key in keys))
-        return gone
-
-    def _delete_pods(self, name: str, owner: str | None, grace_seconds: float) -> None:
-        """Delete the JobSet's pods (only ``owner``'s) with ``grace_seconds``; pods already gone are skipped."""
-        for pod in pods.list_pods(self.kube, name):
-            if owner is not None and (pod.metadata.labels or {}).get(names.LABEL_PIPELINE_RUN_ID) != owner:
-                continue
-            try:
-                self.kube.call(
-                    self.kube.core.delete_namespaced_pod, pod.metadata.name, self.kube.namespace,
-                    grace_period_seconds=max(0, math.ceil(grace_seconds)), what=f"delete pod {pod.metadata.name}",
-                )  # fmt: skip
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-
-    def workload_phase(self, name: str) -> str | None:
-        """The JobSet's phase (:func:`.jobset.phase`), or None when it does not exist."""
-        found = self.kube.get_jobset(name)
-        return None if found is None else jobset.phase(found)
 
     def host_log(
         self,
@@ -656,169 +330,6 @@ class GkeBackend(Backend):
                 raise
             deleted.append(f"Job {job.metadata.name}")
         return deleted, kept
-
-    # -- a stage launched by Ray (a KubeRay RayJob, :mod:`.rayjob`) ----------
-
-    def _ray_wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
-        """Wait for the RayJob's head and every worker pod (slices x hosts) to run; one slice per node pool.
-
-        Fails at once when the RayJob fails, on image pulls and crash loops; on pods Unschedulable past
-        ``timings.unschedulable_grace``, quoting their events.
-        """
-        timings = self.timings
-        expected = plan.spec.num_slices * plan.slice.hosts
-        started, last_report = time.monotonic(), 0.0
-        unschedulable_since: dict[str, float] = {}
-        while True:
-            found = rayjob.get(self.kube, stage.jobset)
-            if found is None:
-                raise WorkloadDeleted(f"RayJob {stage.jobset} was deleted before all its pods ran")
-            state = rayjob.phase(found)
-            if state == "Failed":
-                raise LaunchFailed(f"RayJob {stage.jobset} failed before all its pods ran: {rayjob.describe(found)}")
-            heads, workers = rayjob.cluster_pods(self.kube, found)
-            now = time.monotonic()
-            self._check_pods_can_start(plan, heads + workers, unschedulable_since, now)
-            running = [p for p in workers if p.status.phase == "Running"]
-            head_up = any(p.status.phase == "Running" for p in heads)
-            if state == "Completed" or (state == "Running" and head_up and len(running) >= expected):
-                break
-            if now - last_report >= timings.report_seconds:
-                ready = (found.get("status", {}).get("rayClusterStatus") or {}).get("readyWorkerReplicas", 0)
-                tell(
-                    f"{len(running)}/{expected} Ray worker pods Running, head {'Running' if head_up else 'not yet'}; "
-                    f"RayJob {rayjob.describe(found)}; readyWorkerReplicas {ready}; others: "
-                    f"{waiting_states(heads + workers, running + [p for p in heads if p.status.phase == 'Running'])}"
-                )
-                last_report = now
-            if now - started > timings.launch_timeout:
-                raise LaunchFailed(
-                    f"RayJob {stage.jobset}: {len(running)}/{expected} worker pods Running after "
-                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(workers, running)}",
-                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
-                )
-            time.sleep(timings.poll_seconds)
-        placement = self._placement(
-            running, state, f"RayJob {stage.jobset}",
-            "check the worker group's TPU node selectors and that one node pool holds exactly one slice's hosts",
-        )  # fmt: skip
-        return Running(
-            placement=placement,
-            node_pools=sorted({str(p.node_pool) for p in placement.values()}),
-            note=f"RayCluster {rayjob.cluster_name(found)}: worker group {render_ray.WORKER_GROUP}, "
-            f"{plan.spec.num_slices} replicas x {plan.slice.hosts} hosts, and its head",
-        )
-
-    def _ray_follow(self, plan: Plan, stage: StagePlan, on_line: Callable[[str], None], tell: Tell) -> Finished:
-        """Poll the RayJob and follow its submitter pod's log (the driver's and workers' lines) to the end.
-
-        A retried submitter pod (KubeRay's submitter Job, ``backoffLimit`` 2) does not submit again but runs
-        ``ray job logs --follow`` (KubeRay ``common/job.go``, ``BuildJobSubmitCommand``), which prints the Ray job's
-        log from its start: the lines already passed on are skipped.
-
-        A worker pod that fails is told, not fatal: Ray Train restarts the worker group inside the driver, up to
-        ``FailureConfig(max_failures=max_restarts)``; only the RayJob's own end decides. Restarts are counted from
-        the leader's start lines (:data:`.rayjob.LEADER_LINE`).
-        """
-        timings, name = self.timings, stage.jobset
-        leader_starts = 0
-        passed: list[str] = []  # every line passed on, in order
-        replayed: dict[str, int | None] = {}  # submitter pod -> lines of ``passed`` it has replayed (None: past them)
-
-        def passed_on(pod: str, line: str) -> None:
-            nonlocal leader_starts
-            if pod not in replayed:
-                replayed[pod] = 0 if passed else None
-                if passed:
-                    tell(f"submitter pod {pod} follows the Ray job's log again from its start (a Job retry)")
-            at = replayed[pod]
-            if at is not None:  # a retried submitter runs `ray job logs --follow` of the same Ray job: a replay
-                if at < len(passed) and passed[at] == line:
-                    replayed[pod] = at + 1
-                    return
-                replayed[pod] = None
-            passed.append(line)
-            if rayjob.LEADER_LINE.search(line):
-                leader_starts += 1
-                if leader_starts > 1:
-                    count = f"{leader_starts - 1}/{plan.spec.max_restarts}"
-                    tell(f"Ray Train restarted the worker group ({count} failures)")
-            on_line(line)
-
-        follower = logs.LeaderLog(
-            self.kube, name, passed_on, timings.poll_seconds,
-            find_pod=lambda: rayjob.submitter(self.kube, name), container=rayjob.SUBMITTER_CONTAINER,
-        )  # fmt: skip
-        follower.start()
-        deadline = time.monotonic() + timings.train_timeout
-        failed_pods: set[str] = set()
-        suspended_since, final = None, None
-        try:
-            while time.monotonic() < deadline:
-                found = rayjob.get(self.kube, name)
-                if found is None:
-                    raise WorkloadDeleted(f"RayJob {name} was deleted during training")
-                state = rayjob.phase(found)
-                if state in ("Completed", "Failed"):
-                    final = found
-                    break
-                if state == "Suspended":
-                    if suspended_since is None:
-                        suspended_since = time.monotonic()
-                        # KubeRay deletes the RayCluster and the submitter Job and, once admitted again, submits
-                        # a new Ray job (rayjob_controller.go, Suspending): its log is new, not a replay.
-                        passed.clear()
-                        found.setdefault("kind", "RayJob")
-                        queued = workload.find(self.kube, found)
-                        reason = workload.pending_reason(queued, name, plan.spec.queue, "RayJob")
-                        tell(f"RayJob suspended by Kueue ({reason}); waiting to be admitted again")
-                    elif time.monotonic() - suspended_since > timings.readmit_timeout:
-                        raise TrainingFailed(
-                            f"RayJob {name} evicted and not admitted again within {timings.readmit_timeout:.0f} s",
-                            "free capacity in the ClusterQueue, or raise timeouts.readmit",
-                        )
-                elif suspended_since is not None:
-                    tell(f"RayJob admitted again after {time.monotonic() - suspended_since:.0f} s; training resumes")
-                    suspended_since = None
-                for pod in rayjob.cluster_pods(self.kube, found)[1]:
-                    if pod.status.phase == "Failed" and pod.metadata.name not in failed_pods:
-                        failed_pods.add(pod.metadata.name)
-                        code = pods.exit_code(pod, rayjob.WORKER_CONTAINER)
-                        tell(
-                            f"Ray worker pod {pod.metadata.name} (slice {rayjob.slice_of(pod)}, host "
-                            f"{rayjob.host_of(pod)}) failed (exit code {code}); KubeRay replaces it "
-                            f"and Ray Train retries the worker group (max_failures {plan.spec.max_restarts})"
-                        )
-                time.sleep(timings.poll_seconds)
-        finally:
-            follower.stop()
-        if final is None:
-            raise TrainingFailed(
-                f"RayJob {name} still running after {timings.train_timeout:.0f} s",
-                "raise timeouts.train if the stage needs longer",
-            )
-        follower.join(timeout=timings.poll_seconds * 4 + 5)
-        follower.catch_up()
-        return Finished(
-            phase=rayjob.phase(final), restarts=max(0, leader_starts - 1), leader_logs=follower.pods_followed
-        )
-
-    def _ray_failure_report(self, found: dict[str, Any]) -> str:
-        """The RayJob's status (reason, message), its submitter's last log lines, and each failed worker pod's."""
-        name = found["metadata"]["name"]
-        lines = [f"RayJob {name} {rayjob.describe(found)}"]
-        pod = rayjob.submitter(self.kube, name)
-        if pod is not None:
-            lines.append(f"submitter pod {pod.metadata.name} (the driver's output); last log lines:")
-            lines.append(logs.tail(self.kube, pod.metadata.name, TAIL_LINES, rayjob.SUBMITTER_CONTAINER))
-        for pod in rayjob.cluster_pods(self.kube, found)[1]:
-            code = pods.exit_code(pod, rayjob.WORKER_CONTAINER)
-            if pod.status.phase == "Failed" or code not in (None, 0):
-                lines.append(
-                    f"Ray worker pod {pod.metadata.name} (slice {rayjob.slice_of(pod)}, host {rayjob.host_of(pod)}) "
-                    f"exit code {code}"
-                )
-        return "\n".join(lines)
 
     # -- work in the trainer image ------------------------------------------
 

@@ -33,8 +33,6 @@ REQUIRED_CRDS: dict[str, str] = {
     f"resourceflavors.{KUEUE_GROUP}": KUEUE_VERSION,
     f"workloadpriorityclasses.{KUEUE_GROUP}": KUEUE_VERSION,
 }
-#: What a run with a stage launched by Ray needs besides: KubeRay's RayJob (``ray.io/v1``, KubeRay v1.7.0).
-RAY_CRDS: dict[str, str] = {"rayjobs.ray.io": "v1"}
 INSTALL_HINT = {
     JOBSET_GROUP: "install JobSet v0.12.0 or later (https://jobset.sigs.k8s.io/docs/installation/)",
     KUEUE_GROUP: "install Kueue v0.19 or later, which serves v1beta2 (https://kueue.sigs.k8s.io/docs/installation/)",
@@ -83,9 +81,10 @@ def served_versions(kube: Kube, required: dict[str, str] | None = None) -> dict[
     return found
 
 
-def check_crds(kube: Kube, ray: bool = False) -> dict[str, list[str]]:
-    """Check the JobSet and Kueue CRDs (and with ``ray``, KubeRay's RayJob) are served at the versions this project
-    uses.
+def check_crds(kube: Kube, extra: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Check the JobSet and Kueue CRDs, and ``extra`` (CRD name -> version: what the plan's launchers need besides,
+    :attr:`multislice.backends.launcher.Launcher.crds`, e.g. KubeRay's RayJob), are served at the versions this
+    project uses.
 
     Returns:
         CRD name -> served versions, e.g. ``{"jobsets.jobset.x-k8s.io": ["v1alpha2"], ...}``.
@@ -93,7 +92,7 @@ def check_crds(kube: Kube, ray: bool = False) -> dict[str, list[str]]:
     Raises:
         CrdsMissing: naming each missing CRD or version, what is served instead, and what to install.
     """
-    required = {**REQUIRED_CRDS, **(RAY_CRDS if ray else {})}
+    required = {**REQUIRED_CRDS, **(extra or {})}
     found = served_versions(kube, required)
     problems, hints = [], []
     for name, needed in required.items():

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from multislice import config
 from multislice.errors import InputError
+from multislice.render import launchers
 from multislice.render.ray import DRANET_NODE_LABEL
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class PoolShape:
             networks=tuple((n.network, n.subnetwork) for n in pools.additional_node_networks),
             oauth_scopes=tuple(pools.oauth_scopes),
             service_account=pools.service_account,
-            dranet=bool(pools.additional_node_networks) and any(s.launcher == "ray" for s in plan.stages),
+            dranet=bool(pools.additional_node_networks) and any(k.claims_dranet for k in launchers.kinds_of(plan)),
         )
 
     def fields(self) -> dict[str, Any]:

@@ -56,9 +56,9 @@ LEADER_LINE = re.compile(r"multislice ray worker: rank 0 of \d+")
 
 
 #: Answers that mean "this run has no RayJobs": 404, KubeRay is not installed (the resource is not served); 403,
-#: the pipeline's Role has no Ray rules, which :func:`multislice.render.rbac.ray_rules` grants to every run with a
-#: stage launched by Ray, so a run without one has created none. Cleanup, cancellation and the Lease look for RayJobs
-#: by name or label whatever the launcher, and must not fail on a cluster or a run without Ray.
+#: the pipeline's Role has no Ray rules, which :meth:`multislice.render.launchers.RayJobKind.rbac_rules` grants to
+#: every run with a stage launched by Ray, so a run without one has created none. Cleanup, cancellation and the Lease
+#: look for RayJobs by name or label whatever the launcher, and must not fail on a cluster or a run without Ray.
 NO_RAY = (403, 404)
 
 

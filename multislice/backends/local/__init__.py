@@ -1,7 +1,8 @@
 """The local backend: a run's workloads as processes of this machine (:class:`LocalBackend`).
 
 Modules: :mod:`.backend` (the :class:`~multislice.backends.base.Backend`
-implementation), :mod:`.jobsets` (the JobSet API over processes: create or
+implementation), :mod:`.launchers` (a stage's JobSet, or its Ray driver's: launch, follow, failure report,
+delete; :mod:`multislice.backends.launcher`), :mod:`.jobsets` (the JobSet API over processes: create or
 adopt, state, logs, delete), :mod:`.supervisor` (one detached process per
 JobSet, acting as the JobSet and Job controllers), :mod:`.pods` (a JobSet
 expanded into its pods), :mod:`.state` (the state file), :mod:`.environment`

@@ -17,7 +17,6 @@ processes too. What it models and what it does not:
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,45 +26,18 @@ from multislice import names, ownership, reports
 from multislice.backends.base import (
     Admission,
     Backend,
-    Finished,
-    LaunchFailed,
     PodExit,
-    Running,
-    Submission,
     Tell,
-    TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.local import capacity, environment, exporter, verifier
+from multislice.backends.local import capacity, environment, exporter, launchers, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
-from multislice.backends.local.jobsets import FINISHED, LocalJobSets
-from multislice.backends.local.state import JobSetState
+from multislice.backends.local.jobsets import LocalJobSets
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
-from multislice.reports import ExportReport, PodPlacement, ProvisionReport, VerificationReport
+from multislice.reports import ExportReport, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
-
-#: Last lines of a failed pod's log quoted in a failure report.
-TAIL_LINES = 25
-
-
-def _all_running(state: JobSetState) -> bool:
-    return state.phase == "Running" and bool(state.pods) and all(p.phase == "Running" for p in state.pods)
-
-
-def _tail(path: Path, lines: int = TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return ""
-
-
-#: The line each Ray worker group attempt's leader prints (:mod:`multislice.trainer.ray_driver`).
-_RAY_LEADER = re.compile(r"multislice ray worker: rank 0 of \d+")
-
-#: How many times one train step replaces a lost local supervisor before it fails the stage.
-MAX_TAKEOVERS = 3
 
 
 class LocalBackend(Backend):
@@ -79,6 +51,7 @@ class LocalBackend(Backend):
     name = "local"
     hardware = "cpu"
     elastic = True
+    launcher_classes = (launchers.RayLauncher, launchers.JobSetLauncher)  # a Ray driver's JobSet is its launcher's
 
     def __init__(self, run_dir: str | Path, timings: Timings | None = None):
         super().__init__(timings or DEFAULTS["local"])
@@ -137,18 +110,6 @@ class LocalBackend(Backend):
 
     # -- a stage's workload -------------------------------------------------
 
-    def submit(self, manifest: dict[str, Any]) -> Submission:
-        """Create the JobSet (its supervisor starts the pods), adopt an identical one, or replace a finished one
-        of another pipeline run (:meth:`.LocalJobSets.create_jobset`)."""
-        name = manifest["metadata"]["name"]
-        before = self.jobsets.get_jobset(name)
-        state = self.jobsets.create_jobset(manifest)
-        adopted = before is not None and before.phase != "Deleted" and before.created_at == state.created_at
-        replaced = None
-        if before is not None and not adopted and before.phase in FINISHED:
-            replaced = before.labels.get(names.LABEL_PIPELINE_RUN_ID)
-        return Submission(name=name, adopted=adopted, replaced=replaced)
-
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """At once: there is no Kueue here; a created JobSet runs."""
         if self.jobsets.get_jobset(stage.jobset) is None:
@@ -159,46 +120,6 @@ class LocalBackend(Backend):
             wait_seconds=0.0,
             note="local backend: no Kueue; a JobSet is admitted as soon as it is created",
         )
-
-    def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
-        """Wait for every pod process of the JobSet to start; pod -> slice, host, process id."""
-        try:
-            state = self.jobsets.wait(
-                stage.jobset, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
-            )
-        except KeyError:
-            raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted before all its pods ran") from None
-        except TimeoutError as error:
-            raise LaunchFailed(str(error), "read the pods' logs; raise timeouts.launch if start-up is slow") from None
-        if state.phase != "Completed" and not _all_running(state):  # Completed: finished before we looked
-            exits = ", ".join(f"{p.hostname} exit {p.exit_code}" for p in state.pods if p.exit_code is not None)
-            raise LaunchFailed(
-                f"JobSet {stage.jobset} is {state.phase} ({state.reason}: {state.message}) before all pods ran; "
-                f"{exits}",
-                f"read the pods' logs under {self.jobsets.state_dir(stage.jobset) / 'pods'}",
-            )
-        placement = {
-            p.hostname: PodPlacement(slice=p.job_index, host=p.completion_index, node="localhost", pid=p.pid)
-            for p in state.pods
-        }
-        expected, slices = plan.spec.num_slices * plan.slice.hosts, {p.slice for p in placement.values()}
-        want_slices = plan.spec.num_slices
-        if stage.launcher == "ray":  # one pod: the Ray driver; its JaxTrainer starts a worker per emulated host
-            expected, want_slices = 1, 1
-        if len(placement) != expected or len(slices) != want_slices:
-            raise LaunchFailed(
-                f"JobSet {stage.jobset} runs {len(placement)} pods in {len(slices)} slices; the plan has "
-                f"{plan.spec.num_slices} slices x {plan.slice.hosts} hosts",
-                "render the JobSet (`multislice render`) and compare its replicas and parallelism with the plan",
-            )
-        note = "local backend: every pod is a process on this machine; a slice is the set of processes of one child Job"
-        if stage.launcher == "ray":
-            note = (
-                "local backend, launcher ray: the driver pod runs a local Ray instance whose JaxTrainer starts "
-                f"{plan.spec.num_slices * plan.slice.hosts} CPU workers, one per emulated host; worker rank r is "
-                f"host r % {plan.slice.hosts} of slice r // {plan.slice.hosts}"
-            )
-        return Running(placement=placement, note=note)
 
     def available_slices(self, plan: Plan) -> int | None:
         """Slices the capacity model (:mod:`.capacity`) holds now; ``num_slices`` when it models none."""
@@ -222,122 +143,12 @@ class LocalBackend(Backend):
         self.jobsets.create_jobset(manifest)
         tell(f"JobSet {stage.jobset} relaunched on {plan.spec.num_slices} slice(s)")
 
-    def follow(
-        self,
-        plan: Plan,
-        stage: StagePlan,
-        on_line: Callable[[str], None],
-        tell: Tell,
-        interrupt: Callable[[], bool] | None = None,
-    ) -> Finished:
-        """Poll the JobSet's state and pass on each new line of every attempt's leader log, in order.
-
-        A lost supervisor is replaced (:meth:`LocalJobSets.take_over`), as a
-        cluster restarts a JobSet controller, at most :data:`MAX_TAKEOVERS` times.
-        """
-        name = stage.jobset
-        leader_starts = 0
-        if stage.launcher == "ray":
-            # The driver pod never restarts; Ray Train retries inside it. Each worker group attempt's leader
-            # announces itself once (multislice.trainer.ray_driver), so retries = leader starts - 1.
-            passed_on = on_line
-
-            def on_line(line: str) -> None:
-                nonlocal leader_starts
-                if _RAY_LEADER.search(line):
-                    leader_starts += 1
-                passed_on(line)
-
-        read: dict[int, int] = {}  # attempt -> bytes of its leader log passed on
-        events_seen = 0
-        takeovers = 0
-        deadline = time.monotonic() + self.timings.train_timeout
-        while True:
-            state = self.jobsets.get_jobset(name)
-            if state is None or state.phase == "Deleted":
-                raise WorkloadDeleted(f"JobSet {name} was deleted during training")
-            if state.reason == "SupervisorLost" and takeovers < MAX_TAKEOVERS:
-                takeovers += 1
-                tell(f"JobSet {name}: {state.message}; starting a new supervisor ({takeovers} of {MAX_TAKEOVERS})")
-                state = self.jobsets.take_over(name)
-            for event in state.events[events_seen:]:
-                tell(f"JobSet event {event.reason}: {event.message}")
-            events_seen = len(state.events)
-            for attempt in range(state.restarts + 1):
-                read[attempt] = self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0),
-                                              on_line, final=state.terminal or attempt < state.restarts)  # fmt: skip
-            if state.terminal:
-                break
-            if interrupt is not None and interrupt():
-                # Stop the pods first, then pass on what they logged up to then: no step line is lost.
-                self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
-                for attempt in range(state.restarts + 1):
-                    self._pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
-                return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[],
-                                restart_causes=_restart_causes(state))  # fmt: skip
-            if time.monotonic() > deadline:
-                raise TrainingFailed(
-                    f"JobSet {name} still {state.phase} after {self.timings.train_timeout:.0f} s",
-                    "raise timeouts.train if the stage needs longer",
-                )
-            time.sleep(self.timings.poll_seconds)
-        logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
-        restarts = max(0, leader_starts - 1) if stage.launcher == "ray" else state.restarts
-        return Finished(phase=state.phase, restarts=restarts, leader_logs=logs, restart_causes=_restart_causes(state))
-
-    @staticmethod
-    def _pass_on(path: Path, offset: int, on_line: Callable[[str], None], final: bool) -> int:
-        """Pass on the complete lines of ``path`` after ``offset`` (the last partial one too when ``final``)."""
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return offset
-        end = len(chunk) if final else chunk.rfind(b"\n") + 1
-        for line in chunk[:end].decode("utf-8", errors="replace").splitlines():
-            on_line(line)
-        return offset + end
-
-    def failure_report(self, name: str) -> str:
-        """The JobSet's reason and restarts, then each failed pod's exit code and last log lines."""
-        state = self.jobsets.get_jobset(name)
-        if state is None:
-            return f"JobSet {name} does not exist"
-        lines = [f"JobSet {name} {state.phase}: {state.reason}: {state.message} (restarts: {state.restarts})"]
-        for pod in state.pods:
-            if pod.phase == "Failed" or pod.exit_code not in (None, 0):
-                lines.append(
-                    f"pod {pod.hostname} (slice {pod.job_index}, host {pod.completion_index}) exit code "
-                    f"{pod.exit_code}; last log lines ({pod.log}):"
-                )
-                lines.append(_tail(Path(pod.log)))
-        return "\n".join(lines)
-
     def pod_exits(self, name: str) -> list[PodExit]:
         """Each pod of the JobSet's latest attempt, from its state file (exit codes as the supervisor reaped them)."""
         state = self.jobsets.get_jobset(name)
         if state is None:
             return []
         return [PodExit(p.job_index, p.completion_index, p.exit_code, p.finished_at) for p in state.pods]
-
-    def delete(self, name: str, owner: str | None = None, grace_seconds: float | None = None) -> bool:
-        """Stop the JobSet's supervisor and pods (its state and logs stay); False when there was none to stop (or,
-        with ``owner``, it is another pipeline run's: :meth:`.LocalJobSets.delete_jobset`). Returns once every
-        pod process has ended (SIGKILL after ``grace_seconds``, default the pods' ``terminationGracePeriodSeconds``).
-        """
-        state = self.jobsets.get_jobset(name)
-        if state is None or state.phase == "Deleted":
-            return False
-        final = self.jobsets.delete_jobset(
-            name, timeout=self.timings.delete_timeout, owner=owner, grace_seconds=grace_seconds
-        )
-        return final is not None
-
-    def workload_phase(self, name: str) -> str | None:
-        """The JobSet's phase from its state file (``Deleted`` ones keep their state and logs); None when absent."""
-        state = self.jobsets.get_jobset(name)
-        return None if state is None else state.phase
 
     def host_log(
         self,
@@ -357,7 +168,7 @@ class LocalBackend(Backend):
         if not follow:
             if not path.exists():
                 return False
-            text = _tail(path, tail) if tail is not None else path.read_text(encoding="utf-8", errors="replace")
+            text = path.read_text(encoding="utf-8", errors="replace") if tail is None else launchers.tail(path, tail)
             for line in text.splitlines():
                 on_line(line)
             return True
@@ -367,7 +178,7 @@ class LocalBackend(Backend):
             pods = state.pods if state is not None else []
             pod = next((p for p in pods if (p.job_index, p.completion_index) == (slice_index, host)), None)
             ended = state is None or state.terminal or (pod is not None and pod.phase in ("Succeeded", "Failed"))
-            offset = self._pass_on(path, offset, on_line, final=ended)
+            offset = launchers.pass_on(path, offset, on_line, final=ended)
             if ended:
                 return True
             time.sleep(self.timings.poll_seconds)
@@ -454,9 +265,3 @@ class LocalBackend(Backend):
         (raises VerifierTimeout)."""
         card = reports.model_card(plan, stage)
         return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]
-
-
-def _restart_causes(state: Any) -> list[str]:
-    """Why each of the JobSet's restarts happened: the supervisor's ``JobFailed`` event of each restarted
-    attempt (the Job, the pod and its exit code, the failure policy rule), in order."""
-    return [e.message for e in state.events if e.reason == "JobFailed"][: state.restarts]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from multislice import exporting, identity, maxtext, names, storage, tpu
 from multislice.config import RunSpec, Stage, data
@@ -44,6 +44,14 @@ def resolve_degrees(degrees: dict[str, int], target: int) -> dict[str, int]:
     return {axis: (target // fixed if degree == -1 else degree) for axis, degree in full.items()}
 
 
+def renamed_key(data: Any, old: str, new: str) -> Any:
+    """``data`` (a model's raw input) with its key ``old`` read as ``new``, when it has ``old`` and not ``new``."""
+    if isinstance(data, dict) and old in data and new not in data:
+        data = {**data}
+        data[new] = data.pop(old)
+    return data
+
+
 class StagePlan(BaseModel):
     """One stage, resolved.
 
@@ -51,7 +59,9 @@ class StagePlan(BaseModel):
         index: Position in the run, from 0.
         name: Stage name.
         model_label: Human name of the model.
-        jobset: JobSet name (``<run_name>-<stage>``).
+        workload: The name of the object launched to train it (``<run_name>-<stage>``): its JobSet, or with
+            ``launcher: ray`` its RayJob (:mod:`multislice.render.launchers`). ``jobset`` is a read alias, and a plan
+            written with the old ``jobset`` key loads.
         stage_dir: Directory MaxText writes this stage to.
         checkpoint_dir: ``<stage_dir>/checkpoints``; a checkpoint per step directory.
         metrics_file: MaxText's per-step metrics records (JSON lines) the train step writes, from the
@@ -84,7 +94,7 @@ class StagePlan(BaseModel):
     index: int
     name: str
     model_label: str
-    jobset: str
+    workload: str
     stage_dir: str
     checkpoint_dir: str
     metrics_file: str
@@ -106,6 +116,17 @@ class StagePlan(BaseModel):
     export_report: str | None = None
     launcher: str = "jobset"
     libtpu_flags: dict[str, str] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_jobset_key(cls, data: Any) -> Any:
+        """A plan written before ``workload`` named the launched object ``jobset``: read it as ``workload``."""
+        return renamed_key(data, "jobset", "workload")
+
+    @property
+    def jobset(self) -> str:
+        """The launched object's name: :attr:`workload` (the name it had before a stage could be a RayJob)."""
+        return self.workload
 
     def on_slices(self, slices: int) -> SliceCount:
         """The stage on ``slices`` slices (an elastic count). Raises KeyError for a count it has not."""
@@ -287,7 +308,7 @@ def make_plan(spec: RunSpec) -> Plan:
                 index=index,
                 name=stage.name,
                 model_label=stage.model.label,
-                jobset=names.jobset_name(spec.run_name, stage.name),
+                workload=names.jobset_name(spec.run_name, stage.name),
                 stage_dir=stage_dir,
                 checkpoint_dir=storage.join(stage_dir, "checkpoints"),
                 metrics_file=storage.join(stage_dir, "metrics.jsonl"),

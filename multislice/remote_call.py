@@ -173,7 +173,7 @@ class RemoteCall:
     @property
     def jobset(self) -> str:
         """The call's JobSet name."""
-        return self.plan.stages[0].jobset
+        return self.plan.stages[0].workload
 
 
 def _host_key(slice_index: int, host: int) -> str:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from multislice import storage
 from multislice.elastic import Resize
-from multislice.plan import Plan, StagePlan
+from multislice.plan import Plan, StagePlan, renamed_key
 
 
 class StepReport(BaseModel):
@@ -281,17 +281,33 @@ class PodPlacement(BaseModel):
 
 
 class LaunchReport(StepReport):
-    """launch: every pod of every slice running, and where (pod name -> placement)."""
+    """launch: every pod of every slice running, and where (pod name -> placement).
+
+    Attributes:
+        workload: The launched object's name (its JobSet, or RayJob); ``jobset`` is a read alias, and a report
+            written with the old ``jobset`` key loads.
+    """
 
     step: ClassVar[str] = "launch"
     file_name: ClassVar[str] = "launch.json"
-    jobset: str
+    workload: str
     skipped: bool = False
     pods: int = 0
     startup_seconds: float = 0.0
     placement: dict[str, PodPlacement] = Field(default_factory=dict)
     node_pools: list[str] = Field(default_factory=list)
     note: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_jobset_key(cls, data: Any) -> Any:
+        """A report written before ``workload`` named the launched object ``jobset``: read it as ``workload``."""
+        return renamed_key(data, "jobset", "workload")
+
+    @property
+    def jobset(self) -> str:
+        """The launched object's name: :attr:`workload`."""
+        return self.workload
 
 
 class TrainReport(StepReport):

@@ -253,15 +253,15 @@ def test_a_ray_stage_is_the_ray_launchers_and_its_errors_name_the_ray_driver(tmp
     assert DRIVER_MODULE in container["command"]
     container["command"], container["args"] = ["python", "-c", "import sys; sys.exit(3)"], [DRIVER_MODULE]
     assert local.submit(obj).adopted is False
-    assert finish(local.jobsets, stage.jobset).phase == "Failed"  # its one pod exited 3: no pod will run
+    assert finish(local.jobsets, stage.workload).phase == "Failed"  # its one pod exited 3: no pod will run
     with pytest.raises(LaunchFailed) as failed:
         local.wait_running(plan, stage, print)
-    assert str(failed.value).startswith(f"Ray driver {stage.jobset} is Failed") and "JobSet" not in str(failed.value)
-    assert isinstance(local.launcher_of(stage.jobset), launchers.RayLauncher)
-    report = local.failure_report(stage.jobset)
-    assert report.startswith(f"Ray driver {stage.jobset} Failed") and "exit code 3" in report
+    assert str(failed.value).startswith(f"Ray driver {stage.workload} is Failed") and "JobSet" not in str(failed.value)
+    assert isinstance(local.launcher_of(stage.workload), launchers.RayLauncher)
+    report = local.failure_report(stage.workload)
+    assert report.startswith(f"Ray driver {stage.workload} Failed") and "exit code 3" in report
     assert "JobSet" not in report.splitlines()[0]
-    assert local.workload_phase(stage.jobset) == "Failed"
+    assert local.workload_phase(stage.workload) == "Failed"
     plain, other = scripted_jobset(tmp_path / "plain", "ok")  # a JobSet stage's is the JobSet launcher's
     LocalBackend(plain.run_dir).submit(other)
     assert isinstance(LocalBackend(plain.run_dir).launcher_of(other["metadata"]["name"]), launchers.JobSetLauncher)

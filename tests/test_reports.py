@@ -21,7 +21,7 @@ def nulls(value, path="") -> list[str]:
 
 SAMPLES = [
     reports.AdmitReport(jobset="r-s", workload=None, uid=None),
-    reports.LaunchReport(jobset="r-s", placement={"p": reports.PodPlacement(slice=0, host=1, node=None)}),
+    reports.LaunchReport(workload="r-s", placement={"p": reports.PodPlacement(slice=0, host=1, node=None)}),
     reports.TrainReport(jobset="r-s", skipped=True),
     reports.ProvisionReport(backend="gke", node_pools=[{"name": "tpu-0", "reservation": None}]),
     reports.PreflightReport(stage="s", verdict="error", error="x", alternative={"report": {"cost": None}}),
@@ -52,3 +52,16 @@ def test_reports_are_written_to_and_read_from_the_run_directory(tmp_path):
     older = {"jobset": stage.jobset, "skipped": False, "steps_recorded": 20, "leader_log": "/x", "steps_trained": 20}
     (tmp_path / "r" / "reports" / stage.name / "train.json").write_text(json.dumps(older))
     assert reports.read(reports.TrainReport, plan, stage).steps_trained == 20
+
+
+def test_a_plan_and_a_launch_report_written_with_the_old_jobset_key_still_load(tmp_path):
+    # StagePlan.workload and LaunchReport.workload were `jobset` before a stage could be a RayJob.
+    plan = make_plan(config.load_profile("local", {"output_dir": str(tmp_path), "run_name": "r"}))
+    stage = plan.stages[0]
+    data = json.loads(plan.to_json())
+    assert "jobset" not in data["stages"][0] and data["stages"][0]["workload"] == stage.workload
+    data["stages"][0]["jobset"] = data["stages"][0].pop("workload")
+    older = type(plan).model_validate(data)
+    assert older == plan and older.stages[0].jobset == older.stages[0].workload == "r-" + stage.name
+    launch = reports.LaunchReport.model_validate({"jobset": stage.workload, "pods": 2})
+    assert launch.workload == launch.jobset == stage.workload and "jobset" not in launch.to_dict()

@@ -213,7 +213,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         container["env"] = cpu_env(plan, stage)
 
     metadata: dict[str, Any] = {
-        "name": stage.jobset,
+        "name": stage.workload,
         "namespace": spec.namespace,
         "labels": {
             names.KUEUE_QUEUE_LABEL: spec.queue,
@@ -321,7 +321,7 @@ def render_ray_driver_jobset(
         "apiVersion": API_VERSION,
         "kind": "JobSet",
         "metadata": {
-            "name": stage.jobset,
+            "name": stage.workload,
             "namespace": spec.namespace,
             "labels": {names.KUEUE_QUEUE_LABEL: spec.queue, names.KUEUE_PRIORITY_LABEL: spec.priority, **labels},
         },

@@ -74,7 +74,7 @@ def ray_accelerator_type(plan: Plan) -> str:
 
 def claim_template_name(stage: StagePlan) -> str:
     """Name of the stage's DRANET ResourceClaimTemplate."""
-    return f"{stage.jobset}-dcn"
+    return f"{stage.workload}-dcn"
 
 
 def driver_command(plan: Plan, stage: StagePlan, hardware: jobset.Hardware) -> list[str]:
@@ -95,7 +95,7 @@ def driver_command(plan: Plan, stage: StagePlan, hardware: jobset.Hardware) -> l
         f"--chips-per-host={plan.slice.chips_per_host}",
         f"--max-failures={spec.max_restarts}",
         f"--storage-path={stage.checkpoint_dir}",
-        f"--name={stage.jobset}",
+        f"--name={stage.workload}",
     ]
     if spec.ray.min_slices is not None:
         command.append(f"--min-slices={spec.ray.min_slices}")
@@ -160,7 +160,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
         "apiVersion": API_VERSION,
         "kind": "RayJob",
         "metadata": {
-            "name": stage.jobset,
+            "name": stage.workload,
             "namespace": spec.namespace,
             "labels": {names.KUEUE_QUEUE_LABEL: spec.queue, names.KUEUE_PRIORITY_LABEL: spec.priority, **labels},
         },

@@ -46,7 +46,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         removal.backend = backend = backend_of(plan, backend, "admit", stage)
         manifest = backend.workload_manifest(plan, stage, pipeline_run_id)
         schema.validate(manifest)
-        written = storage.join(plan.run_dir, "manifests", f"{stage.jobset}.{backend.hardware}.yaml")
+        written = storage.join(plan.run_dir, "manifests", f"{stage.workload}.{backend.hardware}.yaml")
         storage.write_text(written, manifests.to_yaml(manifest))
         if already_trained(stage):
             say(
@@ -56,7 +56,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
                 stage.name,
             )
             report = AdmitReport(
-                jobset=stage.jobset, skipped=True, reason="final checkpoint exists", manifest=written,
+                jobset=stage.workload, skipped=True, reason="final checkpoint exists", manifest=written,
                 pipeline_run_id=pipeline_run_id,
             )  # fmt: skip
             return write_report(plan, report, stage)
@@ -65,7 +65,7 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         cancel.point("admit:created")
         say(
             "admit",
-            f"{manifest.get('kind', 'JobSet')} {plan.spec.namespace}/{stage.jobset} "
+            f"{manifest.get('kind', 'JobSet')} {plan.spec.namespace}/{stage.workload} "
             + (
                 "exists with this spec (a retried step): adopted"
                 if submitted.adopted
@@ -77,17 +77,17 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
             stage.name,
         )
         try:
-            with backend.holding(stage.jobset, "admit", teller("admit", stage)):
+            with backend.holding(stage.workload, "admit", teller("admit", stage)):
                 cancel.point("admit:waiting")
                 admission = backend.wait_admitted(plan, stage, teller("admit", stage))
         except AdmissionTimeout as error:
             if submitted.adopted:
                 raise
-            backend.delete(stage.jobset, owner=pipeline_run_id)
-            deleted = f"; {manifest.get('kind', 'JobSet')} {stage.jobset} (created by this step) was deleted"
+            backend.delete(stage.workload, owner=pipeline_run_id)
+            deleted = f"; {manifest.get('kind', 'JobSet')} {stage.workload} (created by this step) was deleted"
             raise type(error)(error.message + deleted, error.fix) from None
         report = AdmitReport(
-            jobset=stage.jobset,
+            jobset=stage.workload,
             admitted=True,
             adopted=submitted.adopted,
             replaced=submitted.replaced,

@@ -39,15 +39,15 @@ def run(
     stage = plan.stage(stage_name)
     admitted = AdmitReport.model_validate(admitted)
     if admitted.skipped:
-        return write_report(plan, LaunchReport(jobset=stage.jobset, skipped=True), stage)
+        return write_report(plan, LaunchReport(workload=stage.workload, skipped=True), stage)
     with cancellable("launch", stage, stage_labels(plan, stage, admitted.pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "launch", stage)
         started = time.monotonic()
-        with backend.holding(stage.jobset, "launch", teller("launch", stage)):
+        with backend.holding(stage.workload, "launch", teller("launch", stage)):
             cancel.point("launch:waiting")
             running = backend.wait_running(plan, stage, teller("launch", stage))
         report = LaunchReport(
-            jobset=stage.jobset,
+            workload=stage.workload,
             pods=len(running.placement),
             startup_seconds=round(time.monotonic() - started, 2),
             placement=running.placement,

@@ -103,7 +103,7 @@ def run(
             say(
                 "plan",
                 f"stage {resolved.index + 1} {resolved.name}: {resolved.model_label}; {resolved.steps} steps, "
-                f"global batch {resolved.global_batch_size:g} sequences; JobSet {resolved.jobset}",
+                f"global batch {resolved.global_batch_size:g} sequences; JobSet {resolved.workload}",
             )
         cancel.point("plan:report")
         write_report(plan, PlanReport(plan=plan), stages[0] if stage else None)

@@ -147,7 +147,7 @@ class GkeBackend(Backend):
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""
         launcher = self.launcher_for(stage)
         admitted, waited = workload.wait_admitted(
-            self.kube, stage.jobset, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell,
+            self.kube, stage.workload, plan.spec.queue, timeout=self.timings.admit_timeout, on_progress=tell,
             kind=launcher.workload_kind, get=lambda _, name: launcher.get(name),
         )  # fmt: skip
         where = workload.admission(admitted)
@@ -173,16 +173,16 @@ class GkeBackend(Backend):
     def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
         """Delete the stage's JobSet, create it for ``plan.spec.num_slices`` slices (its gradient accumulation in the
         trainer's arguments) with the same pipeline run label, and wait for Kueue to admit the new request."""
-        old = self.kube.get_jobset(stage.jobset)
+        old = self.kube.get_jobset(stage.workload)
         labels = (old or {}).get("metadata", {}).get("labels") or {}
-        run_id = labels.get(names.LABEL_PIPELINE_RUN_ID) or self.run_ids.get(stage.jobset, "manual")
+        run_id = labels.get(names.LABEL_PIPELINE_RUN_ID) or self.run_ids.get(stage.workload, "manual")
         if old is not None:
-            jobset.delete(self.kube, stage.jobset)
-            jobset.wait_gone(self.kube, stage.jobset, self.timings.delete_timeout)
+            jobset.delete(self.kube, stage.workload)
+            jobset.wait_gone(self.kube, stage.workload, self.timings.delete_timeout)
         self.submit(self.workload_manifest(plan, stage, run_id))
-        tell(f"JobSet {stage.jobset} relaunched on {plan.spec.num_slices} slice(s); waiting for Kueue to admit it")
+        tell(f"JobSet {stage.workload} relaunched on {plan.spec.num_slices} slice(s); waiting for Kueue to admit it")
         admitted = self.wait_admitted(plan, stage, tell)
-        tell(f"JobSet {stage.jobset} admitted on {plan.spec.num_slices} slice(s) after {admitted.wait_seconds:g} s")
+        tell(f"JobSet {stage.workload} admitted on {plan.spec.num_slices} slice(s) after {admitted.wait_seconds:g} s")
 
     def pod_exits(self, name: str) -> list[PodExit]:
         """Each pod of the JobSet's latest restart attempt: slice and host from its JobSet labels, the trainer
@@ -346,7 +346,7 @@ class GkeBackend(Backend):
             VerifierTimeout: not finished within ``timings.verify_timeout`` (the Job was deleted); ``fix`` says
                 what to raise.
         """
-        js = self.kube.get_jobset(stage.jobset) or {}
+        js = self.kube.get_jobset(stage.workload) or {}
         run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
         try:
             return run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)

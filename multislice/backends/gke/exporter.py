@@ -48,7 +48,7 @@ class ExporterJobFailed(RunFailed):
 
 def job_name(stage: StagePlan) -> str:
     """``<jobset>-export`` (the JobSet name leaves room for it: pod names are longer)."""
-    return f"{stage.jobset}-export"
+    return f"{stage.workload}-export"
 
 
 def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:

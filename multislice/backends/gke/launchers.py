@@ -180,13 +180,13 @@ class JobSetLauncher(GkeLauncher):
         unschedulable_since: dict[str, float] = {}
         last_report = 0.0
         while True:
-            js = self.kube.get_jobset(stage.jobset)
+            js = self.kube.get_jobset(stage.workload)
             if js is None:
-                raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted before all its pods ran")
+                raise WorkloadDeleted(f"JobSet {stage.workload} was deleted before all its pods ran")
             state = jobset.phase(js)
             if state == "Failed":
-                raise LaunchFailed(f"JobSet {stage.jobset} failed before all its pods ran: {jobset.describe(js)}")
-            current = pods.list_pods(self.kube, stage.jobset, jobset.restarts(js))
+                raise LaunchFailed(f"JobSet {stage.workload} failed before all its pods ran: {jobset.describe(js)}")
+            current = pods.list_pods(self.kube, stage.workload, jobset.restarts(js))
             now = time.monotonic()
             self._check_pods_can_start(plan, current, unschedulable_since, now)
             running = [p for p in current if p.status.phase == "Running"]
@@ -201,13 +201,13 @@ class JobSetLauncher(GkeLauncher):
                 last_report = now
             if now - started > timings.launch_timeout:
                 raise LaunchFailed(
-                    f"JobSet {stage.jobset}: {len(running)}/{expected} pods Running after "
+                    f"JobSet {stage.workload}: {len(running)}/{expected} pods Running after "
                     f"{timings.launch_timeout:.0f} s; others: {waiting_states(current, running)}",
                     "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
                 )
             time.sleep(timings.poll_seconds)
         placement = self._placement(
-            running, state, f"JobSet {stage.jobset}",
+            running, state, f"JobSet {stage.workload}",
             "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
         )  # fmt: skip
         return Running(placement=placement, node_pools=sorted({str(p.node_pool) for p in placement.values()}))
@@ -226,8 +226,8 @@ class JobSetLauncher(GkeLauncher):
         waits to be admitted again, up to ``timings.readmit_timeout``.
         """
         timings = self.timings
-        self.backend.following = stage.jobset
-        follower = logs.LeaderLog(self.kube, stage.jobset, lambda pod, line: on_line(line), timings.poll_seconds)
+        self.backend.following = stage.workload
+        follower = logs.LeaderLog(self.kube, stage.workload, lambda pod, line: on_line(line), timings.poll_seconds)
         follower.start()
         started = time.monotonic()
         seen_restarts, suspended_since, final = 0, None, None
@@ -237,21 +237,21 @@ class JobSetLauncher(GkeLauncher):
             # lasts at most poll_seconds, and ``interrupt`` is asked after each event and each idle end.
             events = watch.follow(
                 self.kube, self.kube.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
-                self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.jobset}",
-                what=f"JobSet {stage.jobset}", deadline=started + timings.train_timeout, on_relist=tell,
+                self.kube.namespace, JOBSET_PLURAL, field_selector=f"metadata.name={stage.workload}",
+                what=f"JobSet {stage.workload}", deadline=started + timings.train_timeout, on_relist=tell,
                 watch_seconds=None if interrupt is None else max(1.0, timings.poll_seconds),
             )  # fmt: skip
             for kind, js in events:
                 if kind == watch.IDLE:
-                    js = self.kube.get_jobset(stage.jobset)
+                    js = self.kube.get_jobset(stage.workload)
                     if js is None:
                         kind = "DELETED"
                 if kind == "DELETED":
-                    raise WorkloadDeleted(f"JobSet {stage.jobset} was deleted during training")
+                    raise WorkloadDeleted(f"JobSet {stage.workload} was deleted during training")
                 state = jobset.phase(js)
                 if jobset.restarts(js) != seen_restarts:
                     causes += [
-                        pods.attempt_failure(self.kube, stage.jobset, a)
+                        pods.attempt_failure(self.kube, stage.workload, a)
                         for a in range(seen_restarts, jobset.restarts(js))
                     ]
                     seen_restarts = jobset.restarts(js)
@@ -262,11 +262,11 @@ class JobSetLauncher(GkeLauncher):
                     if suspended_since is None:
                         suspended_since = time.monotonic()
                         found = workload.find(self.kube, js)
-                        reason = workload.pending_reason(found, stage.jobset, plan.spec.queue)
+                        reason = workload.pending_reason(found, stage.workload, plan.spec.queue)
                         tell(f"JobSet suspended by Kueue ({reason}); waiting to be admitted again")
                     elif time.monotonic() - suspended_since > timings.readmit_timeout:
                         raise TrainingFailed(
-                            f"JobSet {stage.jobset} evicted and not admitted again within "
+                            f"JobSet {stage.workload} evicted and not admitted again within "
                             f"{timings.readmit_timeout:.0f} s",
                             "free capacity in the ClusterQueue, or raise timeouts.readmit",
                         )
@@ -280,9 +280,9 @@ class JobSetLauncher(GkeLauncher):
                     # Stop the pods first, then pass on what the leader logged up to then.
                     labels = js.get("metadata", {}).get("labels") or {}
                     if names.LABEL_PIPELINE_RUN_ID in labels:
-                        self.backend.run_ids[stage.jobset] = labels[names.LABEL_PIPELINE_RUN_ID]
-                    jobset.delete(self.kube, stage.jobset)
-                    jobset.wait_gone(self.kube, stage.jobset, timings.delete_timeout)
+                        self.backend.run_ids[stage.workload] = labels[names.LABEL_PIPELINE_RUN_ID]
+                    jobset.delete(self.kube, stage.workload)
+                    jobset.wait_gone(self.kube, stage.workload, timings.delete_timeout)
                     follower.stop()
                     follower.join(timeout=timings.poll_seconds * 4 + 5)
                     follower.catch_up()
@@ -296,13 +296,13 @@ class JobSetLauncher(GkeLauncher):
             follower.stop()
         if final is None:
             raise TrainingFailed(
-                f"JobSet {stage.jobset} still running after {timings.train_timeout:.0f} s",
+                f"JobSet {stage.workload} still running after {timings.train_timeout:.0f} s",
                 "raise timeouts.train if the stage needs longer",
             )
         follower.join(timeout=timings.poll_seconds * 4 + 5)
         follower.catch_up()
         for attempt in range(seen_restarts, jobset.restarts(final)):  # restarts the watch did not see one by one
-            causes.append(pods.attempt_failure(self.kube, stage.jobset, attempt))
+            causes.append(pods.attempt_failure(self.kube, stage.workload, attempt))
         return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed,
                         restart_causes=causes)  # fmt: skip
 
@@ -400,12 +400,12 @@ class RayJobLauncher(GkeLauncher):
         started, last_report = time.monotonic(), 0.0
         unschedulable_since: dict[str, float] = {}
         while True:
-            found = rayjob.get(self.kube, stage.jobset)
+            found = rayjob.get(self.kube, stage.workload)
             if found is None:
-                raise WorkloadDeleted(f"RayJob {stage.jobset} was deleted before all its pods ran")
+                raise WorkloadDeleted(f"RayJob {stage.workload} was deleted before all its pods ran")
             state = rayjob.phase(found)
             if state == "Failed":
-                raise LaunchFailed(f"RayJob {stage.jobset} failed before all its pods ran: {rayjob.describe(found)}")
+                raise LaunchFailed(f"RayJob {stage.workload} failed before all its pods ran: {rayjob.describe(found)}")
             heads, workers = rayjob.cluster_pods(self.kube, found)
             now = time.monotonic()
             self._check_pods_can_start(plan, heads + workers, unschedulable_since, now)
@@ -423,13 +423,13 @@ class RayJobLauncher(GkeLauncher):
                 last_report = now
             if now - started > timings.launch_timeout:
                 raise LaunchFailed(
-                    f"RayJob {stage.jobset}: {len(running)}/{expected} worker pods Running after "
+                    f"RayJob {stage.workload}: {len(running)}/{expected} worker pods Running after "
                     f"{timings.launch_timeout:.0f} s; others: {waiting_states(workers, running)}",
                     "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
                 )
             time.sleep(timings.poll_seconds)
         placement = self._placement(
-            running, state, f"RayJob {stage.jobset}",
+            running, state, f"RayJob {stage.workload}",
             "check the worker group's TPU node selectors and that one node pool holds exactly one slice's hosts",
         )  # fmt: skip
         return Running(
@@ -457,7 +457,7 @@ class RayJobLauncher(GkeLauncher):
         ``FailureConfig(max_failures=max_restarts)``; only the RayJob's own end decides. Restarts are counted from
         the leader's start lines (:data:`.rayjob.LEADER_LINE`).
         """
-        timings, name = self.timings, stage.jobset
+        timings, name = self.timings, stage.workload
         leader_starts = 0
         passed: list[str] = []  # every line passed on, in order
         replayed: dict[str, int | None] = {}  # submitter pod -> lines of ``passed`` it has replayed (None: past them)

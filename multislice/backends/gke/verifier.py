@@ -30,7 +30,7 @@ class VerifierJobFailed(RunFailed):
 
 def job_name(stage: StagePlan) -> str:
     """``<jobset>-verify`` (the JobSet name leaves room for it: pod names are longer)."""
-    return f"{stage.jobset}-verify"
+    return f"{stage.workload}-verify"
 
 
 def render_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:

@@ -112,8 +112,8 @@ class LocalBackend(Backend):
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """At once: there is no Kueue here; a created JobSet runs."""
-        if self.jobsets.get_jobset(stage.jobset) is None:
-            raise WorkloadDeleted(f"JobSet {stage.jobset} does not exist on the local backend", "rerun the stage")
+        if self.jobsets.get_jobset(stage.workload) is None:
+            raise WorkloadDeleted(f"JobSet {stage.workload} does not exist on the local backend", "rerun the stage")
         return Admission(
             cluster_queue=plan.spec.cluster_queue,
             flavors=[plan.slice.flavor_name],
@@ -135,13 +135,13 @@ class LocalBackend(Backend):
 
     def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
         """Delete the stage's JobSet and create it for ``plan.spec.num_slices`` slices, same pipeline run label."""
-        old = self.jobsets.get_jobset(stage.jobset)
+        old = self.jobsets.get_jobset(stage.workload)
         run_id = (old.labels if old else {}).get(names.LABEL_PIPELINE_RUN_ID, "manual")
         if old is not None and old.phase != "Deleted":
-            self.jobsets.delete_jobset(stage.jobset, timeout=self.timings.delete_timeout)
+            self.jobsets.delete_jobset(stage.workload, timeout=self.timings.delete_timeout)
         manifest = self.workload_manifest(plan, stage, run_id)
         self.jobsets.create_jobset(manifest)
-        tell(f"JobSet {stage.jobset} relaunched on {plan.spec.num_slices} slice(s)")
+        tell(f"JobSet {stage.workload} relaunched on {plan.spec.num_slices} slice(s)")
 
     def pod_exits(self, name: str) -> list[PodExit]:
         """Each pod of the JobSet's latest attempt, from its state file (exit codes as the supervisor reaped them)."""

@@ -112,18 +112,18 @@ class JobSetLauncher(Launcher):
         """Wait for every pod process of the workload to start; pod -> slice, host, process id."""
         try:
             state = self.jobsets.wait(
-                stage.jobset, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
+                stage.workload, _all_running, timeout=self.timings.launch_timeout, poll=self.timings.poll_seconds
             )
         except KeyError:
-            raise WorkloadDeleted(f"{self.what} {stage.jobset} was deleted before all its pods ran") from None
+            raise WorkloadDeleted(f"{self.what} {stage.workload} was deleted before all its pods ran") from None
         except TimeoutError as error:
             raise LaunchFailed(str(error), "read the pods' logs; raise timeouts.launch if start-up is slow") from None
         if state.phase != "Completed" and not _all_running(state):  # Completed: finished before we looked
             exits = ", ".join(f"{p.hostname} exit {p.exit_code}" for p in state.pods if p.exit_code is not None)
             raise LaunchFailed(
-                f"{self.what} {stage.jobset} is {state.phase} ({state.reason}: {state.message}) before all pods ran; "
+                f"{self.what} {stage.workload} is {state.phase} ({state.reason}: {state.message}) before all pods ran; "
                 f"{exits}",
-                f"read the pods' logs under {self.jobsets.state_dir(stage.jobset) / 'pods'}",
+                f"read the pods' logs under {self.jobsets.state_dir(stage.workload) / 'pods'}",
             )
         placement = {
             p.hostname: PodPlacement(slice=p.job_index, host=p.completion_index, node="localhost", pid=p.pid)
@@ -132,7 +132,7 @@ class JobSetLauncher(Launcher):
         slices = {p.slice for p in placement.values()}
         if len(placement) != self.expected_pods(plan) or len(slices) != self.expected_slices(plan):
             raise LaunchFailed(
-                f"{self.what} {stage.jobset} runs {len(placement)} pods in {len(slices)} slices; {self.shape(plan)}",
+                f"{self.what} {stage.workload} runs {len(placement)} pods in {len(slices)} slices; {self.shape(plan)}",
                 "render it (`multislice render`) and compare its replicas and parallelism with the plan",
             )
         return Running(placement=placement, note=self.running_note(plan))
@@ -166,7 +166,7 @@ class JobSetLauncher(Launcher):
         A lost supervisor is replaced (:meth:`LocalJobSets.take_over`), as a
         cluster restarts a JobSet controller, at most :data:`MAX_TAKEOVERS` times.
         """
-        name, what = stage.jobset, self.what
+        name, what = stage.workload, self.what
         on_line, restarts_of = self.leader_lines(on_line)
         read: dict[int, int] = {}  # attempt -> bytes of its leader log passed on
         events_seen = 0

@@ -14,7 +14,7 @@ import datetime
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -142,6 +142,11 @@ class GkeBackend(Backend):
         )
 
     # -- a stage's workload -------------------------------------------------
+
+    def launcher_for(self, stage: StagePlan) -> launchers.GkeLauncher:
+        """The stage's launcher (:meth:`.Backend.launcher_for`): one of :attr:`launcher_classes`, each a
+        :class:`.launchers.GkeLauncher` (it also reads its object, :meth:`~.launchers.GkeLauncher.get`)."""
+        return cast(launchers.GkeLauncher, super().launcher_for(stage))
 
     def wait_admitted(self, plan: Plan, stage: StagePlan, tell: Tell) -> Admission:
         """Wait for the JobSet's Kueue Workload to be Admitted, telling the pending reason (:mod:`.workload`)."""

@@ -33,6 +33,7 @@ import ctypes
 import os
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: Environment variable naming the cancel point a test wants a step stopped at.
@@ -41,6 +42,9 @@ ENV_POINT = "MULTISLICE_CANCEL_AT"
 ENV_FIFO = "MULTISLICE_CANCEL_FIFO"
 #: The signals that cancel a step.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Programs that only wrap a step: kfp.local runs each lightweight component as ``sh -c "... && python3 -m
+#: kfp.dsl.executor_main ..."`` (``kfp/local/subprocess_task_handler.py``), so the step is the shell's child.
+WRAPPERS = frozenset({"sh", "dash", "bash"})
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 PR_SET_PDEATHSIG = 1
 
@@ -159,3 +163,34 @@ def die_with_parent() -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux ``/proc/<pid>/task/<tid>/children``); [] once it has exited."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+def step_pids(pid: int) -> list[int]:
+    """The step processes under ``pid``: its children, and for a child that is only a shell wrapping a step
+    (:data:`WRAPPERS`), that shell and what it runs, recursively.
+
+    A signal meant for a step sent to the shell alone leaves the step orphaned: dash does not pass SIGTERM on
+    to the command it waits for. Processes a step starts itself (its pods) are not listed: the step cancels
+    them.
+    """
+    found: list[int] = []
+    for child in child_pids(pid):
+        found.append(child)
+        try:
+            name = Path(f"/proc/{child}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name in WRAPPERS:
+            found += step_pids(child)
+    return found

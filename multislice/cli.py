@@ -22,7 +22,20 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, calls, config, identity, names, ownership, preflight, reports, storage, timings, tpu
+from multislice import (
+    backends,
+    calls,
+    cancel,
+    config,
+    identity,
+    names,
+    ownership,
+    preflight,
+    reports,
+    storage,
+    timings,
+    tpu,
+)
 from multislice.config import parameters
 from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
 from multislice.delivery import images, schedule, submission
@@ -268,17 +281,6 @@ def run_files(local_dir: Path, run_id: str) -> tuple[Path, Path]:
     return local_dir / f"pipeline.{run_id}.yaml", local_dir / f"pipeline.{run_id}.log"
 
 
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process (Linux ``/proc/<pid>/task/<tid>/children``)."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return children
-
-
 @contextlib.contextmanager
 def _cancelling_children():
     """SIGTERM to ``multislice run`` is passed on to the step it is running, then ends the run as Ctrl-C does.
@@ -291,7 +293,7 @@ def _cancelling_children():
     """
 
     def forward(signum: int, frame: object) -> None:
-        for child in child_pids(os.getpid()):
+        for child in cancel.step_pids(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")

@@ -21,6 +21,11 @@ PLATFORM := --python-version 3.12 --python-platform x86_64-manylinux_2_31
 PROFILE ?= local
 SET ?=
 PYTEST_ARGS ?=
+# The suite on two workers (pytest-xdist): a module's tests stay on one worker and the modules sharing a real
+# run form one group (tests/conftest.py), so each real MaxText run still runs once. Most of the suite waits on
+# processes it started (one core busy on average), so two workers fill the machine's two cores. XDIST= runs
+# it in one process.
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 # make images: where to tag the images, and PUSH=1 to push them (then their digests are printed).
 # The tag carries the package version and the commit (as `multislice images build` tags).
 IMAGE_REPO ?= multislice
@@ -77,10 +82,10 @@ run: env
 	$(VENVS)/pipeline/bin/multislice run --profile $(PROFILE) $(foreach s,$(SET),--set $(s))
 
 test: env lint
-	$(PIPELINE_PY) -m pytest $(PYTEST_ARGS)
+	$(PIPELINE_PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: env
-	$(PIPELINE_PY) -m pytest -m "not e2e and not aot" $(PYTEST_ARGS)
+	$(PIPELINE_PY) -m pytest $(XDIST) -m "not e2e and not aot" $(PYTEST_ARGS)
 
 test-under-load: env
 	$(PIPELINE_PY) -m benchmarks.under_load --busy 2 -- $(MAKE) test

@@ -222,3 +222,32 @@ def gcs(monkeypatch: pytest.MonkeyPatch):
         for key, value in fake.env.items():
             monkeypatch.setenv(key, value)
         yield fake
+
+
+# The session's fixtures that run real pipelines: a module using one is scheduled, whole, with every other module
+# using it, so that under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each runs once per session.
+SHARED_RUN_FIXTURES = {"local_runs": "local-runs", "elastic_run": "elastic-run"}
+# Modules whose set-up is a real MaxText run or a real Ray cluster: scheduled first, so the longest work starts
+# at once and the short modules fill the other worker around it.
+HEAVY_FIRST = ("local-runs", "tests/test_e2e_ray.py", "elastic-run", "tests/test_export.py", "tests/test_remote.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test an ``xdist_group``: its module's name, or the shared run's group for every test of a
+    module where any test uses a shared run fixture (module fixtures then run once, on one worker)."""
+    group_of: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        for fixture, group in SHARED_RUN_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                group_of[module] = group
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
+    rank = {group: i for i, group in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+
+
+def _group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker else ""

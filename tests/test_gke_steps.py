@@ -255,12 +255,10 @@ def job_finishes(play, name, log):
 def compile_job_finishes(play, plan, stage, result):
     """Play the compile Jobs of ``stage``: wait for each, then finish it with ``result`` in its log (an elastic
     stage has one more per smaller slice count the memory model does not rule out, :func:`preflight.check_elastic`)."""
-    from multislice.preflight import on_slices
-
     job_finishes(play, job_name(plan, request_for(plan, stage)), aot_log(result))
     for count in stage.elastic:
         if count.runnable and count.slices != plan.spec.num_slices:
-            smaller, target = on_slices(plan, stage, count.slices)
+            smaller, target = plan.on_slices(stage, count.slices)
             job_finishes(play, job_name(smaller, request_for(smaller, target)), aot_log(result))
 
 

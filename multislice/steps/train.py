@@ -43,13 +43,13 @@ ECHO = re.compile(
 
 def run(
     plan: Plan,
-    stage_name: str,
+    stage: StagePlan,
     admitted: AdmitReport | dict[str, Any],
     *,
     backend: Backend | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainReport:
-    """Follow the stage's training and summarise it; returns the train report.
+    """Follow the training of ``stage`` (one of ``plan.stages``) and summarise it; returns the train report.
 
     ``admitted`` is the admit step's report (a dict when it comes from another
     component); a stage admit skipped is passed through. ``on_record`` is called
@@ -64,7 +64,6 @@ def run(
             ``timings.train_timeout``.
         multislice.backends.base.WorkloadDeleted: the workload was deleted during training.
     """
-    stage = plan.stage(stage_name)
     admitted = AdmitReport.model_validate(admitted)
     with cancellable("train", stage, stage_labels(plan, stage, admitted.pipeline_run_id), plan) as removal:
         if admitted.skipped:
@@ -149,14 +148,13 @@ def _report(
     return report, line
 
 
-def result_pages(plan: Plan, stage_name: str, report: TrainReport) -> dict[str, str]:
+def result_pages(plan: Plan, stage: StagePlan, report: TrainReport) -> dict[str, str]:
     """The stage's pages for the pipelines UI: ``{"html": loss and step-time plots, "markdown": run summary}``.
 
     Built from the train report and the per-step metrics records it names
     (:mod:`multislice.delivery.artifacts`), and written beside the report, to
     ``<run_dir>/reports/<stage>/train.html`` and ``train.md``.
     """
-    stage = plan.stage(stage_name)
     text = artifacts.train_markdown(stage.name, report)
     if report.skipped:
         page = artifacts.html_page(f"train {stage.name}", f"<p>{text.splitlines()[-1]}</p>")

@@ -98,7 +98,7 @@ def run_once(out: Path, name: str, elastic_on: bool, delay: float) -> dict:
 
     backend.submit(backend.workload_manifest(plan, stage, "bench"))
     started = time.monotonic()
-    report = train.run(plan, stage.name, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
+    report = train.run(plan, stage, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
     wall = time.monotonic() - started
     records = metrics.parse_records(storage.read_text(stage.metrics_file) or "")
     value, lost = elastic.goodput(records, wall)

@@ -88,8 +88,8 @@ def restored_step(jobsets: LocalJobSets, name: str, attempt: int) -> int | None:
 def train_and_time(plan, stage, run_id: str) -> tuple[float, object]:
     """Admit (create the JobSet) and train the stage; returns (seconds, train report)."""
     started = time.monotonic()
-    admitted = admit.run(plan, stage.name, run_id)
-    report = train.run(plan, stage.name, admitted)
+    admitted = admit.run(plan, stage, run_id)
+    report = train.run(plan, stage, admitted)
     return time.monotonic() - started, report
 
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         last, committed = record["last_completed_step"], record["latest_committed_checkpoint"]
         record["resumed_from_latest_checkpoint"] = restored == (-1 if committed is None else committed)
         record["steps_lost"] = max(0, last - restored) if last is not None and restored is not None else 0
-    verdict = verify_checkpoint.run(plan, stage.name)
+    verdict = verify_checkpoint.run(plan, stage)
     lost = [r["steps_lost"] for r in killer.records]
     result["soak"] = {
         "seconds": round(soak_seconds, 1),

@@ -12,7 +12,8 @@ def admit(plan: str, stage: str, pipeline_run_id: str) -> dict:
     from multislice.plan import Plan
     from multislice.steps import admit as step
 
-    return step.run(Plan.from_json(plan), stage, pipeline_run_id).to_dict()
+    parsed = Plan.from_json(plan)
+    return step.run(parsed, parsed.stage(stage), pipeline_run_id).to_dict()
 
 
 def component(base_image: str):

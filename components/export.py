@@ -21,9 +21,10 @@ def export(plan: str, stage: str, pipeline_run_id: str, model: Input[Model], hf_
     from multislice.steps import export as step
 
     parsed = Plan.from_json(plan)
-    lineage.check_input(parsed, stage, dict(model.metadata))
-    report = step.run(parsed, stage, pipeline_run_id)
-    hf_model.metadata.update(lineage.export_model(parsed, stage, report))
+    resolved = parsed.stage(stage)
+    lineage.check_input(resolved, dict(model.metadata))
+    report = step.run(parsed, resolved, pipeline_run_id)
+    hf_model.metadata.update(lineage.export_model(resolved, report))
     lineage.write_manifest(hf_model.path, hf_model.metadata)
     return report.to_dict()
 

@@ -12,7 +12,8 @@ def launch(plan: str, stage: str, admitted: dict) -> dict:
     from multislice.plan import Plan
     from multislice.steps import launch as step
 
-    return step.run(Plan.from_json(plan), stage, admitted).to_dict()
+    parsed = Plan.from_json(plan)
+    return step.run(parsed, parsed.stage(stage), admitted).to_dict()
 
 
 def component(base_image: str):

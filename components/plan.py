@@ -35,41 +35,23 @@ def plan(
 ) -> str:
     """Returns the validated plan as JSON; fails with every bad field named.
 
+    The run parameters and the stage's (``steps``, ``per_device_batch_size``) are
+    :mod:`multislice.config.parameters`' table, written out because KFP builds the component from this signature.
+
     ``release`` is :func:`multislice.release.current` of the compiling machine: a YAML of another
     release than this image's fails here, first, with one line naming both ({} skips the check).
     """
+    arguments = dict(locals())  # the parameters, by name (nothing else is bound yet)
     from multislice import cancel  # first: from here on SIGTERM/SIGINT raise cancel.Cancelled
 
     cancel.point("plan:entry")  # a signal before install ends the process: nothing was created yet
     cancel.install()
+    from multislice.config.parameters import RUN_PARAMETERS, STAGE_FIELDS
     from multislice.steps import plan as step
 
-    parameters = {
-        "run_name": run_name,
-        "backend": backend,
-        "tpu_type": tpu_type,
-        "machine_type": machine_type,
-        "num_slices": num_slices,
-        "output_dir": output_dir,
-        "trainer_image": trainer_image,
-        "namespace": namespace,
-        "queue": queue,
-        "priority": priority,
-        "max_restarts": max_restarts,
-        "launcher": launcher,
-        "skip_preflight": skip_preflight,
-        "unique_run_name": unique_run_name,
-        "notify_webhook_secret": notify_webhook_secret,
-        "cluster_project": cluster_project,
-        "cluster_location": cluster_location,
-        "cluster_name": cluster_name,
-        "cluster_access": cluster_access,
-        "zone": zone,
-        "pipeline_service_account": pipeline_service_account,
-        "trainer_service_account": trainer_service_account,
-        f"stages.{stage}.steps": steps,
-        f"stages.{stage}.per_device_batch_size": per_device_batch_size,
-    }
+    # The signature above is the table's (tests/test_run_parameters.py checks it): KFP reads its parameters from it.
+    parameters = {p.name: arguments[p.name] for p in RUN_PARAMETERS}
+    parameters |= {f"stages.{stage}.{field}": arguments[field] for field, _, _ in STAGE_FIELDS}
     return step.run(profile, parameters, stage, pipeline_run_id, release=release).to_json()
 
 

@@ -20,11 +20,12 @@ def prepare_data(plan: str, stage: str, dataset: Output[Dataset]) -> dict:
     from multislice.steps import prepare_data as step
 
     parsed = Plan.from_json(plan)
-    report = step.run(parsed, stage)
+    report = step.run(parsed, parsed.stage(stage))
     if report.skipped:
-        dataset.metadata["kind"] = parsed.spec.stage(stage).data.kind
+        data = parsed.spec.stage(stage).data
+        dataset.metadata["kind"] = data.kind
         with open(dataset.path, "w", encoding="utf-8") as handle:
-            handle.write(parsed.spec.stage(stage).data.model_dump_json())
+            handle.write(data.model_dump_json())
     else:
         dataset.uri = report.uri
         dataset.metadata.update(report.manifest)

@@ -34,7 +34,8 @@ def train(
     from multislice.steps import train as step
 
     parsed = Plan.from_json(plan)
-    report = step.run(parsed, stage, admitted)
+    resolved = parsed.stage(stage)
+    report = step.run(parsed, resolved, admitted)
     if not report.skipped:
         for key in (
             "steps_trained",
@@ -53,11 +54,11 @@ def train(
         for key in ("first_eval_loss", "final_eval_loss", "final_eval_perplexity"):
             if getattr(report, key) is not None:  # stages with an eval split and eval_interval
                 metrics.log_metric(key, float(getattr(report, key)))
-    model.metadata.update(lineage.checkpoint_model(parsed, stage, report))
+    model.metadata.update(lineage.checkpoint_model(parsed, resolved, report))
     if dataset.metadata.get("fingerprint"):  # prepare_data's manifest: the data this model was trained on
         model.metadata["data_fingerprint"] = dataset.metadata["fingerprint"]
     lineage.write_manifest(model.path, model.metadata)
-    pages = step.result_pages(parsed, stage, report)
+    pages = step.result_pages(parsed, resolved, report)
     for artifact, text in ((curves, pages["html"]), (summary, pages["markdown"])):
         with open(artifact.path, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -21,8 +21,9 @@ def verify_checkpoint(
     from multislice.steps import verify_checkpoint as step
 
     parsed = Plan.from_json(plan)
-    lineage.check_input(parsed, stage, dict(model.metadata))
-    report = step.run(parsed, stage, pipeline_run_id)  # a FAIL's page is in the run directory
+    resolved = parsed.stage(stage)
+    lineage.check_input(resolved, dict(model.metadata))
+    report = step.run(parsed, resolved, pipeline_run_id)  # a FAIL's page is in the run directory
     with open(verification.path, "w", encoding="utf-8") as handle:
         handle.write(artifacts.verification_markdown(stage, report))
     return report.to_dict()

@@ -219,3 +219,31 @@ def override_problem(key: str, value: Any) -> str | None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     detail = error.message if error else "not valid for its type"
     return f"{key}={value!r} is not a value MaxText {MAXTEXT_VERSION} accepts: {detail}"
+
+
+def _integer_schema(schema: dict[str, Any]) -> bool:
+    """Whether a JSON Schema admits integers and no other number (``integer``, optionally or null)."""
+    kinds = {schema.get("type")} | {s.get("type") for s in schema.get("anyOf", [])}
+    return "integer" in kinds and "number" not in kinds
+
+
+def restore_integers(key: str, value: Any) -> Any:
+    """``value`` for MaxText's config key ``key`` with a whole float made an int where the key takes integers.
+
+    A profile that went through a KFP pipeline reaches the plan task with every number a float: the compiler stores
+    a ``dict`` parameter as a protobuf ``Struct`` (kfp ``compiler/pipeline_spec_builder.py``, ``to_protobuf_value``:
+    ``number_value``, a double), which reads back as ``0.0`` for a YAML ``0``. MaxText's integer keys
+    (``grain_worker_count``) would then get ``0.0`` on its command line. Read from MaxText's schema
+    (:func:`config_schema`); a list of integers item by item; any other value, or an unknown key, is returned as is.
+    """
+    schema = config_schema()["fields"].get(key)
+    if schema is None:
+        return value
+    if isinstance(value, list):
+        items = [schema.get("items", {})] + [s.get("items", {}) for s in schema.get("anyOf", [])]
+        if any(_integer_schema(item) for item in items if item):
+            return [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+        return value
+    if isinstance(value, float) and value.is_integer() and _integer_schema(schema):
+        return int(value)
+    return value

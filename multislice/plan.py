@@ -171,6 +171,31 @@ class Plan(BaseModel):
                 return stage
         raise KeyError(f"no stage {name!r} in the plan; stages are {', '.join(s.name for s in self.stages)}")
 
+    def on_slices(self, stage: StagePlan, slices: int) -> tuple[Plan, StagePlan]:
+        """The plan and ``stage`` as they run on ``slices`` slices (an elastic count); ``(self, stage)`` for
+        ``num_slices``.
+
+        What preflight compiles for each elastic count and what an elastic resize relaunches: the spec's
+        ``num_slices`` and the plan's ``total_chips`` become the count's, the stage's DCN degrees, global batch and
+        MaxText arguments (gradient accumulation included) the count's (:meth:`StagePlan.on_slices`,
+        :mod:`multislice.config.elastic`).
+
+        Raises:
+            KeyError: the stage has no elastic count of ``slices`` slices.
+        """
+        if slices == self.spec.num_slices:
+            return self, stage
+        count = stage.on_slices(slices)
+        spec = self.spec.model_copy(update={"num_slices": slices})
+        smaller = self.model_copy(update={"spec": spec, "total_chips": self.slice.chips * slices})
+        return smaller, stage.model_copy(
+            update={
+                "dcn": count.dcn,
+                "maxtext_args": list(count.maxtext_args),
+                "global_batch_size": count.global_batch_size,
+            }
+        )
+
     def to_json(self) -> str:
         """Serialise for handing to the next pipeline step."""
         return self.model_dump_json()

@@ -59,7 +59,7 @@ def test_train_pages_embed_a_png_and_summarise(tmp_path, local_plan):
     metrics_file = tmp_path / "metrics.jsonl"
     metrics_file.write_text("\n".join(json.dumps(record(s, v, 1.0)) for s, v in enumerate(LOSSES)))
     report = _report(metrics_file=str(metrics_file))
-    pages = train_step.result_pages(local_plan, stage.name, report)
+    pages = train_step.result_pages(local_plan, stage, report)
     [encoded] = re.findall(r'src="data:image/png;base64,([^"]+)"', pages["html"])
     image = matplotlib.image.imread(io.BytesIO(base64.b64decode(encoded)), format="png")
     assert image.shape[0] > 100 and image.shape[1] > 300
@@ -71,7 +71,7 @@ def test_train_pages_embed_a_png_and_summarise(tmp_path, local_plan):
 
 
 def test_skipped_train_page(local_plan):
-    pages = train_step.result_pages(local_plan, local_plan.stages[1].name, TrainReport(jobset="x", skipped=True))
+    pages = train_step.result_pages(local_plan, local_plan.stages[1], TrainReport(jobset="x", skipped=True))
     assert "final checkpoint already existed" in pages["markdown"] and "<img" not in pages["html"]
 
 
@@ -81,7 +81,7 @@ def test_verification_markdown(local_plan):
          "checks": [{"name": "final step", "passed": True, "detail": "19 == 19"},
                     {"name": "finite | values", "passed": False, "detail": "NaN in decoder"}]}
     )  # fmt: skip
-    text = verify_step.result_page(local_plan, local_plan.stages[0].name, report)
+    text = verify_step.result_page(local_plan, local_plan.stages[0], report)
     assert text.startswith(f"# verify_checkpoint {local_plan.stages[0].name}: FAIL")
     assert "2,098,432 parameters, written with mesh fsdp=4" in text
     assert "| finite \\| values | FAIL | NaN in decoder |" in text

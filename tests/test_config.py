@@ -211,3 +211,34 @@ def test_fewer_steps_than_the_checkpoint_period_lower_the_period_unless_it_was_s
     assert field == "stages[0] (tiny-8b-recipe).checkpoint_period" and "make it at most steps" in message
     chosen = config.load_spec(profile, {"stage1_steps": 4, "stages.0.checkpoint_period": 2})
     assert chosen.stages[0].checkpoint_period == 2
+
+
+@pytest.mark.parametrize("profile, output_dir", [("local", "/data/out"), ("gke-v6e-16x2", "gs://bucket/runs")])
+def test_a_profile_that_went_through_kfp_plans_as_the_cli_plans_it(profile, output_dir):
+    """The plan task's ``profile`` is a dict parameter, which KFP stores as a protobuf Struct
+    (``to_protobuf_value``, the compiler's own): every number comes back a float, ``grain_worker_count: 0.0`` in the
+    compiled YAML. The spec gives MaxText's integer keys (and whole libtpu flag values) their ints back, so a
+    pipeline's plan is the CLI's: same spec, same MaxText arguments (in the Struct's key order)."""
+    import json
+
+    from google.protobuf import json_format
+    from kfp.compiler.pipeline_spec_builder import to_protobuf_value
+
+    from multislice.plan import make_plan
+
+    data = config.read_profile(profile)
+    data["libtpu_flags"] = {"add": {"xla_tpu_scoped_vmem_limit_kib": 81920}}
+    data["stages"][0]["maxtext_overrides"] = {"grain_worker_count": 0, "learning_rate": 3.0e-3, "compress_ratios": [4]}
+    through = json_format.MessageToDict(to_protobuf_value(data))
+    sent = through["stages"][0]["maxtext_overrides"]
+    assert sent == {"grain_worker_count": 0.0, "learning_rate": 0.003, "compress_ratios": [4.0]}  # what KFP sends
+    assert isinstance(sent["grain_worker_count"], float) and isinstance(sent["compress_ratios"][0], float)
+    cli, kfp = (make_plan(config.load_spec(d, {"output_dir": output_dir})) for d in (data, through))
+    assert json.dumps(kfp.spec.model_dump(mode="json"), sort_keys=True) == json.dumps(
+        cli.spec.model_dump(mode="json"), sort_keys=True
+    )
+    for ours, theirs in zip(kfp.stages, cli.stages, strict=True):
+        assert sorted(ours.maxtext_args) == sorted(theirs.maxtext_args)
+        assert sorted(ours.libtpu_flags.items()) == sorted(theirs.libtpu_flags.items())
+    assert {"grain_worker_count=0", "learning_rate=0.003", "compress_ratios=[4]"} <= set(kfp.stages[0].maxtext_args)
+    assert kfp.spec.libtpu_flags.add["xla_tpu_scoped_vmem_limit_kib"] == 81920

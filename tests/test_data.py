@@ -172,7 +172,7 @@ def test_bad_data_specs_fail_in_the_plan_step_naming_the_field(tmp_path, data, f
 def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, capsys, trainer_python):
     profile = profile_with(tmp_path, {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2})
     plan = plan_step.run(profile, {})
-    first = prepare_data.run(plan, "tiny-8b-recipe")
+    first = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
     manifest = first.manifest
     assert not first.reused and first.uri == plan.stages[0].data_dir
     assert len(manifest["sources"]) == 40 and all(len(s["sha256"]) == 64 for s in manifest["sources"])
@@ -182,7 +182,7 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     assert manifest["token_count"] == train["tokens"] + held["tokens"]
     assert train["sequences"] * 128 >= train["tokens"] > (train["sequences"] - 1) * 128  # packed: all full but the last
     # the same inputs and tokenizer: the second stage (same recipe) reuses the shards, and says so
-    second = prepare_data.run(plan, "tiny-70b-recipe")
+    second = prepare_data.run(plan, plan.stage("tiny-70b-recipe"))
     assert second.reused and second.manifest["fingerprint"] == manifest["fingerprint"]
     assert f"reusing {manifest['shard_count']} shards" in capsys.readouterr().out
     # MaxText's own grain parser reads the records as pre-tokenized sequences
@@ -199,7 +199,7 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     assert done.stdout.split() == [str(train["sequences"]), "int32", "128", "128000"]  # begins with Llama 3's BOS
     # a changed source file: tokenized again
     (corpus / "doc00.txt").write_text("Something else entirely. " * 50)
-    third = prepare_data.run(plan, "tiny-8b-recipe")
+    third = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
     assert not third.reused and third.manifest["fingerprint"] != manifest["fingerprint"]
 
 
@@ -215,7 +215,7 @@ def test_prepare_data_reads_json_lines_and_parquet_without_packing(tmp_path, tra
     for fmt, name in (("jsonl", "a.jsonl"), ("parquet", "b.parquet")):
         data = {"kind": "text", "files": [str(tmp_path / name)], "format": fmt, "packing": False, "eval_fraction": 0.3}
         plan = plan_step.run(profile_with(tmp_path, data), {})
-        manifests[fmt] = prepare_data.run(plan, "tiny-8b-recipe").manifest
+        manifests[fmt] = prepare_data.run(plan, plan.stage("tiny-8b-recipe")).manifest
     for manifest in manifests.values():
         splits = manifest["splits"]
         assert splits["train"]["documents"] + splits["eval"]["documents"] == 60

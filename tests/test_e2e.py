@@ -125,10 +125,10 @@ def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run
     plan = local_run.plan
     jobsets = LocalJobSets(plan.run_dir)
     before = [s.name for s in jobsets.list_jobsets()]
-    report = admit.run(plan, plan.stages[0].name, "a-later-pipeline-run")
+    report = admit.run(plan, plan.stages[0], "a-later-pipeline-run")
     assert report.skipped is True and report.reason == "final checkpoint exists"
     assert [s.name for s in jobsets.list_jobsets()] == before
-    assert launch.run(plan, plan.stages[0].name, report.to_dict()).skipped is True
+    assert launch.run(plan, plan.stages[0], report.to_dict()).skipped is True
 
 
 def test_both_stages_train_on_the_prepared_corpus_and_eval_loss_falls(local_run):
@@ -148,6 +148,6 @@ def test_both_stages_train_on_the_prepared_corpus_and_eval_loss_falls(local_run)
 def test_a_rerun_on_unchanged_data_reuses_the_shards(local_run):
     stage = local_run.plan.stages[0]
     shards = {p: p.stat().st_mtime_ns for p in Path(stage.data_dir).glob("*.array_record")}
-    report = prepare_data.run(local_run.plan, stage.name)
+    report = prepare_data.run(local_run.plan, stage)
     assert report.reused and shards  # hashing the sources only: no shard is written again
     assert {p: p.stat().st_mtime_ns for p in Path(stage.data_dir).glob("*.array_record")} == shards

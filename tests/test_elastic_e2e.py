@@ -57,8 +57,8 @@ def elastic_run(tmp_path_factory):
 
     started = time.monotonic()
     backend.submit(backend.workload_manifest(plan, stage, "e2e-elastic"))
-    report = train.run(plan, stage.name, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
-    verification = verify_checkpoint.run(plan, stage.name, "e2e-elastic", backend=backend)
+    report = train.run(plan, stage, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
+    verification = verify_checkpoint.run(plan, stage, "e2e-elastic", backend=backend)
     wall = time.monotonic() - started
     print(f"elastic e2e: {wall:.0f} s wall (train {report.wall_seconds} s), goodput {report.goodput}")
     return {"plan": plan, "stage": stage, "report": report, "verification": verification, "seen": seen, "wall": wall}

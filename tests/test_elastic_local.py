@@ -96,7 +96,7 @@ def test_a_preempted_slice_shrinks_the_stage_and_returning_capacity_grows_it_bac
             assert capacity.restore(plan.run_dir, 1) == 1
         (read / str(int(record["step"]))).touch()
 
-    report = train.run(plan, stage.name, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
+    report = train.run(plan, stage, {"jobset": stage.jobset}, backend=backend, on_record=on_record)
 
     assert seen == {"preempted": True, "restored": True}
     assert [(r.from_slices, r.to_slices) for r in report.resizes] == [(2, 1), (1, 2)]

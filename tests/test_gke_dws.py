@@ -189,7 +189,7 @@ def test_admit_shows_the_provisioning_request_state_then_is_admitted(served, pla
         play.kueue_admits(js)
 
     with Background(kueue, told):
-        report = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(served.kube()))
+        report = admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(served.kube()))
     assert report.admitted and report.cluster_queue == "multislice-cluster-queue"
     assert f"quota reserved, waiting for admission checks: AdmissionCheck {CHECK} Pending: {queued}" in (
         capsys.readouterr().out
@@ -206,7 +206,7 @@ def test_a_rejected_provisioning_check_fails_admit_with_the_cause_and_a_fix(serv
         play.kueue_checks(js, CHECK, "Rejected", failed)
 
     with Background(kueue), pytest.raises(AdmissionBlocked) as refused:
-        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(served.kube()))
+        admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(served.kube()))
     assert f"AdmissionCheck {CHECK} Rejected: {failed}" in refused.value.message
     assert "was deleted" in refused.value.message
     assert "flex-start TPU quota" in refused.value.fix and "node_pools.zone" in refused.value.fix
@@ -221,7 +221,7 @@ def admitted_with_unschedulable_pods(play, plan, kube, message):
         play.kueue_admits(js)
 
     with Background(kueue):
-        admitted = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+        admitted = admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
     status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                   "message": message}]}  # fmt: skip
     return admitted, play.pods(js, 2, plan.slice.hosts, status=status)
@@ -241,7 +241,7 @@ def test_flex_start_pods_unschedulable_past_the_old_grace_but_within_the_wait_la
             play.pod_scheduled(pod, f"gke-{POOLS[i // plan.slice.hosts]}-{i % plan.slice.hosts}")
 
     with Background(capacity_arrives, told):
-        launched = launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        launched = launch.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert launched.pods == len(pods) and launched.node_pools == POOLS
 
 
@@ -251,7 +251,7 @@ def test_flex_start_pods_unschedulable_past_the_wait_fail_launch_naming_the_fiel
     assert kube.timings.unschedulable_grace == 1
     admitted, _ = admitted_with_unschedulable_pods(play, plan, kube, "0/8 nodes are available")
     with pytest.raises(LaunchFailed) as failure:
-        launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        launch.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert "Unschedulable for" in failure.value.message
     assert "raise node_pools.max_wait_for_capacity_seconds" in failure.value.fix
 

@@ -4,8 +4,8 @@
 
 The scripts play GKE (nodes, Spot preemption: the termination taint, the node deleted, the pods' disruption
 condition), Kueue (the ClusterQueue's quota and reservation, admitting the relaunched JobSet) and the JobSet
-controller. The train step's own watch (:class:`multislice.steps.train._Watch`) decides, through
-:func:`multislice.elastic.decide`; the backend detects, follows, interrupts and relaunches. Each change is waited
+controller. The resize controller's watch (:class:`multislice.elastic.controller.Watch`) decides, through
+:func:`multislice.elastic.policy.decide`; the backend detects, follows, interrupts and relaunches. Each change is waited
 on through what the backend told or read, never a sleep.
 """
 
@@ -19,8 +19,7 @@ from multislice import names, storage
 from multislice.backends.gke import GkeBackend
 from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.client import KUEUE_GROUP, KUEUE_VERSION
-from multislice.preflight import on_slices
-from multislice.steps.train import _Watch
+from multislice.elastic.controller import Watch
 from tests.kube_cluster import wait_until
 from tests.kube_controllers import step_line
 from tests.test_gke_steps import (  # noqa: F401  (the fixtures of the GKE scenarios)
@@ -72,7 +71,7 @@ def cluster_queue(play, plan, nominal_slices: int, reserved_slices: int) -> None
 def launched(served, play, plan, stage, slices: int = 2, attempt: int = 0):
     """The stage's JobSet created by the backend, admitted, its pods Running on the first ``slices`` pools."""
     backend = GkeBackend(served.kube())
-    target_plan, target_stage = on_slices(plan, stage, slices) if slices != 2 else (plan, stage)
+    target_plan, target_stage = plan.on_slices(stage, slices)
     backend.submit(backend.workload_manifest(target_plan, target_stage, RUN_ID))
     play.kueue_queues(stage.jobset, "waiting")
     play.kueue_admits(stage.jobset)
@@ -156,10 +155,10 @@ class Follow:
     def __init__(self, backend, plan, stage, running: int, wait_seconds: float):
         self.told: list[str] = []
         self.records: list[dict] = []
-        self.watch = _Watch(
+        self.watch = Watch(
             plan, stage, backend, running, stage.runnable_counts(), wait_seconds, self.tell, self.records
         )
-        target_plan, target_stage = on_slices(plan, stage, running) if running != 2 else (plan, stage)
+        target_plan, target_stage = plan.on_slices(stage, running)
         self.result = None
         self.thread = threading.Thread(target=self.run, args=(backend, target_plan, target_stage), daemon=True)
         self.thread.start()
@@ -188,7 +187,7 @@ def relaunch_admitted(backend, play, plan, stage, slices: int, told: list[str], 
     exists, so the old JobSet's deletion is never missed: the emulator deletes at once, and ``relaunch``
     creates the new JobSet of the same name a moment later.
     """
-    new_plan, new_stage = on_slices(plan, stage, slices) if slices != 2 else (plan, stage)
+    new_plan, new_stage = plan.on_slices(stage, slices)
     thread = threading.Thread(target=backend.relaunch, args=(new_plan, new_stage, told.append), daemon=True)
     thread.start()
     wait_until(lambda: any("waiting for Kueue" in line for line in told), what="the relaunched JobSet")

@@ -82,7 +82,7 @@ def admitted(play, plan, kube, told, pending: str | None = None):
         ray.kueue_admits()
 
     with Background(kueue, told):
-        report = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+        report = admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
     return report, ray
 
 
@@ -91,7 +91,7 @@ def launched(play, plan, kube, told):
     report, ray = admitted(play, plan, kube, told)
     workers: list[str] = []
     with Background(lambda: workers.extend(ray.starts()), told):
-        running = launch.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        running = launch.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert running.pods == plan.spec.num_slices * plan.slice.hosts and running.node_pools == POOLS
     return report, ray, workers
 
@@ -117,12 +117,12 @@ def test_rayjob_admitted_by_kueue_launched_and_succeeded(served, play, plan, tol
     assert template["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     assert f"QuotaReserved False: Pending: {message}" in capsys.readouterr().out
 
-    again = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))  # a retried step adopts it
+    again = admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))  # a retried step adopts it
     assert again.adopted and again.admitted
 
     workers: list[str] = []
     with Background(lambda: workers.extend(ray.starts()), told):
-        running = launch.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        running = launch.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert running.pods == 8 and running.node_pools == POOLS
     assert {p.node_pool for name, p in running.placement.items() if p.slice == 1} == {"tpu-pool-1"}
 
@@ -134,7 +134,7 @@ def test_rayjob_admitted_by_kueue_launched_and_succeeded(served, play, plan, tol
         ray.job_ends("SUCCEEDED")
 
     with Background(driver_trains, told):
-        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (3, 8.0, 6.0)
     assert trained.restarts == 0 and trained.leader_logs == [ray.submitter_pod] and trained.launcher == "ray"
 
@@ -163,7 +163,7 @@ def test_a_killed_worker_that_ray_train_recovers_is_not_a_failure(served, play, 
         ray.job_ends("SUCCEEDED")
 
     with Background(worker_lost_then_recovered, told):
-        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert trained.restarts == 1 and trained.steps_trained == 2
     out = capsys.readouterr().out
     assert "KubeRay replaces it and Ray Train retries the worker group (max_failures 4)" in out
@@ -185,7 +185,7 @@ def test_a_retried_submitter_replaying_the_log_passes_no_line_twice(served, play
         assert first != second
 
     with Background(submitter_lost, told):
-        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (3, 8.0, 7.0)
     assert trained.restarts == 0 and len(trained.leader_logs) == 2
 
@@ -207,7 +207,7 @@ def test_evicted_by_kueue_then_readmitted_the_rayjob_trains_on_a_new_raycluster(
         ray.job_ends("SUCCEEDED")
 
     with Background(preempted_then_resumed, told):
-        trained = train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert trained.steps_trained == 2 and trained.final_loss == 7.0
     assert trained.leader_logs == [f"{ray.name}-sbm4t", ray.submitter_pod]
     assert "RayJob admitted again after" in capsys.readouterr().out
@@ -226,7 +226,7 @@ def test_a_failed_ray_job_fails_train_with_its_cause(served, play, plan, told):
         ray.job_ends("FAILED", cause)
 
     with pytest.raises(TrainingFailed) as failure, Background(fails, told):
-        train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     text = str(failure.value)
     status = "Failed (jobDeploymentStatus Failed, jobStatus FAILED)"
     assert f"RayJob {stage_of(plan).jobset} {status}: AppFailed: {cause}" in text
@@ -239,7 +239,7 @@ def test_a_rayjob_failed_before_its_pods_ran_fails_launch(served, play, plan, to
     report, ray = admitted(play, plan, kube, told)
     ray.job_ends("FAILED", "RayCluster head pod failed to start", reason="SubmissionFailed")
     with pytest.raises(LaunchFailed, match="SubmissionFailed: RayCluster head pod failed to start"):
-        launch.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+        launch.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
 
 
 def test_cancelled_rayjob_is_deleted_and_nothing_of_the_run_is_left(served, play, plan, told):
@@ -253,7 +253,7 @@ def test_cancelled_rayjob_is_deleted_and_nothing_of_the_run_is_left(served, play
 
     with pytest.raises(TrainingFailed, match=f"cancelled; {stage_of(plan).jobset} deleted"):
         with Background(cancelled_while_following, told):
-            train.run(plan, stage_of(plan).name, report, backend=GkeBackend(kube))
+            train.run(plan, stage_of(plan), report, backend=GkeBackend(kube))
     assert rayjob.get(kube, stage_of(plan).jobset) is None
     ray.garbage_collected()
 

@@ -255,12 +255,10 @@ def job_finishes(play, name, log):
 def compile_job_finishes(play, plan, stage, result):
     """Play the compile Jobs of ``stage``: wait for each, then finish it with ``result`` in its log (an elastic
     stage has one more per smaller slice count the memory model does not rule out, :func:`preflight.check_elastic`)."""
-    from multislice.preflight import on_slices
-
     job_finishes(play, job_name(plan, request_for(plan, stage)), aot_log(result))
     for count in stage.elastic:
         if count.runnable and count.slices != plan.spec.num_slices:
-            smaller, target = on_slices(plan, stage, count.slices)
+            smaller, target = plan.on_slices(stage, count.slices)
             job_finishes(play, job_name(smaller, request_for(smaller, target)), aot_log(result))
 
 
@@ -283,7 +281,7 @@ def admitted_jobset(play, plan, kube, *, pending=None, told=None):
         play.kueue_admits(js)
 
     with Background(kueue, told):
-        return admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+        return admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
 
 
 def running_pods(play, plan, attempt=0):
@@ -340,7 +338,7 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     assert js["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
 
     pods = running_pods(play, plan)
-    launched = launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+    launched = launch.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert launched.pods == 8 and launched.node_pools == POOLS
     assert {p.node_pool for p in launched.placement.values() if p.slice == 1} == {"tpu-pool-1"}
 
@@ -351,19 +349,19 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
         finishes(play, pods[0], stage_of(plan).jobset)
 
     with Background(leader_trains, told):
-        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 5.0)
     assert trained.tokens_per_second_per_device == pytest.approx(2000.0)
     assert trained.restarts == 0 and trained.leader_logs == [pods[0]]
 
     with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log())):
-        verified = verify_checkpoint.run(plan, stage_of(plan).name, backend=GkeBackend(kube))
+        verified = verify_checkpoint.run(plan, stage_of(plan), backend=GkeBackend(kube))
     assert verified.verdict == "PASS" and verified.job == f"{stage_of(plan).jobset}-verify"
     job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
     assert job.metadata.labels[names.LABEL_PIPELINE_RUN_ID] == RUN_ID
     assert job.spec.template.spec.service_account_name == plan.spec.service_accounts.trainer
 
-    pages = train.result_pages(plan, stage.name, trained)
+    pages = train.result_pages(plan, stage, trained)
     done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", backend=GkeBackend(kube))
     assert done.deleted == [] and done.kept == [stage_of(plan).jobset]
     out = capsys.readouterr().out
@@ -404,21 +402,21 @@ def test_admission_timeout_names_the_reason_and_deletes_the_jobset(served, play,
 
     monkeypatch.setattr(backend, "submit", submit_then_queued)
     with pytest.raises(AdmissionTimeout, match="last reason: QuotaReserved False: Pending: insufficient quota"):
-        admit.run(plan, stage_of(plan).name, RUN_ID, backend=backend)
+        admit.run(plan, stage_of(plan), RUN_ID, backend=backend)
     assert served.kube().get_jobset(js) is None
 
 
 def test_retried_admit_adopts_its_jobset_and_a_different_spec_is_an_error(served, play, plan):
     kube = served.kube()
     admitted_jobset(play, plan, kube)
-    again = admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+    again = admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
     assert again.adopted is True and again.admitted is True
     other = make_plan(plan.spec.model_copy(update={"max_restarts": 9}))
     with pytest.raises(
         jobsets.JobSetConflict,
         match=r"already exists with a different spec \(pipeline run run-1111.*kubectl delete jobset",
     ):
-        admit.run(other, stage_of(plan).name, RUN_ID, backend=GkeBackend(kube))
+        admit.run(other, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
     assert kube.get_jobset(stage_of(plan).jobset)["spec"]["failurePolicy"]["maxRestarts"] == 4  # untouched
 
 
@@ -439,13 +437,13 @@ def test_a_run_continuing_an_earlier_one_replaces_its_finished_jobset_and_a_runn
         play.kueue_admits(js)
 
     with Background(kueue):
-        again = admit.run(plan, stage_of(plan).name, "run-2222", backend=GkeBackend(kube))
+        again = admit.run(plan, stage_of(plan), "run-2222", backend=GkeBackend(kube))
     assert again.replaced == RUN_ID and again.adopted is False and again.admitted is True
     stored = kube.get_jobset(js)
     assert stored["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
     assert jobsets.phase(stored) != "Completed"
     with pytest.raises(jobsets.JobSetConflict, match=r"pipeline run run-2222"):  # unfinished: never deleted
-        admit.run(plan, stage_of(plan).name, "run-3333", backend=GkeBackend(kube))
+        admit.run(plan, stage_of(plan), "run-3333", backend=GkeBackend(kube))
     assert kube.get_jobset(js)["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID] == "run-2222"
 
 
@@ -464,7 +462,7 @@ def test_evicted_then_readmitted_during_training(served, play, plan, told, capsy
         finishes(play, pods[0], js)
 
     with Background(preempted_then_resumed, told):
-        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert trained.steps_trained == 2
     out = capsys.readouterr().out
     assert "JobSet suspended by Kueue (Evicted True: Preempted: Preempted to accommodate a workload" in out
@@ -481,7 +479,7 @@ def test_unschedulable_past_the_deadline_fails_launch_quoting_events(served, pla
     play.event(pods[0], "FailedScheduling", message)
     started = time.monotonic()
     with pytest.raises(LaunchFailed) as failure:
-        launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        launch.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert time.monotonic() - started >= kube.timings.unschedulable_grace
     text = str(failure.value)
     assert f"pod {pods[0]} (slice 0, host 0) Unschedulable for" in text
@@ -500,7 +498,7 @@ def test_image_pull_failure_fails_launch_at_once(served, play, plan):
     play.event(pods[0], "Failed", 'Failed to pull image "x": not found')
     started = time.monotonic()
     with pytest.raises(LaunchFailed, match=r"cannot start: container maxtext: ImagePullBackOff") as failure:
-        launch.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        launch.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert time.monotonic() - started < kube.timings.launch_timeout
     assert 'Warning Failed: Failed to pull image "x": not found' in str(failure.value)
 
@@ -526,7 +524,7 @@ def test_jobset_failed_after_max_restarts_reports_exit_codes_and_log_tails(serve
         play.jobset_done(js, "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts", 4)
 
     with Background(keeps_failing, told), pytest.raises(TrainingFailed) as failure:
-        train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     text = str(failure.value)
     assert (
         f"JobSet {js} Failed (ReachedMaxRestarts: jobset failed due to reaching max number of restarts), restarts 4"
@@ -559,7 +557,7 @@ def test_watch_410_during_training_relists_and_finishes(served, play, plan, told
         finishes(play, pods[0], js)
 
     with Background(compacts, told):
-        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert trained.steps_trained == 2
     assert f"watch of JobSet {js} expired (410 Gone" in capsys.readouterr().out
 
@@ -611,7 +609,7 @@ def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(serve
 
     with pytest.raises(TrainingFailed, match=f"cancelled; {stage_of(plan).jobset} deleted"):
         with Background(cancelled_while_following, told):
-            train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+            train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert kube.get_jobset(js) is None
 
     # The exit handler: this run's unfinished JobSet goes, the other run's stays.
@@ -634,7 +632,7 @@ def test_no_exit_path_of_another_run_of_the_same_name_deletes_the_owners_jobset(
     uid = kube.get_jobset(js)["metadata"]["uid"]
     backend = GkeBackend(kube)
     with pytest.raises(jobsets.JobSetConflict, match=f"pipeline run {RUN_ID}"):
-        admit.run(plan, stage_of(plan).name, "run-bbbb", backend=backend)
+        admit.run(plan, stage_of(plan), "run-bbbb", backend=backend)
     labels = step_lines.stage_labels(plan, stage_of(plan), "run-bbbb")
     assert backend.delete_matching(labels, print) == []  # B's steps, cancelled
     assert backend.delete(js, owner="run-bbbb") is False
@@ -694,7 +692,7 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
         finishes(play, second[0], js)
 
     with Background(host_lost_then_resumed, told):
-        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert trained.leader_logs == [first[0], play.pod_name(js, 0, 0, attempt=1)]
     assert (trained.restarts, trained.steps_trained, trained.records) == (1, 4, 5)
     assert (trained.first_loss, trained.final_loss) == (8.0, 6.5)
@@ -802,7 +800,7 @@ def test_admit_fails_fast_with_the_cause_when_kueue_cannot_admit(served, play, p
             play.kueue_queues(js, message, reason=reason)
 
     with Background(kueue), pytest.raises(AdmissionBlocked) as refused:
-        admit.run(plan, stage_of(plan).name, RUN_ID, backend=GkeBackend(served.kube()))
+        admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(served.kube()))
     assert re.search(cause, refused.value.message), refused.value.message
     assert fix in refused.value.fix
     assert "was deleted" in refused.value.message  # admit created it, so admit deletes it
@@ -856,7 +854,7 @@ def test_log_rotation_during_training_loses_no_step_line(served, play, plan, tol
         finishes(play, pods[0], js)
 
     with Background(leader_trains_and_the_kubelet_rotates, told):
-        trained = train.run(plan, stage_of(plan).name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage_of(plan), admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 6.5)
     assert trained.records == 4  # each step once: nothing lost, nothing repeated
 
@@ -897,13 +895,13 @@ def test_a_run_killed_without_its_handlers_leaves_no_jobset_after_the_lease_boun
         seen["reaped"] = lease.reap(kube, now=renewed + datetime.timedelta(seconds=lease.orphan_bound(3)), tell=print)
 
     if phase == "admission wait":
-        running = lambda: admit.run(plan, stage.name, RUN_ID, backend=backend)  # noqa: E731
+        running = lambda: admit.run(plan, stage, RUN_ID, backend=backend)  # noqa: E731
     else:
         admitted = admitted_jobset(play, plan, kube)
         if phase == "train":
             running_pods(play, plan)
         run = {"launch": launch.run, "train": train.run}[phase]
-        running = lambda: run(plan, stage.name, admitted, backend=backend)  # noqa: E731
+        running = lambda: run(plan, stage, admitted, backend=backend)  # noqa: E731
     with pytest.raises(WorkloadDeleted, match="deleted"), Background(killed_then_reaped):
         running()  # here the orphaned wait itself ends too; a killed step's pod is gone already
     assert seen == {"early": [], "kept": True, "reaped": [js]}  # held until it expired, then reaped
@@ -954,7 +952,7 @@ def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served
     admitted = admitted_jobset(play, plan, kube)
     assert admitted.admitted and play.jobset(stage.jobset)["spec"]["replicatedJobs"][0]["replicas"] == 1
     pods = play.pods(stage.jobset, 1, plan.slice.hosts, pools=POOLS[:1])
-    launched = launch.run(plan, stage.name, admitted, backend=GkeBackend(kube))
+    launched = launch.run(plan, stage, admitted, backend=GkeBackend(kube))
     assert launched.pods == 4 and launched.node_pools == POOLS[:1]
     assert {p.slice for p in launched.placement.values()} == {0}
 
@@ -965,7 +963,7 @@ def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served
         finishes(play, pods[0], stage.jobset)
 
     with Background(leader_trains, told):
-        trained = train.run(plan, stage.name, admitted, backend=GkeBackend(kube))
+        trained = train.run(plan, stage, admitted, backend=GkeBackend(kube))
     assert (trained.steps_trained, trained.final_loss, trained.restarts) == (3, 6.0, 0)
 
 
@@ -1000,7 +998,7 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     assert stage.export == "huggingface" and stage.export_dtype == "bfloat16"
     reports.write(plan, reports.TrainReport(jobset=stage.jobset, final_loss=5.0, final_eval_loss=5.25), stage)
     with Background(lambda: exporter_runs(play, stage)):
-        report = export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+        report = export_step.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
     uri = "gs://bucket/runs/r1/llama3-8b/export/huggingface"
     assert (report.verdict, report.export_dir, report.job) == ("PASS", uri, exporter.job_name(stage))
 
@@ -1028,7 +1026,7 @@ def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_n
     for name in report.files:
         assert f"runs/r1/llama3-8b/export/huggingface/{name}" in written, name
     assert "runs/r1/reports/llama3-8b/export.json" in written
-    metadata = lineage.export_model(plan, stage.name, report)
+    metadata = lineage.export_model(stage, report)
     assert metadata["export_uri"] == uri
     assert metadata["source_checkpoint_uri"] == f"gs://bucket/runs/r1/llama3-8b/checkpoints/{stage.final_step}"
 
@@ -1037,7 +1035,7 @@ def test_export_report_is_read_from_the_bucket_when_the_log_lost_it(served, play
     kube = served.kube()
     stage = stage_of(plan)
     with Background(lambda: exporter_runs(play, stage, report_in_log=False)):
-        report = export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+        report = export_step.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
     assert report.verdict == "PASS" and report.export_dir.startswith("gs://bucket/runs/r1/")
 
 
@@ -1046,7 +1044,7 @@ def test_export_whose_logits_differ_fails_the_step_with_the_verdict(served, play
     stage = stage_of(plan)
     with Background(lambda: exporter_runs(play, stage, verdict="FAIL", exit_code=1)):
         with pytest.raises(export_step.ExportFailed, match="verdict FAIL"):
-            export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+            export_step.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
     job = play.batch.read_namespaced_job(exporter.job_name(stage), "default")
     assert [c.type for c in job.status.conditions] == ["FailureTarget", "Failed"]
 
@@ -1089,6 +1087,6 @@ def test_export_job_whose_token_secret_is_missing_fails_at_once_naming_it(served
 
     with Background(kubelet_cannot_start):
         with pytest.raises(jobs.JobPodStuck, match='secret "hf-token" not found') as caught:
-            export_step.run(plan, stage.name, RUN_ID, backend=GkeBackend(kube))
+            export_step.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
     assert "create it in the namespace" in caught.value.fix
     assert exporter.job_name(stage) not in [j.metadata.name for j in play.batch.list_namespaced_job("default").items]

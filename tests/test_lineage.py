@@ -73,7 +73,7 @@ def test_export_is_checked_when_the_profile_is_loaded():
 def test_checkpoint_model_metadata(plan, tmp_path):
     stage = plan.stages[1]
     report = TrainReport(jobset=stage.jobset, final_loss=6.5, first_loss=7.0)
-    metadata = lineage.checkpoint_model(plan, stage.name, report)
+    metadata = lineage.checkpoint_model(plan, stage, report)
     assert set(lineage.CHECKPOINT_FIELDS) <= set(metadata)
     assert metadata["checkpoint_uri"] == f"{stage.checkpoint_dir}/{stage.final_step}"
     assert metadata["step"] == stage.final_step and metadata["final_train_loss"] == 6.5
@@ -81,7 +81,7 @@ def test_checkpoint_model_metadata(plan, tmp_path):
     # The count of the model's dimensions: the verifier's count of the synthetic profile's real checkpoint
     # (test_verify reads the twin run of local-synthetic).
     synthetic = make_plan(config.load_profile("local-synthetic", {"output_dir": str(tmp_path / "s"), "run_name": "s"}))
-    assert lineage.parameter_count(synthetic, synthetic.stages[0].name) == 2_098_432
+    assert lineage.parameter_count(synthetic, synthetic.stages[0]) == 2_098_432
     assert "final_eval_loss" not in metadata and "data_fingerprint" not in metadata
     written = lineage.write_manifest(str(tmp_path / "model"), metadata)
     assert json.loads(open(written).read()) == metadata
@@ -94,19 +94,18 @@ def test_checkpoint_model_carries_eval_loss_and_data_fingerprint_when_present(pl
     class WithEval(TrainReport):
         final_eval_loss: float | None = None
 
-    metadata = lineage.checkpoint_model(plan, stage.name, WithEval(jobset="j", final_loss=5.0, final_eval_loss=5.25))
+    metadata = lineage.checkpoint_model(plan, stage, WithEval(jobset="j", final_loss=5.0, final_eval_loss=5.25))
     assert metadata["final_eval_loss"] == 5.25
-    with_data = plan.stage(stage.name).model_copy(update={"data_fingerprint": "sha256:abc"})
-    object.__setattr__(plan, "stages", [with_data, *plan.stages[1:]])
-    assert lineage.checkpoint_model(plan, stage.name, TrainReport(jobset="j"))["data_fingerprint"] == "sha256:abc"
+    with_data = stage.model_copy(update={"data_fingerprint": "sha256:abc"})
+    assert lineage.checkpoint_model(plan, with_data, TrainReport(jobset="j"))["data_fingerprint"] == "sha256:abc"
 
 
 def test_a_model_of_another_stage_is_refused(plan):
     first, second = plan.stages
-    mine = lineage.checkpoint_model(plan, second.name, TrainReport(jobset=second.jobset))
-    lineage.check_input(plan, second.name, mine)
+    mine = lineage.checkpoint_model(plan, second, TrainReport(jobset=second.jobset))
+    lineage.check_input(second, mine)
     with pytest.raises(InputError) as error:
-        lineage.check_input(plan, first.name, mine)
+        lineage.check_input(first, mine)
     assert first.checkpoint_dir in str(error.value) and "wire the stage's own train task" in str(error.value)
 
 
@@ -120,7 +119,7 @@ def test_export_model_metadata_from_the_exporters_report(plan):
                                       "transformers4": {"max_abs_diff": 4e-6, "transformers_version": "4.57.6"}}},
          "dtype": "bfloat16", "unknown": 1}
     )  # fmt: skip
-    metadata = lineage.export_model(plan, stage.name, report)
+    metadata = lineage.export_model(stage, report)
     assert set(lineage.EXPORT_FIELDS) <= set(metadata)
     assert metadata["logits_max_abs_diff_by_loader"] == {"5.23.0": 3.2e-6, "4.57.6": 4e-6}
     assert metadata["dtype"] == "bfloat16"

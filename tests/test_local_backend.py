@@ -364,7 +364,8 @@ def test_cancelled_train_step_deletes_its_jobset(tmp_path):
     os.mkfifo(fifo)
     script = (
         "import sys; from pathlib import Path; from multislice.plan import Plan; from multislice.steps import train\n"
-        "train.run(Plan.from_json(Path(sys.argv[1]).read_text()), sys.argv[2], {'jobset': sys.argv[3]})\n"
+        "plan = Plan.from_json(Path(sys.argv[1]).read_text())\n"
+        "train.run(plan, plan.stage(sys.argv[2]), {'jobset': sys.argv[3]})\n"
     )
     env = {**os.environ, cancel.ENV_POINT: "train:following", cancel.ENV_FIFO: str(fifo)}
     step = subprocess.Popen(
@@ -397,7 +398,7 @@ def test_a_sigkilled_supervisors_pods_die_with_it_and_the_train_step_starts_a_ne
     lost = backend.get_jobset(name)
     assert (lost.phase, lost.reason) == ("Failed", "SupervisorLost")
 
-    report = train.run(plan, plan.stages[0].name, {"jobset": name})
+    report = train.run(plan, plan.stages[0], {"jobset": name})
 
     assert report.restarts == 1
     done = backend.get_jobset(name)

@@ -80,7 +80,6 @@ def test_plan_round_trips_through_json():
 
 def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_with_the_same_batch():
     from multislice.backends import manifests
-    from multislice.preflight import on_slices
     from multislice.render import jobset
 
     spec = config.load_profile("elastic", {"output_dir": "/data/out"})
@@ -95,7 +94,7 @@ def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_wi
     assert "gradient_accumulation_steps=2" in one.maxtext_args
     # Every manifest validates, and the JobSet a shrink submits has one slice of the same hosts.
     assert manifests.render_all(made, "elastic-example")
-    smaller_plan, smaller_stage = on_slices(made, stage, 1)
+    smaller_plan, smaller_stage = made.on_slices(stage, 1)
     shrunk = jobset.render_jobset(smaller_plan, smaller_stage, hardware="cpu", pipeline_run_id="elastic-example")
     [replicated] = shrunk["spec"]["replicatedJobs"]
     assert replicated["replicas"] == 1 and replicated["template"]["spec"]["parallelism"] == made.slice.hosts

@@ -9,6 +9,9 @@ tests/gke_fake.py, one fake per cluster) go to the cluster that run named.
 
 from __future__ import annotations
 
+import inspect
+import types
+import typing
 import warnings
 
 import pytest
@@ -108,3 +111,32 @@ def test_plan_refuses_a_yaml_of_another_release_first(other):
     assert "\n" not in raised.value.message and raised.value.exit_code == 2
     assert f"compiled by multislice-pipelines {compiled['version']}" in raised.value.message
     assert release.current()["version"] in raised.value.message and "images" in raised.value.fix
+
+
+def test_the_plan_component_takes_the_parameter_table_and_hands_each_value_to_the_plan_step(monkeypatch):
+    """``components/plan.py`` writes its signature out (KFP builds the component from the function's own signature
+    and source); it is :mod:`multislice.config.parameters`' table: each run parameter and stage field by name and
+    type, none with a default, besides the component's own inputs. Each value reaches the plan step under its
+    parameter's name, the stage's under ``stages.<stage>.<field>``."""
+    from multislice.config import parameters
+    from multislice.steps import plan as plan_step
+
+    signature = inspect.signature(plan_component.plan)
+    hints = typing.get_type_hints(plan_component.plan)
+    table = {p.name: p.type for p in parameters.RUN_PARAMETERS} | {f: kind for f, kind, _ in parameters.STAGE_FIELDS}
+    own = {"profile": dict, "stage": str, "pipeline_run_id": str, "release": dict}
+    assert {name: hints[name] for name in signature.parameters} == table | own
+    assert {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty} == {"release": {}}
+
+    handed = {}
+
+    def plan_run(profile, values, stage, pipeline_run_id, release):
+        handed.update(values, stage=stage, pipeline_run_id=pipeline_run_id)
+        return types.SimpleNamespace(to_json=lambda: "{}")
+
+    monkeypatch.setattr(cancel, "install", lambda: None)  # the plan component runs in pytest's process here
+    monkeypatch.setattr(plan_step, "run", plan_run)
+    plan_component.plan(profile={}, stage="s", pipeline_run_id="r", **{name: f"<{name}>" for name in table})
+    assert handed == {p.name: f"<{p.name}>" for p in parameters.RUN_PARAMETERS} | {
+        f"stages.s.{field}": f"<{field}>" for field, _, _ in parameters.STAGE_FIELDS
+    } | {"stage": "s", "pipeline_run_id": "r"}

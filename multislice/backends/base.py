@@ -310,7 +310,7 @@ class Backend(abc.ABC):
     def relaunch(self, plan: Plan, stage: StagePlan, tell: Tell) -> None:
         """Replace the stage's workload by one for ``plan``'s ``num_slices`` (an elastic resize), same name and labels.
 
-        ``plan`` and ``stage`` are the stage on its new slice count (:func:`multislice.preflight.on_slices`). The old
+        ``plan`` and ``stage`` are the stage on its new slice count (:meth:`multislice.plan.Plan.on_slices`). The old
         workload is deleted first (its pods stop; MaxText resumes from the latest committed checkpoint).
         """
         raise NotImplementedError(f"the {self.name} backend does not relaunch workloads on another slice count")

@@ -230,6 +230,11 @@ class LibtpuFlagsSpec(_Strict):
     @field_validator("add")
     @classmethod
     def _add(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # A whole float is a YAML integer that came through a KFP pipeline (its dict parameters are protobuf Structs,
+        # every number a double): an integer flag refuses "81920.0", a float flag reads "1" as 1.0.
+        value = {
+            name: int(item) if isinstance(item, float) and item.is_integer() else item for name, item in value.items()
+        }
         for name, item in value.items():
             problem = libtpu_flags.name_problem(name)
             if problem:
@@ -364,6 +369,8 @@ class Stage(_Strict):
             raise ValueError(
                 f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
             )
+        # A profile that came through a KFP pipeline has every number a float: MaxText's integer keys get ints back.
+        value = {key: maxtext.restore_integers(key, item) for key, item in value.items()}
         for key, item in value.items():
             texts = [v for v in (item if isinstance(item, list) else [item]) if isinstance(v, str)]
             problem = maxtext.override_problem(key, item) or next(

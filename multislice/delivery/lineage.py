@@ -24,7 +24,7 @@ from typing import Any
 
 from multislice import maxtext, memory, storage
 from multislice.errors import InputError
-from multislice.plan import Plan
+from multislice.plan import Plan, StagePlan
 from multislice.reports import ExportReport, TrainReport
 
 #: Fields every checkpoint model's metadata has (optional ones: ``final_eval_loss``, ``data_fingerprint``).
@@ -39,16 +39,14 @@ EXPORT_FIELDS = (
 )  # fmt: skip
 
 
-def parameter_count(plan: Plan, stage_name: str) -> int | None:
+def parameter_count(plan: Plan, stage: StagePlan) -> int | None:
     """The stage's model's parameter count from its dimensions (None when MaxText names an unknown model)."""
-    spec_stage = next(s for s in plan.spec.stages if s.name == stage_name)
-    dims = memory.model_dims(spec_stage)
+    dims = memory.model_dims(plan.spec.stage(stage.name))
     return dims.parameters if dims else None
 
 
-def checkpoint_model(plan: Plan, stage_name: str, report: TrainReport) -> dict[str, Any]:
+def checkpoint_model(plan: Plan, stage: StagePlan, report: TrainReport) -> dict[str, Any]:
     """The metadata of the stage's final checkpoint as a ``Model`` artifact (see the module docstring)."""
-    stage = plan.stage(stage_name)
     metadata: dict[str, Any] = {
         "stage": stage.name,
         "format": "orbax",
@@ -56,7 +54,7 @@ def checkpoint_model(plan: Plan, stage_name: str, report: TrainReport) -> dict[s
         "checkpoint_uri": storage.join(stage.checkpoint_dir, str(stage.final_step)),
         "checkpoint_dir": stage.checkpoint_dir,
         "step": stage.final_step,
-        "parameter_count": parameter_count(plan, stage_name),
+        "parameter_count": parameter_count(plan, stage),
         "final_train_loss": report.final_loss,
         "maxtext_version": maxtext.MAXTEXT_VERSION,
         "skipped": report.skipped,
@@ -71,9 +69,8 @@ def checkpoint_model(plan: Plan, stage_name: str, report: TrainReport) -> dict[s
     return {k: v for k, v in metadata.items() if v is not None}
 
 
-def export_model(plan: Plan, stage_name: str, report: ExportReport) -> dict[str, Any]:
+def export_model(stage: StagePlan, report: ExportReport) -> dict[str, Any]:
     """The metadata of the stage's export as a ``Model`` artifact."""
-    stage = plan.stage(stage_name)
     check = report.logits_check or {}
     metadata: dict[str, Any] = {
         "stage": stage.name,
@@ -108,13 +105,12 @@ def write_manifest(path: str, metadata: dict[str, Any]) -> str:
     return path
 
 
-def check_input(plan: Plan, stage_name: str, metadata: dict[str, Any]) -> None:
+def check_input(stage: StagePlan, metadata: dict[str, Any]) -> None:
     """Refuse a checkpoint model that is not this stage's (the pipeline wired another stage's train to it).
 
     Raises:
         multislice.errors.InputError: its ``checkpoint_dir`` or ``step`` differ from the plan's.
     """
-    stage = plan.stage(stage_name)
     found = (metadata.get("checkpoint_dir"), metadata.get("step"))
     if found != (stage.checkpoint_dir, stage.final_step):
         raise InputError(

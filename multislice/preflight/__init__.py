@@ -237,24 +237,6 @@ def summary_line(report: PreflightReport) -> str:
     return line
 
 
-def on_slices(plan: Plan, stage: StagePlan, slices: int) -> tuple[Plan, StagePlan]:
-    """The plan and stage as they run on ``slices`` slices (an elastic count): the target to compile for.
-
-    The spec's ``num_slices`` and the plan's chips become the count's, the stage's DCN degrees and MaxText
-    arguments (gradient accumulation included) the count's (:mod:`multislice.elastic`).
-    """
-    count = stage.on_slices(slices)
-    spec = plan.spec.model_copy(update={"num_slices": slices})
-    smaller = plan.model_copy(update={"spec": spec, "total_chips": plan.slice.chips * slices})
-    return smaller, stage.model_copy(
-        update={
-            "dcn": count.dcn,
-            "maxtext_args": list(count.maxtext_args),
-            "global_batch_size": count.global_batch_size,
-        }
-    )
-
-
 def memory_floor_bytes(plan: Plan, stage: StagePlan, slices: int) -> int | None:
     """The memory model's lower bound of HBM per chip for ``stage`` on ``slices`` slices, bytes; None if unknown.
 
@@ -307,7 +289,7 @@ def check_elastic(plan: Plan, stage: StagePlan, session: CompileSession, timeout
                 )
             )
             continue
-        smaller, target = on_slices(plan, stage, count.slices)
+        smaller, target = plan.on_slices(stage, count.slices)
         report = stage_report(smaller, target, session.compile(request_for(smaller, target), timeout=timeout))
         verdicts.append(
             ElasticVerdict(

@@ -31,8 +31,9 @@ def already_trained(stage: StagePlan) -> bool:
     return storage.latest_committed_step(stage.checkpoint_dir) == stage.final_step
 
 
-def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend | None = None) -> AdmitReport:
-    """Create (or adopt) the stage's workload and wait for admission; returns the admit report.
+def run(plan: Plan, stage: StagePlan, pipeline_run_id: str, *, backend: Backend | None = None) -> AdmitReport:
+    """Create (or adopt) the workload of ``stage`` (one of ``plan.stages``) and wait for admission; returns the admit
+    report.
 
     Raises:
         multislice.render.schema.ManifestInvalid: the rendered workload fails CRD validation.
@@ -41,7 +42,6 @@ def run(plan: Plan, stage_name: str, pipeline_run_id: str, *, backend: Backend |
         multislice.backends.base.AdmissionTimeout: not admitted in time, or at once (AdmissionBlocked) when
             Kueue cannot admit it as configured (a workload this step created is deleted).
     """
-    stage = plan.stage(stage_name)
     with cancellable("admit", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "admit", stage)
         manifest = backend.workload_manifest(plan, stage, pipeline_run_id)

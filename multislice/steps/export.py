@@ -13,7 +13,7 @@ from __future__ import annotations
 from multislice import cancel
 from multislice.backends import Backend
 from multislice.errors import InputError, RunFailed
-from multislice.plan import Plan
+from multislice.plan import Plan, StagePlan
 from multislice.reports import ExportReport, report_path
 from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
@@ -23,16 +23,16 @@ class ExportFailed(RunFailed):
 
 
 def run(
-    plan: Plan, stage_name: str, pipeline_run_id: str = "manual", *, backend: Backend | None = None
+    plan: Plan, stage: StagePlan, pipeline_run_id: str = "manual", *, backend: Backend | None = None
 ) -> ExportReport:
-    """Export the stage's final checkpoint (``stage.export``) and check it; returns the exporter's report (PASS).
+    """Export the final checkpoint of ``stage`` (one of ``plan.stages``; its ``export`` format) and check it;
+    returns the exporter's report (PASS).
 
     Raises:
         multislice.errors.InputError: the stage has no ``export``.
         ExportFailed: verdict FAIL or ERROR.
         multislice.errors.RunFailed: the exporter left no report, or the backend cannot run it.
     """
-    stage = plan.stage(stage_name)
     if not stage.export:
         raise InputError(f"stages.{stage.name}.export is not set", f"set stages.{stage.name}.export: huggingface")
     with cancellable("export", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:

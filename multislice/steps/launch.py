@@ -16,7 +16,7 @@ from typing import Any
 from multislice import cancel
 from multislice.backends import Backend
 from multislice.backends.base import LaunchFailed
-from multislice.plan import Plan
+from multislice.plan import Plan, StagePlan
 from multislice.reports import AdmitReport, LaunchReport
 from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
@@ -24,9 +24,10 @@ __all__ = ["LaunchFailed", "run"]
 
 
 def run(
-    plan: Plan, stage_name: str, admitted: AdmitReport | dict[str, Any], *, backend: Backend | None = None
+    plan: Plan, stage: StagePlan, admitted: AdmitReport | dict[str, Any], *, backend: Backend | None = None
 ) -> LaunchReport:
-    """Wait for all pods of the stage's workload; returns the launch report with the placement map.
+    """Wait for all pods of the workload of ``stage`` (one of ``plan.stages``); returns the launch report with the
+    placement map.
 
     ``admitted`` is the admit step's report (a dict when it comes from another
     component); a stage admit skipped is passed through.
@@ -36,7 +37,6 @@ def run(
             (the message says why and what to check).
         multislice.backends.base.WorkloadDeleted: the workload was deleted while waiting.
     """
-    stage = plan.stage(stage_name)
     admitted = AdmitReport.model_validate(admitted)
     if admitted.skipped:
         return write_report(plan, LaunchReport(workload=stage.workload, skipped=True), stage)

@@ -18,9 +18,10 @@ import subprocess
 from pathlib import Path
 
 from multislice import cancel
+from multislice.config import Stage
 from multislice.config.data import TextData
 from multislice.errors import InputError, RunFailed
-from multislice.plan import Plan
+from multislice.plan import Plan, StagePlan
 from multislice.reports import PrepareDataReport
 from multislice.steps import cancellable, teller, write_report
 
@@ -33,9 +34,7 @@ def _in_process() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("maxtext", "array_record", "tiktoken"))
 
 
-def _request(plan: Plan, stage_name: str) -> dict:
-    stage = plan.stage(stage_name)
-    spec = plan.spec.stage(stage_name)
+def _request(stage: StagePlan, spec: Stage) -> dict:
     return {
         "data": spec.data.model_dump(mode="json"),
         "tokenizer": spec.tokenizer.model_dump(mode="json"),
@@ -81,22 +80,22 @@ def _run_in_trainer_env(request: dict, tell) -> dict:
     return manifest
 
 
-def run(plan: Plan, stage_name: str) -> PrepareDataReport:
-    """Prepare the stage's data (``text``: tokenize into shards, or reuse them); returns the report.
+def run(plan: Plan, stage: StagePlan) -> PrepareDataReport:
+    """Prepare the data of ``stage`` (one of ``plan.stages``; ``text``: tokenize into shards, or reuse them);
+    returns the report.
 
     Raises:
         PrepareDataFailed: tokenizing failed (unreadable file, no document in a split, ...).
         multislice.backends.local.environment.TrainerEnvMissing: neither this process nor a local
             trainer environment has MaxText.
     """
-    stage = plan.stage(stage_name)
     with cancellable("prepare_data", stage):
-        spec = plan.spec.stage(stage_name)
+        spec = plan.spec.stage(stage.name)
         tell = teller("prepare_data", stage)
         if not isinstance(spec.data, TextData) or stage.data_dir is None:
             tell(f"nothing to prepare: the stage's data is {spec.data.kind}")
             return write_report(plan, PrepareDataReport(skipped=True), stage)
-        request = _request(plan, stage_name)
+        request = _request(stage, spec)
         if _in_process() and not os.environ.get("MULTISLICE_PREPARE_DATA_SUBPROCESS"):
             from multislice.trainer import prepare_data as work  # numpy, tokenizers: only when run here
 
@@ -111,7 +110,7 @@ def run(plan: Plan, stage_name: str) -> PrepareDataReport:
             and spec.model.vocab_size
         ):
             raise InputError(
-                f"stages.{stage_name}.model.vocab_size is {spec.model.vocab_size} but the tokenizer has "
+                f"stages.{stage.name}.model.vocab_size is {spec.model.vocab_size} but the tokenizer has "
                 f"{manifest['tokenizer']['vocab_size']} tokens",
                 f"set model.vocab_size: {manifest['tokenizer']['vocab_size']}",
             )

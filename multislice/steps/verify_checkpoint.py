@@ -15,7 +15,7 @@ from multislice import cancel
 from multislice.backends import Backend
 from multislice.delivery import artifacts
 from multislice.errors import RunFailed
-from multislice.plan import Plan
+from multislice.plan import Plan, StagePlan
 from multislice.reports import VerificationReport, report_path
 from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
 
@@ -25,9 +25,9 @@ class VerificationFailed(RunFailed):
 
 
 def run(
-    plan: Plan, stage_name: str, pipeline_run_id: str = "manual", *, backend: Backend | None = None
+    plan: Plan, stage: StagePlan, pipeline_run_id: str = "manual", *, backend: Backend | None = None
 ) -> VerificationReport:
-    """Verify the stage's final checkpoint; returns the verifier's report (verdict PASS).
+    """Verify the final checkpoint of ``stage`` (one of ``plan.stages``); returns the verifier's report (verdict PASS).
 
     ``pipeline_run_id`` labels the verifier's Job on GKE (that of the stage's JobSet when it has one).
 
@@ -35,13 +35,12 @@ def run(
         VerificationFailed: verdict FAIL or ERROR, with the failed checks.
         multislice.errors.RunFailed: the verifier left no report.
     """
-    stage = plan.stage(stage_name)
     with cancellable("verify_checkpoint", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "verify_checkpoint", stage)
         report = backend.run_verifier(plan, stage, pipeline_run_id, teller("verify_checkpoint", stage))
         cancel.point("verify_checkpoint:report")
         write_report(plan, report, stage)
-        result_page(plan, stage_name, report)  # written before a FAIL raises, so a failed check has its page too
+        result_page(plan, stage, report)  # written before a FAIL raises, so a failed check has its page too
         for check in report.checks:
             say("verify_checkpoint", f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}", stage.name)
         if report.verdict != "PASS":
@@ -62,12 +61,11 @@ def run(
         return report
 
 
-def result_page(plan: Plan, stage_name: str, report: VerificationReport) -> str:
+def result_page(plan: Plan, stage: StagePlan, report: VerificationReport) -> str:
     """The verifier's report as Markdown for the pipelines UI (:func:`.artifacts.verification_markdown`).
 
     Also written to ``<run_dir>/reports/<stage>/verification.md``.
     """
-    stage = plan.stage(stage_name)
     text = artifacts.verification_markdown(stage.name, report)
     artifacts.write_text(report_path(plan, "verification.md", stage), text)
     return text

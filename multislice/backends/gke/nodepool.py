@@ -424,14 +424,14 @@ def ensure_node_pools(
 ) -> dict[str, Any]:
     """Make sure the plan's TPU node pools exist on its GKE cluster: one per slice.
 
-    Lists the cluster's node pools once, then for each slice's pool name
+    Lists the cluster's node pools once (:func:`read_pools`), then for each slice's pool name
     (:func:`pool_names`): a pool with the right shape is adopted; a missing pool
     is created (``manage: true``) or reported (``manage: false``); a pool with
-    another shape is an error. Every pool is checked before any is created, so
-    on an error nothing was created. Creates are sent one after the other
+    another shape is an error. Every pool is checked before any is created
+    (:func:`refuse_unusable`), so on an error nothing was created. Creates are sent one after the other
     without waiting, then each CREATE_NODE_POOL operation is polled
     (``get_operation``) every ``poll_seconds`` until DONE or
-    ``node_pools.operation_timeout_seconds``. When GKE refuses a create because
+    ``node_pools.operation_timeout_seconds`` (:class:`PoolCreation`). When GKE refuses a create because
     another operation runs on the cluster (400 FAILED_PRECONDITION "Operation
     ... is currently creating a node pool", or 429 concurrent operations quota),
     it waits for this call's earlier operation, or retries every ``poll_seconds``.
@@ -464,25 +464,56 @@ def ensure_node_pools(
         NodePoolError: the GKE API refused a call (cluster not found, permission denied), or an adopted pool
             is in ERROR or STOPPING.
     """
-    from google.api_core import exceptions
-    from google.cloud import container_v1
+    from google.cloud import container_v1  # the GKE API client: only when provisioning on GKE
 
     started = time.monotonic()
-    spec = plan.spec
-    parent = cluster_path(plan)
-    shape = PoolShape.of(plan)
-    names = pool_names(plan)
+    parent, shape, names = cluster_path(plan), PoolShape.of(plan), pool_names(plan)
     if client is None:
         client = container_v1.ClusterManagerClient()
     on_progress(
-        f"node pools on {parent}: {len(names)} x {spec.tpu_type} ({shape.machine_type}, topology {shape.topology}, "
-        f"{shape.node_count} nodes each, {shape.provisioning})"
+        f"node pools on {parent}: {len(names)} x {plan.spec.tpu_type} ({shape.machine_type}, topology "
+        f"{shape.topology}, {shape.node_count} nodes each, {shape.provisioning})"
     )
+    existing = read_pools(client, parent)
+    refuse_unusable(plan, parent, shape, names, existing)
+    creation = PoolCreation(plan, client, parent, shape, on_progress, poll_seconds, deadline)
+    for name in names:
+        if name in existing:
+            creation.adopt(name, existing[name])
+        else:
+            creation.create(name)
+    creation.wait_all()
+    report = creation.report
+    return {
+        "cluster": parent,
+        "manage": plan.spec.node_pools.manage,
+        "node_pools": report,
+        "created": [e["name"] for e in report if e["action"] == "created"],
+        "adopted": [e["name"] for e in report if e["action"] in ("adopted", "checked")],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def read_pools(client: container_v1.ClusterManagerClient, parent: str) -> dict[str, container_v1.NodePool]:
+    """The cluster's node pools by name (one ``list_node_pools``). Raises :class:`NodePoolError` for an API error."""
+    from google.api_core import exceptions  # the GKE API client's errors: only when provisioning on GKE
+
     try:
-        existing = {p.name: p for p in client.list_node_pools(parent=parent).node_pools}
+        return {p.name: p for p in client.list_node_pools(parent=parent).node_pools}
     except exceptions.GoogleAPICallError as error:
         raise _api_error(error, "listing node pools", parent) from error
 
+
+def refuse_unusable(
+    plan: Plan, parent: str, shape: PoolShape, names: list[str], existing: dict[str, container_v1.NodePool]
+) -> None:
+    """Refuse, before anything is created, pools of the run's names that cannot serve it.
+
+    Raises:
+        NodePoolMismatch: a pool has another shape (each field's diff, :func:`shape_diff`).
+        NodePoolError: a pool is in ERROR or STOPPING (not :data:`USABLE` nor PROVISIONING).
+        NodePoolsMissing: ``node_pools.manage`` is false and pools are missing (the gcloud command for each).
+    """
     diffs = {name: shape_diff(existing[name], shape) for name in names if name in existing}
     diffs = {name: diff for name, diff in diffs.items() if diff}
     if diffs:
@@ -509,7 +540,7 @@ def ensure_node_pools(
             + f" on {parent}; nothing was created. Fix or delete it yourself, or set node_pools.name_prefix"
         )
     missing = [name for name in names if name not in existing]
-    if missing and not spec.node_pools.manage:
+    if missing and not plan.spec.node_pools.manage:
         commands = "\n".join("  " + " ".join(gcloud_create_args(plan, name)) for name in missing)
         raise NodePoolsMissing(
             f"node_pools.manage is false and {len(missing)} of {len(names)} node pool(s) are missing on {parent}: "
@@ -519,73 +550,111 @@ def ensure_node_pools(
             missing,
         )
 
-    report: list[dict[str, Any]] = []
-    location_path = parent.rsplit("/clusters/", 1)[0]
 
-    def operation_timeout() -> float:
-        left = float("inf") if deadline is None else max(deadline - time.monotonic(), 0.0)
-        return min(spec.node_pools.operation_timeout_seconds, left)
+class PoolCreation:
+    """One :func:`ensure_node_pools` call's pools: adopted, created, and their create operations waited for.
 
-    def finish(entry: dict[str, Any]) -> None:
-        waited = _wait(
-            client,
-            f"{location_path}/operations/{entry['operation']}",
-            entry["name"],
-            deadline_seconds=operation_timeout(),
-            poll_seconds=poll_seconds,
-            on_progress=on_progress,
-            created=[e["name"] for e in report if e["action"] == "created"],
-        )
-        entry["seconds"] = round(waited, 1)
-        entry["status"] = client.get_node_pool(name=f"{parent}/nodePools/{entry['name']}").status.name
-        on_progress(f"node pool {entry['name']}: created in {entry['seconds']:.0f} s, {entry['status']}")
+    ``report`` holds one entry per pool, in order (the ``node_pools`` of :func:`ensure_node_pools`' result).
+    """
 
-    for name in names:
-        if name in existing:
-            action = "adopted" if spec.node_pools.manage else "checked"
-            on_progress(f"node pool {name}: exists with the right shape ({existing[name].status.name}), {action}")
-            report.append({**_describe(name, shape), "action": action, "status": existing[name].status.name})
-            continue
+    def __init__(
+        self,
+        plan: Plan,
+        client: container_v1.ClusterManagerClient,
+        parent: str,
+        shape: PoolShape,
+        on_progress: Callable[[str], None],
+        poll_seconds: float,
+        deadline: float | None,
+    ) -> None:
+        self.client, self.parent, self.shape = client, parent, shape
+        self.manage = plan.spec.node_pools.manage
+        self.operation_timeout_seconds = plan.spec.node_pools.operation_timeout_seconds
+        self.on_progress, self.poll_seconds, self.deadline = on_progress, poll_seconds, deadline
+        self.report: list[dict[str, Any]] = []
+
+    def operation_timeout(self) -> float:
+        """Seconds an operation may still be waited for: its own timeout, or what the deadline leaves."""
+        left = float("inf") if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        return min(self.operation_timeout_seconds, left)
+
+    def adopt(self, name: str, pool: container_v1.NodePool) -> None:
+        """Record an existing pool of the right shape: ``adopted`` (``manage: true``) or ``checked``."""
+        action = "adopted" if self.manage else "checked"
+        self.on_progress(f"node pool {name}: exists with the right shape ({pool.status.name}), {action}")
+        self.report.append({**_describe(name, self.shape), "action": action, "status": pool.status.name})
+
+    def create(self, name: str) -> None:
+        """Send the pool's create (not waited for); a pool someone else created meanwhile is adopted if it matches.
+
+        While GKE refuses it because another operation runs on the cluster, waits for this call's earliest
+        unfinished create, or retries every ``poll_seconds`` up to the operation timeout.
+
+        Raises:
+            NodePoolError: the API refused the create for another reason, or stayed busy past the timeout.
+            NodePoolMismatch: the pool appeared with another shape.
+        """
+        from google.api_core import exceptions  # the GKE API client's errors: only when provisioning on GKE
+
         busy_since = time.monotonic()
         while True:
             try:
-                op = client.create_node_pool(parent=parent, node_pool=node_pool_body(name, shape))
+                op = self.client.create_node_pool(parent=self.parent, node_pool=node_pool_body(name, self.shape))
             except exceptions.AlreadyExists:
-                report.append(_adopt_raced(client, parent, name, shape))
-                break
+                self.report.append(_adopt_raced(self.client, self.parent, name, self.shape))
+                return
             except (exceptions.BadRequest, exceptions.FailedPrecondition, exceptions.TooManyRequests) as error:
                 # GKE refuses a create while other operations run on the cluster (HTTP 400 FAILED_PRECONDITION
                 # "Operation ... is currently creating a node pool ... Please wait and try again once it is done",
                 # or 429 "... hits the concurrent operations quota").
-                unfinished = [e for e in report if e["action"] == "created" and "seconds" not in e]
-                waited_out = time.monotonic() - busy_since > operation_timeout()
-                if not CLUSTER_BUSY.search(_message(error)) or (waited_out and not unfinished):
-                    raise _api_error(error, f"creating node pool {name}", parent) from error
-                on_progress(
-                    f"node pool {name}: GKE is busy with another operation on the cluster; "
-                    + (f"waiting for {unfinished[0]['name']} first" if unfinished else f"retrying in {poll_seconds} s")
-                )
-                if unfinished:
-                    finish(unfinished[0])
-                else:
-                    time.sleep(poll_seconds)
+                self._wait_while_busy(name, error, busy_since)
                 continue
             except exceptions.GoogleAPICallError as error:
-                raise _api_error(error, f"creating node pool {name}", parent) from error
-            on_progress(f"node pool {name}: creating ({op.name})")
-            report.append({**_describe(name, shape), "action": "created", "operation": op.name})
-            break
-    for entry in report:
-        if entry["action"] == "created" and "seconds" not in entry:
-            finish(entry)
-    return {
-        "cluster": parent,
-        "manage": spec.node_pools.manage,
-        "node_pools": report,
-        "created": [e["name"] for e in report if e["action"] == "created"],
-        "adopted": [e["name"] for e in report if e["action"] in ("adopted", "checked")],
-        "seconds": round(time.monotonic() - started, 1),
-    }
+                raise _api_error(error, f"creating node pool {name}", self.parent) from error
+            self.on_progress(f"node pool {name}: creating ({op.name})")
+            self.report.append({**_describe(name, self.shape), "action": "created", "operation": op.name})
+            return
+
+    def _wait_while_busy(self, name: str, error: Exception, busy_since: float) -> None:
+        """A create refused with ``error``: wait for an earlier create of this call, or ``poll_seconds``; raise
+        :class:`NodePoolError` when the refusal is not "the cluster is busy" or it has lasted past the timeout."""
+        unfinished = self.unfinished()
+        waited_out = time.monotonic() - busy_since > self.operation_timeout()
+        if not CLUSTER_BUSY.search(_message(error)) or (waited_out and not unfinished):
+            raise _api_error(error, f"creating node pool {name}", self.parent) from error
+        self.on_progress(
+            f"node pool {name}: GKE is busy with another operation on the cluster; "
+            + (f"waiting for {unfinished[0]['name']} first" if unfinished else f"retrying in {self.poll_seconds} s")
+        )
+        if unfinished:
+            self.finish(unfinished[0])
+        else:
+            time.sleep(self.poll_seconds)
+
+    def unfinished(self) -> list[dict[str, Any]]:
+        """The entries of pools this call created whose operation was not waited for yet."""
+        return [e for e in self.report if e["action"] == "created" and "seconds" not in e]
+
+    def finish(self, entry: dict[str, Any]) -> None:
+        """Wait for a created pool's operation (:func:`_wait`); record the wait and the pool's status."""
+        location_path = self.parent.rsplit("/clusters/", 1)[0]
+        waited = _wait(
+            self.client,
+            f"{location_path}/operations/{entry['operation']}",
+            entry["name"],
+            deadline_seconds=self.operation_timeout(),
+            poll_seconds=self.poll_seconds,
+            on_progress=self.on_progress,
+            created=[e["name"] for e in self.report if e["action"] == "created"],
+        )
+        entry["seconds"] = round(waited, 1)
+        entry["status"] = self.client.get_node_pool(name=f"{self.parent}/nodePools/{entry['name']}").status.name
+        self.on_progress(f"node pool {entry['name']}: created in {entry['seconds']:.0f} s, {entry['status']}")
+
+    def wait_all(self) -> None:
+        """Wait for every create operation not waited for yet, in the order they were sent."""
+        for entry in self.unfinished():
+            self.finish(entry)
 
 
 def _adopt_raced(client: container_v1.ClusterManagerClient, parent: str, name: str, shape: PoolShape) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""Elastic training at run time: when to shrink, wait or grow back, and what a resize cost.
+"""The elastic policy at run time: when to shrink, wait or grow back, and what a resize cost.
 
 A stage with ``elastic: {min_slices, max_slices, ...}`` trains on any runnable slice count in ``[min_slices, N]``;
 which counts are runnable and how each keeps the global batch is :mod:`multislice.config.elastic` (pure arithmetic
-of the spec, checked at plan). This module holds the policy the train step applies to what it observes
-(:func:`decide`), the train report's record of a resize (:class:`Resize`), and the goodput arithmetic.
+of the spec, checked at plan). This module holds the policy the resize controller
+(:mod:`multislice.elastic.controller`) applies to what it observes (:func:`decide`), the train report's record of a
+resize (:class:`Resize`), and the goodput arithmetic. It knows no backend.
 """
 
 from __future__ import annotations

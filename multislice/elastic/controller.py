@@ -96,7 +96,7 @@ class Watch:
     def interrupt(self) -> bool:
         """Observe, decide (:func:`multislice.elastic.policy.decide`); True to stop following and relaunch."""
         now = time.monotonic()
-        lost = self.backend.lost_slice(self.stage.jobset)
+        lost = self.backend.lost_slice(self.stage.workload)
         available = self.backend.available_slices(self.plan) or 0
         if lost and self.lost_at is None:
             self.lost_at = now

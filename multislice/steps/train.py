@@ -67,7 +67,7 @@ def run(
     admitted = AdmitReport.model_validate(admitted)
     with cancellable("train", stage, stage_labels(plan, stage, admitted.pipeline_run_id), plan) as removal:
         if admitted.skipped:
-            return write_report(plan, TrainReport(jobset=stage.jobset, skipped=True), stage)
+            return write_report(plan, TrainReport(jobset=stage.workload, skipped=True), stage)
         removal.backend = backend = backend_of(plan, backend, "train", stage)
         tell = teller("train", stage)
         records: list[dict[str, Any]] = []
@@ -82,19 +82,19 @@ def run(
 
         started = time.monotonic()
         with (
-            backend.deleting_on_cancel(stage.jobset, tell, removal.labels),
-            backend.holding(stage.jobset, "train", tell),
+            backend.deleting_on_cancel(stage.workload, tell, removal.labels),
+            backend.holding(stage.workload, "train", tell),
         ):
             finished, resizes = controller.follow(plan, stage, backend, records, on_line, tell, on_record)
         if finished.phase != "Completed":
             raise TrainingFailed(
-                backend.failure_report(stage.jobset),
+                backend.failure_report(stage.workload),
                 "fix the cause in the log lines above, then rerun with the same run_name: training resumes from the "
                 "stage's last committed checkpoint",
             )
         if not records:
             raise TrainingFailed(
-                f"JobSet {stage.jobset} completed, but its leader logged no MaxText step line",
+                f"JobSet {stage.workload} completed, but its leader logged no MaxText step line",
                 f"read the leader's log ({', '.join(finished.leader_logs) or 'none found'})",
             )
         cancel.point("train:report")
@@ -123,7 +123,7 @@ def _report(
             "global_batch_size": stage.global_batch_size,
         }
     report = TrainReport(
-        jobset=stage.jobset,
+        jobset=stage.workload,
         steps_trained=measured.pop("steps_recorded"),
         restarts=finished.restarts,
         restart_causes=finished.restart_causes,

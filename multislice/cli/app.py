@@ -22,7 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from multislice import backends, calls, config, identity, names, ownership, preflight, reports, storage, timings, tpu
+from multislice import backends, config, identity, names, ownership, preflight, reports, storage, timings, tpu
+from multislice.cli import calls
 from multislice.config import parameters
 from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
 from multislice.delivery import images, schedule, submission

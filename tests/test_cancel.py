@@ -222,7 +222,7 @@ def test_cleanup_command_names_bad_input_and_says_when_nothing_is_left(tmp_path,
 
 def test_sigterm_to_multislice_run_is_passed_on_to_the_running_step(tmp_path):
     """``kill <multislice run>`` (a process manager, a CI timeout): the step it runs is cancelled too."""
-    from multislice.cli.app import child_pids
+    from multislice.cli.run import child_pids
 
     fifo = tmp_path / "cancel.fifo"
     os.mkfifo(fifo)

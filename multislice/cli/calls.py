@@ -22,8 +22,16 @@ from typing import Any
 COLUMNS = ("CALL", "FUNCTION", "STATE", "HOSTS", "BACKEND", "CREATED")
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``calls list`` and ``calls logs`` on the CLI's sub-command parsers."""
+#: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
+EXAMPLES: dict[str, str] = {
+    "calls list": "multislice calls list --output-dir output\nmultislice calls list --output-dir gs://my-bucket/remote",
+    "calls logs": "multislice calls logs remote-train-shard-c0ffee00 --follow\n"
+    "multislice calls logs c0ffee00 --host 1,0 --output-dir gs://my-bucket/remote",
+}
+
+
+def add_parser(sub: Any, argv: list[str] | None) -> None:
+    """Register ``calls list`` and ``calls logs`` with its handler (``argv``: the command line)."""
     calls = sub.add_parser(
         "calls",
         help="remote calls (multislice.remote): list them, read a host's log",

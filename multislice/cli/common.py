@@ -22,6 +22,11 @@ def with_profile(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def profile_and_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(profile as data, overrides)`` of ``--profile`` and ``--set``, not yet validated together.
+
+    Raises:
+        ConfigError: an unknown profile, a profile file that does not parse, or a ``--set`` that is not KEY=VALUE.
+    """
     return config.read_profile(args.profile), config.parse_set_arguments(args.set or [])
 
 
@@ -79,6 +84,7 @@ def check_cache_dir(option: str, value: str, *, remote_ok: bool) -> None:
 
 
 def write_json(path: str | None, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` (local or ``gs://``) when a path is given (a ``--report`` option)."""
     if path:
         storage.write_json(path, data)
 

@@ -36,7 +36,7 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """``multislice env install DIR``: :func:`multislice.backends.local.environment.install_trainer_env`."""
-    from multislice.backends.local import environment
+    from multislice.backends.local import environment  # jsonschema and the CRDs (0.5 s): only for env install
 
     locks = {"trainer_lock": args.requirements, "loader_lock": args.loader_requirements}
     environment.install_trainer_env(args.directory, python=args.python,

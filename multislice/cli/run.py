@@ -29,6 +29,13 @@ EXAMPLES: dict[str, str] = {
 }
 
 
+STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|export|cleanup"
+PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
+ERROR_LINE = re.compile(
+    r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"
+)
+
+
 def add_parser(sub: Any, argv: list[str] | None) -> None:
     """Register ``multislice run`` with its handler (``argv``: the command line)."""
     run = sub.add_parser(
@@ -38,17 +45,6 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
     )
     with_profile(run)
     run.set_defaults(func=cmd_run)
-
-
-STEPS = "plan|preflight|provision|admit|launch|train|verify_checkpoint|export|cleanup"
-
-
-PROGRESS = re.compile(rf"^\s*\[({STEPS})[ \]]|Executing task|finished with status")
-
-
-ERROR_LINE = re.compile(
-    r"^\s*([\w.]+\.)?[A-Z]\w*(Error|Failed|Exception|Invalid|Missing|Exists|Unavailable|Capacity)\b.*"
-)
 
 
 class _ProgressTee(io.TextIOBase):

@@ -58,7 +58,7 @@ The blocking call is a submit followed by :meth:`RemoteJob.result`. With
 once the JobSet is created: ``status()``, ``result(timeout)``,
 ``logs(follow, host)``, ``cancel()``, ``cleanup()``. The call's record
 (``call.json`` in its directory) lets :func:`attach` rebuild the handle in
-another process, and ``multislice calls list|logs`` (:mod:`multislice.calls`)
+another process, and ``multislice calls list|logs`` (:mod:`multislice.cli.calls`)
 read it from a shell.
 
 Kinetic's advice holds here: checkpoint long functions at least every 10

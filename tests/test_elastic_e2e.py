@@ -76,7 +76,7 @@ def test_the_stage_shrinks_to_one_slice_and_grows_back_finishing_every_step(elas
 
 
 def test_the_run_summary_tells_both_resizes_and_the_goodput(elastic_run, tmp_path):
-    from multislice.cli import summary_lines
+    from multislice.cli.summary import summary_lines
 
     lines = summary_lines(elastic_run["plan"], elastic_run["wall"], "SUCCEEDED", tmp_path, "elastic")
     resized = [line for line in lines if line.startswith("  resized       at ")]

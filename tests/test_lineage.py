@@ -139,7 +139,7 @@ def test_logits_check_passes_float_noise_and_fails_a_scrambled_conversion():
 
 
 def test_run_summary_has_the_export_line(plan, tmp_path):
-    from multislice import cli
+    from multislice.cli.summary import summary_lines
     from multislice.reports import write
 
     stage = plan.stages[1]
@@ -150,7 +150,7 @@ def test_run_summary_has_the_export_line(plan, tmp_path):
         logits_check={"max_abs_diff": 3.2e-6, "atol": 1e-3, "rtol": 1e-3, "loaders": loaders},
     )  # fmt: skip
     write(plan, report, stage)
-    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    lines = summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
     assert f"  export        PASS: huggingface (float32) at {stage.export_dir}; logits vs MaxText's max |diff| by " \
         "loader: 5.23.0 3.2e-06, 4.57.6 4.1e-06 (tolerance 0.001 + 0.001 x |logit|)" in lines  # fmt: skip
     assert not any(line.startswith("  export") for line in lines[: lines.index(f"stage 2 {stage.name} "
@@ -158,7 +158,7 @@ def test_run_summary_has_the_export_line(plan, tmp_path):
 
 
 def test_run_summary_of_a_one_slice_stage_says_it_has_no_dcn_axis(tmp_path):
-    from multislice import cli
+    from multislice.cli.summary import summary_lines
     from multislice.reports import Check, VerificationReport, write
 
     overrides = {"output_dir": str(tmp_path / "out"), "run_name": "one", "num_slices": 1, "stages.1.dcn.fsdp": 1}
@@ -167,12 +167,12 @@ def test_run_summary_of_a_one_slice_stage_says_it_has_no_dcn_axis(tmp_path):
     report = VerificationReport(verdict="PASS", checks=[Check(name="checksums", passed=True, detail="")],
                                 parameter_count=10, written_mesh={"fsdp": 2}, latest_step=4)  # fmt: skip
     write(one, report, stage)
-    lines = cli.summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    lines = summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
     assert "  verification  PASS (1/1 checks, 10 parameters, sharded over mesh fsdp=2; DCN none, one slice)" in lines
 
 
 def test_run_summary_tells_an_elastic_stages_resizes_and_goodput(plan, tmp_path):
-    from multislice import cli
+    from multislice.cli.summary import summary_lines
     from multislice.elastic import Resize
     from multislice.reports import TrainReport, write
 
@@ -184,7 +184,7 @@ def test_run_summary_tells_an_elastic_stages_resizes_and_goodput(plan, tmp_path)
                         tokens_per_second_per_device=10.0, restarts=1, resizes=[shrink, grow], goodput=0.625,
                         steps_lost=2)  # fmt: skip
     write(plan, train, stage)
-    lines = cli.summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    lines = summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
     at = lines.index(next(line for line in lines if line.startswith("  trained       15/")))
     assert lines[at + 1 : at + 4] == [
         "  resized       at 41 s: 2 -> 1 slices (slice 1 lost); resumed from step 5 at 78 s, 2 steps lost",

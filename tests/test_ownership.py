@@ -103,7 +103,7 @@ def test_no_exit_path_of_another_run_deletes_the_owners_jobset(owned, capsys):
     assert backend.cleanup("run-b", print) == ([], [])
     assert backend.delete_matching(stage_labels(plan, stage, "run-b"), print) == []
     assert backend.delete(name, owner="run-b") is False
-    assert cli._stop_run(plan, "run-b") == "nothing of pipeline run run-b was left running"
+    assert cli.run._stop_run(plan, "run-b") == "nothing of pipeline run run-b was left running"
     with pytest.raises(ValueError, match="pipeline run id"):
         backend.delete_matching(stage_labels(plan, stage), print)  # without a run id: refused, not "everything"
     assert backend.jobsets.get_jobset(name).phase == "Running" and all(pid_alive(pid) for pid in pods)

@@ -8,8 +8,7 @@ A call is found by its record, ``<output_dir>/<call id>/remote/call.json``
 ``local`` profile's ``output_dir`` resolved against the current directory,
 which is also where a local call without ``output_dir`` goes. A call on GKE
 needs its bucket: ``--output-dir gs://bucket/remote``; its backend and cluster
-come from the profile recorded with it. The handlers import the remote module
-on call, so the CLI's start-up does not pay for it.
+come from the profile recorded with it.
 """
 
 from __future__ import annotations
@@ -18,12 +17,23 @@ import argparse
 import sys
 from typing import Any
 
+from multislice.errors import UserError
+from multislice.remote_call import attach, list_calls
+
 #: Columns of ``calls list``.
 COLUMNS = ("CALL", "FUNCTION", "STATE", "HOSTS", "BACKEND", "CREATED")
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``calls list`` and ``calls logs`` on the CLI's sub-command parsers."""
+#: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
+EXAMPLES: dict[str, str] = {
+    "calls list": "multislice calls list --output-dir output\nmultislice calls list --output-dir gs://my-bucket/remote",
+    "calls logs": "multislice calls logs remote-train-shard-c0ffee00 --follow\n"
+    "multislice calls logs c0ffee00 --host 1,0 --output-dir gs://my-bucket/remote",
+}
+
+
+def add_parser(sub: Any, argv: list[str] | None) -> None:
+    """Register ``calls list`` and ``calls logs`` with its handler (``argv``: the command line)."""
     calls = sub.add_parser(
         "calls",
         help="remote calls (multislice.remote): list them, read a host's log",
@@ -48,8 +58,6 @@ def add_parser(sub: Any) -> None:
 
 def _state(job: Any) -> str:
     """The call's state now, or its recorded state when its backend cannot be asked (a cluster not reachable)."""
-    from multislice.errors import UserError
-
     try:
         return job.status()
     except (UserError, OSError) as error:
@@ -58,8 +66,6 @@ def _state(job: Any) -> str:
 
 def cmd_calls_list(args: argparse.Namespace) -> int:
     """Print one line per call: id, function, state, hosts, backend, creation time (oldest first)."""
-    from multislice.remote_call import list_calls
-
     jobs = list_calls(args.output_dir)
     if not jobs:
         print("no remote calls under " + (args.output_dir or "the local profile's output_dir"))
@@ -77,8 +83,6 @@ def cmd_calls_list(args: argparse.Namespace) -> int:
 
 def cmd_calls_logs(args: argparse.Namespace) -> int:
     """Print one host's log of a call; with ``--follow``, each line as it comes until the host's pod ends."""
-    from multislice.remote_call import attach
-
     job = attach(args.call_id, output_dir=args.output_dir)
     job.logs(follow=args.follow, host=args.host, out=sys.stdout)
     return 0

@@ -1,0 +1,125 @@
+"""The summary ``multislice run`` prints at the end of a run, read from the steps' reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from multislice import backends, reports, storage
+from multislice.plan import Plan
+
+
+def run_files(local_dir: Path, run_id: str) -> tuple[Path, Path]:
+    """``(compiled pipeline, full log)`` of run ``run_id``: ``pipeline.<run id>.yaml`` and ``pipeline.<run id>.log``
+    in ``local_dir``, so that a rerun of the same run_name (which resumes it) keeps the earlier run's."""
+    return local_dir / f"pipeline.{run_id}.yaml", local_dir / f"pipeline.{run_id}.log"
+
+
+def elastic_lines(train: reports.TrainReport) -> list[str]:
+    """An elastic stage's story for the summary: each resize (when, why, from and to, steps lost) and goodput.
+
+    Empty for a stage that never resized and reports no goodput. Times are seconds since training began
+    (:class:`multislice.elastic.Resize`); goodput is productive step time over wall time, 0-1.
+    """
+    lines = []
+    for resize in train.resizes:
+        resumed = (
+            f"resumed from step {resize.resumed_from_step} at {resize.resumed_at_seconds:.0f} s"
+            if resize.resumed_at_seconds is not None and resize.resumed_from_step is not None
+            else "not resumed"
+        )
+        lines.append(
+            f"  resized       at {resize.detected_at_seconds:.0f} s: {resize.from_slices} -> {resize.to_slices} "
+            f"slices ({resize.cause}); {resumed}, {resize.steps_lost} steps lost"
+        )
+    if train.goodput is not None:
+        lost = f", {train.steps_lost} steps trained again" if train.steps_lost else ""
+        lines.append(f"  goodput       {train.goodput:.2f} (productive step time / wall time{lost})")
+    return lines
+
+
+def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run_id: str) -> list[str]:
+    """The run summary: per stage steps, loss, throughput, checkpoint, verification; where outputs live.
+
+    Read from the steps' reports in the run directory (local or ``gs://``);
+    ``local_dir`` holds this machine's files of run ``run_id`` (compiled pipeline, full log: :func:`run_files`).
+    """
+    reports_dir = storage.join(plan.run_dir, "reports")
+    compiled, log = run_files(local_dir, run_id)
+    lines = [f"run {plan.spec.run_name}: {outcome} in {seconds / 60:.1f} min"]
+    for stage in plan.stages:
+        checked = reports.read(reports.PreflightReport, plan, stage)
+        train = reports.read(reports.TrainReport, plan, stage)
+        verify = reports.read(reports.VerificationReport, plan, stage)
+        lines.append(f"stage {stage.index + 1} {stage.name} ({stage.model_label}):")
+        prepared = reports.read(reports.PrepareDataReport, plan, stage)
+        if prepared and not prepared.skipped:
+            manifest = prepared.manifest
+            lines.append(
+                f"  data          {manifest.get('token_count', 0):,} tokens in {manifest.get('shard_count')} shards "
+                f"({'reused' if prepared.reused else 'tokenized'} in {prepared.seconds} s) at {prepared.uri}"
+            )
+        if checked and checked.verdict == "fits":
+            hbm = checked.bytes_per_chip.total
+            lines.append(
+                f"  preflight     fits: {hbm / 2**20:,.1f} MiB of {checked.hbm_bytes_per_chip / 2**30:.2f} GiB HBM "
+                f"per chip on {checked.target.num_slices} x {checked.target.tpu_type} (AOT compile)"
+            )
+        elif checked:
+            lines.append(f"  preflight     {checked.verdict}")
+        if train and train.skipped:
+            lines.append("  trained       nothing: its final checkpoint already existed")
+        elif train and train.final_loss is not None:
+            lines.append(
+                f"  trained       {train.steps_trained}/{stage.steps} steps, loss {train.first_loss:.3f} -> "
+                f"{train.final_loss:.3f}, {train.tokens_per_second_per_device:.1f} tokens/s per device, "
+                f"{train.restarts} {backends.launcher_kind(train.launcher).restarts_are}"
+            )
+            lines.extend(f"  restart {n:<5} {cause}" for n, cause in enumerate(train.restart_causes, 1))
+            lines.extend(elastic_lines(train))
+            if train.evals:
+                lines.append(
+                    f"  eval          loss {train.first_eval_loss:.3f} -> {train.final_eval_loss:.3f} "
+                    f"(perplexity {train.final_eval_perplexity:.1f}) over {train.evals} evals"
+                )
+        else:
+            lines.append("  trained       not completed")
+        if verify and verify.latest_step is not None:
+            lines.append(f"  checkpoint    step {verify.latest_step} at {stage.checkpoint_dir}/{verify.latest_step}")
+        if verify:
+            written = verify.written_mesh or {}
+            mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, dict) else written
+            dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1) or "none, one slice"
+            passed = sum(c.passed for c in verify.checks)
+            lines.append(
+                f"  verification  {verify.verdict} ({passed}/{len(verify.checks)} checks, "
+                f"{verify.parameter_count or 0:,} parameters, sharded over mesh {mesh}; DCN {dcn})"
+            )
+        else:
+            lines.append("  verification  not run")
+        if stage.export:
+            exported = reports.read(reports.ExportReport, plan, stage)
+            if exported and exported.logits_check:
+                check = exported.logits_check
+                loaders = check.get("loaders") or {"transformers": check}
+                diffs = ", ".join(
+                    f"{loader.get('transformers_version') or name} {loader.get('max_abs_diff', float('nan')):.2g}"
+                    for name, loader in loaders.items()
+                )
+                dtype = f" ({exported.dtype})" if exported.dtype else ""
+                lines.append(
+                    f"  export        {exported.verdict}: {stage.export}{dtype} at {exported.export_dir}; logits vs "
+                    f"MaxText's max |diff| by loader: {diffs} "
+                    f"(tolerance {check.get('atol')} + {check.get('rtol')} x |logit|)"
+                )
+            else:
+                lines.append(f"  export        {exported.verdict if exported else 'not run'}")
+    lines += [
+        f"outputs     {plan.run_dir}",
+        f"reports     {reports_dir}/<stage>/(plan|prepare_data|preflight|admit|launch|train|verification).json",
+        f"UI pages    {reports_dir}/<stage>/preflight.html (HBM per chip), train.html (loss and step-time plots), "
+        "train.md, verification.md",
+        f"pod logs    {backends.backend_class(plan.spec.backend).where_logs_are(plan)}",
+        f"manifests   {plan.run_dir}/manifests/",
+        f"pipeline    {compiled} (compiled), {log} (full log)",
+    ]
+    return lines

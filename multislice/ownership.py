@@ -270,6 +270,11 @@ def writable_by(run_dir: str, pipeline_run_id: str) -> bool:
     return bool(claimed and owner.run_id == claimed) or not alive(run_dir, owner)
 
 
+def _names_run(owner: Owner, run_id: str, pipeline_run_id: str) -> bool:
+    """Whether the owner record is this run's: by ``run_id`` or by ``pipeline_run_id`` (an empty one never matches)."""
+    return bool(run_id and owner.run_id == run_id) or bool(pipeline_run_id and owner.pipeline_run_id == pipeline_run_id)
+
+
 def renew(run_dir: str, run_id: str = "", pipeline_run_id: str = "", lease_seconds: float = LEASE_SECONDS) -> bool:
     """Extend the lease of ``run_dir`` when its record is this run's (by ``run_id`` or ``pipeline_run_id``).
 
@@ -277,9 +282,7 @@ def renew(run_dir: str, run_id: str = "", pipeline_run_id: str = "", lease_secon
         True when renewed; False when the record is another run's, not a lease, or missing.
     """
     found = read_owner(run_dir)
-    ours = found is not None and ((run_id and found.run_id == run_id) or (
-        pipeline_run_id and found.pipeline_run_id == pipeline_run_id))  # fmt: skip
-    if not ours or found.expires is None:
+    if found is None or not _names_run(found, run_id, pipeline_run_id) or found.expires is None:
         return False
     found.expires = time.time() + lease_seconds
     _write_owner(run_dir, found)
@@ -292,9 +295,7 @@ def release(run_dir: str, run_id: str = "", pipeline_run_id: str = "") -> bool:
     A lock-held record (``multislice run``) is left: its lock closes with the process. Returns True when removed.
     """
     found = read_owner(run_dir)
-    ours = found is not None and ((run_id and found.run_id == run_id) or (
-        pipeline_run_id and found.pipeline_run_id == pipeline_run_id))  # fmt: skip
-    if not ours or found.expires is None:
+    if found is None or not _names_run(found, run_id, pipeline_run_id) or found.expires is None:
         return False
     with contextlib.suppress(FileNotFoundError):
         storage.path(_owner_path(run_dir)).unlink()

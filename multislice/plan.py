@@ -241,8 +241,13 @@ def prepared_dir(spec: RunSpec, stage: Stage) -> str | None:
     """
     if not isinstance(stage.data, data.TextData):
         return None
-    base = stage.data.cache_dir or storage.join(spec.output_dir, "datasets")
-    return storage.join(base, data.recipe_key(stage.data, stage.tokenizer, stage.max_target_length))
+    return _shards_dir(spec, stage, stage.data)
+
+
+def _shards_dir(spec: RunSpec, stage: Stage, text: data.TextData) -> str:
+    """:func:`prepared_dir` of a stage whose data is ``text``."""
+    base = text.cache_dir or storage.join(spec.output_dir, "datasets")
+    return storage.join(base, data.recipe_key(text, stage.tokenizer, stage.max_target_length))
 
 
 def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
@@ -260,7 +265,7 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
     tokenizer["tokenizer_path"] = stage.tokenizer.path
     args: dict[str, Any] = {}
     if isinstance(source, data.TextData):
-        folder = prepared_dir(spec, stage)
+        folder = _shards_dir(spec, stage, source)
         args = {
             "dataset_type": "grain",
             "grain_file_type": "arrayrecord",

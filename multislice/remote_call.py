@@ -85,7 +85,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from multislice import backends, config, storage
 from multislice.backends.base import Backend
@@ -294,7 +294,7 @@ def _raise_failure(results: dict[tuple[int, int], dict[str, Any]], exits: list[A
         return
     host, code = blamed
     raised = sorted(h for h, r in results.items() if not r["ok"])
-    if host not in results:
+    if host not in results and code is not None:  # it exited (code) without writing a result
         others = f"; afterwards {', '.join(f'slice {s} host {h}' for s, h in raised)} raised" if raised else ""
         signal = f" (signal {code - 128})" if code and code > 128 else ""
         raise RemoteExit(
@@ -513,7 +513,7 @@ def _submit(function: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | 
     tpu_type, num_slices, backend, output_dir = o["tpu_type"], o["num_slices"], o["backend"], o["output_dir"]
     profile = o["profile"]
     given = None if isinstance(backend, str) else backend
-    backend = backend if isinstance(backend, str) else given.name
+    backend = backend if isinstance(backend, str) else backend.name
     say = o["tell"] or _stderr
     name = getattr(function, "__name__", "fn")
     payload = _payload(function, args, kwargs, list(o["by_value"]))
@@ -797,7 +797,9 @@ RECORD = "call.json"
 #: States a call ends in (the record's ``state``); before that it is ``Submitted`` (``status()``: ``Queued``,
 #: ``Running``, or what the hosts' markers already say).
 ENDED = ("Succeeded", "Failed", "Hung", "Cancelled")
-_ERRORS = {cls.__name__: cls for cls in (RemoteError, RemoteExit, RemoteHang, RemoteCancelled, RunFailed)}
+_ERRORS: dict[str, type[RunFailed]] = {
+    cls.__name__: cls for cls in (RemoteError, RemoteExit, RemoteHang, RemoteCancelled, RunFailed)
+}
 
 
 def _host_arg(host: Any, hosts: list[tuple[int, int]]) -> tuple[int, int]:
@@ -1090,7 +1092,7 @@ class RemoteJob:
         raise cls(message, fix)
 
 
-def _waiting_error(error: BaseException) -> bool:
+def _waiting_error(error: BaseException) -> TypeGuard[RunFailed]:
     from multislice.backends.base import AdmissionTimeout, LaunchFailed
 
     return isinstance(error, (AdmissionTimeout, LaunchFailed))

@@ -323,7 +323,7 @@ def parse_tpu_type(name: str, machine_type: str | None = None) -> SliceType:
     if match:
         prefix = match.group("prefix")
         generation = next((g for g in GENERATIONS.values() if prefix == g.name or prefix in g.aliases), None)
-    if generation is None:
+    if match is None or generation is None:
         known = ", ".join(sorted(GENERATIONS))
         raise UnknownTpuType(
             f"unknown TPU type {name!r}: expected <generation>-<size> with generation one of "

@@ -249,7 +249,7 @@ def build_pipeline(
                 kubernetes.mount_webhook_secret(exit_task)
 
     body.__signature__ = signature
-    body.__annotations__ = {p.name: p.annotation for p in body.__signature__.parameters.values()}
+    body.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     body.__name__ = PIPELINE_NAME.replace("-", "_")
     body.__doc__ = _docstring(spec, remote)
     return dsl.pipeline(name=PIPELINE_NAME, description=body.__doc__.split("\n\n")[0])(body)

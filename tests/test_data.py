@@ -203,6 +203,20 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     assert not third.reused and third.manifest["fingerprint"] != manifest["fingerprint"]
 
 
+def test_prepare_data_tokenizes_with_maxtexts_sentencepiece_tokenizer(tmp_path, corpus, trainer_python):
+    # MaxText's SentencePieceTokenizer has no n_words: its vocabulary is its processor's piece count
+    data = {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2}
+    sentencepiece = {"type": "sentencepiece", "path": "maxtext:assets/tokenizers/tokenizer.llama2"}
+    profile = profile_with(tmp_path, data, tokenizer=sentencepiece)
+    for entry in profile["stages"]:
+        entry["model"]["vocab_size"] = 32000  # Llama 2's, as the tokenizer's
+        entry.pop("export", None)  # the exporter reads a sentencepiece file named .model only
+    manifest = prepare_data.run(plan_step.run(profile, {}), "tiny-8b-recipe").manifest
+    assert manifest["tokenizer"]["type"] == "sentencepiece" and manifest["tokenizer"]["vocab_size"] == 32000
+    train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
+    assert train["documents"] + held["documents"] == 40 and train["tokens"] > 0
+
+
 def test_prepare_data_reads_json_lines_and_parquet_without_packing(tmp_path, trainer_python):
     rows = [{"text": f"Row {i}: " + "word " * (20 + 40 * (i % 3))} for i in range(60)]
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -70,7 +70,7 @@ def cmd_calls_list(args: argparse.Namespace) -> int:
     if not jobs:
         print("no remote calls under " + (args.output_dir or "the local profile's output_dir"))
         return 0
-    rows = [COLUMNS]
+    rows: list[tuple[object, ...]] = [COLUMNS]
     for job in jobs:
         record = job.record
         hosts = f"{record['num_slices']}x{record['tpu_type']} ({len(record['hosts'])})"

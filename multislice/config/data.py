@@ -25,6 +25,7 @@ import contextlib
 import fnmatch
 import glob
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -60,7 +61,7 @@ class TokenizerSpec(_Strict):
     """
 
     type: Literal["tiktoken", "sentencepiece", "huggingface"] = "tiktoken"
-    path: str = Field(DEFAULT_TOKENIZER, min_length=1)
+    path: str = Field(default=DEFAULT_TOKENIZER, min_length=1)
     add_bos: bool = True
     add_eos: bool = True
 
@@ -108,13 +109,15 @@ class TextData(_Strict):
 
     kind: Literal["text"] = "text"
     files: tuple[str, ...] = Field(min_length=1)
-    exclude: tuple[str, ...] = Field((), description="fnmatch patterns of file paths to leave out.")
+    exclude: tuple[str, ...] = Field(default=(), description="fnmatch patterns of file paths to leave out.")
     format: Literal["text", "jsonl", "parquet"] = "text"
-    text_field: str = Field("text", min_length=1)
+    text_field: str = Field(default="text", min_length=1)
     packing: bool = True
-    eval_fraction: float = Field(0.05, gt=0, lt=1)
-    shard_sequences: int = Field(4096, gt=0, description="Sequences per ArrayRecord shard.")
-    cache_dir: str | None = Field(None, description="Where prepared shards live; default <output_dir>/datasets.")
+    eval_fraction: float = Field(default=0.05, gt=0, lt=1)
+    shard_sequences: int = Field(default=4096, gt=0, description="Sequences per ArrayRecord shard.")
+    cache_dir: str | None = Field(
+        default=None, description="Where prepared shards live; default <output_dir>/datasets."
+    )
 
 
 class GrainData(_Strict):
@@ -145,7 +148,7 @@ class HFData(_Strict):
     path: str = Field(min_length=1)
     data_dir: str = ""
     train_files: str = ""
-    train_split: str = Field("train", min_length=1)
+    train_split: str = Field(default="train", min_length=1)
     eval_split: str | None = None
     streaming: Literal[True] = True
     column: str = "text"
@@ -158,7 +161,7 @@ class TFDSData(_Strict):
     dataset_path: str = Field(min_length=1)
     dataset_name: str = Field(min_length=1, description="name:version, e.g. c4/en:3.1.0")
     eval_dataset_name: str | None = None
-    train_split: str = Field("train", min_length=1)
+    train_split: str = Field(default="train", min_length=1)
     eval_split: str | None = None
 
     @field_validator("dataset_name", "eval_dataset_name")
@@ -249,8 +252,8 @@ def _parquet_issue(field: str, files: list[str], column: str) -> tuple[str, str]
     must begin and end with Parquet's magic bytes ``PAR1`` (https://parquet.apache.org/docs/file-format/),
     which catches a file that is not Parquet or was cut short; the column is then checked by prepare_data.
     """
-    try:
-        import pyarrow.parquet as pq
+    try:  # by name: pyarrow is in the trainer image only, not in the pipeline image that type-checks this
+        pq = importlib.import_module("pyarrow.parquet")
     except ImportError:
         pq = None
     for name in files[:16]:

@@ -71,19 +71,19 @@ class ModelSpec(_Strict):
     at a size a CPU can train.
     """
 
-    name: str | None = Field(None, description="MaxText model_name, e.g. llama3-8b.")
+    name: str | None = Field(default=None, description="MaxText model_name, e.g. llama3-8b.")
     description: str = ""
     decoder_block: str | None = None
-    emb_dim: int | None = Field(None, gt=0, le=MAX_DIM)
-    num_query_heads: int | None = Field(None, gt=0, le=MAX_DIM)
-    num_kv_heads: int | None = Field(None, gt=0, le=MAX_DIM)
-    num_decoder_layers: int | None = Field(None, gt=0, le=MAX_DIM)
-    mlp_dim: int | None = Field(None, gt=0, le=MAX_DIM)
-    head_dim: int | None = Field(None, gt=0, le=MAX_DIM)
-    vocab_size: int | None = Field(None, gt=0, le=MAX_DIM)
+    emb_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    num_query_heads: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    num_decoder_layers: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    mlp_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    vocab_size: int | None = Field(default=None, gt=0, le=MAX_DIM)
     mlp_activations: tuple[str, ...] | None = None
-    rope_max_timescale: int | None = Field(None, gt=0, le=MAX_DIM)
-    normalization_layer_epsilon: float | None = Field(None, gt=0)
+    rope_max_timescale: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    normalization_layer_epsilon: float | None = Field(default=None, gt=0)
     logits_via_embedding: bool | None = None
     enable_dropout: bool | None = None
 
@@ -129,7 +129,8 @@ class ModelSpec(_Strict):
         missing = [k for k in required if getattr(self, k) is None]
         if missing:
             raise ValueError(f"a model without a MaxText name needs explicit dims; missing {', '.join(missing)}")
-        if self.num_query_heads % self.num_kv_heads:
+        heads, kv_heads = self.num_query_heads, self.num_kv_heads
+        if heads is not None and kv_heads is not None and heads % kv_heads:
             raise ValueError(
                 f"num_query_heads ({self.num_query_heads}) must be a multiple of num_kv_heads "
                 f"({self.num_kv_heads}) for grouped-query attention"
@@ -195,12 +196,18 @@ class ElasticSpec(_Strict):
     """
 
     min_slices: int = Field(ge=1, le=INT32_MAX, description="Fewest slices the stage trains on.")
-    max_slices: int | None = Field(None, ge=1, le=INT32_MAX, description="Most slices: the profile's num_slices.")
+    max_slices: int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="Most slices: the profile's num_slices."
+    )
     wait_for_lost_slice_seconds: float = Field(
-        300, ge=0, le=MAX_TIMEOUT_SECONDS, description="Seconds to wait for a lost slice's capacity before shrinking."
+        default=300,
+        ge=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="Seconds to wait for a lost slice's capacity before shrinking.",
     )
     on_indivisible: Literal["wait", "shrink_batch"] = Field(
-        "wait", description="When num_slices / k is not whole: wait for capacity, or train a smaller global batch."
+        default="wait",
+        description="When num_slices / k is not whole: wait for capacity, or train a smaller global batch.",
     )
 
     @model_validator(mode="after")
@@ -225,7 +232,7 @@ class LibtpuFlagsSpec(_Strict):
     add: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Flags to set, name -> value (true/false, a number or a word)."
     )
-    remove: tuple[str, ...] = Field((), description="Table flags to leave out, by name.")
+    remove: tuple[str, ...] = Field(default=(), description="Table flags to leave out, by name.")
 
     @field_validator("add")
     @classmethod
@@ -294,31 +301,32 @@ class Stage(_Strict):
     )
     tokenizer: TokenizerSpec = Field(default_factory=TokenizerSpec, description="Ignored by synthetic data.")
     eval_interval: int = Field(
-        -1, ge=-1, le=MAX_STEPS, description="Train steps between evals (MaxText eval_interval); -1: no eval."
+        default=-1, ge=-1, le=MAX_STEPS, description="Train steps between evals (MaxText eval_interval); -1: no eval."
     )
-    eval_steps: int = Field(-1, ge=-1, le=MAX_STEPS, description="Batches per eval; -1: the whole eval split.")
+    eval_steps: int = Field(default=-1, ge=-1, le=MAX_STEPS, description="Batches per eval; -1: the whole eval split.")
     export: Literal["huggingface"] | None = Field(
         default=None,
         description="Export the final checkpoint after verification: huggingface (safetensors, config.json and "
         "the Llama 3 tokenizer, checked by its logits against MaxText's); null for none.",
     )
     export_dtype: Literal["bfloat16", "float32"] | None = Field(
-        None,
+        default=None,
         description="dtype of the exported weights; default bfloat16 for a model of 10^9 parameters or more, "
         "else float32.",
     )
     export_hub_repo: str | None = Field(
-        None,
+        default=None,
         description="Also publish the export to this Hugging Face Hub model repository (OWNER/NAME); the token comes "
         "from exporter.hub_token_secret (Secret Manager) or exporter.hub_token_kubernetes_secret (GKE), locally "
         "from $HF_TOKEN. Null: write to the run directory only.",
     )
     launcher: Literal["jobset", "ray"] | None = Field(
-        None, description="How this stage is launched (jobset or ray); default: the run's launcher."
+        default=None, description="How this stage is launched (jobset or ray); default: the run's launcher."
     )
     maxtext_overrides: dict[str, str | int | float | bool | list[str | int | float]] = Field(default_factory=dict)
     elastic: ElasticSpec | None = Field(
-        None, description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size."
+        default=None,
+        description="Train on fewer slices when some are lost (Spot), same global batch; None: fixed size.",
     )
     libtpu_flags: LibtpuFlagsSpec = Field(
         default_factory=LibtpuFlagsSpec,
@@ -434,11 +442,11 @@ class ClusterSpec(_Strict):
       Pipelines, whose components run outside the cluster).
     """
 
-    project: str | None = Field(None, description="Google Cloud project of the GKE cluster.")
-    location: str | None = Field(None, description="Region or zone of the GKE cluster, e.g. us-east5.")
-    name: str | None = Field(None, description="GKE cluster name.")
+    project: str | None = Field(default=None, description="Google Cloud project of the GKE cluster.")
+    location: str | None = Field(default=None, description="Region or zone of the GKE cluster, e.g. us-east5.")
+    name: str | None = Field(default=None, description="GKE cluster name.")
     access: Literal["in-cluster", "kubeconfig", "gke"] = "gke"
-    kubeconfig_context: str | None = Field(None, description="kubeconfig context (access: kubeconfig).")
+    kubeconfig_context: str | None = Field(default=None, description="kubeconfig context (access: kubeconfig).")
 
     @field_validator("project")
     @classmethod
@@ -519,20 +527,21 @@ class NodePoolSpec(_Strict):
     and https://cloud.google.com/kubernetes-engine/docs/how-to/tpus.
     """
 
-    manage: bool = Field(True, description="Create missing TPU node pools (true) or only check them (false).")
+    manage: bool = Field(default=True, description="Create missing TPU node pools (true) or only check them (false).")
     provisioning: Literal["standard", "spot", "flex-start", "reservation"] = "standard"
-    reservation: str | None = Field(None, description="Reservation name (provisioning: reservation).")
+    reservation: str | None = Field(default=None, description="Reservation name (provisioning: reservation).")
     name_prefix: str | None = Field(
-        None, description="Node pools are named <name_prefix>-<slice>; default tpu-<generation>-<topology>."
+        default=None, description="Node pools are named <name_prefix>-<slice>; default tpu-<generation>-<topology>."
     )
     zone: str | None = Field(
-        None, description="Zone of the TPU node pools (node locations); needed when cluster.location is a region."
+        default=None,
+        description="Zone of the TPU node pools (node locations); needed when cluster.location is a region.",
     )
     queued_provisioning: bool = Field(
-        False, description="flex-start only: nodes come only through Kueue ProvisioningRequests."
+        default=False, description="flex-start only: nodes come only through Kueue ProvisioningRequests."
     )
     max_wait_for_capacity_seconds: float | None = Field(
-        None,
+        default=None,
         gt=0,
         le=MAX_TIMEOUT_SECONDS,
         description="flex-start only: how long admit and launch wait for Dynamic Workload Scheduler to find the "
@@ -540,19 +549,22 @@ class NodePoolSpec(_Strict):
         f"({FLEX_START_MAX_WAIT_SECONDS} s), flex-start's bound in GKE's docs.",
     )
     additional_node_networks: tuple[AdditionalNodeNetwork, ...] = Field(
-        (), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
+        default=(), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
     )
     operation_timeout_seconds: float = Field(
-        3600, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long provision waits for one node pool operation, seconds."
+        default=3600,
+        gt=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="How long provision waits for one node pool operation, seconds.",
     )
     oauth_scopes: tuple[str, ...] = Field(
-        (CLOUD_PLATFORM_SCOPE,),
+        default=(CLOUD_PLATFORM_SCOPE,),
         description="OAuth scopes of the TPU nodes. hostNetwork TPU pods reach Google APIs (gs:// checkpoints, "
         "the JAX cache) as the node's service account with these scopes; without them GKE gives only "
         "logging and monitoring (xpk passes storage-full, gke-default and cloud-platform).",
     )
     service_account: str | None = Field(
-        None,
+        default=None,
         description="Google service account of the TPU nodes (email); default the project's Compute Engine "
         "default service account. TPU pods write gs:// as it (`multislice render` prints its IAM bindings).",
     )
@@ -683,32 +695,35 @@ class ServiceAccountsSpec(_Strict):
     (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
     """
 
-    pipeline: str = Field("multislice-pipeline", description="Kubernetes ServiceAccount of the pipeline components.")
+    pipeline: str = Field(
+        default="multislice-pipeline", description="Kubernetes ServiceAccount of the pipeline components."
+    )
     pipeline_namespace: str | None = Field(
-        None, description="Namespace the component pods run in (KFP: e.g. kubeflow); default: namespace."
+        default=None, description="Namespace the component pods run in (KFP: e.g. kubeflow); default: namespace."
     )
     pipeline_gcp_service_account: str | None = Field(
-        None,
+        default=None,
         description="Google service account the components call the GKE API as: Workload Identity of the "
         "pipeline ServiceAccount, and on Vertex AI Pipelines bound to the same Role as a User.",
     )
-    trainer: str = Field("multislice-trainer", description="Kubernetes ServiceAccount of the training pods.")
+    trainer: str = Field(default="multislice-trainer", description="Kubernetes ServiceAccount of the training pods.")
     trainer_gcp_service_account: str | None = Field(
-        None, description="Google service account of the training pods (Workload Identity), e.g. for gs:// output."
+        default=None,
+        description="Google service account of the training pods (Workload Identity), e.g. for gs:// output.",
     )
     kueue_cluster_objects: bool = Field(
-        False,
+        default=False,
         description="Also let the pipeline server-side apply the run's cluster-scoped Kueue objects "
         "(by name); otherwise an admin applies them once.",
     )
     tpu_host_network: bool = Field(
-        True,
+        default=True,
         description="TPU pods use hostNetwork (GKE's and xpk's multislice setup: DCN traffic between slices "
         "on the node's network). hostNetwork pods get no Workload Identity: they write gs:// as the node's "
         "service account (node_pools.service_account, oauth_scopes).",
     )
     tpu_workload_identity: bool = Field(
-        False,
+        default=False,
         description="TPU pods write gs:// as trainer_gcp_service_account through Workload Identity; needs "
         "tpu_host_network: false (DCN traffic then goes through the pod network).",
     )
@@ -765,12 +780,12 @@ class PreflightSpec(_Strict):
     Source of the method: MaxText's ``train_compile`` (``maxtext/trainers/pre_train/train_compile.py``).
     """
 
-    skip: bool = Field(False, description="Skip preflight (pipeline parameter skip_preflight).")
+    skip: bool = Field(default=False, description="Skip preflight (pipeline parameter skip_preflight).")
     cache_dir: str | None = Field(
-        None, description="Verdict cache (path or gs://); default <output_dir>/preflight-cache, shared by runs."
+        default=None, description="Verdict cache (path or gs://); default <output_dir>/preflight-cache, shared by runs."
     )
     suggest_alternative: bool = Field(
-        True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
+        default=True, description="When a stage does not fit, AOT-verify the planner's nearest fitting alternative."
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict,
@@ -791,10 +806,10 @@ class CostSpec(_Strict):
     / (peak bf16 FLOP/s per chip x ``assumed_mfu``).
     """
 
-    price_per_chip_hour: float = Field(0.0, ge=0, description="Price of one chip for one hour.")
+    price_per_chip_hour: float = Field(default=0.0, ge=0, description="Price of one chip for one hour.")
     currency: str = "USD"
-    price_source: str = Field("", description="Where the price comes from (for the report).")
-    assumed_mfu: float = Field(0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
+    price_source: str = Field(default="", description="Where the price comes from (for the report).")
+    assumed_mfu: float = Field(default=0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
 
 
 #: A step's wait in seconds, unset (the backend's default) or in (0, :data:`MAX_TIMEOUT_SECONDS`].
@@ -812,18 +827,18 @@ class TimeoutsSpec(_Strict):
     raising one here raises the step's deadline with it.
     """
 
-    provision: Timeout = Field(None, description="All of provision's waits (node pool operations).")
-    admit: Timeout = Field(None, description="Waiting for Kueue to admit a stage's Workload.")
-    launch: Timeout = Field(None, description="Waiting for every pod of a stage to run.")
-    unschedulable_grace: Timeout = Field(None, description="A pod Unschedulable this long fails launch.")
-    train: Timeout = Field(None, description="Following a stage's training to its end.")
-    readmit: Timeout = Field(None, description="Waiting for an evicted Workload to be admitted again.")
-    verify: Timeout = Field(None, description="The checkpoint verifier.")
-    compile: Timeout = Field(None, description="One AOT compile in preflight.")
-    prepare_data: Timeout = Field(None, description="Tokenizing a stage's text (prepare_data).")
-    alternative_search: Timeout = Field(None, description="Preflight's search for a fitting alternative.")
+    provision: Timeout = Field(default=None, description="All of provision's waits (node pool operations).")
+    admit: Timeout = Field(default=None, description="Waiting for Kueue to admit a stage's Workload.")
+    launch: Timeout = Field(default=None, description="Waiting for every pod of a stage to run.")
+    unschedulable_grace: Timeout = Field(default=None, description="A pod Unschedulable this long fails launch.")
+    train: Timeout = Field(default=None, description="Following a stage's training to its end.")
+    readmit: Timeout = Field(default=None, description="Waiting for an evicted Workload to be admitted again.")
+    verify: Timeout = Field(default=None, description="The checkpoint verifier.")
+    compile: Timeout = Field(default=None, description="One AOT compile in preflight.")
+    prepare_data: Timeout = Field(default=None, description="Tokenizing a stage's text (prepare_data).")
+    alternative_search: Timeout = Field(default=None, description="Preflight's search for a fitting alternative.")
     collectives: Timeout = Field(
-        None, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."
+        default=None, description="CPU pods' jax.distributed timeouts: all processes joining, missed heartbeats."
     )
 
     @model_validator(mode="after")
@@ -853,7 +868,7 @@ class RaySpec(_Strict):
     """
 
     min_slices: int | None = Field(
-        None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
+        default=None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
     )
 
 
@@ -891,15 +906,15 @@ class ExporterSpec(_Strict):
         description="GKE: the nodeSelector of the export Job's pod, e.g. {'cloud.google.com/gke-nodepool': "
         "'export-highmem'}: a CPU node pool with the memory and disk the rendered Job asks for; empty: any node.",
     )
-    cpu: int = Field(8, gt=0, le=1024, description="GKE: CPUs the export Job's pod asks for.")
+    cpu: int = Field(default=8, gt=0, le=1024, description="GKE: CPUs the export Job's pod asks for.")
     hub_token_secret: str = Field(
-        "",
+        default="",
         description="Secret Manager secret version with the Hugging Face token (projects/<p>/secrets/<s>/versions/"
         "<v>), read at run time by the exporter's pod (the trainer's Google service account needs "
         "roles/secretmanager.secretAccessor on it); '' for none. Never the token itself.",
     )
     hub_token_kubernetes_secret: str = Field(
-        "",
+        default="",
         description="GKE (KFP): a Kubernetes Secret in the run's namespace whose key 'token' holds the Hugging Face "
         "token; the export Job's pod gets it as $HF_TOKEN by reference. '' for none.",
     )
@@ -942,35 +957,39 @@ class RunSpec(_Strict):
     run_name: str = Field(description="DNS-1035 label; prefix of every JobSet name.")
     backend: Literal["local", "gke"]
     namespace: str = "default"
-    queue: str = Field("multislice-queue", description="Kueue LocalQueue the JobSets are submitted to.")
-    cluster_queue: str = Field("multislice-cluster-queue", description="Kueue ClusterQueue behind the LocalQueue.")
-    priority: str = Field("default-priority", description="Kueue WorkloadPriorityClass name.")
+    queue: str = Field(default="multislice-queue", description="Kueue LocalQueue the JobSets are submitted to.")
+    cluster_queue: str = Field(
+        default="multislice-cluster-queue", description="Kueue ClusterQueue behind the LocalQueue."
+    )
+    priority: str = Field(default="default-priority", description="Kueue WorkloadPriorityClass name.")
     priority_value: int = Field(
-        100, ge=INT32_MIN, le=INT32_MAX, description="Value of that WorkloadPriorityClass (an int32)."
+        default=100, ge=INT32_MIN, le=INT32_MAX, description="Value of that WorkloadPriorityClass (an int32)."
     )
     tpu_type: str
     machine_type: str | None = Field(
-        None,
+        default=None,
         description="GKE machine type of each host when the topology is offered on more than one: v6e-8 (2x4) on "
         "one ct6e-standard-8t VM (8 chips, 1 host) instead of two ct6e-standard-4t (the default); null: the "
         "default (multislice.tpu, from https://cloud.google.com/tpu/docs/v6e).",
     )
     num_slices: int = Field(gt=0, le=INT32_MAX, description="Slices joined over DCN (JobSet replicas, an int32).")
-    max_restarts: int = Field(2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
+    max_restarts: int = Field(default=2, ge=0, le=INT32_MAX, description="JobSet failurePolicy.maxRestarts (an int32).")
     jobset_ttl_seconds: int | None = Field(
-        43200,
+        default=43200,
         ge=0,
         le=INT32_MAX,
         description="GKE: the TPU JobSet's spec.ttlSecondsAfterFinished (JobSet v0.12): a finished JobSet and its "
         "pods are deleted this long after it finishes (xpk: 43,200 s); null keeps them until cleanup.",
     )
     max_restarts: int = Field(
-        2,
+        default=2,
         ge=0,
         le=INT32_MAX,
         description="JobSet failurePolicy.maxRestarts (an int32); with launcher ray, FailureConfig.max_failures.",
     )
-    launcher: Launcher = Field("jobset", description="How stages are launched: jobset or ray (per stage: launcher).")
+    launcher: Launcher = Field(
+        default="jobset", description="How stages are launched: jobset or ray (per stage: launcher)."
+    )
     ray: RaySpec = Field(default_factory=RaySpec)
     output_dir: str = Field(min_length=1, description="Base directory (local path or gs://) for all run outputs.")
     images: Images
@@ -986,10 +1005,11 @@ class RunSpec(_Strict):
     )
     stages: tuple[Stage, ...] = Field(min_length=1)
     example_stages: tuple[Stage, ...] = Field(
-        (), description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage)."
+        default=(),
+        description="Stages not trained by the pipeline, kept to check by name (multislice preflight --stage).",
     )
     unique_run_name: bool = Field(
-        False,
+        default=False,
         description="Append the pipeline run's id to run_name (as scheduled runs do), so runs never share a directory.",
     )
     exporter: ExporterSpec = Field(
@@ -997,7 +1017,7 @@ class RunSpec(_Strict):
         description="Where a stage's Hugging Face export runs on GKE (a CPU node pool) and its Hub credential.",
     )
     notify_webhook_secret: str = Field(
-        "",
+        default="",
         description="Secret Manager secret version holding the webhook URL the exit handler posts the final status "
         "to on Vertex AI (projects/<p>/secrets/<s>/versions/<v>); '' for none. Never the URL itself: on KFP the "
         "URL comes from the Kubernetes Secret multislice-notify-webhook (key url), locally from "

@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from multislice import config, identity, storage
 from multislice import metrics as metric_records
@@ -53,7 +53,22 @@ STAGE_REPORTS: dict[str, type[StepReport]] = {
 }
 
 
-def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, dict[str, StepReport]]:
+class StageReports(TypedDict, total=False):
+    """One stage's reports, as :func:`read_run` returns them (keys of :data:`STAGE_REPORTS`); one not written is
+    left out."""
+
+    train: TrainReport
+    verification: VerificationReport
+    export: ExportReport
+
+
+def _read_report[R: StepReport](run_dir: str, kind: type[R], stage: str) -> R | None:
+    """One report of a stage from the run directory, or None when it is not there."""
+    data = storage.read_json(report_path(run_dir, kind.file_name, stage))
+    return None if data is None else parse(kind, data)
+
+
+def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, StageReports]:
     """Every stage's reports of a run: ``{stage: {"train": TrainReport, "verification": ..., "export": ...}}``.
 
     Args:
@@ -66,13 +81,15 @@ def read_run(output_dir: str, run_name: str, stages: list[str]) -> dict[str, dic
         skipped) is left out of its stage's mapping.
     """
     run_dir = identity.run_dir(output_dir, run_name)
-    results: dict[str, dict[str, StepReport]] = {}
+    results: dict[str, StageReports] = {}
     for stage in stages:
-        results[stage] = {}
-        for key, kind in STAGE_REPORTS.items():
-            data = storage.read_json(report_path(run_dir, kind.file_name, stage))
-            if data is not None:
-                results[stage][key] = parse(kind, data)
+        found = results[stage] = StageReports()
+        if (train := _read_report(run_dir, TrainReport, stage)) is not None:
+            found["train"] = train
+        if (verification := _read_report(run_dir, VerificationReport, stage)) is not None:
+            found["verification"] = verification
+        if (export := _read_report(run_dir, ExportReport, stage)) is not None:
+            found["export"] = export
     return results
 
 
@@ -222,14 +239,23 @@ def wait(
             for key, report in found.items():
                 if (stage, key) not in seen:
                     seen.add((stage, key))
-                    what = f"final loss {report.final_loss:.3f}" if key == "train" else f"verdict {report.verdict}"
-                    what += f" at {report.export_dir}" if key == "export" and report.export_dir else ""
-                    tell(f"{run.run_name}: stage {stage} {key} reported, {what}")
+                    tell(f"{run.run_name}: stage {stage} {key} reported, {_told(report)}")
         if now_state in FINAL_STATES:
             return now_state
         if clock() - started > timeout:
             raise TimeoutError(f"run {run.run_name} still {now_state} after {timeout:.0f} s; see {run.url}")
         pause(poll_seconds)
+
+
+def _told(report: object) -> str:
+    """What :func:`wait` tells of a stage's report: a train report's final loss, else its verdict (and export)."""
+    if isinstance(report, TrainReport):
+        return f"final loss {report.final_loss:.3f}"
+    if isinstance(report, ExportReport) and report.export_dir:
+        return f"verdict {report.verdict} at {report.export_dir}"
+    if isinstance(report, VerificationReport | ExportReport):
+        return f"verdict {report.verdict}"
+    return type(report).__name__
 
 
 @translated

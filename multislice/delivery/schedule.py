@@ -301,7 +301,7 @@ def create(
     Raises:
         ConfigError: bad cron, zone, counts or parameters, before anything is sent.
     """
-    submission.check_target(target, vertex, kfp)
+    where = submission.check_target(target, vertex, kfp)
     if (cron is None) == (interval_seconds is None):
         raise ConfigError([("cron", "give either a cron expression or (KFP only) an interval in seconds")])
     when = None
@@ -357,7 +357,7 @@ def create(
         template = submission.compile_for(submission.compiled_profile(data, parameters), target, tmp)
         if dry_run:
             notes = tuple(f.describe() for f in config.followed_checkpoint_periods(data, dict(parameters or {})))
-            request = submission.request_for(spec, arguments, template, target, vertex, kfp, notes)
+            request = submission.request_for(spec, arguments, template, where, notes)
             zone = f" (zone {when.timezone})" if when and when.timezone else ""
             each = (
                 f"continues run {spec.run_name}"
@@ -378,12 +378,12 @@ def create(
                 }
             )
             return Schedule(target, "", display, cron_sent, "not created (dry run)", arguments, request)
-        if target == "vertex":
+        if isinstance(where, VertexTarget):
             from google.cloud import aiplatform
 
-            job = submission.vertex_job(template, spec, arguments, vertex)
+            job = submission.vertex_job(template, spec, arguments, where)
             created = aiplatform.PipelineJobSchedule(
-                pipeline_job=job, display_name=display, credentials=vertex.credentials
+                pipeline_job=job, display_name=display, credentials=where.credentials
             )
             created.create(
                 cron=cron_sent,
@@ -392,15 +392,17 @@ def create(
                 allow_queueing=allow_queueing,
                 max_run_count=max_runs,
                 max_concurrent_run_count=max_concurrent_runs,
-                service_account=vertex.service_account,
-                network=vertex.network,
+                service_account=where.service_account,
+                network=where.network,
             )
             return Schedule("vertex", created.resource_name, display, cron_sent, "ACTIVE", arguments)
-        client = kfp.make_client()
-        if kfp.check_version:
+        client = where.make_client()
+        if where.check_version:
             submission.check_kfp_server(client)  # before anything is uploaded
-        pipeline_id, version_id, _ = submission._kfp_upload(client, template, submission._compiled_by(), kfp.namespace)
-        experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
+        pipeline_id, version_id, _ = submission._kfp_upload(
+            client, template, submission._compiled_by(), where.namespace
+        )
+        experiment = client.create_experiment(where.experiment, namespace=where.namespace)
         recurring = client.create_recurring_run(
             experiment_id=experiment.experiment_id,
             job_name=display,
@@ -414,7 +416,7 @@ def create(
             version_id=version_id,
             params=arguments,
             enable_caching=False,
-            service_account=kfp.service_account,
+            service_account=where.service_account,
         )
         return Schedule("kfp", recurring.recurring_run_id, display, cron_sent, "ENABLE", arguments)
 
@@ -463,6 +465,8 @@ def missed_runs(
         return 0
     if interval_seconds:
         return min(int((until - since).total_seconds()) // interval_seconds, CATCH_UP_COUNT_LIMIT)
+    if when is None:
+        raise ValueError("missed_runs needs a cron (when) or an interval (interval_seconds)")
     from croniter import croniter
 
     it = croniter(when.expression.replace("?", "*"), since.astimezone(zoneinfo.ZoneInfo(when.timezone or "UTC")))
@@ -507,19 +511,24 @@ def list_schedules(target: str, *, vertex: VertexTarget | None = None, kfp: KfpT
     Raises:
         ConfigError: a bad target setting (:func:`multislice.delivery.submission.check_target`), before any request.
     """
-    submission.check_target(target, vertex, kfp)
-    if target == "vertex":
+    where = submission.check_target(target, vertex, kfp)
+    if isinstance(where, VertexTarget):
         from google.cloud import aiplatform
 
         found = aiplatform.PipelineJobSchedule.list(
-            project=vertex.project, location=vertex.location, credentials=vertex.credentials
+            project=where.project, location=where.location, credentials=where.credentials
         )
-        return [Schedule("vertex", s.resource_name, s.display_name, s.cron, s.state.name) for s in found]
-    response = kfp.make_client().list_recurring_runs(page_size=100, namespace=kfp.namespace)
+        return [Schedule("vertex", s.resource_name, s.display_name, s.cron, _state_name(s.state)) for s in found]
+    response = where.make_client().list_recurring_runs(page_size=100, namespace=where.namespace)
     return [
         Schedule("kfp", r.recurring_run_id, r.display_name, _kfp_trigger(r.trigger), str(r.mode))
         for r in response.recurring_runs or []
     ]
+
+
+def _state_name(state: Any) -> str:
+    """A Vertex AI schedule's state by name (aiplatform types ``PipelineJobSchedule.state`` as optional)."""
+    return "STATE_UNSPECIFIED" if state is None else state.name
 
 
 def _kfp_trigger(trigger: Any) -> str:
@@ -554,13 +563,13 @@ def change(
     """
     if action not in ("pause", "resume", "delete"):
         raise ConfigError([("action", f"unknown action {action!r}; use pause, resume or delete")])
-    submission.check_target(target, vertex, kfp)
+    where = submission.check_target(target, vertex, kfp)
     if problem := schedule_id_problem(schedule_id, target):
         raise ConfigError([("SCHEDULE_ID", problem)])
     if catch_up and action != "resume":
         raise ConfigError([("catch_up", f"catch_up applies to resume only, not {action}")])
-    if target == "vertex":
-        found = _vertex_schedule(schedule_id, vertex)
+    if isinstance(where, VertexTarget):
+        found = _vertex_schedule(schedule_id, where)
         if action == "resume":
             if catch_up:
                 paused = found._gca_resource.last_pause_time
@@ -572,7 +581,7 @@ def change(
             return
         {"pause": found.pause, "delete": found.delete}[action]()
         return
-    client = kfp.make_client()
+    client = where.make_client()
     if action == "resume":
         recurring = client.get_recurring_run(schedule_id)
         backfills = not recurring.no_catchup
@@ -662,7 +671,8 @@ def update(
             [("target", "KFP recurring runs cannot be updated (no update in its API); delete the recurring run "
                         "and create it again with the new settings")]
         )  # fmt: skip
-    submission.check_target(target, vertex, kfp)
+    where = submission.check_target(target, vertex, kfp)
+    assert isinstance(where, VertexTarget)  # target is "vertex", checked above
     if problem := schedule_id_problem(schedule_id, target):
         raise ConfigError([("SCHEDULE_ID", problem)])
     cron_sent = None
@@ -691,11 +701,11 @@ def update(
         raise ConfigError([("update", "nothing to change; give --cron, --name, --max-concurrent-runs, ...")])
     if dry_run:
         sent = {k: v for k, v in changes.items() if v is not None}
-        settings = {"project": vertex.project, "location": vertex.location, "schedule": schedule_id,
+        settings = {"project": where.project, "location": where.location, "schedule": schedule_id,
                     **{f"change {k.replace('_', ' ')}": v for k, v in sent.items()}}  # fmt: skip
         request = submission.Request(target, "", "PipelineJobSchedule.update (the schedule's pipeline job "
                                      "is not changed)", 0, {}, settings)  # fmt: skip
         return Schedule(target, schedule_id, name or "", cron_sent or "", "not updated (dry run)", request=request)
-    found = _vertex_schedule(schedule_id, vertex)
+    found = _vertex_schedule(schedule_id, where)
     found.update(**changes)
     return Schedule("vertex", found.resource_name, found.display_name, found.cron, found.state.name)

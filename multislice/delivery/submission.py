@@ -387,37 +387,39 @@ def request_for(
     spec: config.RunSpec,
     arguments: Mapping[str, Any],
     template: Path,
-    target: str,
-    vertex: VertexTarget | None,
-    kfp: KfpTarget | None,
+    where: VertexTarget | KfpTarget,
     notes: tuple[str, ...] = (),
 ) -> Request:
     """The :class:`Request` :func:`submit` would send for a validated run and its compiled ``template``; offline.
 
+    ``where`` is the target's settings, as :func:`check_target` returned them.
+
     Raises:
         ConfigError: Vertex AI with no ``gs://`` pipeline root (:func:`vertex_pipeline_root`).
     """
-    if target == "vertex":
+    if isinstance(where, VertexTarget):
+        target = "vertex"
         settings: dict[str, Any] = {
-            "project": vertex.project,
-            "location": vertex.location,
-            "pipeline root": vertex_pipeline_root(spec, vertex),
+            "project": where.project,
+            "location": where.location,
+            "pipeline root": vertex_pipeline_root(spec, where),
             "job id": f"{spec.run_name[:118]}-<8 random hex characters, chosen when sent>",
             "display name": spec.run_name,
-            "service account": vertex.service_account or "(Vertex AI's default)",
-            "network": vertex.network or "(none)",
-            "labels": {"multislice-pipeline": PIPELINE_NAME, **check_labels(vertex.labels)},
+            "service account": where.service_account or "(Vertex AI's default)",
+            "network": where.network or "(none)",
+            "labels": {"multislice-pipeline": PIPELINE_NAME, **check_labels(where.labels)},
             "caching": "off",
         }
         pipeline = f"template {PIPELINE_NAME} (compiled for vertex, sent with the job)"
     else:
+        target = "kfp"
         settings = {
-            "host": kfp.host or "(from $KF_PIPELINES_ENDPOINT or the in-cluster default)",
-            "experiment": kfp.experiment,
-            "kfp namespace": kfp.namespace or "(single-user)",
-            "service account": kfp.service_account or "(KFP's default)",
+            "host": where.host or "(from $KF_PIPELINES_ENDPOINT or the in-cluster default)",
+            "experiment": where.experiment,
+            "kfp namespace": where.namespace or "(single-user)",
+            "service account": where.service_account or "(KFP's default)",
             "server version": f"checked >= {'.'.join(map(str, MIN_KFP_BACKEND))} before the upload"
-            if kfp.check_version
+            if where.check_version
             else "not checked (--no-version-check)",
             "caching": "off",
         }
@@ -443,14 +445,14 @@ def dry_run(
     Raises:
         ConfigError: as :func:`submit`, before it would send anything.
     """
-    check_target(target, vertex, kfp)
+    where = check_target(target, vertex, kfp)
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
     spec, arguments = prepare(data, parameters, target, continue_run)
     notes = tuple(f.describe() for f in config.followed_checkpoint_periods(data, dict(parameters or {})))
     data = compiled_profile(data, parameters)
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)
-        return request_for(spec, arguments, template, target, vertex, kfp, notes)
+        return request_for(spec, arguments, template, where, notes)
 
 
 def check_labels(labels: Mapping[str, Any], field_name: str = "--label") -> dict[str, str]:
@@ -609,21 +611,21 @@ def submit(
             the client library's error as ``__cause__``): no Google Cloud credentials (``InputError``), the KFP
             endpoint unreachable or refusing (``InputError``), the Google Cloud API refusing (``RunFailed``).
     """
-    check_target(target, vertex, kfp)
+    where = check_target(target, vertex, kfp)
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
     spec, arguments = prepare(data, parameters, target, continue_run)
     data = compiled_profile(data, parameters)
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)
-        if target == "vertex":
-            job = vertex_job(template, spec, arguments, vertex)
-            job.submit(service_account=vertex.service_account, network=vertex.network)
+        if isinstance(where, VertexTarget):
+            job = vertex_job(template, spec, arguments, where)
+            job.submit(service_account=where.service_account, network=where.network)
             return SubmittedRun("vertex", spec.run_name, job.resource_name, arguments, job=job)
-        client = kfp.make_client()
-        if kfp.check_version:
+        client = where.make_client()
+        if where.check_version:
             check_kfp_server(client)  # before anything is uploaded
-        pipeline_id, version_id, _ = _kfp_upload(client, template, _compiled_by(), kfp.namespace)
-        experiment = client.create_experiment(kfp.experiment, namespace=kfp.namespace)
+        pipeline_id, version_id, _ = _kfp_upload(client, template, _compiled_by(), where.namespace)
+        experiment = client.create_experiment(where.experiment, namespace=where.namespace)
         run = client.run_pipeline(
             experiment_id=experiment.experiment_id,
             job_name=spec.run_name,
@@ -631,15 +633,18 @@ def submit(
             version_id=version_id,
             params=arguments,
             enable_caching=False,
-            service_account=kfp.service_account,
+            service_account=where.service_account,
         )
         return SubmittedRun("kfp", spec.run_name, run.run_id, arguments, pipeline_id, version_id, job=run)
 
 
-def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None) -> None:
+def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None) -> VertexTarget | KfpTarget:
     """Refuse an unknown target, a missing target setting, or a setting the service would refuse.
 
     Runs before anything is compiled and before any client is built (:mod:`multislice.delivery.checks`).
+
+    Returns:
+        The target's settings: ``vertex`` for ``"vertex"``, ``kfp`` for ``"kfp"``.
 
     Raises:
         ConfigError: each bad setting named (``--project``, ``--location``, ``--service-account``,
@@ -647,16 +652,18 @@ def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None
     """
     if target not in ("vertex", "kfp"):
         raise ConfigError([("target", f"unknown target {target!r}; use vertex or kfp")])
-    if target == "vertex" and vertex is None or target == "kfp" and kfp is None:
+    where = vertex if target == "vertex" else kfp
+    if where is None:
         raise ConfigError([(target, f"target={target} needs its settings (the {target}= argument)")])
     issues = checks.target_issues(target, vertex, kfp)
-    if target == "vertex":
+    if isinstance(where, VertexTarget):
         try:
-            check_labels(vertex.labels)
+            check_labels(where.labels)
         except ConfigError as error:
             issues += error.issues
     if issues:
         raise ConfigError(issues)
+    return where
 
 
 def add_target_arguments(parser: Any) -> None:
@@ -754,15 +761,18 @@ def run_local(
     spec = config.load_spec(data, changes)  # refused here, before a process starts
     sets = [arg for key, value in changes.items() for arg in ("--set", _set_argument(key, value))]
     with tempfile.TemporaryDirectory(prefix="multislice-run-") as tmp:
-        path = profile if isinstance(profile, str) else Path(tmp, "profile.yaml")
-        if not isinstance(profile, str):
-            path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        argv = [sys.executable, "-m", "multislice.cli", "run", "--profile", str(path), *sets]
+        if isinstance(profile, str):
+            path = profile
+        else:
+            written = Path(tmp, "profile.yaml")
+            written.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+            path = str(written)
+        argv = [sys.executable, "-m", "multislice.cli", "run", "--profile", path, *sets]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         lines: list[str] = []
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
             try:
-                for line in child.stdout:
+                for line in child.stdout or ():  # stdout=PIPE: never None
                     lines.append(line.rstrip("\n"))
                     tell(lines[-1])
                 code = child.wait()

@@ -206,11 +206,11 @@ def summary_line(report: PreflightReport) -> str:
     if report.verdict == "skipped":
         return "skipped (skip_preflight=true): no AOT check of HBM use"
     hbm = report.hbm_bytes_per_chip
-    where = f"{report.target.num_slices} x {report.target.tpu_type}"
+    target = report.target
+    where = f"{target.num_slices} x {target.tpu_type}" if target else "?"
     took = f"{report.compile_seconds} s"
     took = f"from the cache (first compile {took})" if report.cached else took
-    if report.verdict == "fits":
-        b = report.bytes_per_chip
+    if report.verdict == "fits" and (b := report.bytes_per_chip) is not None:  # a fits report has its bytes
         line = (
             f"fits on {where}: {gib(b.total)} of {gib(hbm)} HBM per chip (arguments {gib(b.argument)}, "
             f"temporaries {gib(b.temp)}, outputs {gib(b.output)}, aliased {gib(b.alias)}, "

@@ -352,7 +352,9 @@ def answer(request: dict[str, Any], cache_dir: str | None, scratch: str, found: 
 
 def main(argv: list[str] | None = None) -> int:
     """Answer requests, one JSON object per line, from ``--requests`` or stdin until end of input."""
-    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.aot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m multislice.trainer.aot", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--requests", help="JSON-lines file of requests (default: read them from stdin)")
     parser.add_argument("--request-json", help="one request as JSON (a Kubernetes Job's argument), instead of stdin")
     parser.add_argument("--results", help="JSON-lines file each result is appended to")

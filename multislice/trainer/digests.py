@@ -49,8 +49,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 from multislice import storage
 
@@ -104,7 +104,7 @@ def _object_digests(step_dir: Any) -> dict[str, tuple[int, str]]:
     root = str(step_dir).rstrip("/")
     fs = gcsfs.GCSFileSystem()
     fs.invalidate_cache(root)  # gcsfs caches listings; this one must be of now
-    found = fs.find(root, detail=True)
+    found = cast(dict[str, dict[str, Any]], fs.find(root, detail=True))  # detail=True: name -> info
     bare = root.removeprefix("gs://")
     digests = {}
     for name, info in found.items():
@@ -114,7 +114,7 @@ def _object_digests(step_dir: Any) -> dict[str, tuple[int, str]]:
     return digests
 
 
-def file_digest(path: Any, ranges: list[tuple[int, int]] = ()) -> tuple[int, str, dict[tuple[int, int], str]]:
+def file_digest(path: Any, ranges: Sequence[tuple[int, int]] = ()) -> tuple[int, str, dict[tuple[int, int], str]]:
     """Read a file once: ``(size in bytes, CRC-32C, {(offset, length): CRC-32C of those bytes})``.
 
     ``ranges`` are byte ranges (an OCDBT chunk's offset and length) whose own CRC-32C is wanted; a range

@@ -160,8 +160,9 @@ def command(
     if report:
         argv += ["--report", report]
     for key, option in CARD_OPTIONS.items():
-        if (card or {}).get(key) is not None:
-            argv += [option, str(card[key])]
+        value = (card or {}).get(key)
+        if value is not None:
+            argv += [option, str(value)]
     return [*argv, "--", *maxtext_args]
 
 
@@ -222,7 +223,9 @@ def _tiktoken(path: str, add_bos: bool, add_eos: bool) -> Any:
 
     source = TikTokenTokenizer(path, add_bos=add_bos, add_eos=add_eos)
     converter = TikTokenConverter(vocab_file=path, pattern=source.pat_str, extra_special_tokens=source.special_tokens)
-    converter.additional_special_tokens = list(source.special_tokens)
+    # transformers 4.57 (the second loader's) reads this attribute, 5.x the extra_special_tokens argument above;
+    # the checker sees 5.x's TikTokenConverter only
+    converter.additional_special_tokens = list(source.special_tokens)  # pyright: ignore[reportAttributeAccessIssue]
     backend = converter.converted()
     bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
     backend.post_processor = _template(
@@ -244,11 +247,12 @@ def _sentencepiece(path: str, add_bos: bool, add_eos: bool) -> Any:
         Unsupported: a sentencepiece model type other than BPE or unigram (char, word).
     """
     from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.tokenization_utils_base import generate_merges
 
-    proto = sentencepiece_model_pb2.ModelProto()
+    # protobuf makes the module's message classes at import: the checker cannot see them
+    proto = sentencepiece_model_pb2.ModelProto()  # pyright: ignore[reportAttributeAccessIssue]
     proto.ParseFromString(verify.checkpoint_path(path).read_bytes())
     spec, trainer = proto.normalizer_spec, proto.trainer_spec
     pieces = list(proto.pieces)
@@ -266,7 +270,7 @@ def _sentencepiece(path: str, add_bos: bool, add_eos: bool) -> Any:
     backend = Tokenizer(model)
     steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
-        steps += [normalizers.Strip(), normalizers.Replace(normalizers.Regex(" {2,}"), " ")]
+        steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
     steps += ([normalizers.Prepend("▁")] if spec.add_dummy_prefix else []) + [normalizers.Replace(" ", "▁")]
     backend.normalizer = normalizers.Sequence(steps)
     fallback = [decoders.ByteFallback()] if trainer.byte_fallback else []
@@ -393,7 +397,7 @@ def hf_config(config: Any, tokenizer: Any, dtype: str) -> dict[str, Any]:
         head_dim=int(config.head_dim),
         max_position_embeddings=max_positions(config),
         rms_norm_eps=float(config.normalization_layer_epsilon),
-        rope_theta=theta,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
@@ -919,7 +923,7 @@ def _write_report(report: dict[str, Any], target: str | None) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The exporter's options (its MaxText arguments follow ``--``)."""
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=(__doc__ or "").split("\n")[0])
     p.add_argument("--checkpoint-dir", required=True, help="the stage's checkpoint directory (local or gs://)")
     p.add_argument("--step", required=True, type=int, help="the checkpoint step to export")
     p.add_argument("--output", required=True, help="the export directory (local or gs://)")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     export_dir, ids, positions = request["export_dir"], request["ids"], request["positions"]
     config = AutoConfig.from_pretrained(export_dir)
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    kwargs = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {
+    kwargs: dict[str, Any] = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {
         "torch_dtype": torch.float32}  # fmt: skip
     model = LlamaForCausalLM.from_pretrained(export_dir, **kwargs)
     model.eval()

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, credentials: Any = None) -> int:
         print(f"usage: python -m {MODULE} --secret-version NAME -- COMMAND ...", file=sys.stderr)
         return 2
     own, rest = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--secret-version", required=True, help="projects/P/secrets/S/versions/V")
     options = parser.parse_args(own)
     try:

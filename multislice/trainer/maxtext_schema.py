@@ -36,7 +36,7 @@ def extract() -> dict[str, Any]:
 
     fields = {}
     for key, field in sorted(types.MaxTextConfig.model_fields.items()):
-        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        annotation: Any = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
         fields[key] = TypeAdapter(annotation).json_schema()
     activations = sorted(
         {"linear", "sqrtsoftplus"}

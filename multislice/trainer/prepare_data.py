@@ -135,7 +135,8 @@ class ShardWriter:
             name = f"{self.split}-{len(self.shards):05d}.array_record"
             self._writer = ArrayRecordWriter(os.path.join(self.folder, name), "group_size:1")
             self.shards.append(name)
-        example = self.example_pb2.Example()
+        # protobuf makes the module's message classes at import: the checker cannot see them
+        example = self.example_pb2.Example()  # pyright: ignore[reportAttributeAccessIssue]
         example.features.feature["text"].int64_list.value.extend(tokens)
         self._writer.write(example.SerializeToString())
         self.sequences += 1
@@ -198,7 +199,7 @@ def prepare(
     from maxtext.input_pipeline.tokenizer import build_tokenizer
 
     model = build_tokenizer(resolve_path(tokenizer.path, site_packages), tokenizer.type, False, False, None)
-    vocab = int(getattr(model, "n_words", 0) or model.vocab_size)
+    vocab = vocab_size(model)
     say(f"tokenizing {len(sources)} files ({sum(s['bytes'] for s in sources):,} bytes) with {tokenizer.path}")
     remote = out_dir.startswith("gs://")
     # Written aside, then moved into place whole: runs sharing an output directory (and so this recipe's
@@ -320,10 +321,28 @@ def _publish(local: str, out_dir: str, shards: list[str], manifest: dict[str, An
     return manifest
 
 
+def vocab_size(model: Any) -> int:
+    """The vocabulary size of a tokenizer MaxText's ``build_tokenizer`` made: its token ids are below it.
+
+    Each of MaxText's classes keeps it elsewhere (``maxtext/input_pipeline/tokenizer.py``): ``TikTokenTokenizer``
+    as ``n_words``; ``SentencePieceTokenizer`` in its sentencepiece processor (``GetPieceSize``);
+    ``HFTokenizer`` in its transformers tokenizer (``len``: added tokens included).
+    """
+    from maxtext.input_pipeline.tokenizer import HFTokenizer, SentencePieceTokenizer, TikTokenTokenizer
+
+    if isinstance(model, TikTokenTokenizer):
+        return int(model.n_words)
+    if isinstance(model, SentencePieceTokenizer):
+        return int(model._tokenizer_model.GetPieceSize())
+    if isinstance(model, HFTokenizer):
+        return len(model.tokenizer)
+    raise TypeError(f"not one of MaxText's tokenizers: {type(model).__name__}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run :func:`prepare` for a JSON request; prints progress and, last, ``MANIFEST <json>``."""
     parser = argparse.ArgumentParser(
-        prog="python -m multislice.trainer.prepare_data", description=__doc__.split("\n")[0]
+        prog="python -m multislice.trainer.prepare_data", description=(__doc__ or "").split("\n")[0]
     )
     parser.add_argument("--request", required=True, help="JSON: data, tokenizer, max_target_length, out_dir")
     args = parser.parse_args(argv)

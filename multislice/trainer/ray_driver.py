@@ -47,7 +47,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 from multislice import maxtext
 from multislice.trainer import digests, worker
@@ -64,7 +64,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split the driver's options from the MaxText ``key=value`` arguments after ``--``."""
     split = argv.index("--") if "--" in argv else len(argv)
     own, maxtext_args = argv[:split], argv[split + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.ray_driver", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m multislice.trainer.ray_driver", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--slices", type=int, required=True)
     parser.add_argument("--hosts-per-slice", type=int, required=True)
     parser.add_argument("--chips-per-host", type=int, required=True)
@@ -168,7 +170,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 import ray.util
 
                 address = (ray.util.get_node_ip_address(), _free_port())
-            host, port = collective.broadcast_from_rank_zero(address)
+            # every rank gets rank 0's address (ray types the result as the argument, None on the others)
+            host, port = cast(tuple[str, int], collective.broadcast_from_rank_zero(address))
             os.environ[maxtext.ENV_COORDINATOR_ADDRESS] = host
             os.environ[maxtext.ENV_COORDINATOR_PORT] = str(port)
             worker.initialize_cpu_distributed(max(1, round(config["distributed_timeout"])))

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 if TYPE_CHECKING:
     import jsonschema
 
@@ -196,7 +198,6 @@ def override_problem(key: str, value: Any) -> str | None:
     for its type, enum and bounds. A string value is also tried as MaxText's command line would read it
     (a YAML scalar or list, as OmegaConf does), so ``"true"`` passes for a boolean key.
     """
-    import yaml
     from jsonschema.exceptions import best_match  # the pipeline environment's, as in _key_validator
 
     fields = config_schema()["fields"]

@@ -87,8 +87,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeGuard
 
+import cloudpickle
+
 from multislice import backends, config, storage
-from multislice.backends.base import Backend
+from multislice.backends.base import AdmissionTimeout, Backend, LaunchFailed
 from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, output_dir_problem
 from multislice.errors import ConfigError, InputError, RunFailed
 from multislice.plan import make_plan
@@ -221,8 +223,6 @@ def _manifest(call: RemoteCall) -> dict[str, Any]:
 
 
 def _pickle_payload(function: Callable[..., Any], args: tuple, kwargs: dict, by_value: Iterable[ModuleType]) -> bytes:
-    import cloudpickle
-
     modules = [m for m in by_value if m.__name__ != "__main__"]
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
@@ -235,8 +235,6 @@ def _pickle_payload(function: Callable[..., Any], args: tuple, kwargs: dict, by_
 
 def _read_outcomes(call: RemoteCall) -> tuple[set[tuple[int, int]], dict[tuple[int, int], dict[str, Any]]]:
     """Hosts that joined JAX, and each finished host's outcome (from ``hosts/`` in the call directory)."""
-    import cloudpickle
-
     ready, results = set(), {}
     for host in call.hosts:
         key = _host_key(*host)
@@ -304,8 +302,6 @@ def _raise_failure(results: dict[tuple[int, int], dict[str, Any]], exits: list[A
             host,
             code,
         )
-    import cloudpickle
-
     failed = [host, *(h for h in raised if h != host)]
     first = results[host]
     original = None
@@ -1093,8 +1089,6 @@ class RemoteJob:
 
 
 def _waiting_error(error: BaseException) -> TypeGuard[RunFailed]:
-    from multislice.backends.base import AdmissionTimeout, LaunchFailed
-
     return isinstance(error, (AdmissionTimeout, LaunchFailed))
 
 

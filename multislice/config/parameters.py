@@ -9,6 +9,7 @@ goes through the same validation wherever it comes from.
 from __future__ import annotations
 
 import re
+import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -154,8 +155,6 @@ def help_lines(spec: RunSpec | None, width: int = 78) -> list[str]:
     """Every run parameter as ``multislice run --help`` lists it: ``name=<the spec's value> (type)``, then its
     description indented; without a spec (a profile that does not load), the stage parameters of stage 1 and
     no values. Generated from :data:`RUN_PARAMETERS` and :data:`STAGE_FIELDS`, so the list cannot drift."""
-    import textwrap
-
     if spec is not None:
         values = {name: value for name, (_, value) in parameter_values(spec).items()}
         text = descriptions(spec)

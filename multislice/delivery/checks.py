@@ -52,6 +52,7 @@ import functools
 import os
 import re
 import urllib.parse
+import zoneinfo
 from typing import Any
 
 from multislice import names
@@ -256,8 +257,6 @@ def cron_problem(
     found (every 4 years). Day-of-month and day-of-week restricted together fire on either (cron's
     rule; robfig/cron v1 ``dayMatches`` and Vertex AI's unix-cron alike), as croniter computes.
     """
-    import zoneinfo
-
     from croniter import CroniterBadDateError, croniter
 
     zone = zoneinfo.ZoneInfo(timezone or "UTC")

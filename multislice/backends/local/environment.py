@@ -11,12 +11,14 @@ wheel carries (``multislice/data/*-requirements.txt``), and
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 from multislice.config import PROJECT_ROOT
@@ -80,9 +82,6 @@ def copy_packages(site_packages: Path) -> list[Path]:
     Returns:
         The directories written.
     """
-    import importlib
-    from importlib import metadata
-
     try:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:  # the packages on PYTHONPATH without their metadata

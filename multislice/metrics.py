@@ -160,7 +160,8 @@ def parse_eval_line(line: str) -> dict[str, Any] | None:
 COMPILE_LINE = re.compile(
     r"multislice worker: XLA compile of (?P<name>.+?): (?P<seconds>[0-9.]+) s \((?P<source>cache hit|compiled)\)"
 )
-"""The worker's line per XLA compile of a second or more (:func:`multislice.trainer.compile_cache.report_compiles`)."""
+"""The worker's line per XLA compile of a second or more and per program loaded from the persistent cache
+(:func:`multislice.trainer.compile_cache.report_compiles`)."""
 
 
 def parse_compile_line(line: str) -> dict[str, Any] | None:

@@ -138,7 +138,7 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(l
         steps = [c for c in map(metrics.parse_compile_line, lines) if c and c["function"] == "jit(train_step)"]
         assert len(steps) == 1 and steps[0]["cache_hit"], (host, steps)
     by_attempt = metrics.compile_seconds_by_attempt(report.compiles)  # both attempts' compile times, told
-    assert len(by_attempt) == 2 and by_attempt[0][1] == 0 and by_attempt[1][1] >= 1
+    assert len(by_attempt) == 2 and by_attempt[1][1] >= 1
     told = ", ".join(f"{t:.1f} s ({hits}/{count} from the cache)" for t, hits, count in by_attempt)
     assert f"XLA compile per attempt: {told}" in twin.stdout
 

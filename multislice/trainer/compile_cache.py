@@ -21,7 +21,7 @@ and stage with the same shapes loads. It keeps JAX's own checks
 ``jax_persistent_cache_min_entry_size_bytes`` inside ``put_executable_and_time``).
 
 :func:`report_compiles` prints one line per XLA compile that took at least
-:data:`REPORTED_SECONDS`, saying whether it came from the cache, which the train
+:data:`REPORTED_SECONDS` and per program loaded from the cache, which the train
 step reads from the leader's log (:data:`multislice.metrics.COMPILE_LINE`), e.g.
 ``multislice worker: XLA compile of jit_train_step: 0.8 s (cache hit)``.
 """
@@ -70,7 +70,8 @@ def write_from_every_process() -> None:
 
 
 def report_compiles(print_line=print) -> None:
-    """Print a :data:`multislice.metrics.COMPILE_LINE` for each XLA compile of at least :data:`REPORTED_SECONDS`.
+    """Print a :data:`multislice.metrics.COMPILE_LINE` for each XLA compile of at least :data:`REPORTED_SECONDS`
+    and each program loaded from the persistent cache (only programs that took that long are written there).
 
     Uses JAX's monitoring events (``jax.monitoring``): ``/jax/compilation_cache/cache_hits``
     marks a load from the persistent cache, ``/jax/core/compile/backend_compile_duration``
@@ -92,7 +93,7 @@ def report_compiles(print_line=print) -> None:
         if event != "/jax/core/compile/backend_compile_duration":
             return
         from_cache, hit.value = getattr(hit, "value", False), False
-        if seconds >= REPORTED_SECONDS:
+        if seconds >= REPORTED_SECONDS or from_cache:
             source = "cache hit" if from_cache else "compiled"
             print_line(f"multislice worker: XLA compile of {fun_name}: {seconds:.1f} s ({source})", flush=True)
 

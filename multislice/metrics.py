@@ -157,6 +157,36 @@ def parse_eval_line(line: str) -> dict[str, Any] | None:
     }
 
 
+COMPILE_LINE = re.compile(
+    r"multislice worker: XLA compile of (?P<name>.+?): (?P<seconds>[0-9.]+) s \((?P<source>cache hit|compiled)\)"
+)
+"""The worker's line per XLA compile of a second or more and per program loaded from the persistent cache
+(:func:`multislice.trainer.compile_cache.report_compiles`)."""
+
+
+def parse_compile_line(line: str) -> dict[str, Any] | None:
+    """``{"function", "seconds", "cache_hit"}`` from the worker's compile line, or None.
+
+    ``seconds`` is the time ``jax`` spent in the compile or, on a persistent-cache hit, in loading it.
+    """
+    found = COMPILE_LINE.search(line)
+    if not found:
+        return None
+    return {"function": found["name"], "seconds": float(found["seconds"]), "cache_hit": found["source"] == "cache hit"}
+
+
+def compile_seconds_by_attempt(compiles: list[dict[str, Any]]) -> list[tuple[float, int, int]]:
+    """Per attempt, in order: the seconds of its compiles (``parse_compile_line`` records with an ``attempt``),
+    how many of them the persistent compilation cache served, and how many there were."""
+    attempts: dict[int, list[dict[str, Any]]] = {}
+    for record in compiles:
+        attempts.setdefault(int(record.get("attempt", 0)), []).append(record)
+    return [
+        (round(sum(r["seconds"] for r in rs), 1), sum(bool(r["cache_hit"]) for r in rs), len(rs))
+        for _, rs in sorted(attempts.items())
+    ]
+
+
 def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The eval records, one per train step (the last wins, as after a restart), in step order."""
     by_step = {int(r["eval_after_step"]): r for r in records if "eval_after_step" in r}

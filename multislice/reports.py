@@ -330,6 +330,10 @@ class TrainReport(StepReport):
         slice_timeline: Elastic stages: slice count per step, as runs (:func:`multislice.elastic.slice_timeline`).
         global_batch_size: Elastic stages: sequences per step, the same on every slice count (gradient accumulation).
         launcher: What launched the stage: ``jobset`` or ``ray`` (restarts are then Ray Train's worker group retries).
+        compiles: The leader's XLA compiles of a second or more and its loads from the cache, in order:
+            ``attempt`` (0 first, 1 after the first restart...), ``function``, ``seconds`` (compiling, or
+            loading from the run's persistent compilation cache) and ``cache_hit``
+            (:func:`multislice.metrics.parse_compile_line`).
     """
 
     step: ClassVar[str] = "train"
@@ -337,6 +341,7 @@ class TrainReport(StepReport):
     jobset: str
     launcher: str = "jobset"
     skipped: bool = False
+    compiles: list[dict[str, Any]] = Field(default_factory=list)
     steps_trained: int | None = None
     restarts: int | None = None
     restart_causes: list[str] = Field(default_factory=list)

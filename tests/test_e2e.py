@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from multislice import reports
+from multislice import metrics, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.steps import admit, launch, prepare_data
 from multislice.storage import latest_committed_step
@@ -28,6 +28,14 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
         assert trained.final_loss < trained.first_loss  # it learned something
         verified = reports.read(reports.VerificationReport, plan, stage)
         assert verified.verdict == "PASS" and verified.latest_step == stage.final_step
+        # Start-up: no torch, transformers or goodput recorder for the step loop (multislice.trainer.lean_imports);
+        # each process compiled the train step once, and said so (multislice.trainer.compile_cache).
+        for host in range(plan.slice.hosts):
+            log = LocalJobSets(plan.run_dir).pod_log(stage.jobset, 0, host, attempt=0).read_text()
+            heavy = log.split("heavy packages imported: ")[1].split(" (of ")[0].split(", ")
+            assert not {"torch", "transformers", "ml_goodput_measurement"} & set(heavy), heavy
+            assert "multislice worker: XLA compile of jit(train_step): " in log
+        assert [c["function"] for c in trained.compiles].count("jit(train_step)") == 1
         for step in ("plan", "preflight", "admit", "launch"):  # every step left its report
             assert (Path(plan.run_dir) / "reports" / stage.name / f"{step}.json").is_file(), step
     assert reports.read(reports.ProvisionReport, plan).backend == "local"
@@ -119,6 +127,20 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(l
     # the restart's cause, in the report and the summary: the killed pod and its exit code (SIGKILL)
     assert len(report.restart_causes) == 1 and f"pod {killed.pod} exited with code 137" in report.restart_causes[0]
     assert f"  restart 1     {report.restart_causes[0]}" in twin.stdout
+    # Compiled once per shape: every process of the restarted attempt loaded the train step from the run's
+    # persistent compilation cache (jax_cache_dir; on CPU each process writes its own entries,
+    # multislice.trainer.compile_cache), in less time than the first attempt compiled it.
+    (first,) = [c for c in report.compiles if c["attempt"] == 0 and c["function"] == "jit(train_step)"]
+    (again,) = [c for c in report.compiles if c["attempt"] == 1 and c["function"] == "jit(train_step)"]
+    assert not first["cache_hit"] and again["cache_hit"] and again["seconds"] < first["seconds"]
+    for host in range(plan.slice.hosts):
+        lines = backend.pod_log(stage.jobset, 0, host, attempt=1).read_text().splitlines()
+        steps = [c for c in map(metrics.parse_compile_line, lines) if c and c["function"] == "jit(train_step)"]
+        assert len(steps) == 1 and steps[0]["cache_hit"], (host, steps)
+    by_attempt = metrics.compile_seconds_by_attempt(report.compiles)  # both attempts' compile times, told
+    assert len(by_attempt) == 2 and by_attempt[1][1] >= 1
+    told = ", ".join(f"{t:.1f} s ({hits}/{count} from the cache)" for t, hits, count in by_attempt)
+    assert f"XLA compile per attempt: {told}" in twin.stdout
 
 
 def test_a_rerun_of_the_same_run_does_not_train_a_finished_stage_again(local_run):

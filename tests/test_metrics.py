@@ -39,3 +39,20 @@ def test_truncated_last_line_is_skipped(tmp_path):
 def test_no_records_is_an_error():
     with pytest.raises(ValueError, match="did training start"):
         metrics.summarize([])
+
+
+def test_compile_lines_of_each_attempt_say_how_long_and_whether_the_cache_served_them():
+    """The worker's lines (multislice.trainer.compile_cache.report_compiles, the exact format it prints),
+    as the train step reads them from the leader's log of each attempt."""
+    lines = [
+        "multislice worker: XLA compile of jit(train_step): 26.6 s (compiled)",
+        "multislice worker: XLA compile of jit(<lambda>): 7.2 s (compiled)",
+        "[pod] multislice worker: XLA compile of jit(train_step): 0.9 s (cache hit)",
+        "completed step: 3, seconds: 0.1",
+    ]
+    parsed = [metrics.parse_compile_line(line) for line in lines]
+    assert parsed[0] == {"function": "jit(train_step)", "seconds": 26.6, "cache_hit": False}
+    assert parsed[1]["function"] == "jit(<lambda>)" and parsed[2]["cache_hit"] and parsed[3] is None
+    compiles = [{"attempt": 0, **parsed[0]}, {"attempt": 0, **parsed[1]}, {"attempt": 1, **parsed[2]}]
+    assert metrics.compile_seconds_by_attempt(compiles) == [(33.8, 0, 2), (0.9, 1, 1)]
+    assert metrics.compile_seconds_by_attempt([]) == []

@@ -129,23 +129,18 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     MaxText's multi-process CPU path needs (``hardware=cpu``, an explicit
     ``num_slices`` so it builds a DCN mesh), the worker's
     ``--emulate-slices`` option and its ``--distributed-timeout`` (the profile's
-    ``timeouts.collectives``, :mod:`multislice.timings`), and leaves out the
-    persistent compilation cache (``jax_cache_dir=`` empty; leaving the key out would
-    give MaxText's default, ``~/jax_cache``, shared by every run): JAX writes cache entries
-    from process 0 only (``jax/_src/compiler.py``, ``_cache_write``) and on CPU
-    each process compiles its own executable under its own key, so after a
-    JobSet restart process 0 would load its step from the cache while the
-    others compile for tens of seconds, and JAX's CPU collectives (Gloo) give
-    up after 30 s waiting for them (``Gloo context initialization failed:
-    DEADLINE_EXCEEDED``, seen here in the killed-worker test).
+    ``timeouts.collectives``, :mod:`multislice.timings`). Every process of
+    every attempt uses the stage's ``jax_cache_dir`` (the run's
+    ``jax_cache/``, a ``gs://`` path on GKE); on CPU each process writes its
+    own cache entries (:mod:`multislice.trainer.compile_cache`: JAX writes from
+    process 0 only and keys CPU programs by the process's own devices).
     """
     command = ["python", "-m", WORKER_MODULE]
     args = []
     maxtext_args = list(stage.maxtext_args)
     if hardware == "cpu":
         args += ["--emulate-slices", f"--distributed-timeout={timings_for(plan.spec).collectives_timeout:g}"]
-        maxtext_args = [a for a in maxtext_args if not a.startswith("jax_cache_dir=")]
-        maxtext_args += ["jax_cache_dir=", "hardware=cpu", f"num_slices={plan.spec.num_slices}"]
+        maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
     return command, [*args, "--", *maxtext_args]
 
 

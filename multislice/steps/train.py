@@ -33,6 +33,9 @@ from multislice.steps import backend_of, cancellable, stage_labels, teller, writ
 
 __all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
 
+#: The worker's first line: a new attempt's leader log starts with it.
+WORKER_START = re.compile(r"multislice worker: process \d+ ")
+
 #: Log lines worth echoing from the leader: MaxText's step lines, the worker's and the mesh.
 ECHO = re.compile(
     r"completed step:|Completed eval after|multislice worker:|multislice ray (worker|driver):|"
@@ -71,8 +74,14 @@ def run(
         removal.backend = backend = backend_of(plan, backend, "train", stage)
         tell = teller("train", stage)
         records: list[dict[str, Any]] = []
+        compiles: list[dict[str, Any]] = []  # the leader's XLA compiles, each attempt's in turn
+        attempt = [-1]
 
         def on_line(line: str) -> None:
+            if WORKER_START.search(line):
+                attempt[0] += 1
+            if compiled := metrics.parse_compile_line(line):
+                compiles.append({"attempt": max(attempt[0], 0), **compiled})
             record = metrics.parse_step_line(line) or metrics.parse_eval_line(line)
             if record:
                 records.append(record)
@@ -99,16 +108,22 @@ def run(
             )
         cancel.point("train:report")
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-        report, line = _report(stage, records, finished, resizes, time.monotonic() - started)
+        report, line = _report(stage, records, finished, resizes, time.monotonic() - started, compiles)
         tell(line)
         return write_report(plan, report, stage)
 
 
 def _report(
-    stage: StagePlan, records: list[dict[str, Any]], finished: Finished, resizes: list[elastic.Resize], wall: float
+    stage: StagePlan,
+    records: list[dict[str, Any]],
+    finished: Finished,
+    resizes: list[elastic.Resize],
+    wall: float,
+    compiles: list[dict[str, Any]],
 ) -> tuple[TrainReport, str]:
     """The train report of a completed stage from its metrics records (an elastic stage's with goodput, resizes and
-    slice timeline), and its one-line summary. ``wall``: seconds the train step followed the stage."""
+    slice timeline), and its one-line summary. ``wall``: seconds the train step followed the stage; ``compiles``:
+    the leader's XLA compiles, each tagged with its attempt (:func:`multislice.metrics.parse_compile_line`)."""
     summary = metrics.summarize(records)
     measured = summary.as_dict() | metrics.summarize_eval(records)
     fields: dict[str, Any] = {}
@@ -131,6 +146,7 @@ def _report(
         **measured,
         metrics_file=stage.metrics_file,
         leader_logs=finished.leader_logs,
+        compiles=compiles,
         **fields,
         launcher=stage.launcher,
     )
@@ -142,6 +158,12 @@ def _report(
             f"; eval loss {report.first_eval_loss:.3f} -> {report.final_eval_loss:.3f} "
             f"(perplexity {report.final_eval_perplexity:.1f}, {report.evals} evals)"
             if report.evals
+            else ""
+        )
+        + (
+            "; XLA compile per attempt: "
+            + ", ".join(f"{t:.1f} s ({hits}/{count} from the cache)" for t, hits, count in by_attempt)
+            if (by_attempt := metrics.compile_seconds_by_attempt(compiles))
             else ""
         )
     )

@@ -23,6 +23,10 @@ initialisation when JAX's is done: ``maybe_initialize_jax_distributed_system``).
 So the local backend can give each JobSet a free port and any number of local
 runs share one machine.
 
+Every process uses the run's persistent compilation cache (``jax_cache_dir``);
+on CPU each writes its own entries (:mod:`multislice.trainer.compile_cache`),
+and each prints a line per compile saying whether it came from the cache.
+
 The leader (process 0: slice 0, host 0) records the digests of each
 checkpoint step once Orbax commits it (:mod:`multislice.trainer.digests`),
 in a thread beside training and once more when training ends.
@@ -45,7 +49,7 @@ from multislice.maxtext import (
     ENV_PROCESSES_IN_JOB,
     TRAIN_MODULE,
 )
-from multislice.trainer import digests
+from multislice.trainer import compile_cache, digests, lean_imports
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -90,6 +94,13 @@ def initialize_cpu_distributed(timeout_seconds: int, env: dict[str, str] | os._E
         heartbeat_timeout_seconds=timeout_seconds,
         shutdown_timeout_seconds=timeout_seconds,
     )
+
+
+def seconds_since_process_start() -> float:
+    """Seconds since this process started (Linux ``/proc/self/stat`` field 22, in clock ticks since boot)."""
+    with open("/proc/self/stat", encoding="ascii") as stat, open("/proc/uptime", encoding="ascii") as uptime:
+        started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        return float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
@@ -159,10 +170,19 @@ def main(argv: list[str] | None = None) -> None:
         initialize_cpu_distributed(max(1, round(options.distributed_timeout)))
         print(f"multislice worker: jax.distributed initialised (coordinator {coordinator_address()})", flush=True)
 
+    lean_imports.install(maxtext_args)  # no torch, transformers... for the step loop
+    compile_cache.report_compiles()
+    if options.emulate_slices:  # CPU: each process has its own cache key (multislice.trainer.compile_cache)
+        compile_cache.write_from_every_process()
     import yaml
     from absl import app
     from maxtext.trainers.pre_train import train
 
+    print(
+        f"multislice worker: MaxText imported {seconds_since_process_start():.1f} s after the process started; "
+        f"heavy packages imported: {', '.join(lean_imports.loaded()) or 'none'} (of {', '.join(lean_imports.HEAVY)})",
+        flush=True,
+    )
     base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
     # The leader records each committed checkpoint step's digests (the verifier checks them).
     with digests.recording(maxtext_args, leader=process_index == 0):

@@ -89,9 +89,10 @@ def report_compiles(print_line=print) -> None:
         if event == "/jax/compilation_cache/cache_hits":
             hit.value = True
 
-    def on_duration(event: str, seconds: float, fun_name: str = "?", **_: Any) -> None:
+    def on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event != "/jax/core/compile/backend_compile_duration":
             return
+        seconds, fun_name = duration_secs, str(kwargs.get("fun_name", "?"))
         from_cache, hit.value = getattr(hit, "value", False), False
         if seconds >= REPORTED_SECONDS or from_cache:
             source = "cache hit" if from_cache else "compiled"

@@ -141,7 +141,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         own, maxtext_args = argv[:split], argv[split + 1 :]
     else:
         own, maxtext_args = [], argv
-    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m multislice.trainer.worker", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--emulate-slices", action="store_true", help="group each child Job's processes into a slice")
     parser.add_argument(
         "--distributed-timeout",

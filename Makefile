@@ -21,11 +21,11 @@ PLATFORM := --python-version 3.12 --python-platform x86_64-manylinux_2_31
 PROFILE ?= local
 SET ?=
 PYTEST_ARGS ?=
-# The suite on two workers (pytest-xdist): a module's tests stay on one worker and the modules sharing a real
-# run form one group (tests/conftest.py), so each real MaxText run still runs once. Most of the suite waits on
+# The suite on two workers (pytest-xdist): a module's tests stay on one worker and the modules with a real
+# MaxText run form one unit on one worker (tests/conftest.py), so each real run still runs once, alone. Most of the suite waits on
 # processes it started (one core busy on average), so two workers fill the machine's two cores. XDIST= runs
 # it in one process.
-XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
+XDIST ?= -n 2 --no-loadscope-reorder
 # make images: where to tag the images, and PUSH=1 to push them (then their digests are printed).
 # The tag carries the package version and the commit (as `multislice images build` tags).
 IMAGE_REPO ?= multislice

@@ -224,30 +224,47 @@ def gcs(monkeypatch: pytest.MonkeyPatch):
         yield fake
 
 
-# The session's fixtures that run real pipelines: a module using one is scheduled, whole, with every other module
-# using it, so that under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each runs once per session.
-SHARED_RUN_FIXTURES = {"local_runs": "local-runs", "elastic_run": "elastic-run"}
-# Modules whose set-up is a real MaxText run or a real Ray cluster: scheduled first, so the longest work starts
-# at once and the short modules fill the other worker around it.
-HEAVY_FIRST = ("local-runs", "tests/test_e2e_ray.py", "elastic-run", "tests/test_export.py", "tests/test_remote.py")
+# The modules whose set-up is a real MaxText run (a shared run fixture, or a run of their own): `make test`'s two
+# pytest-xdist workers take them as one unit of work, in this order, on one worker, first, while the other worker
+# takes the rest of the suite module by module (so module fixtures run once). Each real run already keeps both
+# cores busy with its JAX processes: two at once (measured: load 33 on 2 cores) only slow both.
+REAL_RUN_MODULES = (
+    "tests/test_e2e.py", "tests/test_e2e_artifacts.py", "tests/test_e2e_lineage.py", "tests/test_notebook.py",
+    "tests/test_verify.py", "tests/test_elastic_e2e.py", "tests/test_e2e_ray.py",
+)  # fmt: skip
+#: The session fixtures that run a real pipeline: a module using one must be in REAL_RUN_MODULES.
+REAL_RUN_FIXTURES = ("local_runs", "elastic_run")
+REAL_RUNS = "real-runs"
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return REAL_RUNS if module in REAL_RUN_MODULES else module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test an ``xdist_group``: its module's name, or the shared run's group for every test of a
-    module where any test uses a shared run fixture (module fixtures then run once, on one worker)."""
-    group_of: dict[str, str] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        for fixture, group in SHARED_RUN_FIXTURES.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                group_of[module] = group
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group_of.get(module, module)))
-    rank = {group: i for i, group in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+    """The real runs first, in :data:`REAL_RUN_MODULES`' order (the workers take units in collection order).
+
+    Raises:
+        pytest.UsageError: a module uses a real run's fixture but is not in :data:`REAL_RUN_MODULES` (its run
+            would be repeated on the other worker).
+    """
+    stray = sorted({item.nodeid.split("::")[0] for item in items if _unit(item.nodeid) != REAL_RUNS
+                    and any(f in getattr(item, "fixturenames", ()) for f in REAL_RUN_FIXTURES)})  # fmt: skip
+    if stray:
+        raise pytest.UsageError(f"add {stray} to REAL_RUN_MODULES in tests/conftest.py: they use a real run")
+    last = len(REAL_RUN_MODULES)
+    rank = {module: i for i, module in enumerate(REAL_RUN_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], last))
 
 
-def _group(item: pytest.Item) -> str:
-    marker = item.get_closest_marker("xdist_group")
-    return marker.args[0] if marker else ""
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Units of work for pytest-xdist: :data:`REAL_RUNS` and each other module (xdist's ``loadgroup`` marks do
+    not reach pytest 9's node ids, so the units are made here)."""
+    from xdist.scheduler import LoadScopeScheduling  # pytest-xdist: only when the suite runs on workers
+
+    class RealRunsThenModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return RealRunsThenModules(config, log)

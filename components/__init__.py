@@ -22,14 +22,18 @@ base image must carry. Which base image, explicitly:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from kfp import dsl
+from kfp.dsl.python_component import PythonComponent
 
 #: The pipeline image the components run in when nothing else names one (a local tag: push your own
 #: with ``multislice images build --cloud-build`` for a cluster to pull).
 DEFAULT_BASE_IMAGE = "multislice-pipeline:0.1.0"
 
 
-def make(func: Callable, base_image: str) -> dsl.component_factory.PythonComponent:
+def make(func: Callable, base_image: str) -> PythonComponent:
     """A KFP component of ``func`` running in ``base_image`` (the pipeline image), installing nothing at run time."""
-    return dsl.component(func, base_image=base_image, install_kfp_package=False, packages_to_install=[])
+    component = dsl.component(func, base_image=base_image, install_kfp_package=False, packages_to_install=[])
+    # dsl.component is unannotated: given ``func`` it returns the component, without it a decorator (partial).
+    return cast(PythonComponent, component)

@@ -27,6 +27,7 @@ def prepare_data(plan: str, stage: str, dataset: Output[Dataset]) -> dict:
         with open(dataset.path, "w", encoding="utf-8") as handle:
             handle.write(data.model_dump_json())
     else:
+        assert report.uri is not None  # a dataset prepared (not skipped) has its shards' directory
         dataset.uri = report.uri
         dataset.metadata.update(report.manifest)
     return report.to_dict()

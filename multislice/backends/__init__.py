@@ -9,13 +9,17 @@ ask which it is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from multislice.backends.base import Backend
 from multislice.config import ClusterSpec
 from multislice.plan import Plan
 from multislice.render.launchers import LauncherKind, named
 from multislice.timings import timings_for
+
+if TYPE_CHECKING:
+    from multislice.backends.gke import GkeBackend
+    from multislice.backends.local import LocalBackend
 
 #: Backend names, as the run spec's ``backend`` field takes them.
 NAMES = ("local", "gke")
@@ -72,8 +76,9 @@ def create(
     """
     kind = backend_class(name)
     if name == "gke":
-        return kind.connect(ClusterSpec.model_validate(cluster or {}), namespace, timings, say)
-    return kind(run_dir, timings)
+        gke = cast("type[GkeBackend]", kind)
+        return gke.connect(ClusterSpec.model_validate(cluster or {}), namespace, timings, say)
+    return cast("type[LocalBackend]", kind)(run_dir, timings)
 
 
 def backend_for(plan: Plan, say: Callable[[str], None] | None = None) -> Backend:

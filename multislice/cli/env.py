@@ -38,7 +38,10 @@ def cmd_env(args: argparse.Namespace) -> int:
     """``multislice env install DIR``: :func:`multislice.backends.local.environment.install_trainer_env`."""
     from multislice.backends.local import environment  # jsonschema and the CRDs (0.5 s): only for env install
 
-    locks = {"trainer_lock": args.requirements, "loader_lock": args.loader_requirements}
-    environment.install_trainer_env(args.directory, python=args.python,
-                                    **{k: Path(v) for k, v in locks.items() if v})  # fmt: skip
+    environment.install_trainer_env(
+        args.directory,
+        python=args.python,
+        trainer_lock=Path(args.requirements) if args.requirements else environment.TRAINER_LOCK,
+        loader_lock=Path(args.loader_requirements) if args.loader_requirements else environment.LOADER_HF4_LOCK,
+    )
     return 0

@@ -201,6 +201,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"\n{len(found.fitting)} AOT-verified fitting config(s) on {found.fewest_slices} slices{extra}, best first:"
         )
         for rank, c in enumerate(found.fitting, 1):
+            # A fitting candidate carries its AOT report, and a report that fits its bytes per chip.
+            assert c.report is not None and c.report.bytes_per_chip is not None
             print(
                 f"  {rank}. {c.describe()}: {c.report.bytes_per_chip.total / 2**30:.2f} GiB per chip, "
                 f"estimated MFU {c.estimated_mfu:.0%}, {c.tokens_per_step_per_chip:g} tokens per step per chip"

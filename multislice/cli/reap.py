@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from multislice import backends, config
+from multislice import config
 from multislice.cli.common import profile_and_overrides, with_profile
 
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
@@ -30,7 +30,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     CronJob of :func:`multislice.backends.gke.lease.reaper_cronjob` runs it every minute. The cluster and
     namespace come from ``--profile`` (and ``--set``); ``--in-cluster`` uses the pod's service account.
     """
-    from multislice.backends.gke import lease  # the GKE clients (2-3 s): only for reap
+    from multislice.backends.gke import GkeBackend, lease  # the GKE clients (2-3 s): only for reap
 
     profile, overrides = profile_and_overrides(args)
     if args.in_cluster:
@@ -38,7 +38,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     if args.namespace:
         overrides["namespace"] = args.namespace
     spec = config.load_spec(profile, {**overrides, "backend": "gke"})
-    backend = backends.create("gke", run_dir="", namespace=spec.namespace, cluster=spec.cluster.model_dump(), say=print)
+    backend = GkeBackend.connect(spec.cluster, spec.namespace, say=print)
     deleted = lease.reap(backend.kube, tell=print)
     print(f"namespace {spec.namespace}: deleted {', '.join(deleted) if deleted else 'nothing (no expired Lease)'}")
     return 0

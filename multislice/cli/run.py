@@ -12,7 +12,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from multislice import cancel, config, identity, ownership, storage
 from multislice.cli.common import profile_and_overrides, with_profile
@@ -50,7 +50,7 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
 class _ProgressTee(io.TextIOBase):
     """Write everything to a log file; echo progress lines to the terminal."""
 
-    def __init__(self, log: io.TextIOBase, terminal: io.TextIOBase):
+    def __init__(self, log: TextIO, terminal: TextIO):
         self.log, self.terminal, self.pending = log, terminal, ""
         self.lines: list[str] = []
 

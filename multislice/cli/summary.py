@@ -58,7 +58,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
                 f"  data          {manifest.get('token_count', 0):,} tokens in {manifest.get('shard_count')} shards "
                 f"({'reused' if prepared.reused else 'tokenized'} in {prepared.seconds} s) at {prepared.uri}"
             )
-        if checked and checked.verdict == "fits":
+        if checked and checked.verdict == "fits" and checked.bytes_per_chip and checked.target:  # a fit has both
             hbm = checked.bytes_per_chip.total
             lines.append(
                 f"  preflight     fits: {hbm / 2**20:,.1f} MiB of {checked.hbm_bytes_per_chip / 2**30:.2f} GiB HBM "

@@ -7,11 +7,28 @@ validated (``multislice render``'s files), is :mod:`multislice.backends.manifest
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
 from multislice.render import ray, rbac, schema
+
+
+def _read_as_model(obj: dict[str, Any], model: str) -> None:
+    """Read ``obj`` into the ``kubernetes.client`` model named ``model`` (e.g. ``V1Job``).
+
+    ``ApiClient.deserialize`` is the client's public way in: it takes a response whose ``data`` is JSON
+    (kubernetes/client/api_client.py).
+
+    Raises:
+        ValueError: a required field is missing or a value is not allowed (the model's setters).
+        TypeError: a value has the wrong type, or ``obj`` is not JSON.
+    """
+    from kubernetes import client  # as its callers: the client only when a built-in Job kind is checked
+
+    client.ApiClient().deserialize(SimpleNamespace(data=json.dumps(obj)), model)
 
 
 def object_problems(obj: dict[str, Any]) -> list[str]:
@@ -43,7 +60,7 @@ def cronjob_problems(obj: dict[str, Any]) -> list[str]:
             f"spec: unknown fields {sorted(set(obj['spec']) - set(client.V1CronJobSpec.attribute_map.values()))}"
         )
     try:
-        client.ApiClient()._ApiClient__deserialize(obj, "V1CronJob")  # the client's own model check
+        _read_as_model(obj, "V1CronJob")  # the client's own model check
     except (ValueError, TypeError) as error:
         found.append(f"spec: {error}")
     return found
@@ -93,7 +110,7 @@ def job_problems(obj: dict[str, Any]) -> list[str]:
     if pod.get("restartPolicy") not in ("Never", "OnFailure"):
         found.append("spec.template.spec.restartPolicy: a Job's pods restart Never or OnFailure")
     try:
-        client.ApiClient()._ApiClient__deserialize(obj, "V1Job")  # the client's own model check
+        _read_as_model(obj, "V1Job")  # the client's own model check
     except (ValueError, TypeError) as error:
         found.append(f"spec: {error}")
     return found

@@ -247,7 +247,7 @@ def problems(obj: dict[str, Any]) -> list[str]:
     defines them (rules: apiGroups, resources, verbs, resourceNames; roleRef; subjects).
     """
     found = schema.builtin_problems(obj)
-    kind = obj.get("kind")
+    kind = obj.get("kind", "")
     allowed = {
         "ServiceAccount": {"apiVersion", "kind", "metadata", "automountServiceAccountToken"},
         "Role": {"apiVersion", "kind", "metadata", "rules"},

@@ -31,6 +31,7 @@ from typing import Any
 import celpy
 import jsonschema
 import yaml
+from celpy.adapter import json_to_cel
 
 from multislice import names
 from multislice.errors import InputError
@@ -181,7 +182,7 @@ def check_cel(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> CelReport:
             report.skipped.append(f"{where}: {text}")
             continue
         try:
-            result = _cel_program(text).evaluate({"self": celpy.json_to_cel(value)})
+            result = _cel_program(text).evaluate({"self": json_to_cel(value)})
         except Exception as error:  # noqa: BLE001 - any evaluator failure must surface, not pass
             report.problems.append(f"{where}: CEL rule {text!r} could not be evaluated ({error})")
             continue
@@ -251,7 +252,7 @@ def builtin_problems(obj: dict[str, Any]) -> list[str]:
     Raises:
         KeyError: ``obj`` is not one of :data:`BUILTIN_KINDS`.
     """
-    key = (obj.get("apiVersion"), obj.get("kind"))
+    key = (str(obj.get("apiVersion")), str(obj.get("kind")))
     if key not in BUILTIN_KINDS:
         raise KeyError(f"{key[0]} {key[1]} is not a built-in kind this project renders: {sorted(BUILTIN_KINDS)}")
     return _metadata_problems(obj, BUILTIN_KINDS[key])
@@ -268,7 +269,7 @@ def problems(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> list[str]:
         KeyError: no CRD for the object's ``apiVersion`` and ``kind``.
     """
     index = crd_index(crds_dir)
-    key = (obj.get("apiVersion"), obj.get("kind"))
+    key = (str(obj.get("apiVersion")), str(obj.get("kind")))
     if key not in index:
         known = ", ".join(f"{a} {k}" for a, k in sorted(index))
         raise KeyError(f"no served CRD for {key[0]} {key[1]}; known: {known}")

@@ -107,11 +107,12 @@ def cancellable(
     tell = teller(step, stage)
     run_id = (labels or {}).get(names.LABEL_PIPELINE_RUN_ID)
     renewal = None
-    try:
-        if plan is not None and run_id and ownership.renew(plan.run_dir, pipeline_run_id=run_id):
-            renewal = ownership.Renewal(plan.run_dir, pipeline_run_id=run_id).start()  # a pipeline run's lease
-    except OSError as error:  # the run storage: the step's own reads and writes will say what is wrong
-        tell(f"could not renew this run's hold on {plan.run_dir}: {error}")
+    if plan is not None and run_id:
+        try:
+            if ownership.renew(plan.run_dir, pipeline_run_id=run_id):
+                renewal = ownership.Renewal(plan.run_dir, pipeline_run_id=run_id).start()  # a pipeline run's lease
+        except OSError as error:  # the run storage: the step's own reads and writes will say what is wrong
+            tell(f"could not renew this run's hold on {plan.run_dir}: {error}")
     with cancel.handling():
         try:
             cancel.point(f"{step}:start")
@@ -124,7 +125,10 @@ def cancellable(
                 pass  # no pipeline run id: the step created nothing (a skipped stage); nothing else is its to delete
             elif removal.labels and (removal.backend is not None or plan is not None):
                 try:
-                    backend = removal.backend or backend_for(plan, say=tell)
+                    backend = removal.backend
+                    if backend is None:
+                        assert plan is not None  # the condition above
+                        backend = backend_for(plan, say=tell)
                     removed = backend.delete_matching(removal.labels, tell)
                 except UserError as error:  # e.g. the cluster cannot be reached: say so, stay cancelled
                     tell(f"cancelled, but what it created could not be removed: {error}")

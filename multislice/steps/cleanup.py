@@ -99,7 +99,8 @@ def run(
                 )
         problem = None
         if not notify_webhook_url:
-            notify_webhook_url, problem = notify.webhook_url(notify_webhook_secret)
+            found_url, problem = notify.webhook_url(notify_webhook_secret)
+            notify_webhook_url = found_url or ""
         if problem:
             say("cleanup", f"notification not sent: {problem}")
             report.notified = problem

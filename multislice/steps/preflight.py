@@ -45,6 +45,8 @@ def alternative_message(
     )
     if found.fitting:
         best = found.fitting[0]
+        # A fitting candidate carries its AOT report, and a report that fits its bytes per chip.
+        assert best.report is not None and best.report.bytes_per_chip is not None
         hbm = best.report.bytes_per_chip.total
         return (
             f"nearest fitting alternative (AOT-verified, {hbm / 2**30:.2f} GiB per chip): "

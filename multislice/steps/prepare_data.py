@@ -59,6 +59,7 @@ def _run_in_trainer_env(request: dict, tell) -> dict:
     ]
     lines: list[str] = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
+        assert process.stdout is not None  # stdout=PIPE
         try:
             for line in process.stdout:
                 line = line.rstrip("\n")

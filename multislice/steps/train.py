@@ -181,7 +181,8 @@ def result_pages(plan: Plan, stage: StagePlan, report: TrainReport) -> dict[str,
     if report.skipped:
         page = artifacts.html_page(f"train {stage.name}", f"<p>{text.splitlines()[-1]}</p>")
     else:
-        records = metrics.parse_records(storage.read_text(report.metrics_file) or "")
+        written = storage.read_text(report.metrics_file) if report.metrics_file else None
+        records = metrics.parse_records(written or "")
         page = artifacts.train_html(stage.name, report, records)
     artifacts.write_text(report_path(plan, "train.html", stage), page)
     artifacts.write_text(report_path(plan, "train.md", stage), text)

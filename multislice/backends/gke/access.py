@@ -91,10 +91,10 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
     from google.cloud import container_v1
 
     name = cluster_path(cluster)
-    credentials = _google_credentials(credentials)
-    container = container or container_v1.ClusterManagerClient(credentials=credentials)
+    google_credentials = _google_credentials(credentials)
+    client = container or container_v1.ClusterManagerClient(credentials=google_credentials)
     try:
-        found = container.get_cluster(name=name)
+        found = client.get_cluster(name=name)
     except gexc.NotFound as error:
         raise ClusterAccessError(
             f"GKE cluster {name} not found ({error.message})",
@@ -113,14 +113,16 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
     if ca:
         with tempfile.NamedTemporaryFile("wb", prefix="gke-ca-", suffix=".pem", delete=False) as handle:
             handle.write(base64.b64decode(ca))
-        configuration.ssl_ca_cert = handle.name
-    configuration.api_key = {"authorization": _bearer(credentials)}
+        # Configuration's attributes are inferred from their None defaults in __init__ (the client has no stubs).
+        configuration.ssl_ca_cert = handle.name  # pyright: ignore[reportAttributeAccessIssue]
+    configuration.api_key = {"authorization": _bearer(google_credentials)}
 
     def refresh(config: k8s.Configuration) -> None:  # called by the client before each request
-        if not credentials.valid:
-            config.api_key = {"authorization": _bearer(credentials)}
+        if not google_credentials.valid:
+            config.api_key = {"authorization": _bearer(google_credentials)}
 
-    configuration.refresh_api_key_hook = refresh
+    # Inferred from its None default in Configuration.__init__ (the client has no stubs).
+    configuration.refresh_api_key_hook = refresh  # pyright: ignore[reportAttributeAccessIssue]
     return configuration
 
 

@@ -13,7 +13,7 @@ import contextlib
 import datetime
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from typing import Any, cast
 
 from kubernetes import client as k8s
@@ -290,7 +290,7 @@ class GkeBackend(Backend):
             tell(f"deleted {line}")
         return deleted
 
-    def _delete_selected(self, selector: str, spare: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+    def _delete_selected(self, selector: str, spare: Set[str] = frozenset()) -> tuple[list[str], list[str]]:
         """Delete what ``selector`` lists (JobSets and RayJobs not Completed, claim templates, unfinished Jobs), each
         with a ``uid`` precondition on the object listed: one deleted and recreated by another run between the list
         and the delete is left (409). Objects of the pipeline runs in ``spare`` are left."""

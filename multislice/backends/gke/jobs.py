@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -40,6 +40,12 @@ class JobUnschedulable(RunFailed):
 class JobPodStuck(RunFailed):
     """A trainer Job's container cannot start (:data:`multislice.backends.gke.pods.FATAL_WAITING_REASONS`); the Job
     was deleted. The message quotes the kubelet (e.g. ``CreateContainerConfigError: secret "x" not found``)."""
+
+
+def _job_dict(kube: Kube, name: str) -> dict[str, Any]:
+    """The Job ``name`` as the API's JSON (a V1Job serialises to a dict; the client annotates every JSON type)."""
+    job = kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
+    return cast(dict[str, Any], kube.api.sanitize_for_serialization(job))
 
 
 def job_state(job: dict[str, Any]) -> str | None:
@@ -123,9 +129,7 @@ def _run_job(
     except ApiException as error:
         if error.status != 409:
             raise
-        existing = kube.api.sanitize_for_serialization(
-            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
-        )
+        existing = _job_dict(kube, name)
         wanted = body["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
         jobsets.adopt_or_conflict("Job", existing, wanted, kube.namespace)
         on_progress(f"{what} {name} exists with the same spec; adopted")
@@ -133,9 +137,7 @@ def _run_job(
     unschedulable_since: float | None = None
     told = None
     while True:
-        job = kube.api.sanitize_for_serialization(
-            kube.call(kube.batch.read_namespaced_job, name, kube.namespace, what=f"get Job {name}")
-        )
+        job = _job_dict(kube, name)
         state = job_state(job)
         if state:
             break

@@ -246,7 +246,7 @@ class JobSetLauncher(GkeLauncher):
                     js = self.kube.get_jobset(stage.workload)
                     if js is None:
                         kind = "DELETED"
-                if kind == "DELETED":
+                if kind == "DELETED" or js is None:
                     raise WorkloadDeleted(f"JobSet {stage.workload} was deleted during training")
                 state = jobset.phase(js)
                 if jobset.restarts(js) != seen_restarts:

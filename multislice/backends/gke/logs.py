@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from urllib3 import HTTPResponse
 
 from multislice import names
 from multislice.backends.gke import pods as pod_state
@@ -98,11 +99,13 @@ class LeaderLog(threading.Thread):
         last = self.read.get(pod_name)
         if last is not None:
             query.append(("sinceTime", last[0][:19] + "Z"))  # metav1.Time has whole seconds
-        response = self.kube.api.call_api(
+        # _preload_content=False: the client returns urllib3's unread response (its annotation lists every
+        # deserialised type).
+        response = cast(HTTPResponse, self.kube.api.call_api(
             f"/api/v1/namespaces/{self.kube.namespace}/pods/{pod_name}/log", "GET", query_params=query,
             header_params={"Accept": "*/*"}, auth_settings=["BearerToken"], _preload_content=False,
             _request_timeout=(10, READ_TIMEOUT_SECONDS), _return_http_data_only=True,
-        )  # fmt: skip
+        ))  # fmt: skip
         if pod_name not in self.pods_followed:
             self.pods_followed.append(pod_name)
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
@@ -64,7 +64,9 @@ def follow(
                 _request_timeout=timeout + 30, **kwargs,
             ):  # fmt: skip
                 failing_since, delay = None, kube.timings.backoff_initial
-                obj = event["raw_object"]
+                # Watch.stream yields dicts for a list function that deserialises (its annotation is loose).
+                event = cast(dict[str, Any], event)
+                obj: dict[str, Any] = event["raw_object"]
                 resource_version = obj.get("metadata", {}).get("resourceVersion") or resource_version
                 yield event["type"], obj
             yield IDLE, None

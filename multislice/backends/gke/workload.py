@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from kubernetes.client.exceptions import ApiException
 
@@ -79,7 +79,7 @@ def find(kube: Kube, js: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def admitted(workload: dict[str, Any] | None) -> bool:
+def admitted(workload: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     """True when the Workload is Admitted and not Evicted."""
     return bool(workload) and bool(jobset.condition(workload, "Admitted")) and not jobset.condition(workload, "Evicted")
 

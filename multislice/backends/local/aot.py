@@ -51,7 +51,7 @@ class AotSession:
     def __enter__(self) -> AotSession:
         return self  # the trainer process starts with the first compile: a search that prunes everything starts none
 
-    def _start(self, flags: dict[str, str]) -> None:
+    def _start(self, flags: dict[str, str]) -> subprocess.Popen:
         self.results.unlink(missing_ok=True)
         self._read = 0
         command = [str(self.env_dir / "bin" / "python"), "-m", AOT_MODULE, "--results", str(self.results)]
@@ -68,6 +68,7 @@ class AotSession:
                 command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
                 preexec_fn=die_with_parent(),  # a SIGKILLed step's compile process goes with it
             )  # fmt: skip
+        return self.process
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -103,21 +104,23 @@ class AotSession:
         flags = dict(request.get("libtpu_flags") or {})
         if self.process is not None and flags != self._flags:
             self.close()
-        if self.process is None:
-            self._start(flags)
+        process = self.process
+        if process is None:
+            process = self._start(flags)
             cancel.point("preflight:compiling")
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
+        assert process.stdin is not None  # started with stdin=PIPE
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             lines = self.results.read_text(encoding="utf-8").splitlines() if self.results.exists() else []
             if len(lines) > self._read:
                 self._read += 1
                 return json.loads(lines[self._read - 1])
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 tail = _tail(self.log)
                 raise PreflightError(
-                    f"the AOT compile process exited with status {self.process.returncode} before answering "
+                    f"the AOT compile process exited with status {process.returncode} before answering "
                     f"{request.get('name')!r}; its log ({self.log}) ends:\n{tail}",
                     unknown_flag_fix(tail),
                 )

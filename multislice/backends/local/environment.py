@@ -88,7 +88,10 @@ def copy_packages(site_packages: Path) -> list[Path]:
         version = "0+unknown"
     written = []
     for name in PACKAGES:
-        source = Path(importlib.import_module(name).__file__).parent
+        module_file = importlib.import_module(name).__file__
+        if module_file is None:  # a namespace package has no __file__; each of PACKAGES is a regular one
+            raise RuntimeError(f"package {name} has no __init__.py to locate its source by")
+        source = Path(module_file).parent
         target = site_packages / name
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))

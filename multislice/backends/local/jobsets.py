@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -53,7 +53,7 @@ class AlreadyExists(WorkloadConflict):
     """A JobSet of that name exists with another manifest; nothing was changed."""
 
 
-def pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> TypeGuard[int]:
     """True when a process with this pid exists and is not a zombie."""
     if not pid:
         return False
@@ -138,24 +138,22 @@ class LocalJobSets:
         env = trainer_env()
         name = manifest["metadata"]["name"]
         with self._name_lock(name):
-            existing, proc = self._create_locked(manifest, env)
-        if existing is not None:
-            return existing
+            found = self._create_locked(manifest, env)
+        if isinstance(found, JobSetState):
+            return found
         return self._await_supervisor(
-            name, proc, lambda s: s.phase != "Pending" or s.reason == "InsufficientCapacity", start_timeout
+            name, found, lambda s: s.phase != "Pending" or s.reason == "InsufficientCapacity", start_timeout
         )
 
-    def _create_locked(
-        self, manifest: dict[str, Any], env: Path
-    ) -> tuple[JobSetState, None] | tuple[None, subprocess.Popen]:
-        """Under the name's lock: ``(the existing JobSet to adopt, None)``, or ``(None, the new supervisor)``."""
+    def _create_locked(self, manifest: dict[str, Any], env: Path) -> JobSetState | subprocess.Popen:
+        """Under the name's lock: the existing JobSet to adopt, or the new supervisor process."""
         name = manifest["metadata"]["name"]
         state_dir = self.state_dir(name)
         existing = self.get_jobset(name)
         if existing is not None:
             old = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
             if old == manifest and existing.phase != "Deleted":
-                return existing, None
+                return existing
             earlier = existing.labels.get(names.LABEL_PIPELINE_RUN_ID)
             ours = manifest["metadata"].get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID)
             replace = existing.phase in FINISHED and earlier and ours and earlier != ours
@@ -174,7 +172,7 @@ class LocalJobSets:
             state = JobSetState(name=name, labels=manifest["metadata"].get("labels", {}))
             state.event("Created", f"JobSet {name} created on the local backend")
             write_state(state_dir, state)
-            return None, self._spawn_supervisor(state_dir, env)
+            return self._spawn_supervisor(state_dir, env)
 
     def take_over(self, name: str, start_timeout: float = 60) -> JobSetState:
         """Start a new supervisor for a JobSet whose supervisor was lost (reported ``SupervisorLost``).
@@ -228,6 +226,8 @@ class LocalJobSets:
                 log = (state_dir / "supervisor.log").read_text(encoding="utf-8", errors="replace")[-2000:]
                 raise RuntimeError(f"the local supervisor of JobSet {name} did not start its pods:\n{log}")
             time.sleep(0.1)
+        if current is None:  # deleted (its state directory removed) while starting
+            raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
         return current
 
     @staticmethod

@@ -55,7 +55,7 @@ from multislice import maxtext
 from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.pods import LocalPod, expand_jobset
-from multislice.backends.local.state import GRACE_FILE, JobSetState, PodState, read_state, write_state
+from multislice.backends.local.state import GRACE_FILE, JobSetState, Phase, PodState, read_state, write_state
 from multislice.cancel import die_with_parent
 
 POLL_SECONDS = 0.25
@@ -66,7 +66,7 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def job_failure_reason(job_spec: dict[str, Any], container: str, exit_code: int) -> tuple[str, str]:
+def job_failure_reason(job_spec: dict[str, Any], container: str, exit_code: int | None) -> tuple[str, str]:
     """Why the Job controller fails a Job whose pod exited with ``exit_code`` (``backoffLimit: 0``).
 
     Returns:
@@ -293,7 +293,7 @@ class Supervisor:
         self.start_when_capacity()
         return True
 
-    def _finish(self, phase: str, reason: str, message: str) -> None:
+    def _finish(self, phase: Phase, reason: str, message: str) -> None:
         self.stop_all(message)
         self.state.phase = phase
         self.state.reason = reason

@@ -211,7 +211,8 @@ def test_prepare_data_tokenizes_with_maxtexts_sentencepiece_tokenizer(tmp_path, 
     for entry in profile["stages"]:
         entry["model"]["vocab_size"] = 32000  # Llama 2's, as the tokenizer's
         entry.pop("export", None)  # the exporter reads a sentencepiece file named .model only
-    manifest = prepare_data.run(plan_step.run(profile, {}), "tiny-8b-recipe").manifest
+    plan = plan_step.run(profile, {})
+    manifest = prepare_data.run(plan, plan.stage("tiny-8b-recipe")).manifest
     assert manifest["tokenizer"]["type"] == "sentencepiece" and manifest["tokenizer"]["vocab_size"] == 32000
     train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
     assert train["documents"] + held["documents"] == 40 and train["tokens"] > 0

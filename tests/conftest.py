@@ -229,7 +229,13 @@ def gcs(monkeypatch: pytest.MonkeyPatch):
 SHARED_RUN_FIXTURES = {"local_runs": "local-runs", "elastic_run": "elastic-run"}
 # Modules whose set-up is a real MaxText run or a real Ray cluster: scheduled first, so the longest work starts
 # at once and the short modules fill the other worker around it.
-HEAVY_FIRST = ("local-runs", "tests/test_e2e_ray.py", "elastic-run", "tests/test_export.py", "tests/test_remote.py")
+HEAVY_FIRST = (
+    "local-runs",
+    "tests/e2e/test_ray.py",
+    "elastic-run",
+    "tests/trainer/test_export.py",
+    "tests/test_remote_call.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

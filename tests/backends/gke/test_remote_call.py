@@ -4,7 +4,7 @@ A controller script plays Kueue, the JobSet controller and the kubelet, and
 the hosts of the remote worker: each host's markers (``.ready``, ``.result``)
 are written to the call's ``gs://`` directory as
 :mod:`multislice.trainer.remote_worker` writes them. The script waits on what
-the call tells (:class:`tests.test_gke_steps.Told`) before each change.
+the call tells (:class:`tests.backends.gke.test_steps.Told`) before each change.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from multislice.backends.gke import GkeBackend
 from multislice.errors import InputError
 from multislice.remote_call import RemoteError, RemoteExit, ResultTimeout, attach, run_remote
 from multislice.trainer.remote_worker import MARK, host_key, outcome_of
+from tests.backends.gke.test_steps import POOLS, Background, Told, crd_schemas  # noqa: F401 - crd_schemas: a module fixture
 from tests.kube_cluster import Served
 from tests.kube_controllers import Play
-from tests.test_gke_steps import POOLS, Background, Told, crd_schemas  # noqa: F401 - crd_schemas: a module fixture
 
 CALL = "c0ffee00"
 JOBSET = f"remote-train-shard-{CALL}-remote"

@@ -20,9 +20,7 @@ from multislice.backends.gke import GkeBackend
 from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.client import KUEUE_GROUP, KUEUE_VERSION
 from multislice.elastic.controller import Watch
-from tests.kube_cluster import wait_until
-from tests.kube_controllers import step_line
-from tests.test_gke_steps import (  # noqa: F401  (the fixtures of the GKE scenarios)
+from tests.backends.gke.test_steps import (  # noqa: F401  (the fixtures of the GKE scenarios)
     POOLS,
     RUN_ID,
     crd_schemas,
@@ -33,6 +31,8 @@ from tests.test_gke_steps import (  # noqa: F401  (the fixtures of the GKE scena
     run_storage,
     served,
 )
+from tests.kube_cluster import wait_until
+from tests.kube_controllers import step_line
 
 CHIPS = 16  # a v6e-16 slice
 

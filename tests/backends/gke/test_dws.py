@@ -25,18 +25,7 @@ from multislice.plan import make_plan
 from multislice.render import kueue, rbac, schema
 from multislice.steps import admit, launch, provision
 from multislice.timings import DEFAULTS, timings_for, with_capacity_wait
-from tests.backends.gke.test_steps import (  # noqa: F401 - fixtures used by name
-    POOLS,
-    RUN_ID,
-    Background,
-    crd_schemas,
-    node_pools,
-    play,
-    run_storage,
-    served,
-    stage_of,
-    told,
-)
+from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_cluster import FAST
 from tests.kube_rbac import service_account_user
 
@@ -44,6 +33,9 @@ CHECK = "multislice-cluster-queue-dws"
 CONFIG = "multislice-cluster-queue-dws-config"
 BASE = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True}
 QUEUED = {**BASE, "node_pools.provisioning": "flex-start", "node_pools.queued_provisioning": True}
+
+# The GKE scenarios' fixtures this module's tests all take (tests/backends/gke/conftest.py).
+pytestmark = pytest.mark.usefixtures("crd_schemas", "node_pools", "run_storage")
 
 
 def spec_of(overrides):

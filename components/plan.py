@@ -49,7 +49,7 @@ def plan(
     from multislice.config.parameters import RUN_PARAMETERS, STAGE_FIELDS
     from multislice.steps import plan as step
 
-    # The signature above is the table's (tests/test_run_parameters.py checks it): KFP reads its parameters from it.
+    # The signature above is the table's (tests/config/test_parameters.py checks it): KFP reads its parameters from it.
     parameters = {p.name: arguments[p.name] for p in RUN_PARAMETERS}
     parameters |= {f"stages.{stage}.{field}": arguments[field] for field, _, _ in STAGE_FIELDS}
     return step.run(profile, parameters, stage, pipeline_run_id, release=release).to_json()

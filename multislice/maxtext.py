@@ -111,7 +111,7 @@ def format_value(value: object) -> str:
 #: (``maxtext/configs/models/<name>.yml``: ``base_emb_dim``, ``base_num_query_heads``,
 #: ``base_num_kv_heads``, ``base_num_decoder_layers``, ``base_mlp_dim``, ``head_dim``,
 #: ``vocab_size``; all use ``mlp_activations: [silu, linear]`` and no tied embedding).
-#: ``tests/test_trainer_env.py`` checks each against the installed MaxText.
+#: ``tests/backends/local/test_trainer_env.py`` checks each against the installed MaxText.
 MODEL_DIMS: dict[str, dict[str, int]] = {
     name: dict(zip(("emb_dim", "num_query_heads", "num_kv_heads", "num_decoder_layers", "mlp_dim", "head_dim",
                     "vocab_size"), dims, strict=True))
@@ -130,7 +130,7 @@ MODEL_DIMS: dict[str, dict[str, int]] = {
 
 #: Vocabulary sizes of tokenizers the maxtext package ships, by path inside it: Llama 3's tiktoken file holds
 #: 128000 ranks, and ``TikTokenTokenizer`` (``maxtext/input_pipeline/tokenizer.py``) adds 256 special tokens.
-#: ``tests/test_trainer_env.py`` checks each against the installed MaxText.
+#: ``tests/backends/local/test_trainer_env.py`` checks each against the installed MaxText.
 TOKENIZER_VOCAB_SIZES: dict[str, int] = {"assets/tokenizers/tokenizer_llama3.tiktoken": 128256}
 #: Special tokens ``TikTokenTokenizer`` adds after a tiktoken file's ranks (``num_reserved_special_tokens``).
 TIKTOKEN_SPECIAL_TOKENS = 256
@@ -164,7 +164,8 @@ ENV_PROCESS_COUNT = "JAX_PROCESS_COUNT"
 
 #: MaxText's config schema, extracted from the installed MaxText by :mod:`multislice.trainer.maxtext_schema`
 #: (every key of ``MaxTextConfig`` in ``maxtext/configs/types.py`` with its JSON Schema, and the activation
-#: names of ``maxtext/layers/linears.py``); ``tests/test_trainer_env.py`` checks it matches the installed MaxText.
+#: names of ``maxtext/layers/linears.py``); ``tests/backends/local/test_trainer_env.py`` checks it matches the
+#: installed MaxText.
 CONFIG_SCHEMA_FILE = Path(__file__).resolve().parent / "data" / "maxtext_config_schema.json"
 
 

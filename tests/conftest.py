@@ -229,8 +229,8 @@ def gcs(monkeypatch: pytest.MonkeyPatch):
 # takes the rest of the suite module by module (so module fixtures run once). Each real run already keeps both
 # cores busy with its JAX processes: two at once (measured: load 33 on 2 cores) only slow both.
 REAL_RUN_MODULES = (
-    "tests/test_e2e.py", "tests/test_e2e_artifacts.py", "tests/test_e2e_lineage.py", "tests/test_notebook.py",
-    "tests/test_verify.py", "tests/test_elastic_e2e.py", "tests/test_e2e_ray.py",
+    "tests/e2e/test_local_run.py", "tests/e2e/test_artifacts.py", "tests/e2e/test_lineage.py",
+    "tests/test_notebook.py", "tests/trainer/test_verify.py", "tests/e2e/test_elastic.py", "tests/e2e/test_ray.py",
 )  # fmt: skip
 #: The session fixtures that run a real pipeline: a module using one must be in REAL_RUN_MODULES.
 REAL_RUN_FIXTURES = ("local_runs", "elastic_run")

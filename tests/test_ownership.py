@@ -2,7 +2,7 @@
 
 The owner here is a real process holding the run directory as ``multislice run``
 does (:mod:`multislice.ownership`), and the JobSets are the local backend's real
-CPU JobSets with scripted pods (tests/test_local_backend.py), so each case takes
+CPU JobSets with scripted pods (tests/backends/local/test_backend.py), so each case takes
 seconds and no MaxText runs.
 """
 
@@ -20,8 +20,8 @@ import pytest
 from multislice import cli, names, ownership
 from multislice.backends.local import LocalBackend, LocalJobSets, pid_alive
 from multislice.steps import stage_labels
+from tests.backends.local.test_backend import scripted_jobset
 from tests.test_cancel import wait_gone
-from tests.test_local_backend import scripted_jobset
 
 ROOT = Path(__file__).resolve().parents[1]
 

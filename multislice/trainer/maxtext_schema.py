@@ -15,7 +15,7 @@ Regenerate the committed file after a MaxText upgrade::
     PYTHONPATH=$PWD .venvs/trainer/bin/python -m multislice.trainer.maxtext_schema \
         > multislice/data/maxtext_config_schema.json
 
-``tests/test_trainer_env.py`` checks that the committed file matches the installed MaxText.
+``tests/backends/local/test_trainer_env.py`` checks that the committed file matches the installed MaxText.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Golden files: rendered manifests and compiled pipelines per profile, and the CLI's transcripts.
 
 ``make goldens`` (``python -m tests.golden``) regenerates them; the tests in
-``tests/test_manifests.py``, ``tests/test_pipeline.py`` and
-``tests/test_cli_transcripts.py`` fail when the output differs, so every
+``tests/render/test_manifests.py``, ``tests/pipelines/test_pipeline.py`` and
+``tests/cli/test_transcripts.py`` fail when the output differs, so every
 change to what users apply, upload or read shows up in review as a diff of
 these files.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from multislice import names, storage
@@ -20,21 +21,14 @@ from multislice.backends.gke import GkeBackend
 from multislice.backends.gke import elastic as gke_elastic
 from multislice.backends.gke.client import KUEUE_GROUP, KUEUE_VERSION
 from multislice.elastic.controller import Watch
+from tests.backends.gke.harness import POOLS, RUN_ID
 from tests.kube_cluster import wait_until
 from tests.kube_controllers import step_line
-from tests.test_gke_steps import (  # noqa: F401  (the fixtures of the GKE scenarios)
-    POOLS,
-    RUN_ID,
-    crd_schemas,
-    least_privilege,
-    node_pools,
-    plan,
-    play,
-    run_storage,
-    served,
-)
 
 CHIPS = 16  # a v6e-16 slice
+
+# The GKE scenarios' fixtures this module's tests all take (tests/backends/gke/conftest.py).
+pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "node_pools", "run_storage")
 
 
 def elastic_stage(plan):

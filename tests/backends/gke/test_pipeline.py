@@ -1,4 +1,7 @@
-"""The compiled GKE pipeline runs the GKE implementations of the steps (no credentials in it: tests/test_rbac.py)."""
+"""The compiled GKE pipeline runs the GKE implementations of the steps.
+
+No credentials in it: tests/render/test_rbac.py.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The GKE steps for a stage launched by Ray (``launcher: ray``): a KubeRay RayJob, over real HTTP.
 
-As in tests/test_gke_steps.py: kmock's emulator (tests/kube_cluster.py), the steps acting as the pipeline's
+As in tests/backends/gke/test_steps.py: kmock's emulator (tests/kube_cluster.py), the steps acting as the pipeline's
 ServiceAccount under the rendered RBAC, and controller scripts (tests/kube_controllers.py: Kueue's RayJob
 integration and KubeRay, :class:`tests.kube_controllers.KubeRay`) that wait for the step to tell what it
 observed before their next change.
@@ -21,14 +21,13 @@ from multislice.plan import make_plan
 from multislice.render import ray as render_ray
 from multislice.render import rbac, schema
 from multislice.steps import admit, cleanup, launch, provision, train
-from tests import test_gke_steps as gke_steps
+from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_controllers import KubeRay, step_line
 from tests.kube_rbac import service_account_user
-from tests.test_gke_steps import POOLS, RUN_ID, Background
 
-# The emulated cluster, its controllers, the run's storage, node pools and the told lines: test_gke_steps' fixtures.
-served, play, told = gke_steps.served, gke_steps.play, gke_steps.told
-run_storage, node_pools = gke_steps.run_storage, gke_steps.node_pools
+# The emulated cluster (served, play), the told lines, the run's storage and the node pools: the GKE scenarios'
+# fixtures (tests/backends/gke/conftest.py); crd_schemas, plan and least_privilege are this module's own below.
+pytestmark = pytest.mark.usefixtures("run_storage", "node_pools")
 
 #: Every stage launched by Ray, on node pools with an extra network for DCN (DRANET claim templates).
 OVERRIDES = {
@@ -42,7 +41,7 @@ OVERRIDES = {
 
 @pytest.fixture(scope="module", autouse=True)
 def crd_schemas():
-    """The CRD validators built before the first scenario (see tests/test_gke_steps.py's fixture of that name)."""
+    """The CRD validators built before the first scenario (see test_steps.py's fixture of that name)."""
     plan = make_plan(config.load_profile("gke-v6e-16x2", OVERRIDES))
     schema.validate(render_ray.render_rayjob(plan, plan.stages[0], pipeline_run_id=RUN_ID))
     for obj in provision.kueue_objects(plan):
@@ -61,10 +60,6 @@ def least_privilege(served, plan):
     user = service_account_user(accounts.pipeline_namespace or plan.spec.namespace, accounts.pipeline)
     served.as_user(user, rbac.render_rbac_objects(plan))
     return served.cluster.authorizer
-
-
-def stage_of(plan):
-    return plan.stages[0]
 
 
 def kuberay(play, plan) -> KubeRay:

@@ -7,8 +7,8 @@ stage 2 keeps FSDP over DCN = 2 across the emulated slices; both checkpoints ver
 It runs the local-synthetic profile (the local profile's slices and recipes, MaxText's synthetic data, a
 1024-token vocabulary): what differs between the launchers is how the stage's processes start, and the real-data
 stages' one launcher-specific need (the tokenizer's ``maxtext:`` path, resolved in the worker) is shared with the
-JobSet worker (:func:`multislice.trainer.worker.maxtext_argv`, tested in tests/test_data.py); the real-data
-stages' Llama 3 vocabulary would make this run several times longer.
+JobSet worker (:func:`multislice.trainer.worker.maxtext_argv`, tested in tests/steps/test_prepare_data.py); the
+real-data stages' Llama 3 vocabulary would make this run several times longer.
 """
 
 from __future__ import annotations

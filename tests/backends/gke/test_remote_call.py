@@ -4,7 +4,7 @@ A controller script plays Kueue, the JobSet controller and the kubelet, and
 the hosts of the remote worker: each host's markers (``.ready``, ``.result``)
 are written to the call's ``gs://`` directory as
 :mod:`multislice.trainer.remote_worker` writes them. The script waits on what
-the call tells (:class:`tests.test_gke_steps.Told`) before each change.
+the call tells (:class:`tests.backends.gke.harness.Told`) before each change.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from multislice.backends.gke import GkeBackend
 from multislice.errors import InputError
 from multislice.remote_call import RemoteError, RemoteExit, ResultTimeout, attach, run_remote
 from multislice.trainer.remote_worker import MARK, host_key, outcome_of
-from tests.kube_cluster import Served
-from tests.kube_controllers import Play
-from tests.test_gke_steps import POOLS, Background, Told, crd_schemas  # noqa: F401 - crd_schemas: a module fixture
+from tests.backends.gke.harness import POOLS, Background, Told
 
 CALL = "c0ffee00"
 JOBSET = f"remote-train-shard-{CALL}-remote"
@@ -30,24 +28,9 @@ CALL_DIR = f"gs://bucket/remote/remote-train-shard-{CALL}/remote"
 HOSTS = [(0, h) for h in range(4)]  # 1 x v6e-16: 4 hosts of 4 chips
 
 
-@pytest.fixture(autouse=True)
-def run_storage(gcs):
-    return gcs
-
-
-@pytest.fixture
-def served():
-    server = Served()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def play(served):
-    player = Play(served)
-    player.install_crds()
-    player.nodes({pool: 4 for pool in POOLS})
-    return player
+# The emulated cluster (served, play) and the call's storage: the GKE scenarios' fixtures
+# (tests/backends/gke/conftest.py).
+pytestmark = pytest.mark.usefixtures("crd_schemas", "run_storage")
 
 
 def train_shard(rows):

@@ -1,6 +1,6 @@
 """The Hugging Face exporter on small checkpoints made here (no training run): a sentencepiece stage, loaders, refusals.
 
-The shared end-to-end run (``tests/test_e2e_lineage.py``) exports the local profile's stage 2 (scanned layers,
+The shared end-to-end run (``tests/e2e/test_lineage.py``) exports the local profile's stage 2 (scanned layers,
 Llama 3 tiktoken). Here a checkpoint of the tiny preset's dims with unscanned layers and MaxText's Llama 2
 sentencepiece tokenizer (32,000 tokens, the model's vocab) is written in the trainer environment
 (:func:`benchmarks.export_memory.write_checkpoint`: MaxText's model initialised and saved by Orbax) and exported

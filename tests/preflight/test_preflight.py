@@ -16,7 +16,7 @@ from multislice.trainer import aot
 from tests.conftest import ROOT
 from tests.golden import no_cloud_env
 
-DATA = Path(__file__).with_name("data")
+DATA = ROOT / "tests" / "data"
 GIB = 2**30
 
 

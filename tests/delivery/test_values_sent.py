@@ -19,8 +19,8 @@ import pytest
 
 from multislice import config, remote_call
 from multislice.errors import ConfigError
+from tests.cli.test_hostile_input import _tree, assert_refused, run_cli
 from tests.fakes import FakeServer
-from tests.test_hostile_input import _tree, assert_refused, run_cli
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 PROFILE = "gke-v6e-16x2"

@@ -1,6 +1,6 @@
 """Elastic training on the local backend with scripted pods: preempt a slice, shrink, grow back at a checkpoint.
 
-The pods are a small Python program standing in for MaxText (as in ``tests/test_local_backend.py``): the leader
+The pods are a small Python program standing in for MaxText (as in ``tests/backends/local/test_backend.py``): the leader
 logs MaxText's step lines and commits a "checkpoint" (a step directory) every 3 steps, and every attempt resumes
 after the latest committed one, as MaxText does. The capacity model, the supervisor, the JobSets, the train step
 and its resize policy are the real ones. Event-driven: the preemption and the capacity's return are done from the

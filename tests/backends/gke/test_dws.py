@@ -6,7 +6,7 @@ AdmissionCheck that the ClusterQueue names (as xpk renders them), valid against 
 the RBAC grants applying exactly those; without it nothing changes. Waits: flex-start stretches admit, launch
 and the Unschedulable grace to ``node_pools.max_wait_for_capacity_seconds`` (default seven days).
 
-Scenarios (the harness of tests/test_gke_steps.py: kmock's emulator over HTTP, enforced RBAC, scripted
+Scenarios (the harness of tests/backends/gke/test_steps.py: kmock's emulator over HTTP, enforced RBAC, scripted
 controllers that wait for the step to report what they changed, never sleeping).
 """
 
@@ -25,25 +25,17 @@ from multislice.plan import make_plan
 from multislice.render import kueue, rbac, schema
 from multislice.steps import admit, launch, provision
 from multislice.timings import DEFAULTS, timings_for, with_capacity_wait
+from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_cluster import FAST
 from tests.kube_rbac import service_account_user
-from tests.test_gke_steps import (  # noqa: F401 - fixtures used by name
-    POOLS,
-    RUN_ID,
-    Background,
-    crd_schemas,
-    node_pools,
-    play,
-    run_storage,
-    served,
-    stage_of,
-    told,
-)
 
 CHECK = "multislice-cluster-queue-dws"
 CONFIG = "multislice-cluster-queue-dws-config"
 BASE = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True}
 QUEUED = {**BASE, "node_pools.provisioning": "flex-start", "node_pools.queued_provisioning": True}
+
+# The GKE scenarios' fixtures this module's tests all take (tests/backends/gke/conftest.py).
+pytestmark = pytest.mark.usefixtures("crd_schemas", "node_pools", "run_storage")
 
 
 def spec_of(overrides):

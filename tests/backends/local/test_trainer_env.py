@@ -194,7 +194,7 @@ WORKER_OWN_IMPORTS = (
 def test_the_train_workers_own_imports_pull_in_no_torch_or_transformers(trainer_python):
     """The exporter and the HF loader need torch and transformers; the step loop does not (issue 28). This guards
     what the worker itself adds; that MaxText's train module, imported after ``lean_imports.install``, brings in
-    neither is asserted on the shared end-to-end run's worker logs (tests/test_e2e.py)."""
+    neither is asserted on the shared end-to-end run's worker logs (tests/e2e/test_local_run.py)."""
     done = run_in_trainer(trainer_python, WORKER_OWN_IMPORTS)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 from multislice import config, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
-from multislice.backends.gke import GkeBackend, exporter, jobs, nodepool, retry
+from multislice.backends.gke import GkeBackend, exporter, jobs, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
@@ -38,200 +37,13 @@ from multislice.steps import admit, cleanup, launch, preflight, provision, train
 from multislice.steps import export as export_step
 from multislice.steps import plan as plan_step
 from multislice.timings import DEFAULTS
-from tests.kube_cluster import FAST, Served, wait_until
+from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
+from tests.kube_cluster import FAST, wait_until
 from tests.kube_controllers import Play, step_line, verifier_log
 from tests.kube_rbac import service_account_user
 
-RUN_ID = "run-1111"
-POOLS = ["tpu-pool-0", "tpu-pool-1"]
-
-#: How long a controller script waits for the step to observe a change, seconds: far beyond what a loaded
-#: machine needs, below the step's own deadlines in FAST (so a scenario gone wrong names the missing event).
-WAIT_SECONDS = 60.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crd_schemas():
-    """The CRD schemas parsed and their validators built (cached per process) before the first scenario.
-
-    The first validation in a process parses every CRD in multislice/crds: measured 26 s on this 2-core
-    machine at load 9. Inside a scenario it would delay admit's first change (the JobSet's creation)
-    past a controller script's wait for it; the scenarios are about the cluster, not about this cost.
-    """
-    plan = make_plan(config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"}))
-    schema.validate(
-        render_jobset.render_jobset(plan, plan.stages[0], hardware=GkeBackend.hardware, pipeline_run_id=RUN_ID)
-    )
-    for obj in provision.kueue_objects(plan):
-        schema.validate(obj)
-
-
-@pytest.fixture
-def served():
-    server = Served()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def play(served):
-    player = Play(served)
-    player.install_crds()
-    player.nodes({pool: 4 for pool in POOLS})
-    return player
-
-
-@pytest.fixture
-def plan():
-    spec = config.load_profile(
-        "gke-v6e-16x2",
-        {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True},
-    )
-    return make_plan(spec)
-
-
-@pytest.fixture(autouse=True)
-def least_privilege(served, plan):
-    """Every scenario's steps act as the pipeline's ServiceAccount, under the RBAC ``multislice render`` writes.
-
-    The emulated API enforces the rendered Role and ClusterRoles as the API server does
-    (tests/kube_rbac.py): a verb or resource the steps use and RBAC does not grant is a 403 in the scenario.
-    """
-    accounts = plan.spec.service_accounts
-    user = service_account_user(accounts.pipeline_namespace or plan.spec.namespace, accounts.pipeline)
-    served.as_user(user, rbac.render_rbac_objects(plan))
-    return served.cluster.authorizer
-
-
-@pytest.fixture(autouse=True)
-def run_storage(gcs):
-    """The run directory is gs://bucket/runs/r1, on Cloud Storage served on 127.0.0.1."""
-    return gcs
-
-
-@pytest.fixture(autouse=True)
-def node_pools(monkeypatch):
-    """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded."""
-    calls = []
-
-    def ensure_node_pools(plan, client=None, *, on_progress=print, deadline=None):
-        calls.append(plan.spec.run_name)
-        on_progress(f"node pools {POOLS} adopted")
-        return {"node_pools": [{"name": pool, "action": "adopted"} for pool in POOLS]}
-
-    monkeypatch.setattr(nodepool, "ensure_node_pools", ensure_node_pools)
-    return calls
-
-
-class Told:
-    """The progress lines the steps tell (``[<step> <stage>] message``), for controller scripts to wait on.
-
-    A script makes a change, then :meth:`wait_for` the line that proves the step
-    observed it, before its next change. Lines are consumed in order: a wait
-    looks only at lines told after the one the previous wait matched (and after
-    the script's :class:`Background` started).
-    """
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self._cursor = 0
-        self._open = True
-        self._changed = threading.Condition()
-
-    def add(self, message: str) -> None:
-        with self._changed:
-            self.lines.append(message)
-            self._changed.notify_all()
-
-    def start(self) -> None:
-        """A script starts: later waits look at lines told from now on."""
-        with self._changed:
-            self._cursor, self._open = len(self.lines), True
-
-    def close(self) -> None:
-        """The step under test returned: waits for lines it has not told fail at once."""
-        with self._changed:
-            self._open = False
-            self._changed.notify_all()
-
-    def wait_for(self, pattern: str, timeout: float = WAIT_SECONDS) -> str:
-        """The first line told after the last match that ``re.search``-es ``pattern``; waits up to ``timeout`` s.
-
-        Raises:
-            AssertionError: not told within ``timeout`` seconds, or the step returned without telling it.
-        """
-        wanted = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                for index in range(self._cursor, len(self.lines)):
-                    if wanted.search(self.lines[index]):
-                        self._cursor = index + 1
-                        return self.lines[index]
-                self._cursor = len(self.lines)
-                left = deadline - time.monotonic()
-                if not self._open or left <= 0:
-                    why = "the step returned" if not self._open else f"{timeout:.0f} s passed"
-                    raise AssertionError(f"{why} before it told a line matching {pattern!r}; it told: {self.lines}")
-                self._changed.wait(left)
-
-
-@pytest.fixture
-def told(monkeypatch):
-    """Every progress line the steps tell (they still print), as a :class:`Told`."""
-    lines = Told()
-    say = step_lines.say
-
-    def say_and_record(step, message, stage=None):
-        say(step, message, stage)
-        lines.add(message)
-
-    monkeypatch.setattr(step_lines, "say", say_and_record)  # teller() looks it up at each call
-    return lines
-
-
-class Background:
-    """Runs a controller script in a thread while the step runs; re-raises its failure in the test.
-
-    Use as ``with Background(script, told): step(...)``: on leaving, ``told`` is
-    closed (the script's waits for the step end), the script is joined and its
-    failure raised; when the step failed too, the script's failure is a note on it.
-    """
-
-    def __init__(self, script, told: Told | None = None):
-        self.error = None
-        self.told = told
-        if told is not None:
-            told.start()
-        self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
-        self.thread.start()
-
-    def _run(self, script):
-        try:
-            script()
-        except BaseException as error:  # noqa: BLE001 - handed to the test
-            self.error = error
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if self.told is not None:
-            self.told.close()
-        if error is None:
-            self.join()
-            return False
-        self.thread.join(WAIT_SECONDS)
-        if self.error is not None:
-            error.add_note(f"the controller script failed too: {self.error!r}")
-        return False
-
-    def join(self):
-        self.thread.join(WAIT_SECONDS)
-        if self.thread.is_alive():
-            raise AssertionError(f"the controller script still runs after {WAIT_SECONDS:.0f} s")
-        if self.error:
-            raise self.error
+# What every scenario of this module had as autouse fixtures (tests/backends/gke/conftest.py).
+pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "run_storage", "node_pools")
 
 
 def aot_log(result: dict) -> str:
@@ -260,10 +72,6 @@ def compile_job_finishes(play, plan, stage, result):
         if count.runnable and count.slices != plan.spec.num_slices:
             smaller, target = plan.on_slices(stage, count.slices)
             job_finishes(play, job_name(smaller, request_for(smaller, target)), aot_log(result))
-
-
-def stage_of(plan):
-    return plan.stages[0]
 
 
 def admitted_jobset(play, plan, kube, *, pending=None, told=None):

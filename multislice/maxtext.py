@@ -3,7 +3,7 @@
 The pipeline environment cannot install MaxText (its dependency pins clash
 with kfp's), yet config validation must know MaxText's model names,
 parallelism axes, remat policies and defaults. They are copied here from the
-MaxText 0.2.5 sources named on each constant; ``tests/test_maxtext_facts.py``
+MaxText 0.2.5 sources named on each constant; ``tests/backends/local/test_trainer_env.py``
 checks every one against the installed MaxText in the trainer environment.
 """
 

@@ -110,6 +110,20 @@ class GkeLauncher(Launcher):
             raise LaunchFailed(f"{what} is not placed one slice per node pool: {'; '.join(problems)}", fix)
         return {name: PodPlacement(**info) for name, info in where.items()}
 
+    def _check_launch_deadline(
+        self, what: str, counted: str, pods_: list[Any], running: list[Any], expected: int, started: float, now: float
+    ) -> None:
+        """Raise :class:`LaunchFailed` once ``timings.launch_timeout`` seconds have passed since ``started`` (both
+        :func:`time.monotonic`) without ``expected`` of the ``counted`` pods running; ``pods_``: those pods, whose
+        other states the message lists."""
+        timeout = self.timings.launch_timeout
+        if now - started > timeout:
+            raise LaunchFailed(
+                f"{what}: {len(running)}/{expected} {counted} Running after {timeout:.0f} s; "
+                f"others: {waiting_states(pods_, running)}",
+                "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
+            )
+
     def _check_pods_can_start(
         self, plan: Plan, current: list[Any], unschedulable_since: dict[str, float], now: float
     ) -> None:
@@ -199,12 +213,7 @@ class JobSetLauncher(GkeLauncher):
                     + capacity_wait(plan, unschedulable_since, now, timings.unschedulable_grace)
                 )
                 last_report = now
-            if now - started > timings.launch_timeout:
-                raise LaunchFailed(
-                    f"JobSet {stage.workload}: {len(running)}/{expected} pods Running after "
-                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(current, running)}",
-                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
-                )
+            self._check_launch_deadline(f"JobSet {stage.workload}", "pods", current, running, expected, started, now)
             time.sleep(timings.poll_seconds)
         placement = self._placement(
             running, state, f"JobSet {stage.workload}",
@@ -421,12 +430,9 @@ class RayJobLauncher(GkeLauncher):
                     f"{waiting_states(heads + workers, running + [p for p in heads if p.status.phase == 'Running'])}"
                 )
                 last_report = now
-            if now - started > timings.launch_timeout:
-                raise LaunchFailed(
-                    f"RayJob {stage.workload}: {len(running)}/{expected} worker pods Running after "
-                    f"{timings.launch_timeout:.0f} s; others: {waiting_states(workers, running)}",
-                    "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
-                )
+            self._check_launch_deadline(
+                f"RayJob {stage.workload}", "worker pods", workers, running, expected, started, now
+            )
             time.sleep(timings.poll_seconds)
         placement = self._placement(
             running, state, f"RayJob {stage.workload}",

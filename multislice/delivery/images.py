@@ -276,8 +276,7 @@ def ensure_source_bucket(
 
     def not_ours(why: str) -> InputError:
         return InputError(
-            f"gs://{bucket} {why}; the source tarball (the whole repository) would go to a bucket "
-            f"project {project} may not own, and nothing was uploaded",
+            f"gs://{bucket} {why}; nothing was uploaded (the source tarball is the whole repository)",
             "give a bucket of your own with --source-bucket (e.g. --source-bucket "
             f"{project}-multislice-build), or delete gs://{bucket} if it is yours",
         )
@@ -297,7 +296,7 @@ def ensure_source_bucket(
             return True
     except exceptions.Forbidden:
         if check_ownership:
-            raise not_ours("exists but this account may not read it (another project's bucket?)") from None
+            raise not_ours(f"exists, but this account may not read it to check that {project} owns it") from None
         raise InputError(
             f"this account may not read gs://{bucket} (--source-bucket)",
             "grant it roles/storage.admin on the bucket, or give another bucket with --source-bucket",

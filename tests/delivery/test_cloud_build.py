@@ -339,3 +339,24 @@ def test_the_cli_passes_the_build_options_on(monkeypatch, tmp_path):
         "service_account": ACCOUNT, "logging": "CLOUD_LOGGING_ONLY", "logs_bucket": "gs://logs",
         "output_dir": str(tmp_path),
     }  # fmt: skip
+
+
+def test_a_default_bucket_this_account_may_not_read_is_refused(services, monkeypatch, tmp_path):
+    """The real service answers 403 to a get of another project's bucket (the emulator has no IAM: the get is
+    made to answer as the service would)."""
+    from google.api_core import exceptions
+
+    gcs, _, store = services
+
+    def forbidden(name, *args, **kwargs):
+        raise exceptions.Forbidden(f"GET https://storage.googleapis.com/storage/v1/b/{name}: no storage.buckets.get")
+
+    monkeypatch.setattr(store, "get_bucket", forbidden)
+    with pytest.raises(InputError) as raised:
+        build(services, tmp_path)
+    assert f"gs://{BUCKET} exists, but this account may not read it to check that {PROJECT} owns it" in str(
+        raised.value
+    )
+    assert gcs.names(BUCKET) == [] and services[1].requests == []
+    with pytest.raises(InputError, match="this account may not read gs://shared-builds"):
+        build(services, tmp_path, bucket="shared-builds")

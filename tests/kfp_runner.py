@@ -139,7 +139,12 @@ def replay_task(
             "name": node_id,
             "labels": {LABEL_WORKFLOW: workflow, LABEL_REPORT_OUTPUTS_COMPLETED: "false"},
             "ownerReferences": [
-                {"apiVersion": f"{ARGO_GROUP}/{ARGO_VERSION}", "kind": "Workflow", "name": workflow, "uid": workflow_uid}
+                {
+                    "apiVersion": f"{ARGO_GROUP}/{ARGO_VERSION}",
+                    "kind": "Workflow",
+                    "name": workflow,
+                    "uid": workflow_uid,
+                }
             ],
         },
     }

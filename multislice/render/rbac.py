@@ -151,7 +151,7 @@ KFP_LAUNCHER_CONFIGMAP = "kfp-launcher"
 
 
 def kfp_runner_rules(plan: Plan) -> list[dict[str, Any]]:
-    """The Role KFP's pods need as ``service_accounts.pipeline`` in ``pipeline_namespace`` (:data:`KFP_RUNNER_REQUESTS`).
+    """What KFP's pods ask as ``service_accounts.pipeline`` in ``pipeline_namespace`` (:data:`KFP_RUNNER_REQUESTS`).
 
     Returns:
         Rules: ``configmaps`` get of ``kfp-launcher`` only; ``secrets`` get of ``service_accounts.kfp_artifact_secrets``

@@ -139,7 +139,11 @@ def test_kfp_runner_role_grants_what_kfp_and_argo_ask_in_the_pipeline_namespace_
     }
     binding = objs[("RoleBinding", "multislice-pipeline-kfp-runner")]
     assert binding["metadata"]["namespace"] == "kubeflow"
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "kubeflow"}]
     custom = objects(**{"service_accounts.kfp_artifact_secrets": ["s3-creds"]})
     assert rules_table(custom[("Role", "multislice-pipeline-kfp-runner")])[("", "secrets")] == (["get"], ["s3-creds"])

@@ -25,11 +25,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from kubernetes import client as k8s
-from kubernetes.client import rest as k8s_rest
 from google.api_core.client_options import ClientOptions
 from google.cloud import container_v1
 from google.oauth2.credentials import Credentials
+from kubernetes import client as k8s
+from kubernetes.client import rest as k8s_rest
 
 from multislice.backends.gke import access
 from multislice.config import ClusterSpec
@@ -133,7 +133,9 @@ def _pki(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
     paths[0].write_bytes(pem(public_ca))
     paths[1].write_bytes(pem(leaf))
     paths[2].write_bytes(
-        leaf_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
     )
     paths[3].write_bytes(pem(cluster_ca))
     return paths[0], paths[1], paths[2], paths[3]

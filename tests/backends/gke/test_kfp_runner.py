@@ -34,14 +34,17 @@ def served():
 
 
 def _plan(**overrides):
-    return make_plan(config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs", **overrides}))
+    return make_plan(
+        config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs", **overrides})
+    )
 
 
 def _kfp_installed(served: Served, namespace: str, launcher_config: bool) -> None:
     """What a KFP install leaves in the run's namespace: the artifact store's Secret, maybe ``kfp-launcher``."""
     core = k8s.CoreV1Api(served.api(admin=True))
     core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "mlpipeline-minio-artifact"}, "data": {"accesskey": "YQ==", "secretkey": "Yg=="}}
+        namespace,
+        {"metadata": {"name": "mlpipeline-minio-artifact"}, "data": {"accesskey": "YQ==", "secretkey": "Yg=="}},
     )
     if launcher_config:
         core.create_namespaced_config_map(
@@ -77,7 +80,13 @@ def test_kfp_driver_launcher_and_argo_executor_run_under_the_rendered_role(serve
     namespace = plan.spec.service_accounts.pipeline_namespace or plan.spec.namespace
     _kfp_installed(served, namespace, launcher_config)
     replays = _run(served, plan, rbac.render_rbac_objects(plan))
-    assert replays[0].requests[0] == ("KFP driver", "get", "configmaps", "kfp-launcher", 200 if launcher_config else 404)
+    assert replays[0].requests[0] == (
+        "KFP driver",
+        "get",
+        "configmaps",
+        "kfp-launcher",
+        200 if launcher_config else 404,
+    )
     assert replays[0].launcher_config == ({"defaultPipelineRoot": "gs://bucket/runs/root"} if launcher_config else None)
     for replay in replays:
         assert ("KFP launcher", "get", "secrets", "mlpipeline-minio-artifact", 200) in replay.requests

@@ -438,8 +438,10 @@ class ClusterSpec(_Strict):
 
     - ``in-cluster``: the pod's ServiceAccount (KFP installed on the same GKE cluster);
     - ``kubeconfig``: a kubeconfig file's context (``kubeconfig_context``, default the current one);
-    - ``gke``: endpoint and CA from the GKE API plus a google-auth token (Vertex AI
-      Pipelines, whose components run outside the cluster).
+    - ``gke``: the control-plane endpoint from the GKE API plus a google-auth token (Vertex AI
+      Pipelines, whose components run outside the cluster): the DNS-based endpoint when it allows
+      external traffic, else the public IP endpoint with the cluster's CA; a cluster with only a
+      private IP endpoint is refused with the fix (:func:`multislice.backends.gke.access.control_plane`).
     """
 
     project: str | None = Field(default=None, description="Google Cloud project of the GKE cluster.")

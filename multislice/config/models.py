@@ -438,8 +438,10 @@ class ClusterSpec(_Strict):
 
     - ``in-cluster``: the pod's ServiceAccount (KFP installed on the same GKE cluster);
     - ``kubeconfig``: a kubeconfig file's context (``kubeconfig_context``, default the current one);
-    - ``gke``: endpoint and CA from the GKE API plus a google-auth token (Vertex AI
-      Pipelines, whose components run outside the cluster).
+    - ``gke``: the control-plane endpoint from the GKE API plus a google-auth token (Vertex AI
+      Pipelines, whose components run outside the cluster): the DNS-based endpoint when it allows
+      external traffic, else the public IP endpoint with the cluster's CA; a cluster with only a
+      private IP endpoint is refused with the fix (:func:`multislice.backends.gke.access.control_plane`).
     """
 
     project: str | None = Field(default=None, description="Google Cloud project of the GKE cluster.")
@@ -693,6 +695,11 @@ class ServiceAccountsSpec(_Strict):
     ``iam.gke.io/gcp-service-account`` that lets them write checkpoints to
     Cloud Storage as that Google service account
     (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+    On KFP the run's whole Argo Workflow runs as ``pipeline`` in
+    ``pipeline_namespace``, so a second Role there grants what KFP's driver and
+    launcher and Argo's executor ask of the API (the ``kfp-launcher``
+    ConfigMap, ``kfp_artifact_secrets``, ``workflowtaskresults``): see
+    :func:`multislice.render.rbac.kfp_runner_rules`.
     """
 
     pipeline: str = Field(
@@ -710,6 +717,11 @@ class ServiceAccountsSpec(_Strict):
     trainer_gcp_service_account: str | None = Field(
         default=None,
         description="Google service account of the training pods (Workload Identity), e.g. for gs:// output.",
+    )
+    kfp_artifact_secrets: list[str] = Field(
+        default_factory=lambda: ["mlpipeline-minio-artifact"],
+        description="Secrets in pipeline_namespace the KFP launcher reads the pipeline root's credentials from "
+        "(KFP's default store: mlpipeline-minio-artifact); [] for a gs:// root read with the pod's identity.",
     )
     kueue_cluster_objects: bool = Field(
         default=False,
@@ -733,6 +745,14 @@ class ServiceAccountsSpec(_Strict):
     def _account(cls, value: str) -> str:
         if not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > 253:
             raise ValueError(f"{value!r} is not a ServiceAccount name (lower-case DNS-1123 subdomain)")
+        return value
+
+    @field_validator("kfp_artifact_secrets")
+    @classmethod
+    def _secrets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not names.DNS1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+                raise ValueError(f"{name!r} is not a Secret name (lower-case DNS-1123 subdomain)")
         return value
 
     @field_validator("pipeline_namespace")

@@ -45,6 +45,23 @@ ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admi
 a second ClusterRole lets the pipeline get and server-side apply (patch)
 exactly those objects, by name (create included, as above).
 
+On Kubeflow Pipelines the run's whole Argo Workflow runs as the run's
+ServiceAccount (KFP's API server sets ``spec.serviceAccountName`` from the
+run's ``service_account``, else ``pipeline-runner`` / multi-user
+``default-editor``: kubeflow/pipelines 2.17.0 ``backend/src/apiserver/template/template.go``
+``setDefaultServiceAccount``, ``backend/src/common/util/workflow.go``
+``SetServiceAccount``), so KFP's driver and launcher and Argo's executor make
+their own requests as ``service_accounts.pipeline``, in the namespace the run's
+pods are in (``pipeline_namespace``). A second Role there,
+``<pipeline>-kfp-runner`` (:func:`kfp_runner_rules`), bound to the
+ServiceAccount only, grants exactly those (:data:`KFP_RUNNER_REQUESTS`). Why
+not bind to KFP's own accounts instead: ``pipeline-runner``
+(``manifests/kustomize/base/pipeline/pipeline-runner-role.yaml``: ``pods``,
+``jobs``, ``deployments`` ``*``, every ``secrets`` get) and ``default-editor``
+(the ``kubeflow-edit`` ClusterRole) are shared by every pipeline of the
+namespace: binding the JobSet, Kueue and Lease rights to them would hand
+those to every other pipeline, and theirs to this one.
+
 The trainer's ServiceAccount (``service_accounts.trainer``) gets no Kubernetes
 API rights and no mounted token; with ``trainer_gcp_service_account`` it
 carries the Workload Identity annotation ``iam.gke.io/gcp-service-account``
@@ -104,6 +121,51 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
     ]
 
 
+#: The Kubernetes API requests KFP's pods make as the run's ServiceAccount, in the pods' namespace, and what a
+#: refusal does: ``(component, verb, API group, resource, name, source, on Forbidden)``. Name None: any name (a
+#: POST ``create`` carries none for RBAC). Read from kubeflow/pipelines 2.17.0 and the Argo Workflows it pins
+#: (``go.mod``: argo-workflows/v4 v4.0.5). Not made by this pipeline, so not granted: the driver's PVC
+#: create/get/delete (``backend/src/v2/driver/k8s.go``, kfp-kubernetes ``CreatePVC``/``DeletePVC`` tasks only),
+#: the importer's ConfigMap read (no ``dsl.importer`` here), the launcher's read of its own pod for the retry
+#: index (``launcher_v2.go`` ``retryIndexFromPodAnnotation``: only when ``KFP_RETRY_INDEX`` is unset, which
+#: KFP 2.17's compiler sets, and a refusal is only a warning), Argo's artifact-repository secrets (the
+#: executor reads them from a volume the controller mounts, ``workflow/executor/executor.go`` ``GetSecret``).
+KFP_RUNNER_REQUESTS: tuple[tuple[str, str, str, str, str | None, str, str], ...] = (
+    ("KFP driver (root DAG)", "get", "", "configmaps", "kfp-launcher",
+     "backend/src/v2/driver/root_dag.go RootDAG -> backend/src/v2/config/env.go FromConfigMap",
+     "fatal: only NotFound falls back to the defaults; the run fails at its first driver pod"),
+    ("KFP launcher", "get", "", "secrets", "<kfp_artifact_secrets>",
+     "backend/src/v2/component/launcher_v2.go Execute -> backend/src/v2/objectstore/object_store.go OpenBucket "
+     "(getS3BucketCredential, getGCSTokenClient; not with fromEnv credentials)",
+     "fatal: the component fails before its command runs"),
+    ("Argo executor (wait)", "create", "argoproj.io", "workflowtaskresults", None,
+     "workflow/executor/taskresult.go createTaskResult (name: the node ID)",
+     "retried without end (reportResult): the step never completes"),
+    ("Argo executor (wait)", "patch", "argoproj.io", "workflowtaskresults", "<node ID>",
+     "workflow/executor/taskresult.go patchTaskResult, patchTaskResultLabels (merge patch)",
+     "retried without end (reportResult): the step never completes"),
+)  # fmt: skip
+
+#: KFP's launcher ConfigMap (``backend/src/v2/config/env.go``, ``configMapName``).
+KFP_LAUNCHER_CONFIGMAP = "kfp-launcher"
+
+
+def kfp_runner_rules(plan: Plan) -> list[dict[str, Any]]:
+    """What KFP's pods ask as ``service_accounts.pipeline`` in ``pipeline_namespace`` (:data:`KFP_RUNNER_REQUESTS`).
+
+    Returns:
+        Rules: ``configmaps`` get of ``kfp-launcher`` only; ``secrets`` get of ``service_accounts.kfp_artifact_secrets``
+        only (no rule when empty); ``argoproj.io`` ``workflowtaskresults`` create and patch (not by name: a POST
+        carries no name for RBAC, and the names are Argo's node IDs).
+    """
+    secrets = plan.spec.service_accounts.kfp_artifact_secrets
+    rules = [_rule("", ["configmaps"], ["get"], [KFP_LAUNCHER_CONFIGMAP])]
+    if secrets:
+        rules.append(_rule("", ["secrets"], ["get"], list(secrets)))
+    rules.append(_rule("argoproj.io", ["workflowtaskresults"], ["create", "patch"]))
+    return rules
+
+
 def launcher_rules(plan: Plan) -> list[dict[str, Any]]:
     """What the plan's launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for a
     stage with ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates; none without one."""
@@ -158,7 +220,8 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
 
     Returns:
         Plain objects in apply order: ServiceAccount (pipeline), ServiceAccount (trainer),
-        Role, RoleBinding, ClusterRole, ClusterRoleBinding, then, with
+        Role, RoleBinding, ClusterRole, ClusterRoleBinding, the KFP runner Role and RoleBinding in
+        ``pipeline_namespace`` (:func:`kfp_runner_rules`), then, with
         ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding.
         Each passes :func:`problems`.
 
@@ -212,6 +275,22 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
             "metadata": _meta(f"{cluster_read}-{pipeline_ns}"),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_read},
             "subjects": subjects,
+        },
+    ]
+    kfp_runner = f"{role}-kfp-runner"
+    objects += [
+        {
+            "apiVersion": RBAC_API,
+            "kind": "Role",
+            "metadata": _meta(kfp_runner, pipeline_ns),
+            "rules": kfp_runner_rules(plan),
+        },
+        {
+            "apiVersion": RBAC_API,
+            "kind": "RoleBinding",
+            "metadata": _meta(kfp_runner, pipeline_ns),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": kfp_runner},
+            "subjects": subjects[:1],  # the ServiceAccount: KFP's pods run as it; Vertex AI runs no KFP driver
         },
     ]
     if accounts.kueue_cluster_objects:

@@ -121,6 +121,39 @@ def test_pipeline_account_in_another_namespace_and_vertex_identity():
     assert ("ClusterRoleBinding", "multislice-pipeline-cluster-read-kubeflow") in objs
 
 
+def test_kfp_runner_role_grants_what_kfp_and_argo_ask_in_the_pipeline_namespace_only():
+    """KFP runs the Argo Workflow as the run's ServiceAccount: its driver, launcher and Argo's executor get exactly
+    their requests (rbac.KFP_RUNNER_REQUESTS), where KFP's pods run, bound to the ServiceAccount and no User."""
+    objs = objects(
+        **{
+            "service_accounts.pipeline_namespace": "kubeflow",
+            "service_accounts.pipeline_gcp_service_account": "pipelines@my-project.iam.gserviceaccount.com",
+        }
+    )
+    role = objs[("Role", "multislice-pipeline-kfp-runner")]
+    assert role["metadata"]["namespace"] == "kubeflow"
+    assert rules_table(role) == {
+        ("", "configmaps"): (["get"], ["kfp-launcher"]),
+        ("", "secrets"): (["get"], ["mlpipeline-minio-artifact"]),
+        ("argoproj.io", "workflowtaskresults"): (["create", "patch"], None),
+    }
+    binding = objs[("RoleBinding", "multislice-pipeline-kfp-runner")]
+    assert binding["metadata"]["namespace"] == "kubeflow"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "kubeflow"}]
+    custom = objects(**{"service_accounts.kfp_artifact_secrets": ["s3-creds"]})
+    assert rules_table(custom[("Role", "multislice-pipeline-kfp-runner")])[("", "secrets")] == (["get"], ["s3-creds"])
+    none = objects(**{"service_accounts.kfp_artifact_secrets": []})
+    assert ("", "secrets") not in rules_table(none[("Role", "multislice-pipeline-kfp-runner")])
+    # Every granted request is one of KFP's or Argo's, from their source.
+    granted = {(group, resource, verb) for (group, resource), (verbs, _) in rules_table(role).items() for verb in verbs}
+    assert granted == {(r[2], r[3], r[1]) for r in rbac.KFP_RUNNER_REQUESTS}
+
+
 def test_every_rbac_object_validates_and_problems_are_found():
     for obj in objects(**{"service_accounts.kueue_cluster_objects": True}).values():
         assert rbac.problems(obj) == [], obj["metadata"]["name"]
@@ -155,6 +188,7 @@ def test_every_rbac_object_validates_and_problems_are_found():
         ({"service_accounts.trainer": "multislice-pipeline"}, "service_accounts"),
         ({"service_accounts.trainer_gcp_service_account": "someone@gmail.com"}, "trainer_gcp_service_account"),
         ({"service_accounts.pipeline": "Pipeline"}, "service_accounts.pipeline"),
+        ({"service_accounts.kfp_artifact_secrets": ["Bad_Secret"]}, "service_accounts.kfp_artifact_secrets"),
     ],
 )
 def test_service_account_errors_name_the_field(overrides, field):

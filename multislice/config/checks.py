@@ -6,6 +6,7 @@ import math
 
 from multislice import exporting, libtpu_flags, names
 from multislice.config.elastic import elastic_issues
+from multislice.config import models
 from multislice.config.models import RunSpec
 
 
@@ -101,6 +102,10 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
         issues += elastic_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
+        declared = getattr(stage.data, "sequences", None)
+        lasts = declared is not None and models.data_lasts_issue(stage, declared, global_batch)
+        if lasts:
+            issues.append((f"{where}.steps", lasts))
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (

@@ -250,9 +250,9 @@ class _HubToken(_Strict):
     @classmethod
     def _kubernetes_secret(cls, value: str) -> str:
         if value and (not SECRET_NAME.fullmatch(value) or len(value) > 253):
+            what = "a token" if value.startswith("hf_") else f"{value[:80]!r}"  # never echo a token
             raise ValueError(
-                f"{value[:80]!r} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
-                "never the token"
+                f"{what} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, never the token"
             )
         return value
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from multislice import exporting, libtpu_flags, names
-from multislice.config.elastic import elastic_issues
 from multislice.config import models
+from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec
 
 

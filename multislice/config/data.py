@@ -252,7 +252,8 @@ class _HubToken(_Strict):
         if value and (not SECRET_NAME.fullmatch(value) or len(value) > 253):
             what = "a token" if value.startswith("hf_") else f"{value[:80]!r}"  # never echo a token
             raise ValueError(
-                f"{what} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, never the token"
+                f"{what} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
+                "never the token"
             )
         return value
 
@@ -342,8 +343,9 @@ class HFData(_HubToken):
 
 
 class TFDSData(_Strict):
-    """A TFDS dataset as prepared on disk (``dataset_path``/``name``/``version``/``<name>-<split>.<format>-NNNNN-of-NNNNN``),
-    read by MaxText's **grain** pipeline, not its tfds one.
+    """A TFDS dataset as prepared on disk
+    (``dataset_path``/``name``/``version``/``<name>-<split>.<format>-NNNNN-of-NNNNN``), read by MaxText's
+    **grain** pipeline, not its tfds one.
 
     MaxText 0.2.5's ``dataset_type=tfds`` needs ``tensorflow`` and ``tensorflow_datasets``, which the trainer image
     does not install (a stage on it would fail when training starts); MaxText itself moves TFDS data onto grain:

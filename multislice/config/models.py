@@ -298,8 +298,9 @@ def data_lasts_issue(stage: Any, sequences: int, global_batch: float) -> str | N
     most = have // max(round(global_batch), 1)
     return (
         f"steps: {stage.steps} steps x {round(global_batch)} sequences per step = {need:,} sequences, but the data "
-        f"holds {sequences:,} training sequences" + (f" x num_epoch {epochs}" if epochs > 1 else "") +
-        f"; MaxText would stop when they run out. Lower steps to at most {most}, add data, or set "
+        f"holds {sequences:,} training sequences"
+        + (f" x num_epoch {epochs}" if epochs > 1 else "")
+        + f"; MaxText would stop when they run out. Lower steps to at most {most}, add data, or set "
         f"maxtext_overrides.num_epoch: {-(-need // sequences)}"
     )
 
@@ -410,7 +411,9 @@ class Stage(_Strict):
             raise ValueError(
                 f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
             )
-        secret = next((key for key, item in value.items() if key in maxtext.SECRET_KEYS or _looks_like_token(item)), None)
+        secret = next(
+            (key for key, item in value.items() if key in maxtext.SECRET_KEYS or _looks_like_token(item)), None
+        )
         if secret is not None:
             raise ValueError(
                 f"maxtext_overrides.{secret}: a credential in maxtext_overrides would be written into the JobSet's "

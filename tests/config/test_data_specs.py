@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -91,12 +92,15 @@ HOSTILE = {
         "as Parquet only",
     ),
     # mixtures
-    "mixture-no-weight": ({"kind": "grain", "train_files": "{t}/web-*;{t}/code-*"}, {}, "data.grain.train_files", "glob,weight"),
+    "mixture-no-weight": (
+        {"kind": "grain", "train_files": "{t}/web-*;{t}/code-*"}, {}, "data.grain.train_files", "glob,weight"
+    ),
     "mixture-two-commas": (
         {"kind": "grain", "train_files": "{t}/web-*,0.5,1;{t}/code-*,0.5"}, {}, "data.grain.train_files", "glob,weight"
     ),
     "mixture-weight-word": (
-        {"kind": "grain", "train_files": "{t}/web-*,half;{t}/code-*,0.5"}, {}, "data.grain.train_files", "is not a number"
+        {"kind": "grain", "train_files": "{t}/web-*,half;{t}/code-*,0.5"}, {}, "data.grain.train_files",
+        "is not a number",
     ),
     "mixture-zero-weight": (
         {"kind": "grain", "train_files": "{t}/web-*,0;{t}/code-*,1"}, {}, "data.grain.train_files", "positive finite"
@@ -107,7 +111,9 @@ HOSTILE = {
     "mixture-inf-weight": (
         {"kind": "grain", "train_files": "{t}/web-*,inf;{t}/code-*,1"}, {}, "data.grain.train_files", "positive finite"
     ),
-    "mixture-empty-glob": ({"kind": "grain", "train_files": ",1;{t}/code-*,1"}, {}, "data.grain.train_files", "glob,weight"),
+    "mixture-empty-glob": (
+        {"kind": "grain", "train_files": ",1;{t}/code-*,1"}, {}, "data.grain.train_files", "glob,weight"
+    ),
     "mixture-part-missing": (
         {"kind": "grain", "train_files": "{t}/web-*,0.7;{t}/empty/*,0.3"}, {}, "data.train_files", "matches no file"
     ),
@@ -188,7 +194,8 @@ HOSTILE = {
         "has 32000 tokens",
     ),
     "hf-data-sentencepiece": (
-        {"kind": "hf", "path": "a/b"}, {"tokenizer": _tok("sentencepiece", "maxtext:assets/tokenizers/tokenizer.llama2")},
+        {"kind": "hf", "path": "a/b"},
+        {"tokenizer": _tok("sentencepiece", "maxtext:assets/tokenizers/tokenizer.llama2")},
         "tokenizer", "AutoTokenizer",
     ),
     "hf-data-other-tiktoken": (
@@ -269,8 +276,6 @@ def test_what_maxtext_supports_is_accepted(files):
         plan = plan_step.run(profile_with(files, data), {})
         assert plan.stages[0].maxtext_args
         for child in (files / "out").iterdir():  # each plan writes its run directory: start the next afresh
-            import shutil
-
             shutil.rmtree(child)
 
 

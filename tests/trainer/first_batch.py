@@ -51,9 +51,9 @@ def _tfrecord(path: Path, records: list[bytes]) -> None:
 
 
 def write_files(root: Path) -> None:
-    from array_record.python.array_record_module import ArrayRecordWriter
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from array_record.python.array_record_module import ArrayRecordWriter
 
     for name, texts in (("web", TEXTS[:40]), ("code", TEXTS[40:])):
         writer = ArrayRecordWriter(str(root / f"{name}-00000.array_record"), "group_size:1")

@@ -20,6 +20,7 @@ from multislice.backends.local import trainer_process_env
 from multislice.plan import make_plan
 from multislice.steps import prepare_data
 
+
 def _args(tmp_path: Path, data: dict) -> list[str]:
     profile = copy.deepcopy(config.read_profile("local"))
     profile.update(output_dir=str(tmp_path / "out"), num_slices=1)
@@ -46,7 +47,8 @@ def test_every_data_kind_reaches_a_first_batch_through_maxtexts_pipeline(tmp_pat
         "text": {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.1},
         "grain-arrayrecord": {"kind": "grain", "train_files": f"{files}/web-*.array_record"},
         "grain-mixture": {
-            "kind": "grain", "train_files": f"{files}/web-*.array_record,0.7;{files}/code-*.array_record,0.3"
+            "kind": "grain",
+            "train_files": f"{files}/web-*.array_record,0.7;{files}/code-*.array_record,0.3",
         },  # fmt: skip
         "grain-parquet": {"kind": "grain", "file_type": "parquet", "train_files": f"{files}/rows.parquet"},
         "hf-default-tokenizer": {"kind": "hf", "path": str(files / "hub-dataset")},

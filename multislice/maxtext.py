@@ -95,6 +95,11 @@ MANAGED_KEYS: frozenset[str] = frozenset(
 )  # fmt: skip
 
 
+#: MaxText keys that hold credentials: refused in ``maxtext_overrides`` (they would be plain text in the JobSet's
+#: args and the compiled pipeline); the token reaches the pods as ``$HF_TOKEN`` from a Secret instead.
+SECRET_KEYS: frozenset[str] = frozenset({"hf_access_token"})
+
+
 def format_value(value: object) -> str:
     """Format a Python value as MaxText's OmegaConf command line expects.
 

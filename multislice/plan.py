@@ -261,8 +261,10 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
     source = stage.data
     if isinstance(source, data.SyntheticData):
         return {"dataset_type": "synthetic"}
-    tokenizer = stage.tokenizer.maxtext_args()
-    tokenizer["tokenizer_path"] = stage.tokenizer.path
+    # MaxText's hf pipeline reads a Hugging Face tokenizer only: the default tiktoken file becomes its HF form.
+    chosen = stage.tokenizer.for_hf_pipeline() if isinstance(source, data.HFData) else stage.tokenizer
+    tokenizer = chosen.maxtext_args()
+    tokenizer["tokenizer_path"] = chosen.path
     args: dict[str, Any] = {}
     if isinstance(source, data.TextData):
         folder = _shards_dir(spec, stage, source)
@@ -295,14 +297,21 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
         if source.eval_split:
             args.update(hf_eval_split=source.eval_split, eval_data_columns=[source.column])
     elif isinstance(source, data.TFDSData):
+        # On grain, as MaxText moves TFDS data (grain_data_processing.py construct_tfds_tfrecord_path): its tfds
+        # pipeline needs TensorFlow, which the trainer image does not have.
         args = {
-            "dataset_type": "tfds",
-            "dataset_path": source.dataset_path,
-            "dataset_name": source.dataset_name,
-            "train_split": source.train_split,
+            "dataset_type": "grain",
+            "grain_file_type": source.grain_file_type(),
+            "grain_train_files": source.files(source.train_split),
+            "train_data_columns": [source.column],
+            "tokenize_train_data": True,
         }
         if source.eval_split:
-            args.update(eval_split=source.eval_split, eval_dataset_name=source.eval_dataset_name or source.dataset_name)
+            args.update(
+                grain_eval_files=source.files(source.eval_split, source.eval_dataset_name),
+                eval_data_columns=[source.column],
+                tokenize_eval_data=True,
+            )
     args.update(tokenizer)
     if stage.eval_interval > 0:
         args.update(eval_interval=stage.eval_interval, eval_steps=stage.eval_steps)

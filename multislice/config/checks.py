@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from multislice import exporting, libtpu_flags, names
+from multislice.config import models
 from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec
 
@@ -101,6 +102,11 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
         issues += elastic_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
+        issues += _data_token_issues(spec, stage, where)
+        declared = getattr(stage.data, "sequences", None)
+        lasts = declared is not None and models.data_lasts_issue(stage, declared, global_batch)
+        if lasts:
+            issues.append((f"{where}.steps", lasts))
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (
@@ -142,6 +148,23 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
         )
     return issues
+
+
+def _data_token_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
+    """Where the stage's Hugging Face dataset token can come from on its backend and launcher."""
+    k8s = getattr(stage.data, "hf_token_kubernetes_secret", "")
+    manager = getattr(stage.data, "hf_token_secret", "")
+    field = f"{where}.data"
+    if k8s and manager:
+        return [(f"{field}.hf_token_secret", "both hf_token_kubernetes_secret and hf_token_secret are set; keep one")]
+    if k8s and spec.backend == "local":
+        return [(f"{field}.hf_token_kubernetes_secret", "the local backend has no Kubernetes Secrets: its pods read "
+                 "this machine's $HF_TOKEN; export HF_TOKEN and unset data.hf_token_kubernetes_secret")]  # fmt: skip
+    if manager and (stage.launcher or spec.launcher) == "ray":
+        return [(f"{field}.hf_token_secret", "a Ray stage's MaxText runs in Ray worker processes that KubeRay starts "
+                 "(ray start), which cannot be wrapped to read Secret Manager first; use "
+                 "data.hf_token_kubernetes_secret (the worker pods get $HF_TOKEN by reference)")]  # fmt: skip
+    return []
 
 
 def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:

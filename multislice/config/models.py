@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
+from multislice.config.data import HF_PREFIX as HF_GLOB_PREFIX
 from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
 from multislice.config.values import INT32_MAX, INT32_MIN, MAX_TIMEOUT_SECONDS
 
@@ -271,6 +272,39 @@ class LibtpuFlagsSpec(_Strict):
         return self
 
 
+#: The shape of a Hugging Face user access token (``hf_`` and 30 or more letters and digits).
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{30,}")
+
+
+def _looks_like_token(value: Any) -> bool:
+    """Whether a ``maxtext_overrides`` value holds a Hugging Face access token."""
+    items = value if isinstance(value, list) else [value]
+    return any(isinstance(item, str) and _HF_TOKEN.search(item) for item in items)
+
+
+def data_lasts_issue(stage: Any, sequences: int, global_batch: float) -> str | None:
+    """Why ``steps`` x ``global_batch`` (sequences per step across every slice) runs past the ``sequences`` the data
+    holds (times MaxText's ``num_epoch``), or None.
+
+    MaxText 0.2.5's grain pipeline repeats the data ``num_epoch`` times (``dataset.repeat(num_epoch)``, default 1
+    in ``configs/base.yml``) and stops a run whose iterator is exhausted ("You may have run out of training data").
+    An elastic stage keeps its global batch on fewer slices (gradient accumulation), so it reads the same count.
+    """
+    epochs = int(stage.maxtext_overrides.get("num_epoch", 1) or 1)
+    need = int(stage.steps * round(global_batch))
+    have = sequences * epochs
+    if need <= have:
+        return None
+    most = have // max(round(global_batch), 1)
+    return (
+        f"steps: {stage.steps} steps x {round(global_batch)} sequences per step = {need:,} sequences, but the data "
+        f"holds {sequences:,} training sequences"
+        + (f" x num_epoch {epochs}" if epochs > 1 else "")
+        + f"; MaxText would stop when they run out. Lower steps to at most {most}, add data, or set "
+        f"maxtext_overrides.num_epoch: {-(-need // sequences)}"
+    )
+
+
 class Stage(_Strict):
     """One training stage: a model, a batch and a parallelism plan.
 
@@ -377,6 +411,16 @@ class Stage(_Strict):
             raise ValueError(
                 f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
             )
+        secret = next(
+            (key for key, item in value.items() if key in maxtext.SECRET_KEYS or _looks_like_token(item)), None
+        )
+        if secret is not None:
+            raise ValueError(
+                f"maxtext_overrides.{secret}: a credential in maxtext_overrides would be written into the JobSet's "
+                "arguments and the compiled pipeline in plain text; remove it and name a Kubernetes Secret "
+                "(data.hf_token_kubernetes_secret, key 'token') or a Secret Manager secret version "
+                "(data.hf_token_secret): the trainer pods get it as $HF_TOKEN"
+            )
         # A profile that came through a KFP pipeline has every number a float: MaxText's integer keys get ints back.
         value = {key: maxtext.restore_integers(key, item) for key, item in value.items()}
         for key, item in value.items():
@@ -390,6 +434,22 @@ class Stage(_Strict):
 
     @model_validator(mode="after")
     def _data(self) -> Stage:
+        if self.data.kind == "hf" and self.tokenizer.for_hf_pipeline().type != "huggingface":
+            raise ValueError(
+                f"tokenizer: MaxText's hf pipeline loads its tokenizer with transformers.AutoTokenizer only "
+                f"(maxtext/input_pipeline/hf_data_processing.py), which cannot read the {self.tokenizer.type} file "
+                f"{self.tokenizer.path}; give tokenizer.type: huggingface with a directory holding tokenizer.json, "
+                "or the default tokenizer (its Hugging Face form is in the package), or use data kind grain"
+            )
+        grain_hub = [
+            name for name in ("train_files", "eval_files") if HF_GLOB_PREFIX in (getattr(self.data, name, "") or "")
+        ]
+        if grain_hub and getattr(self.data, "file_type", None) != "parquet":
+            raise ValueError(
+                f"data.{grain_hub[0]}: MaxText reads hf:// files as Parquet only (input_pipeline_utils.py "
+                f"make_parquet_iter_dataset; ArrayRecord and TFRecord readers open local or gs:// paths); set "
+                "data.file_type: parquet, or copy the files to gs://"
+            )
         if self.data.kind != "synthetic":
             vocab = self.model.vocab_size or maxtext.MODEL_DIMS.get(self.model.name or "", {}).get("vocab_size")
             problem = tokenizer_vocab_issue(vocab, self.tokenizer)

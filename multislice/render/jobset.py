@@ -57,6 +57,32 @@ Hardware = Literal["tpu", "cpu"]
 
 #: Module run by every training pod (trainer image).
 WORKER_MODULE = "multislice.trainer.worker"
+#: Runs a command with ``$HF_TOKEN`` read from Secret Manager (:mod:`multislice.trainer.hub_token`, by name: the
+#: render layer does not import the trainer's code).
+HUB_TOKEN_MODULE = "multislice.trainer.hub_token"
+#: The variable ``huggingface_hub`` reads a token from when MaxText's ``hf_access_token`` is unset, and the key of
+#: the Kubernetes Secret that holds it (as for the exporter's token, :mod:`multislice.backends.gke.exporter`).
+HF_TOKEN_ENV, HF_TOKEN_SECRET_KEY = "HF_TOKEN", "token"
+
+
+def data_token_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
+    """The trainer container's ``$HF_TOKEN`` from the Kubernetes Secret the stage's data names
+    (``data.hf_token_kubernetes_secret``), by reference: the kubelet reads it, the token is in no object this
+    project writes. None without one."""
+    secret = getattr(plan.spec.stage(stage.name).data, "hf_token_kubernetes_secret", "")
+    if not secret:
+        return []
+    return [{"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN_SECRET_KEY}}}]
+
+
+def with_data_token(plan: Plan, stage: StagePlan, command: list[str]) -> list[str]:
+    """``command`` run under :mod:`multislice.trainer.hub_token` when the stage's data names a Secret Manager secret
+    version (``data.hf_token_secret``): the pod reads the token at start and ``exec``s the command with it in
+    ``$HF_TOKEN`` (an argument list; the secret's name, never its value)."""
+    secret = getattr(plan.spec.stage(stage.name).data, "hf_token_secret", "")
+    if not secret:
+        return command
+    return ["python", "-m", HUB_TOKEN_MODULE, "--secret-version", secret, "--", *command]
 
 
 def unbuffered_env() -> dict[str, str]:
@@ -135,7 +161,7 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     own cache entries (:mod:`multislice.trainer.compile_cache`: JAX writes from
     process 0 only and keys CPU programs by the process's own devices).
     """
-    command = ["python", "-m", WORKER_MODULE]
+    command = with_data_token(plan, stage, ["python", "-m", WORKER_MODULE])
     args = []
     maxtext_args = list(stage.maxtext_args)
     if hardware == "cpu":
@@ -188,7 +214,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
         if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
             container["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
-        container["env"] = [*container.get("env", []), unbuffered_env()]
+        container["env"] = [*container.get("env", []), *data_token_env(plan, stage), unbuffered_env()]
         # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
         # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
         # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity

@@ -141,6 +141,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
     )
     if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
         worker["env"].insert(0, {"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)})
+    worker["env"][-1:-1] = jobset.data_token_env(plan, stage)  # Ray's worker processes inherit the pod's
     worker["ports"] = [
         {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
         {"containerPort": 8081, "name": "megascale", "protocol": "TCP"},

@@ -314,8 +314,8 @@ class EmergencyCheckpointSpec(_Strict):
     def _local_directory(cls, value: str) -> str:
         if not _ABSOLUTE_PATH.fullmatch(value) or ".." in value.split("/"):
             raise ValueError(
-                f"{value[:80]!r} is not an absolute path in the pod; give one like {DEFAULT_LOCAL_CHECKPOINT_DIRECTORY} "
-                "(letters, digits, '.', '_', '-' between slashes)"
+                f"{value[:80]!r} is not an absolute path in the pod; give one like "
+                f"{DEFAULT_LOCAL_CHECKPOINT_DIRECTORY} (letters, digits, '.', '_', '-' between slashes)"
             )
         if value in _RESERVED_MOUNTS or value.startswith("/dev/"):
             raise ValueError(

@@ -115,7 +115,9 @@ def run(
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
         report, line = _report(stage, records, finished, resizes, time.monotonic() - started, compiles)
         report = report.model_copy(update={"restores": restores})
-        tiers = [f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r]
+        tiers = [
+            f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r
+        ]
         line += "; restored " + ", ".join(tiers) if tiers else ""
         tell(line)
         return write_report(plan, report, stage)

@@ -255,10 +255,13 @@ def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unc
 
     spec = config.load_profile("gke-v6e-16x2", emergency())
     stage = make_plan(spec).stages[0]
-    assert (stage.local_checkpoint_directory, stage.local_checkpoint_period, stage.checkpoint_period) == ("/local", 10, 50)
+    periods = (stage.local_checkpoint_period, stage.checkpoint_period)
+    assert (stage.local_checkpoint_directory, periods) == ("/local", (10, 50))
     args = dict(arg.split("=", 1) for arg in stage.maxtext_args)
     assert (args["enable_emergency_checkpoint"], args["local_checkpoint_period"], args["checkpoint_period"]) == (
-        "true", "10", "50"
+        "true",
+        "10",
+        "50",
     )
     assert args["mesh_axes"].startswith("[data,diloco,")  # Orbax's replica axis (the first) is the data axis
     other = make_plan(spec).stages[1]  # the 70B stage without them

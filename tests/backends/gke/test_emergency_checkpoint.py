@@ -16,7 +16,7 @@ from multislice import config, names
 from multislice.backends.gke import GkeBackend
 from multislice.plan import make_plan
 from multislice.render import jobset as render_jobset
-from multislice.render import manifests
+from multislice.render import manifests, ray
 from multislice.steps import admit, train
 from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_controllers import restore_lines, step_line, worker_start_line
@@ -144,3 +144,18 @@ def test_without_a_local_copy_the_restart_falls_back_to_the_persistent_tier(serv
         trained = train.run(plan, stage_of(plan), admit_report, backend=GkeBackend(kube))
     assert trained.restores == [{"attempt": 0, "step": None}, {"attempt": 1, "step": 50, "tier": "persistent"}]
     assert "attempt 1 restored from the persistent tier at step 50" in told.lines
+
+
+def test_every_tpu_workload_compiles_through_the_runs_cache_in_cloud_storage():
+    """The persistent compilation cache on GKE: the TPU JobSet's pods and the RayJob's workers (through the driver's
+    arguments) give MaxText ``jax_cache_dir=gs://<bucket>/<runs>/<run>/jax_cache``, the same for every stage."""
+    spec = config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"})
+    plan, ray_plan = make_plan(spec), make_plan(spec.model_copy(update={"launcher": "ray"}))
+    wanted = "jax_cache_dir=gs://bucket/runs/r1/jax_cache"
+    for stage, ray_stage in zip(plan.stages, ray_plan.stages, strict=True):
+        tpu = render_jobset.render_jobset(plan, stage, hardware="tpu", pipeline_run_id=RUN_ID)
+        [container] = tpu["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+        assert wanted in container["args"]
+        assert ray_stage.launcher == "ray"
+        rayjob = ray.render_rayjob(ray_plan, ray_stage, pipeline_run_id=RUN_ID)
+        assert wanted in rayjob["spec"]["entrypoint"].split()

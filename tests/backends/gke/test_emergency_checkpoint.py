@@ -14,6 +14,7 @@ import pytest
 
 from multislice import config, names
 from multislice.backends.gke import GkeBackend
+from multislice.delivery import artifacts
 from multislice.plan import make_plan
 from multislice.render import jobset as render_jobset
 from multislice.render import manifests, ray
@@ -119,6 +120,7 @@ def test_a_restart_after_a_pod_loss_restores_from_the_local_tier(served, play, p
         {"attempt": 1, "step": 20, "tier": "local", "slice": 1},
     ]
     assert "attempt 1 restored from the local tier at step 20 (slice 1)" in told.lines
+    assert "| 1 | 20 | local | 1 |" in artifacts.train_markdown(stage_of(plan).name, trained)  # the run summary page
     assert trained.restarts == 1
 
 

@@ -334,6 +334,10 @@ class TrainReport(StepReport):
             ``attempt`` (0 first, 1 after the first restart...), ``function``, ``seconds`` (compiling, or
             loading from the run's persistent compilation cache) and ``cache_hit``
             (:func:`multislice.metrics.parse_compile_line`).
+        restores: The checkpoint each attempt started from, in order (:func:`multislice.metrics.parse_restore_line`):
+            ``attempt``, ``step`` (None: no checkpoint, a fresh start) and, with emergency checkpoints, ``tier``
+            (``local``: the newest step was on a slice's checkpoint ramdisk; ``persistent``: read from the
+            stage's checkpoint directory) and ``slice`` (the replica that held the local one).
     """
 
     step: ClassVar[str] = "train"
@@ -342,6 +346,7 @@ class TrainReport(StepReport):
     launcher: str = "jobset"
     skipped: bool = False
     compiles: list[dict[str, Any]] = Field(default_factory=list)
+    restores: list[dict[str, Any]] = Field(default_factory=list)
     steps_trained: int | None = None
     restarts: int | None = None
     restart_causes: list[str] = Field(default_factory=list)

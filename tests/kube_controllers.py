@@ -507,6 +507,41 @@ def step_line(step: int, loss: float, seconds: float = 2.0) -> str:
     )
 
 
+def worker_start_line(process: int = 0, slice_index: int = 0, host: int = 0, processes: int = 8) -> str:
+    """The training worker's first line (multislice/trainer/worker.py, ``main``): a new attempt's leader log."""
+    return f"multislice worker: process {process} (slice {slice_index}, host {host}) of {processes}\n"
+
+
+def restore_lines(step: int | None, tier: str | None = None, slice_id: int = 1, directory: str = "") -> str:
+    """The leader's lines as a training attempt looks for the stage's checkpoint, as MaxText 0.2.5 and Orbax log them.
+
+    ``step`` None: none found (``maxtext/common/checkpointing.py``, ``load_state_if_possible``: ``No existing
+    checkpoints found, not restoring checkpoint.``). Otherwise MaxText's ``restoring from this run's directory step
+    N``, and with emergency checkpoints (``tier``) Orbax's emergency ``CheckpointManager.restore`` line, which every
+    process logs (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``, orbax-checkpoint 0.12.8:
+    ``_restore_from_local`` names the replica ``slice_id`` holding the step, ``_restore_from_persistent`` the
+    persistent ``directory``), in absl's format.
+    """
+    prefix = "I1122 10:00:00.000000 1"
+    if step is None:
+        return f"{prefix} checkpointing.py:803] No existing checkpoints found, not restoring checkpoint.\n"
+    text = (
+        f"{prefix} checkpointing.py:701] checkpoint manager exists so trying to load this run's existing checkpoint\n"
+        f"{prefix} checkpointing.py:705] restoring from this run's directory step {step}\n"
+    )
+    if tier == "local":
+        text += (
+            f"{prefix} checkpoint_manager.py:887] emergency.CheckpointManager: restoring step={step} from local "
+            f"checkpoint using slice_id: {slice_id}\n"
+        )
+    elif tier == "persistent":
+        text += (
+            f"{prefix} checkpoint_manager.py:1083] emergency.CheckpointManager: restoring step={step} from persistent "
+            f"checkpoint in directory={directory}\n"
+        )
+    return text
+
+
 def verifier_log(verdict: str = "PASS") -> str:
     report = {"verdict": verdict, "latest_step": 199, "parameter_count": 8030261248, "written_mesh": "fsdp=4",
               "checks": [{"name": "latest_step", "passed": verdict == "PASS", "detail": "step 199"}]}  # fmt: skip

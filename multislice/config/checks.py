@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from multislice import exporting, libtpu_flags, names
+from multislice import exporting, libtpu_flags, maxtext, names
 from multislice.config import models
 from multislice.config.elastic import elastic_issues
-from multislice.config.models import RunSpec
+from multislice.config.models import RunSpec, Stage
 
 
 def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
@@ -101,6 +101,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 )
             )
         issues += elastic_issues(spec, stage, where)
+        issues += emergency_checkpoint_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
         issues += _data_token_issues(spec, stage, where)
         declared = getattr(stage.data, "sequences", None)
@@ -165,6 +166,82 @@ def _data_token_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]
                  "(ray start), which cannot be wrapped to read Secret Manager first; use "
                  "data.hf_token_kubernetes_secret (the worker pods get $HF_TOKEN by reference)")]  # fmt: skip
     return []
+
+
+def emergency_checkpoint_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, str]]:
+    """Why a stage's ``emergency_checkpoint`` cannot run with the rest of the spec: ``(field, message)`` pairs.
+
+    Refused, each with its reason: the local backend and the Ray launcher (MaxText's TPU start-up with emergency
+    checkpoints reads ``jax-init-info.txt``, which GKE's checkpointing CSI driver writes into the local directory,
+    ``maxtext/utils/max_utils.py``, ``initialize_jax_for_tpu_with_emergency_checkpointing``; neither the local
+    backend's processes nor Ray Train's workers, which initialise ``jax.distributed`` themselves, start that way);
+    an elastic stage (a resize changes the replica count, and Orbax restores a local checkpoint onto the mesh it was
+    saved with: ``mesh_consistency.consistent_restore_mesh_from_metadata``); fewer than 2 data-parallel replicas
+    (Orbax's emergency ``CheckpointManager``: "at least 2 data-parallel replicas are needed"); and MaxText's
+    multi-tier or ``mesh_axes`` keys in ``maxtext_overrides``.
+    """
+    if not stage.uses_emergency_checkpoint:
+        return []
+    field = f"{where}.emergency_checkpoint"
+    off = "or remove emergency_checkpoint (or set emergency_checkpoint.enabled: false)"
+    issues: list[tuple[str, str]] = []
+    if spec.backend != "gke":
+        issues.append(
+            (
+                field,
+                "emergency checkpoints need GKE's multi-tier checkpointing CSI driver (it keeps each node's "
+                "checkpoint ramdisk across pod restarts and writes the jax-init-info.txt MaxText starts from); the "
+                f"local backend has none: use backend gke, {off}",
+            )
+        )
+    if spec.launcher_for(stage) != "jobset":
+        issues.append(
+            (
+                field,
+                "emergency checkpoints run with launcher jobset only: MaxText starts them from the jax-init-info.txt "
+                "GKE's checkpointing CSI driver writes, while Ray Train's JaxTrainer initialises jax.distributed "
+                f"itself; set launcher: jobset for this stage, {off}",
+            )
+        )
+    if stage.elastic is not None:
+        issues.append(
+            (
+                field,
+                "emergency checkpoints and elastic do not combine: a resize changes the number of data-parallel "
+                "replicas, and Orbax restores a local checkpoint only onto the mesh it was saved with; remove "
+                f"elastic, {off}",
+            )
+        )
+    dcn = stage.full_dcn()
+    data = dcn.get("data", 1)
+    if data == -1:  # MaxText fills it: the slices over the other axes' product
+        data = spec.num_slices // math.prod(d for d in dcn.values() if d != -1)
+    ici = stage.full_ici()
+    ici_data = ici.get("data", 1)
+    if ici_data == -1:
+        ici_data = spec.slice_type.chips // math.prod(d for d in ici.values() if d != -1)
+    if max(data, 1) * max(ici_data, 1) < 2:
+        issues.append(
+            (
+                field,
+                f"emergency checkpoints need at least 2 data-parallel replicas (Orbax's emergency CheckpointManager: "
+                f"the persistent tier is written by replica 0, the local tier by the others); this stage has DCN data "
+                f"{data} x ICI data {ici_data} on {spec.num_slices} slice(s): train on num_slices >= 2 with dcn.data "
+                f"filling them, {off}",
+            )
+        )
+    clash = sorted(set(stage.maxtext_overrides) & {*maxtext.MULTI_TIER_CHECKPOINT_KEYS, "mesh_axes"})
+    if clash:
+        issues.append(
+            (
+                f"{where}.maxtext_overrides",
+                f"{', '.join(clash)} cannot be combined with emergency_checkpoint: MaxText's multi-tier checkpointing "
+                "writes its persistent tier through GKE's replicator to another bucket, not the stage's checkpoint "
+                "directory that verify and export read, and the plan sets mesh_axes so that the data axis comes first "
+                "(Orbax's replica axis); remove them from maxtext_overrides",
+            )
+        )
+    return issues
 
 
 def export_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:

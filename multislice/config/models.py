@@ -305,6 +305,60 @@ def data_lasts_issue(stage: Any, sequences: int, global_batch: float) -> str | N
     )
 
 
+#: The mount path of the local (emergency) checkpoint tier in a training pod, by default: xpk's and MaxText's
+#: examples mount GKE's checkpointing ramdisk at ``/local`` (MaxText ``configs/base.yml``, multi-tier example).
+DEFAULT_LOCAL_CHECKPOINT_DIRECTORY = "/local"
+_ABSOLUTE_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+#: Pod paths the local tier may not be mounted over: the container's own system directories and /dev/shm.
+_RESERVED_MOUNTS = ("/", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/tmp", "/var", "/app")
+
+
+class EmergencyCheckpointSpec(_Strict):
+    """Emergency (two-tier) checkpoints of a stage on GKE: MaxText's ``enable_emergency_checkpoint``.
+
+    MaxText 0.2.5 (``maxtext/utils/train_utils.py``, ``create_checkpoint_manager``) then checkpoints through
+    Orbax's emergency ``CheckpointManager`` (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``):
+    the first data-parallel replica (slice 0) writes the persistent checkpoints to the stage's checkpoint
+    directory every ``checkpoint_period`` steps, unchanged; every other slice writes a local checkpoint every
+    ``local_period`` steps to ``local_directory``, an in-memory volume of the node that outlives the pod
+    (GKE's multi-tier checkpointing CSI driver, ``multitier-checkpoint.csi.storage.gke.io``; see
+    docs/gke-setup.md). On restart ``restore`` takes the newest step of either tier (``latest_step``) and
+    reads it from a slice that holds it locally, broadcasting it to the others, else from the persistent
+    tier (``CheckpointManager.restore``).
+
+    Attributes:
+        enabled: Whether the stage uses the two tiers (false keeps the settings but checkpoints as usual).
+        local_period: Steps between local checkpoints (MaxText ``local_checkpoint_period``); fewer than the
+            stage's ``checkpoint_period``.
+        local_directory: Where the local tier is mounted in each training pod (MaxText
+            ``local_checkpoint_directory``), an absolute path.
+    """
+
+    enabled: bool = Field(default=True, description="Use the local tier (false: persistent checkpoints only).")
+    local_period: int = Field(
+        gt=0, le=MAX_STEPS, description="Steps between local checkpoints (MaxText local_checkpoint_period)."
+    )
+    local_directory: str = Field(
+        default=DEFAULT_LOCAL_CHECKPOINT_DIRECTORY,
+        description="Mount path of the node's checkpoint ramdisk in each training pod (local_checkpoint_directory).",
+    )
+
+    @field_validator("local_directory")
+    @classmethod
+    def _local_directory(cls, value: str) -> str:
+        if not _ABSOLUTE_PATH.fullmatch(value) or ".." in value.split("/"):
+            raise ValueError(
+                f"{value[:80]!r} is not an absolute path in the pod; give one like "
+                f"{DEFAULT_LOCAL_CHECKPOINT_DIRECTORY} (letters, digits, '.', '_', '-' between slashes)"
+            )
+        if value in _RESERVED_MOUNTS or value.startswith("/dev/"):
+            raise ValueError(
+                f"{value} would hide the container's own {value} directory; mount the local tier elsewhere, e.g. "
+                f"{DEFAULT_LOCAL_CHECKPOINT_DIRECTORY}"
+            )
+        return value
+
+
 class Stage(_Strict):
     """One training stage: a model, a batch and a parallelism plan.
 
@@ -365,6 +419,11 @@ class Stage(_Strict):
     libtpu_flags: LibtpuFlagsSpec = Field(
         default_factory=LibtpuFlagsSpec,
         description="Changes to this stage's libtpu/XLA flags (LIBTPU_INIT_ARGS), after the profile's.",
+    )
+    emergency_checkpoint: EmergencyCheckpointSpec | None = Field(
+        default=None,
+        description="GKE: frequent local checkpoints on each node's checkpoint ramdisk beside the persistent ones "
+        "(MaxText enable_emergency_checkpoint); None: persistent checkpoints only.",
     )
 
     @field_validator("name")
@@ -461,6 +520,24 @@ class Stage(_Strict):
                 "(data.eval_files, data.eval_split, or data kind text, which holds one out) or set eval_interval: -1"
             )
         return self
+
+    @model_validator(mode="after")
+    def _emergency_periods(self) -> Stage:
+        emergency = self.emergency_checkpoint
+        if emergency is None or not emergency.enabled:
+            return self
+        if emergency.local_period >= self.checkpoint_period:
+            raise ValueError(
+                f"emergency_checkpoint.local_period ({emergency.local_period}) is not fewer steps than "
+                f"checkpoint_period ({self.checkpoint_period}): the local tier would never hold a step newer than the "
+                "persistent one; make local_period smaller (MaxText: 'much smaller than checkpoint_period')"
+            )
+        return self
+
+    @property
+    def uses_emergency_checkpoint(self) -> bool:
+        """Whether the stage checkpoints in two tiers (``emergency_checkpoint`` given and enabled)."""
+        return self.emergency_checkpoint is not None and self.emergency_checkpoint.enabled
 
     def has_eval_split(self) -> bool:
         """Whether the stage's data names (or, for ``text``, holds out) an eval split."""

@@ -269,6 +269,14 @@ def train_markdown(stage: str, report: TrainReport) -> str:
             if report.goodput is not None
             else ""
         )
+        + (
+            "\n## checkpoint restores\n\nThe checkpoint each attempt started from, and with emergency checkpoints "
+            "the tier it came from (local: a slice's checkpoint ramdisk; persistent: the checkpoint directory).\n\n"
+            + markdown_table(report.restores, ["attempt", "step", "tier", "slice"])
+            + "\n"
+            if any("tier" in restore for restore in report.restores)
+            else ""
+        )
     )
 
 

@@ -84,6 +84,28 @@ def with_data_token(plan: Plan, stage: StagePlan, command: list[str]) -> list[st
         return command
     return ["python", "-m", HUB_TOKEN_MODULE, "--secret-version", secret, "--", *command]
 
+#: GKE's multi-tier checkpointing CSI driver: an in-memory volume per node (its size is the cluster's
+#: CheckpointConfiguration ``inMemoryVolumeSize``) that outlives the pods on it, into which the driver writes the
+#: ``jax-init-info.txt`` MaxText's emergency-checkpoint start-up reads. xpk renders the same inline volume for
+#: ``workload create --ramdisk-directory ... --mtc-enabled`` (``src/xpk/core/docker_resources.py``,
+#: ``get_volumes``; its older ``phase1-checkpoint.csi.storage.gke.io`` without ``--mtc-enabled``); GKE's guide:
+#: https://cloud.google.com/kubernetes-engine/docs/how-to/machine-learning/training/multi-tier-checkpointing.
+CHECKPOINT_CSI_DRIVER = "multitier-checkpoint.csi.storage.gke.io"
+#: The pod volume of the local checkpoint tier.
+LOCAL_CHECKPOINT_VOLUME = "local-checkpoints"
+
+
+def local_checkpoint_volume(stage: StagePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, volumeMounts)`` of a TPU training pod for the stage's local checkpoint tier; empty without one.
+
+    The volume is a CSI ephemeral inline volume of :data:`CHECKPOINT_CSI_DRIVER` (no size here: the driver serves
+    its node's ramdisk, sized cluster-wide), mounted at the stage's ``local_checkpoint_directory``.
+    """
+    if not stage.local_checkpoint_directory:
+        return [], []
+    volume = {"name": LOCAL_CHECKPOINT_VOLUME, "csi": {"driver": CHECKPOINT_CSI_DRIVER}}
+    return [volume], [{"name": LOCAL_CHECKPOINT_VOLUME, "mountPath": stage.local_checkpoint_directory}]
+
 
 def unbuffered_env() -> dict[str, str]:
     """``PYTHONUNBUFFERED=1``, in every trainer-image container this package renders.
@@ -160,10 +182,17 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     ``jax_cache/``, a ``gs://`` path on GKE); on CPU each process writes its
     own cache entries (:mod:`multislice.trainer.compile_cache`: JAX writes from
     process 0 only and keys CPU programs by the process's own devices).
+    A stage with emergency checkpoints keeps them on TPU only (:func:`local_checkpoint_volume`); its CPU
+    variant leaves out MaxText's emergency keys.
     """
     command = with_data_token(plan, stage, ["python", "-m", WORKER_MODULE])
     args = []
     maxtext_args = list(stage.maxtext_args)
+    if hardware == "cpu" and stage.local_checkpoint_directory:
+        # No checkpoint ramdisk on CPU nodes (GKE's checkpointing CSI driver serves TPU node pools): the CPU variant
+        # of an emergency-checkpoint stage checkpoints to the persistent tier only, as a stage without them does.
+        emergency = {*maxtext.EMERGENCY_CHECKPOINT_KEYS, "mesh_axes"}
+        maxtext_args = [arg for arg in maxtext_args if arg.split("=", 1)[0] not in emergency]
     if hardware == "cpu":
         args += ["--emulate-slices", f"--distributed-timeout={timings_for(plan.spec).collectives_timeout:g}"]
         maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
@@ -206,6 +235,9 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     }
     annotations: dict[str, str] = {}
     if hardware == "tpu":
+        volumes, mounts = local_checkpoint_volume(stage)
+        pod_spec["volumes"] += volumes
+        container["volumeMounts"] += mounts
         annotations[names.EXCLUSIVE_TOPOLOGY_ANNOTATION] = tpu.NODEPOOL_LABEL
         container["ports"] = [
             {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},

@@ -31,7 +31,7 @@ from multislice.plan import Plan, StagePlan
 from multislice.reports import AdmitReport, TrainReport, report_path
 from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
 
-__all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
+__all__ = ["ECHO", "TrainingFailed", "note_restore", "result_pages", "run"]
 
 #: The worker's first line: a new attempt's leader log starts with it.
 WORKER_START = re.compile(r"multislice worker: process \d+ ")
@@ -75,6 +75,7 @@ def run(
         tell = teller("train", stage)
         records: list[dict[str, Any]] = []
         compiles: list[dict[str, Any]] = []  # the leader's XLA compiles, each attempt's in turn
+        restores: list[dict[str, Any]] = []  # the checkpoint each attempt started from
         attempt = [-1]
 
         def on_line(line: str) -> None:
@@ -82,6 +83,10 @@ def run(
                 attempt[0] += 1
             if compiled := metrics.parse_compile_line(line):
                 compiles.append({"attempt": max(attempt[0], 0), **compiled})
+            if (restored := metrics.parse_restore_line(line)) is not None:
+                said = note_restore(restores, max(attempt[0], 0), restored)
+                if said:
+                    tell(said)
             record = metrics.parse_step_line(line) or metrics.parse_eval_line(line)
             if record:
                 records.append(record)
@@ -109,8 +114,35 @@ def run(
         cancel.point("train:report")
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
         report, line = _report(stage, records, finished, resizes, time.monotonic() - started, compiles)
+        report = report.model_copy(update={"restores": restores})
+        tiers = [
+            f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r
+        ]
+        line += "; restored " + ", ".join(tiers) if tiers else ""
         tell(line)
         return write_report(plan, report, stage)
+
+
+def note_restore(restores: list[dict[str, Any]], attempt: int, restored: dict[str, Any]) -> str:
+    """Add what a leader log line said about attempt ``attempt``'s starting checkpoint to ``restores`` (one record
+    per attempt: MaxText's line gives the step, Orbax's emergency manager's line then the tier); returns the line to
+    tell once the tier is known (``attempt 1 restored from the local tier at step 20 (slice 1)``), else ''.
+
+    Args:
+        restores: The records so far (:attr:`multislice.reports.TrainReport.restores`), changed in place.
+        attempt: The attempt the line belongs to (0 first, 1 after the first restart...).
+        restored: :func:`multislice.metrics.parse_restore_line`'s record of the line.
+    """
+    if restores and restores[-1]["attempt"] == attempt:
+        record = restores[-1]
+        record.update({key: value for key, value in restored.items() if value is not None or key not in record})
+    else:
+        record = {"attempt": attempt, **restored}
+        restores.append(record)
+    if "tier" not in restored:
+        return ""
+    held = f" (slice {record['slice']})" if "slice" in record else ""
+    return f"attempt {attempt} restored from the {record['tier']} tier at step {record['step']}{held}"
 
 
 def _report(

@@ -101,6 +101,14 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
         issues += elastic_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
+        if stage.goodput_recording and spec.backend != "gke":
+            issues.append(
+                (
+                    f"{where}.goodput_recording",
+                    "goodput_recording writes to Cloud Logging, which a local run has no credentials for; leave it "
+                    "off locally (the train report measures goodput on every backend) or use backend: gke",
+                )
+            )
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (

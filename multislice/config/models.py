@@ -332,6 +332,12 @@ class Stage(_Strict):
         default_factory=LibtpuFlagsSpec,
         description="Changes to this stage's libtpu/XLA flags (LIBTPU_INIT_ARGS), after the profile's.",
     )
+    goodput_recording: bool = Field(
+        default=False,
+        description="GKE: MaxText's enable_goodput_recording (Google's ml-goodput-measurement): the leader writes "
+        "its goodput events to Cloud Logging as job <run_name>-<stage>; the trainer's Google service account needs "
+        "roles/logging.logWriter (docs/gke-setup.md). The train report measures goodput either way.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -183,6 +183,36 @@ def predictions() -> dict:
     return out
 
 
+#: This machine's train-task phases, `make run` stage 1 (benchmarks/README.md, Train start-up): process start and
+#: imports, setup, XLA compile, first step and eval, teardown; seconds.
+MEASURED_PHASES = {"startup": 34.3, "setup": 3.9, "compile": 42.9, "first_step_and_eval": 16.0, "teardown": 8.2}
+
+
+def calibration(soak: Path = Path(__file__).parent / "results" / "kill_soak.json") -> dict:
+    """The model's restart against this machine's kill soak (``benchmarks/results/kill_soak.json``).
+
+    The soak's wall time is the undisturbed run's plus, per kill, a restart and the steps trained again:
+    ``wall = undisturbed + kills x R + steps_lost x step``. Predicted with ``R`` the sum of this machine's
+    measured phases (:data:`MEASURED_PHASES`), and ``R`` solved from the measured wall; goodput is the
+    undisturbed time over the wall, as the soak reports it.
+    """
+    data = json.loads(soak.read_text(encoding="utf-8"))
+    wall, kills = data["soak"]["seconds"], data["soak"]["kills_done"]
+    undisturbed, step = data["baseline"]["seconds"], data["baseline"]["median_step_seconds"]
+    lost = data["soak"]["steps_lost_total"] * step
+    phases = sum(MEASURED_PHASES.values())
+    predicted_wall = undisturbed + kills * phases + lost
+    return {
+        "kills": kills,
+        "soak_wall_seconds": wall,
+        "restart_from_measured_phases_seconds": round(phases, 1),
+        "restart_implied_by_soak_seconds": round((wall - undisturbed - lost) / kills, 1),
+        "predicted_wall_seconds": round(predicted_wall, 1),
+        "goodput_predicted": round(undisturbed / predicted_wall, 3),
+        "goodput_measured": data["soak"]["goodput"],
+    }
+
+
 def markdown(result: dict) -> str:
     """The predictions as the Markdown table docs/goodput.md holds."""
     labels = [label for label, *_ in CHOICES]
@@ -206,11 +236,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the predictions and their figures here")
     args = parser.parse_args()
     result = predictions()
+    result["calibration"] = calibration()
     for stage in result["stages"]:
         phases = ", ".join(f"{k} {v:g} s" for k, v in stage["restart_seconds"].items())
         print(f"{stage['name']}: step {stage['step_seconds']} s, save blocks {stage['save_blocking_seconds']} s "
               f"every {stage['persistent_period_steps']} steps; restart phases: {phases}")  # fmt: skip
     print(markdown(result))
+    c = result["calibration"]
+    print(f"calibration (this machine's kill soak, {c['kills']} kills): restart from the measured phases "
+          f"{c['restart_from_measured_phases_seconds']} s, implied by the soak's wall {c['restart_implied_by_soak_seconds']}"
+          f" s; predicted wall {c['predicted_wall_seconds']} s vs {c['soak_wall_seconds']} s measured, goodput "
+          f"{c['goodput_predicted']} vs {c['goodput_measured']}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 

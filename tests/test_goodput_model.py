@@ -132,3 +132,13 @@ def test_a_longer_period_costs_less_saving_but_loses_more_per_interruption(p, q,
     b = expected_goodput(with_period(stage(), long), mtbi_hours * 3600, emergency=False, compile_cache=True)
     assert b.checkpoint_overhead <= a.checkpoint_overhead
     assert b.loss_per_interruption >= a.loss_per_interruption
+
+
+def test_docs_hold_the_table_the_benchmark_prints():
+    """docs/goodput.md's predictions are what ``python -m benchmarks.goodput_model`` computes from the profile."""
+    from pathlib import Path
+
+    from benchmarks import goodput_model as benchmark
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "goodput.md").read_text(encoding="utf-8")
+    assert benchmark.markdown(benchmark.predictions()) in doc

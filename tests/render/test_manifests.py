@@ -326,6 +326,14 @@ def test_goodput_recording_renders_maxtexts_recorder_with_this_runs_job_name_and
     [container] = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
     assert "enable_goodput_recording=true" in container["args"]
     assert "goodput_job_name=llama3-multislice-llama3-8b" in container["args"]
+    # The hostNetwork TPU pods write as the nodes' service account: it gets Cloud Logging's writer role.
+    from multislice.backends.gke.nodepool import DEFAULT_NODE_ACCOUNT, iam_bindings
+
+    writer = f"--member=serviceAccount:{DEFAULT_NODE_ACCOUNT} --role=roles/logging.logWriter"
+    assert [line for line in iam_bindings(plan) if "logging" in line] == [
+        f"gcloud projects add-iam-policy-binding your-project {writer}"
+    ]
+    assert not [line for line in iam_bindings(plain) if "logging" in line]
 
 
 def test_goodput_recording_is_refused_on_the_local_backend():

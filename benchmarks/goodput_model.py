@@ -28,62 +28,90 @@ GB = 1e9
 #: Every figure the model takes that the profile does not give: (value, unit, source).
 FIGURES: dict[str, tuple[float, str, str]] = {
     "step_seconds/llama3-8b": (
-        3.393, "s", "MaxText tpu-recipes, training/trillium Llama3.1-8B-MaxText on v6e-16 (2 x v6e-8, Pathways "
+        3.393,
+        "s",
+        "MaxText tpu-recipes, training/trillium Llama3.1-8B-MaxText on v6e-16 (2 x v6e-8, Pathways "
         "resiliency README): 'completed step: 14, seconds: 3.393, Tokens/s/device: 7243.378' at 24,576 tokens "
         "per chip per step (the seed stage trains 16,384, so its step is shorter: 2.26 s at the same rate)",
     ),
     "step_seconds/llama3-70b": (
-        17.790, "s", "issue 28's figure for MaxText tpu-recipes Llama 3.1 70B on v6e-32 (the line was not in the "
+        17.790,
+        "s",
+        "issue 28's figure for MaxText tpu-recipes Llama 3.1 70B on v6e-32 (the line was not in the "
         "stored tpu-recipes copy; unverified). The v6e-256 recipe (llama3_1_70b_8192, per-device batch 5) logs "
         "960.248 tokens/s/device: 4.27 s for the seed's 4,096 tokens per chip, without its host-offloaded optimizer",
     ),
     "checkpoint_bytes_per_parameter": (
-        12, "B", "float32 parameters + AdamW mu and nu (MaxText weight_dtype float32, base.yml; docs/delivery.md: "
+        12,
+        "B",
+        "float32 parameters + AdamW mu and nu (MaxText weight_dtype float32, base.yml; docs/delivery.md: "
         "8B x 12 B = 96 GB, 70B x 12 B = 847 GB)",
     ),
     "device_to_host_per_chip": (
-        10 * GB, "B/s", "assumed: an async save blocks for the HBM -> host copy; v6e chips reach the host over PCIe "
+        10 * GB,
+        "B/s",
+        "assumed: an async save blocks for the HBM -> host copy; v6e chips reach the host over PCIe "
         "Gen5 (cloud.google.com/tpu/docs/v6e), 64 GB/s per x16 direction, taken at about 1/6",
     ),
     "gcs_read_per_host": (
-        1 * GB, "B/s", "assumed (no measured figure for a v6e host reading Orbax OCDBT shards from Cloud Storage); "
+        1 * GB,
+        "B/s",
+        "assumed (no measured figure for a v6e host reading Orbax OCDBT shards from Cloud Storage); "
         "measure with the restore line the train report reads ('Finished load in S seconds')",
     ),
     "local_read_per_host": (
-        10 * GB, "B/s", "assumed: emergency restore from node-local RAM disk / peers' host memory",
+        10 * GB,
+        "B/s",
+        "assumed: emergency restore from node-local RAM disk / peers' host memory",
     ),
     "detect_and_reschedule": (
-        60, "s", "assumed: the JobSet's failure policy recreates every child Job (all pods) after one fails; the "
+        60,
+        "s",
+        "assumed: the JobSet's failure policy recreates every child Job (all pods) after one fails; the "
         "local backend's supervisor does it in about 13 s under load (benchmarks/README.md, elastic policy)",
     ),
     "image_pull": (
-        80, "s", "the trainer environment is about 8 GB (docs/delivery.md) at an assumed 100 MB/s from Artifact "
+        80,
+        "s",
+        "the trainer environment is about 8 GB (docs/delivery.md) at an assumed 100 MB/s from Artifact "
         "Registry, on a replacement node; GKE image streaming would cut it",
     ),
     "startup": (
-        34.3, "s", "measured on this machine: process start and imports of a train task, `make run` stage 1 "
+        34.3,
+        "s",
+        "measured on this machine: process start and imports of a train task, `make run` stage 1 "
         "(benchmarks/README.md, Train start-up); JAX TPU runtime init is in the next figure",
     ),
     "tpu_runtime_init": (10, "s", "assumed: libtpu initialisation and the slice's ICI handshake"),
     "compile_cold/llama3-8b": (
-        306, "s", "measured on this machine: the AOT compile of the default llama3-8b stage for 2 x v6e-16, cold "
+        306,
+        "s",
+        "measured on this machine: the AOT compile of the default llama3-8b stage for 2 x v6e-16, cold "
         "(benchmarks/README.md, preflight table): the same XLA TPU compiler and programs, on 2 shared cores",
     ),
     "compile_cold/llama3-70b": (
-        254, "s", "measured on this machine: the AOT compile of the default llama3-70b stage for 2 x v6e-16, cold "
+        254,
+        "s",
+        "measured on this machine: the AOT compile of the default llama3-70b stage for 2 x v6e-16, cold "
         "(benchmarks/README.md, preflight table)",
     ),
     "compile_cached_fraction": (
-        0.7 / 24.0, "", "measured on this machine: the train step 24.0 s compiled, 0.7 s loaded from the persistent "
+        0.7 / 24.0,
+        "",
+        "measured on this machine: the train step 24.0 s compiled, 0.7 s loaded from the persistent "
         "cache on the restarted attempt (docs/reliability.md, compile once per shape)",
     ),
     "capacity_wait": (
-        600, "s", "assumed: an interruption that takes a node (Spot preemption, maintenance, hardware) waits for a "
+        600,
+        "s",
+        "assumed: an interruption that takes a node (Spot preemption, maintenance, hardware) waits for a "
         "replacement TPU node pool's capacity; GKE documents no bound",
     ),
     "emergency_period_steps": (10, "steps", "a choice: local_checkpoint_period (MaxText base.yml) of 10 steps"),
     "emergency_coverage": (
-        0.9, "", "assumed: the share of interruptions that leave a peer's in-memory copy (Orbax's emergency "
+        0.9,
+        "",
+        "assumed: the share of interruptions that leave a peer's in-memory copy (Orbax's emergency "
         "checkpoint manager replicates across slices; losing every slice at once falls back to the persistent tier)",
     ),
 }
@@ -243,10 +271,12 @@ def main() -> None:
               f"every {stage['persistent_period_steps']} steps; restart phases: {phases}")  # fmt: skip
     print(markdown(result))
     c = result["calibration"]
-    print(f"calibration (this machine's kill soak, {c['kills']} kills): restart from the measured phases "
-          f"{c['restart_from_measured_phases_seconds']} s, implied by the soak's wall {c['restart_implied_by_soak_seconds']}"
-          f" s; predicted wall {c['predicted_wall_seconds']} s vs {c['soak_wall_seconds']} s measured, goodput "
-          f"{c['goodput_predicted']} vs {c['goodput_measured']}")  # fmt: skip
+    print(
+        f"calibration (this machine's kill soak, {c['kills']} kills): restart from the measured phases "
+        f"{c['restart_from_measured_phases_seconds']} s, implied by the soak's wall "
+        f"{c['restart_implied_by_soak_seconds']} s; predicted wall {c['predicted_wall_seconds']} s vs "
+        f"{c['soak_wall_seconds']} s measured, goodput {c['goodput_predicted']} vs {c['goodput_measured']}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 

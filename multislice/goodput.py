@@ -18,25 +18,18 @@ The library reads events MaxText writes to Cloud Logging; here the same quantiti
 already reads, the leader's log lines (:func:`measure`), each with the time the train step read it (lines are
 followed as they are written, within ``poll_seconds``), and from the durations the lines themselves carry:
 
-=================  ====================================================================================  =========================
-category           measured as                                                                           Google's ``BadputType``
-=================  ====================================================================================  =========================
-``startup``        per attempt, process start to MaxText imported (the worker's line; Python, JAX and    ``TPU_INITIALIZATION``
-                   ``jax.distributed`` initialisation, imports)                                          (and the start-up Google's
-                                                                                                         job clock does not see)
-``compile``        XLA compiles and persistent-cache loads (the worker's compile lines,                  ``PROGRAM_STARTUP``
-                   :data:`multislice.metrics.COMPILE_LINE`)
-``restore``        Orbax's restore (its ``Finished load in S seconds`` line)                             ``UNPRODUCTIVE_CHECKPOINT_
-                                                                                                         RESTORE_TIME``
-``checkpoint_save``  the blocking part of each save (Orbax's ``Finished blocking save in S seconds``;    ``UNPRODUCTIVE_CHECKPOINT_
-                   a synchronous save's whole time); taken out of the steps' time, where it falls        SAVE_TIME``
-``lost_steps``     step records trained again after a restore (each superseded record's step time)      ``WASTED_PROGRESS_FROM_
-                                                                                                         DISRUPTION``
-``waiting``        between attempts: from the last line of one to the next one's process start (failure  ``INFRASTRUCTURE_RECOVERY_
-                   detection, pod recreation, Kueue re-admission, waiting for capacity)                  FROM_DISRUPTION``
-``other``          the rest of the job time: state initialisation, data loading, evals outside steps,    ``OTHER``
-                   teardown
-=================  ====================================================================================  =========================
+- ``startup`` (Google: ``TPU_INITIALIZATION``, and the start-up Google's job clock does not see): per attempt,
+  process start to MaxText imported (the worker's line: Python, JAX and ``jax.distributed`` initialisation, imports);
+- ``compile`` (``PROGRAM_STARTUP``): XLA compiles and persistent-cache loads (the worker's compile lines,
+  :data:`multislice.metrics.COMPILE_LINE`);
+- ``restore`` (``UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME``): Orbax's restore (its ``Finished load in S seconds``);
+- ``checkpoint_save`` (``UNPRODUCTIVE_CHECKPOINT_SAVE_TIME``): the blocking part of each save (Orbax's ``Finished
+  blocking save in S seconds``; a synchronous save's whole time), taken out of the steps' time, where it falls;
+- ``lost_steps`` (``WASTED_PROGRESS_FROM_DISRUPTION``): step records trained again after a restore (each superseded
+  record's step time);
+- ``waiting`` (``INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION``): between attempts, from the last line of one to the next
+  one's process start (failure detection, pod recreation, Kueue re-admission, waiting for capacity);
+- ``other`` (``OTHER``): the rest of the job time (state initialisation, data loading, evals, teardown).
 
 The total job time is the train step's wall time, plus the part of the first attempt's start-up that ran
 before the train step began following (the launch step started the pods). Categories come from separate
@@ -237,7 +230,8 @@ def measure_attempts(found: list[Attempt], wall_seconds: float) -> Goodput:
                 steps_lost += 1
     saves = sum(a.checkpoint_save for a in found)
     productive = max(0.0, productive - saves)  # a save blocks inside a step's time
-    waiting = sum(max(0.0, later.started_at - earlier.last_seconds) for earlier, later in zip(found, found[1:]))
+    pairs = zip(found, found[1:], strict=False)
+    waiting = sum(max(0.0, later.started_at - earlier.last_seconds) for earlier, later in pairs)
     badput = {
         "startup": sum(a.startup or 0.0 for a in found),
         "compile": sum(a.compile for a in found),

@@ -128,7 +128,8 @@ def _report(
     """The train report of a completed stage from its metrics records (with goodput and its badput by cause; an
     elastic stage's also with resizes and slice timeline), and its one-line summary. ``wall``: seconds the train step
     followed the stage; ``compiles``: the leader's XLA compiles, each tagged with its attempt
-    (:func:`multislice.metrics.parse_compile_line`); ``good``: the stage's goodput (:func:`multislice.goodput.measure`)."""
+    (:func:`multislice.metrics.parse_compile_line`); ``good``: the stage's goodput
+    (:func:`multislice.goodput.measure`)."""
     summary = metrics.summarize(records)
     measured = summary.as_dict() | metrics.summarize_eval(records)
     fields: dict[str, Any] = good.report_fields()

@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(baseline_seconds, 1),
             "steps_trained": report.steps_trained,
             "median_step_seconds": round(statistics.median(step_seconds), 3) if step_seconds else None,
+            "measured_goodput": report.goodput,  # the train report's (multislice.goodput), badput by cause
+            "badput_seconds": report.badput_seconds,
         }
         print(f"undisturbed: {options.steps} steps in {baseline_seconds:.0f} s", flush=True)
 
@@ -240,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         "steps_trained": report.steps_trained,
         "last_step": report.last_step,
         "verification": verdict.verdict,
+        # The train report's goodput (Google's definitions, multislice.goodput) and its badput by cause.
+        "measured_goodput": report.goodput,
+        "job_seconds": report.job_seconds,
+        "badput_seconds": report.badput_seconds,
     }
     if baseline_seconds:
         result["soak"]["wall_time_vs_undisturbed"] = round(soak_seconds / baseline_seconds, 2)
@@ -263,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         f"verification {soak['verification']}, {soak['seconds']:.0f} s"
         + (f" vs {baseline_seconds:.0f} s undisturbed: goodput {soak['goodput']:.2f}" if baseline_seconds else "")
     )
+    print(f"train report: goodput {soak['measured_goodput']}, badput (s) {soak['badput_seconds']}")
     print(f"results: {RESULTS}")
     ok = (
         soak["verification"] == "PASS"

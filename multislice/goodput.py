@@ -45,7 +45,7 @@ from typing import Any
 
 from multislice import metrics
 
-#: Badput categories, in the order the summary shows them (see the module's table).
+#: Badput categories, in the order the summary shows them (see the module's docstring).
 CATEGORIES = ("startup", "compile", "restore", "checkpoint_save", "lost_steps", "waiting", "other")
 #: Each category in words, for the run summary and the pages.
 WORDS = {
@@ -172,7 +172,8 @@ class Goodput:
         productive_seconds: Productive training time, seconds.
         job_seconds: Total job time, seconds (the denominator).
         badput_seconds: Seconds per category of :data:`CATEGORIES`; with ``productive_seconds`` they sum to
-            ``job_seconds`` (``other`` takes the rest and is never negative).
+            ``job_seconds`` (``other`` takes the rest), unless the separate measures overlap by more than the rest
+            (``other`` is then 0, never negative).
         steps_lost: Step records trained again after a restore.
         attempts: Attempts seen in the leader's log.
     """

@@ -48,7 +48,7 @@ from benchmarks.preflight import machine
 from multislice import config, metrics
 from multislice.backends.local import LocalJobSets
 from multislice.plan import make_plan
-from multislice.steps import admit, train, verify_checkpoint
+from multislice.steps import admit, prepare_data, train, verify_checkpoint
 from multislice.storage import latest_committed_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +58,14 @@ COMPLETED = re.compile(r"completed step: (\d+),")
 
 
 def stage_plan(output: Path, run_name: str, steps: int, max_restarts: int):
-    """The plan of a one-stage run of the local profile's stage 1 with ``steps`` steps."""
+    """The plan of a one-stage run of the local profile's stage 1 with ``steps`` steps, its data prepared (the
+    stage trains on ``text`` data: ``prepare_data`` tokenizes it into the output directory's shards, or reuses them)."""
     spec = config.load_profile(
         "local",
         {"run_name": run_name, "output_dir": str(output), "stage1_steps": steps, "max_restarts": max_restarts},
     )
     plan = make_plan(spec)
+    prepare_data.run(plan, plan.stages[0])
     return plan, plan.stages[0]
 
 

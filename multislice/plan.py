@@ -233,6 +233,11 @@ def _stage_args(
     for axis, degree in dcn.items():
         args[f"dcn_{axis}_parallelism"] = degree
     args.update(emergency_checkpoint_args(stage))
+    if stage.goodput_recording:
+        # maxtext/common/goodput.py: the recorder logs as job goodput_job_name (default run_name, the stage's
+        # name here, the same in every run): name the run too, so that two runs' events never mix.
+        args["enable_goodput_recording"] = True
+        args["goodput_job_name"] = f"{spec.run_name}-{stage.name}"
     args.update(stage.maxtext_overrides)
     if accumulation is not None and (accumulation > 1 or GRADIENT_ACCUMULATION_KEY in args):
         args[GRADIENT_ACCUMULATION_KEY] = accumulation

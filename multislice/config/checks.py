@@ -108,6 +108,14 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
         lasts = declared is not None and models.data_lasts_issue(stage, declared, global_batch)
         if lasts:
             issues.append((f"{where}.steps", lasts))
+        if stage.goodput_recording and spec.backend != "gke":
+            issues.append(
+                (
+                    f"{where}.goodput_recording",
+                    "goodput_recording writes to Cloud Logging, which a local run has no credentials for; leave it "
+                    "off locally (the train report measures goodput on every backend) or use backend: gke",
+                )
+            )
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (

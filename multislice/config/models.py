@@ -425,6 +425,12 @@ class Stage(_Strict):
         description="GKE: frequent local checkpoints on each node's checkpoint ramdisk beside the persistent ones "
         "(MaxText enable_emergency_checkpoint); None: persistent checkpoints only.",
     )
+    goodput_recording: bool = Field(
+        default=False,
+        description="GKE: MaxText's enable_goodput_recording (Google's ml-goodput-measurement): the leader writes "
+        "its goodput events to Cloud Logging as job <run_name>-<stage>; the trainer's Google service account needs "
+        "roles/logging.logWriter (docs/gke-setup.md). The train report measures goodput either way.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multislice import cancel, elastic, metrics, storage
+from multislice import cancel, elastic, goodput, metrics, storage
 from multislice.backends import Backend
 from multislice.backends.base import Finished, TrainingFailed
 from multislice.delivery import artifacts
@@ -77,8 +77,11 @@ def run(
         compiles: list[dict[str, Any]] = []  # the leader's XLA compiles, each attempt's in turn
         restores: list[dict[str, Any]] = []  # the checkpoint each attempt started from
         attempt = [-1]
+        timeline = goodput.Timeline()  # the attempts' start-up, compiles, restores, saves and steps, timed
+        started = time.monotonic()
 
         def on_line(line: str) -> None:
+            timeline.add(time.monotonic() - started, line)
             if WORKER_START.search(line):
                 attempt[0] += 1
             if compiled := metrics.parse_compile_line(line):
@@ -94,7 +97,6 @@ def run(
             if ECHO.search(line):
                 tell(line.split("] ", 1)[-1].strip())
 
-        started = time.monotonic()
         with (
             backend.deleting_on_cancel(stage.workload, tell, removal.labels),
             backend.holding(stage.workload, "train", tell),
@@ -113,7 +115,8 @@ def run(
             )
         cancel.point("train:report")
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-        report, line = _report(stage, records, finished, resizes, time.monotonic() - started, compiles)
+        wall = time.monotonic() - started
+        report, line = _report(stage, records, finished, resizes, wall, compiles, timeline.measure(wall))
         report = report.model_copy(update={"restores": restores})
         tiers = [
             f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r
@@ -152,19 +155,19 @@ def _report(
     resizes: list[elastic.Resize],
     wall: float,
     compiles: list[dict[str, Any]],
+    good: goodput.Goodput,
 ) -> tuple[TrainReport, str]:
-    """The train report of a completed stage from its metrics records (an elastic stage's with goodput, resizes and
-    slice timeline), and its one-line summary. ``wall``: seconds the train step followed the stage; ``compiles``:
-    the leader's XLA compiles, each tagged with its attempt (:func:`multislice.metrics.parse_compile_line`)."""
+    """The train report of a completed stage from its metrics records (with goodput and its badput by cause; an
+    elastic stage's also with resizes and slice timeline), and its one-line summary. ``wall``: seconds the train step
+    followed the stage; ``compiles``: the leader's XLA compiles, each tagged with its attempt
+    (:func:`multislice.metrics.parse_compile_line`); ``good``: the stage's goodput
+    (:func:`multislice.goodput.measure`)."""
     summary = metrics.summarize(records)
     measured = summary.as_dict() | metrics.summarize_eval(records)
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = good.report_fields()
     if stage.elastic:
         steps = [r for r in records if "step" in r]  # eval records (eval_after_step) are not steps
-        value, lost = elastic.goodput(steps, wall)
-        fields = {
-            "goodput": round(value, 4),
-            "steps_lost": lost,
+        fields |= {
             "resizes": resizes,
             "slice_timeline": elastic.slice_timeline(steps),
             "global_batch_size": stage.global_batch_size,
@@ -198,6 +201,9 @@ def _report(
             if (by_attempt := metrics.compile_seconds_by_attempt(compiles))
             else ""
         )
+        + f"; goodput {good.goodput:.2f} of {good.job_seconds:.0f} s (badput: "
+        + goodput.badput_words(good.badput_seconds)
+        + ")"
     )
     return report, line
 

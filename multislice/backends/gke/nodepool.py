@@ -735,7 +735,9 @@ def iam_bindings(plan: Plan) -> list[str]:
     https://cloud.google.com/kubernetes-engine/docs/how-to/service-accounts), ``roles/artifactregistry.reader``
     (pull the trainer image) and ``roles/storage.objectUser`` on the output bucket (checkpoints, metrics,
     the JAX cache). With ``service_accounts.tpu_workload_identity`` the bucket role goes to the
-    trainer's Google service account instead.
+    trainer's Google service account instead, as does ``roles/logging.logWriter`` when a stage records
+    goodput (``goodput_recording``: MaxText's recorder writes its events to Cloud Logging,
+    ``ml_goodput_measurement/src/goodput.py``, ``_CloudLogger``).
 
     Returns:
         One line per binding (a ``gcloud`` command), then none for a local ``output_dir``.
@@ -755,5 +757,10 @@ def iam_bindings(plan: Plan) -> list[str]:
         lines.append(
             f"gcloud storage buckets add-iam-policy-binding {bucket} --member=serviceAccount:{writer} "
             "--role=roles/storage.objectUser"
+        )
+    if any(stage.goodput_recording for stage in spec.stages):
+        lines.append(
+            f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{writer} "
+            "--role=roles/logging.logWriter"
         )
     return lines

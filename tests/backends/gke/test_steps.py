@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from multislice import config, metrics, names, reports, storage
+from multislice import config, goodput, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, exporter, jobs, retry
@@ -161,6 +161,9 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 5.0)
     assert trained.tokens_per_second_per_device == pytest.approx(2000.0)
     assert trained.restarts == 0 and trained.leader_logs == [pods[0]]
+    # Goodput for every stage, not only elastic ones: the four steps' time over the job's, badput by cause.
+    assert set(trained.badput_seconds) == set(goodput.CATEGORIES) and trained.steps_lost == 0
+    assert 0 < (trained.goodput or 0) <= 1 and trained.job_seconds == pytest.approx(trained.wall_seconds, abs=0.1)
 
     with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log())):
         verified = verify_checkpoint.run(plan, stage_of(plan), backend=GkeBackend(kube))

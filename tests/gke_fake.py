@@ -8,6 +8,8 @@ https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locat
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools/NAME``  get
 - ``POST /v1/projects/P/locations/L/clusters/C/nodePools``       create: a CREATE_NODE_POOL operation
 - ``GET  /v1/projects/P/locations/L/operations/OP``              get operation
+- ``GET  /v1/projects/P/locations/L/clusters/C``                  get cluster: its name and
+  ``addonsConfig.rayOperatorConfig.enabled`` (``ray_operator``), nothing else of the Cluster
 
 Errors come back as Google's JSON error body (``{"error": {"code", "message", "status"}}``),
 which the client maps to ``google.api_core.exceptions``. Every request is
@@ -34,6 +36,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import container_v1
 
 _POOLS = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)/nodePools(?:/([^/]+))?$")
+_CLUSTER = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)$")
 _OPERATION = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$")
 
 
@@ -61,6 +64,7 @@ class FakeGke:
         self.fail_operations: dict[str, str] = {}
         self.max_running_operations: int | None = None
         self.reject_creates: tuple[int, str, str] | None = None
+        self.ray_operator = False  # the cluster's addonsConfig.rayOperatorConfig.enabled
         self._polls: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -147,6 +151,12 @@ class FakeGke:
                 return 200, self.pools[name]
             if method == "POST" and name is None:
                 return self._create(body)
+        if (match := _CLUSTER.match(path)) and method == "GET":
+            if match.groups() != (self.project, self.location, self.cluster):
+                return self._error(404, "NOT_FOUND", f"Not found: {path.removeprefix('/v1/')}.")
+            name = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+            return 200, {"name": self.cluster, "selfLink": name,
+                         "addonsConfig": {"rayOperatorConfig": {"enabled": self.ray_operator}}}  # fmt: skip
         if (match := _OPERATION.match(path)) and method == "GET":
             return self._poll(match.group(3))
         return self._error(404, "NOT_FOUND", f"fake GKE does not serve {method} {path}")

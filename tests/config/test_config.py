@@ -242,3 +242,18 @@ def test_a_profile_that_went_through_kfp_plans_as_the_cli_plans_it(profile, outp
         assert sorted(ours.libtpu_flags.items()) == sorted(theirs.libtpu_flags.items())
     assert {"grain_worker_count=0", "learning_rate=0.003", "compress_ratios=[4]"} <= set(kfp.stages[0].maxtext_args)
     assert kfp.spec.libtpu_flags.add["xla_tpu_scoped_vmem_limit_kib"] == 81920
+
+
+def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
+    found = issues({"launcher": "ray", "ray.head_node_selector": {}}, profile="gke-v6e-16x2")
+    [(field, message)] = [issue for issue in found if issue[0] == "ray.head_node_selector"]
+    assert "stage(s) llama3-8b, llama3-70b are launched by Ray" in message
+    assert "cloud.google.com/gke-nodepool: cpu-pool" in message
+    # A jobset run needs none; the profile names one, so launcher=ray from the run form is valid.
+    config.load_profile("gke-v6e-16x2", {"ray.head_node_selector": {}})
+    assert config.load_profile("gke-v6e-16x2", {"launcher": "ray"}).ray.head_node_selector == {
+        "cloud.google.com/gke-nodepool": "cpu-pool"
+    }
+    [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
+                                profile="gke-v6e-16x2")  # fmt: skip
+    assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message

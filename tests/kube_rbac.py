@@ -137,10 +137,12 @@ class Authorizer:
                 if rule.get("resourceNames") and attributes.get("name") not in rule["resourceNames"]:
                     continue
                 subject = subjects[0]
-                who = (f'{subject["kind"]} "{subject["name"]}/{subject.get("namespace") or bound_in or ""}"'
-                       if subject["kind"] == "ServiceAccount" else f'{subject["kind"]} "{subject["name"]}"')  # fmt: skip
-                name = f"{binding['metadata']['name']}/{bound_in}" if binding["kind"] == "RoleBinding" else \
-                    binding["metadata"]["name"]  # fmt: skip
+                who = f'{subject["kind"]} "{subject["name"]}"'
+                if subject["kind"] == "ServiceAccount":  # describeSubject: NAME/NAMESPACE
+                    who = f'{subject["kind"]} "{subject["name"]}/{subject.get("namespace") or bound_in or ""}"'
+                name = binding["metadata"]["name"]
+                if binding["kind"] == "RoleBinding":  # roleBindingDescriber: NAME/NAMESPACE
+                    name += f"/{bound_in}"
                 reason = f'RBAC: allowed by {binding["kind"]} "{name}" of {ref["kind"]} "{ref["name"]}" to {who}'
                 return {"allowed": True, "reason": reason}
         return {"allowed": False}

@@ -99,7 +99,6 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
 LOCAL_ONLY: frozenset[str] = frozenset({"backend"})
 
 
-
 def remote_run_sets(path: str) -> bool:
     """Whether a run of the compiled remote pipeline (KFP, Vertex AI) can set the spec field at dotted ``path`` from
     its run form: a :data:`RUN_PARAMETERS` entry not in :data:`LOCAL_ONLY`. E.g. ``launcher``: the RBAC rendered for

@@ -173,6 +173,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
     if spec.node_pools.additional_node_networks:
         worker_pod["resourceClaims"] = [{"name": DCN_CLAIM, "resourceClaimTemplateName": claim_template_name(stage)}]
         worker["resources"]["claims"] = [{"name": DCN_CLAIM}]
+    head_selector = spec.ray.head_node_selector  # a CPU node pool; required on GKE (config checks)
     slices = spec.num_slices
     min_slices = spec.ray.min_slices if spec.ray.min_slices is not None else slices
     return {
@@ -201,7 +202,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
                         "metadata": {"labels": dict(labels)},
                         "spec": {
                             "serviceAccountName": spec.service_accounts.trainer,
-                            **({"nodeSelector": dict(spec.ray.head_node_selector)} if spec.ray.head_node_selector else {}),
+                            **({"nodeSelector": dict(head_selector)} if head_selector else {}),
                             "containers": [head],
                             "volumes": [dshm],
                         },

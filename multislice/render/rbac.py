@@ -17,11 +17,17 @@ batch              jobs                                   create, get, list, wat
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:
                                                           server-side apply)
-ray.io             rayjobs (a stage with launcher: ray)   create, get, list, watch (admit,
+ray.io             rayjobs (launcher: ray; see below)     create, get, list, watch (admit,
                                                           launch, train), delete (cleanup)
 resource.k8s.io    resourceclaimtemplates (idem)          create, get, list (admit), delete
                                                           (cleanup)
 =================  =====================================  ===================================
+
+The Ray rows are rendered for every profile, not only one with ``launcher: ray``: ``launcher`` is a run
+parameter of the compiled pipeline (:func:`multislice.render.launchers.offered_kinds`), and a run that picks
+``ray`` under RBAC rendered for JobSets only would get a 403 on ``rayjobs create`` at admit, after its node pools
+were created. provision checks the rights of the run's own launchers first (:func:`required_access`, asked as
+SelfSubjectAccessReviews by :func:`multislice.backends.gke.prerequisites.check_access`).
 
 Server-side apply is a PATCH, authorized as ``patch``; when the object does
 not exist yet the API server authorizes it a second time as ``create`` with
@@ -36,8 +42,10 @@ safety net of :mod:`multislice.backends.gke.lease`).
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
 ``nodes`` (get, list, watch: launch maps pods to node pools, train sees a
-lost slice's nodes) and the run's ClusterQueue by name (get: train, how many
-slices of an elastic stage Kueue can admit). The
+lost slice's nodes), the run's ClusterQueue by name (get: train, how many
+slices of an elastic stage Kueue can admit) and, for Ray, the KubeRay TPU
+webhook's MutatingWebhookConfiguration by name (get: provision checks it is
+installed; ``admissionregistration.k8s.io``). The
 cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
 WorkloadPriorityClass; with ``node_pools.queued_provisioning`` also the
 ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admin from

@@ -59,7 +59,8 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
         ("kueue.x-k8s.io", "clusterqueues"): (["get"], ["multislice-cluster-queue"]),  # elastic: what Kueue admits
         # provision, a Ray run: the KubeRay TPU webhook is installed (launcher is a run parameter).
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): (
-            ["get"], ["kuberay-tpu-mutating-webhook-cfg"]
+            ["get"],
+            ["kuberay-tpu-mutating-webhook-cfg"],
         ),  # fmt: skip
     }
     binding = objs[("ClusterRoleBinding", "multislice-pipeline-cluster-read-default")]

@@ -95,7 +95,8 @@ def check_access(kube: Kube, plan: Plan) -> int:
                 resource_attributes=k8s.V1ResourceAttributes(**{k: v or None for k, v in attributes.items()})
             )
         )
-        answer = kube.call(api.create_self_subject_access_review, review, what=f"review {attributes['verb']} {_describe(attributes)}")
+        what = f"review {attributes['verb']} {_describe(attributes)}"
+        answer = kube.call(api.create_self_subject_access_review, review, what=what)
         status = answer.status
         if not (status and status.allowed):
             why = f" ({status.reason})" if status and status.reason else ""

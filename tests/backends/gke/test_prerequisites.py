@@ -20,7 +20,6 @@ from multislice.config import parameters
 from multislice.plan import make_plan
 from multislice.render import launchers, rbac
 from multislice.steps import provision
-from tests.kube_controllers import Play
 from tests.kube_rbac import Authorizer, service_account_user
 
 pytestmark = pytest.mark.usefixtures("run_storage")
@@ -44,14 +43,22 @@ TPU_WEBHOOK = {
             "sideEffects": "NoneOnDryRun",
             "namespaceSelector": {
                 "matchExpressions": [
-                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                     "values": ["kube-system", "kube-node-lease"]}
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": ["kube-system", "kube-node-lease"],
+                    }
                 ]
             },  # fmt: skip
             "clientConfig": {"service": {"name": "kuberay-tpu-webhook", "namespace": "ray-system", "path": "/mutate"}},
             "rules": [
-                {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                 "scope": "Namespaced"}
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "scope": "Namespaced",
+                }
             ],  # fmt: skip
             "objectSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay"}},
         }

@@ -4,7 +4,8 @@ It serves, on 127.0.0.1 over real HTTP, the v1 methods provision uses
 (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools,
 https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.operations):
 
-- ``GET  /v1/projects/P/locations/L/clusters/C``                 get the cluster (:attr:`FakeGke.cluster_info`)
+- ``GET  /v1/projects/P/locations/L/clusters/C``                 get the cluster (:attr:`FakeGke.cluster_info`, and
+  ``addonsConfig.rayOperatorConfig.enabled`` from :attr:`FakeGke.ray_operator`)
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools``       list
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools/NAME``  get
 - ``POST /v1/projects/P/locations/L/clusters/C/nodePools``       create: a CREATE_NODE_POOL operation
@@ -71,6 +72,7 @@ class FakeGke:
             "name": cluster, "status": "RUNNING", "endpoint": "34.118.0.10",
             "masterAuth": {"clusterCaCertificate": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="},
         }  # fmt: skip
+        self.ray_operator = False  # the cluster's addonsConfig.rayOperatorConfig.enabled
         self._polls: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -173,7 +175,9 @@ class FakeGke:
         if (match := _CLUSTER.match(path)) and method == "GET":
             if match.groups() != (self.project, self.location, self.cluster):
                 return self._error(404, "NOT_FOUND", f"Not found: {path.removeprefix('/v1/')}.")
-            return 200, self.cluster_info
+            name = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+            addons = {"addonsConfig": {"rayOperatorConfig": {"enabled": self.ray_operator}}}
+            return 200, {"selfLink": name, **self.cluster_info, **addons}
         if match := _POOLS.match(path):
             project, location, cluster, name = match.groups()
             if (project, location, cluster) != (self.project, self.location, self.cluster):

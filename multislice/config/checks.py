@@ -39,6 +39,17 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 "can never start: set ray.min_slices to at most num_slices, or unset it for a fixed worker count",
             )
         )
+    ray_stages = [stage.name for stage in spec.stages if spec.launcher_for(stage) == "ray"]
+    if spec.backend == "gke" and ray_stages and not spec.ray.head_node_selector:
+        issues.append(
+            (
+                "ray.head_node_selector",
+                f"stage(s) {', '.join(ray_stages)} are launched by Ray, whose head pod (4 CPU, 16 GiB, the driver) "
+                "needs a CPU node pool, and TPU node pools are tainted for TPU pods only: set "
+                "ray.head_node_selector to that pool, e.g. {cloud.google.com/gke-nodepool: cpu-pool} "
+                "(docs/gke-setup.md)",
+            )
+        )
     if spec.backend == "gke" and not remote:
         issues.append(
             (

@@ -1033,6 +1033,22 @@ class RaySpec(_Strict):
     min_slices: int | None = Field(
         default=None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
     )
+    head_node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="GKE: the nodeSelector of the RayJob's head pod (4 CPU, 16 GiB; the driver runs there), a CPU "
+        "node pool, e.g. {'cloud.google.com/gke-nodepool': 'cpu-pool'}; required on GKE for a stage with "
+        "launcher ray.",
+    )
+
+    @field_validator("head_node_selector")
+    @classmethod
+    def _head_node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not key or not names.LABEL_VALUE.fullmatch(key.rsplit("/", 1)[-1]) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"head_node_selector: {key!r} is not a valid label key")
+            if not names.LABEL_VALUE.fullmatch(label) or len(label) > 63:
+                raise ValueError(f"head_node_selector[{key}]: {label!r} is not a valid label value")
+        return value
 
 
 SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")

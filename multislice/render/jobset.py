@@ -84,6 +84,7 @@ def with_data_token(plan: Plan, stage: StagePlan, command: list[str]) -> list[st
         return command
     return ["python", "-m", HUB_TOKEN_MODULE, "--secret-version", secret, "--", *command]
 
+
 #: GKE's multi-tier checkpointing CSI driver: an in-memory volume per node (its size is the cluster's
 #: CheckpointConfiguration ``inMemoryVolumeSize``) that outlives the pods on it, into which the driver writes the
 #: ``jax-init-info.txt`` MaxText's emergency-checkpoint start-up reads. xpk renders the same inline volume for

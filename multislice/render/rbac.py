@@ -17,11 +17,17 @@ batch              jobs                                   create, get, list, wat
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:
                                                           server-side apply)
-ray.io             rayjobs (a stage with launcher: ray)   create, get, list, watch (admit,
+ray.io             rayjobs (launcher: ray; see below)     create, get, list, watch (admit,
                                                           launch, train), delete (cleanup)
 resource.k8s.io    resourceclaimtemplates (idem)          create, get, list (admit), delete
                                                           (cleanup)
 =================  =====================================  ===================================
+
+The Ray rows are rendered for every profile, not only one with ``launcher: ray``: ``launcher`` is a run
+parameter of the compiled pipeline (:func:`multislice.render.launchers.offered_kinds`), and a run that picks
+``ray`` under RBAC rendered for JobSets only would get a 403 on ``rayjobs create`` at admit, after its node pools
+were created. provision checks the rights of the run's own launchers first (:func:`required_access`, asked as
+SelfSubjectAccessReviews by :func:`multislice.backends.gke.prerequisites.check_access`).
 
 Server-side apply is a PATCH, authorized as ``patch``; when the object does
 not exist yet the API server authorizes it a second time as ``create`` with
@@ -36,8 +42,10 @@ safety net of :mod:`multislice.backends.gke.lease`).
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
 ``nodes`` (get, list, watch: launch maps pods to node pools, train sees a
-lost slice's nodes) and the run's ClusterQueue by name (get: train, how many
-slices of an elastic stage Kueue can admit). The
+lost slice's nodes), the run's ClusterQueue by name (get: train, how many
+slices of an elastic stage Kueue can admit) and, for Ray, the KubeRay TPU
+webhook's MutatingWebhookConfiguration by name (get: provision checks it is
+installed; ``admissionregistration.k8s.io``). The
 cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
 WorkloadPriorityClass; with ``node_pools.queued_provisioning`` also the
 ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admin from
@@ -106,8 +114,12 @@ def _rule(group: str, resources: list[str], verbs: list[str], names_: list[str] 
     return rule
 
 
-def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
-    """The pipeline Role's rules in the run's namespace (the table in the module docstring)."""
+def namespaced_rules(plan: Plan, offered: bool = True) -> list[dict[str, Any]]:
+    """The pipeline Role's rules in the run's namespace (the table in the module docstring).
+
+    ``offered``: with the rules of every launcher the compiled pipeline's run form offers (what is rendered);
+    False: only those of the plan's own launchers (what this run's steps need: :func:`required_access`).
+    """
     return [
         _rule("jobset.x-k8s.io", ["jobsets"], [*READ, "create", "delete"]),
         _rule("batch", ["jobs"], [*READ, "create", "delete"]),
@@ -117,7 +129,7 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
         _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
-        *launcher_rules(plan),
+        *launcher_rules(plan, offered),
     ]
 
 
@@ -166,22 +178,58 @@ def kfp_runner_rules(plan: Plan) -> list[dict[str, Any]]:
     return rules
 
 
-def launcher_rules(plan: Plan) -> list[dict[str, Any]]:
-    """What the plan's launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for a
-    stage with ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates; none without one."""
-    return [rule for kind in launchers.kinds_of(plan) for rule in kind.rbac_rules()]
+def launcher_rules(plan: Plan, offered: bool = True) -> list[dict[str, Any]]:
+    """What the launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for
+    ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates.
+
+    ``offered`` (the default, what is rendered): for every launcher a run of the compiled pipeline may pick
+    (:func:`.launchers.offered_kinds`: ``launcher`` is a run parameter, so a profile's RBAC covers Ray even when the
+    profile says ``jobset``); False: only the plan's own launchers.
+    """
+    kinds = launchers.offered_kinds(plan) if offered else launchers.kinds_of(plan)
+    return [rule for kind in kinds for rule in kind.rbac_rules()]
 
 
-def cluster_read_rules(plan: Plan | None = None) -> list[dict[str, Any]]:
-    """The only cluster-wide rights of the pipeline: read CRDs and nodes, and get the run's ClusterQueue by name
-    (train, elastic stages: what Kueue can admit)."""
+def cluster_read_rules(plan: Plan | None = None, offered: bool = True) -> list[dict[str, Any]]:
+    """The only cluster-wide rights of the pipeline: read CRDs and nodes, get the run's ClusterQueue by name
+    (train, elastic stages: what Kueue can admit) and, for the launchers (``offered`` as in :func:`launcher_rules`),
+    what provision reads to check their prerequisites (:meth:`.launchers.LauncherKind.cluster_rbac_rules`: for Ray,
+    the KubeRay TPU webhook's MutatingWebhookConfiguration, by name)."""
     rules = [
         _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list"]),
         _rule("", ["nodes"], READ),
     ]
     if plan is not None:
         rules.append(_rule("kueue.x-k8s.io", ["clusterqueues"], ["get"], [plan.spec.cluster_queue]))
+        kinds = launchers.offered_kinds(plan) if offered else launchers.kinds_of(plan)
+        rules += [rule for kind in kinds for rule in kind.cluster_rbac_rules()]
     return rules
+
+
+def required_access(plan: Plan) -> list[dict[str, str]]:
+    """Every request this run's steps make, as SelfSubjectAccessReview ``resourceAttributes`` (``namespace``,
+    ``verb``, ``group``, ``resource``, ``subresource``, ``name``; ``namespace`` '' for a cluster-scoped one), one per
+    verb, resource and ``resourceNames`` entry of the rules the Role and ClusterRoles are rendered from, for the plan's
+    own launchers only (:func:`namespaced_rules`, :func:`cluster_read_rules`, and :func:`kueue_cluster_rules` with
+    ``service_accounts.kueue_cluster_objects``). Derived from the same functions, so the check and the render cannot
+    drift. ``pods/log`` is resource ``pods``, subresource ``log``, as the API server's request info has it.
+    """
+    scoped = [(plan.spec.namespace, rule) for rule in namespaced_rules(plan, offered=False)]
+    scoped += [("", rule) for rule in cluster_read_rules(plan, offered=False)]
+    if plan.spec.service_accounts.kueue_cluster_objects:
+        scoped += [("", rule) for rule in kueue_cluster_rules(plan)]
+    found: list[dict[str, str]] = []
+    for namespace, rule in scoped:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                plural, _, sub = resource.partition("/")
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural,
+                                      "subresource": sub, "name": name}  # fmt: skip
+                        if attributes not in found:
+                            found.append(attributes)
+    return found
 
 
 def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:

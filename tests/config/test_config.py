@@ -292,3 +292,18 @@ def test_emergency_checkpoints_refused_where_they_cannot_run(overrides, field, w
     found = issues(emergency(**overrides), profile="gke-v6e-16x2")
     assert any(f.endswith(field) or field in f for f, _ in found), found
     assert any(words in message for _, message in found), found
+
+
+def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
+    found = issues({"launcher": "ray", "ray.head_node_selector": {}}, profile="gke-v6e-16x2")
+    [(field, message)] = [issue for issue in found if issue[0] == "ray.head_node_selector"]
+    assert "stage(s) llama3-8b, llama3-70b are launched by Ray" in message
+    assert "cloud.google.com/gke-nodepool: cpu-pool" in message
+    # A jobset run needs none; the profile names one, so launcher=ray from the run form is valid.
+    config.load_profile("gke-v6e-16x2", {"ray.head_node_selector": {}})
+    assert config.load_profile("gke-v6e-16x2", {"launcher": "ray"}).ray.head_node_selector == {
+        "cloud.google.com/gke-nodepool": "cpu-pool"
+    }
+    [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
+                                profile="gke-v6e-16x2")  # fmt: skip
+    assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message

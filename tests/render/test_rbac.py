@@ -43,6 +43,9 @@ def test_namespaced_role_grants_exactly_what_the_steps_use():
         ("kueue.x-k8s.io", "workloads"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "localqueues"): (["create", "get", "patch"], ["multislice-queue"]),
         ("coordination.k8s.io", "leases"): (["create", "delete", "get", "list", "patch"], None),
+        # launcher is a run parameter of the compiled pipeline: a run may pick ray on a jobset profile.
+        ("ray.io", "rayjobs"): (["create", "delete", "get", "list", "watch"], None),
+        ("resource.k8s.io", "resourceclaimtemplates"): (["create", "delete", "get", "list"], None),
     }
 
 
@@ -54,6 +57,11 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
         ("apiextensions.k8s.io", "customresourcedefinitions"): (["get", "list"], None),
         ("", "nodes"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "clusterqueues"): (["get"], ["multislice-cluster-queue"]),  # elastic: what Kueue admits
+        # provision, a Ray run: the KubeRay TPU webhook is installed (launcher is a run parameter).
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): (
+            ["get"],
+            ["kuberay-tpu-mutating-webhook-cfg"],
+        ),  # fmt: skip
     }
     binding = objs[("ClusterRoleBinding", "multislice-pipeline-cluster-read-default")]
     assert binding["roleRef"] == {
@@ -62,6 +70,26 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
         "name": "multislice-pipeline-cluster-read",
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "default"}]
+
+
+def test_required_access_is_the_plans_own_launchers_rules_one_review_each():
+    """provision's SelfSubjectAccessReviews (rbac.required_access) come from the rules the Role is rendered from."""
+    jobset_plan = make_plan(config.load_profile("gke-v6e-16x2", {}))
+    ray_plan = make_plan(config.load_profile("gke-v6e-16x2", {"launcher": "ray"}))
+    jobset_only, with_ray = rbac.required_access(jobset_plan), rbac.required_access(ray_plan)
+    log = {"namespace": "default", "verb": "get", "group": "", "resource": "pods", "subresource": "log", "name": ""}
+    create = {"namespace": "default", "verb": "create", "group": "ray.io", "resource": "rayjobs", "subresource": "",
+              "name": ""}  # fmt: skip
+    webhook = {"namespace": "", "verb": "get", "group": "admissionregistration.k8s.io",
+               "resource": "mutatingwebhookconfigurations", "subresource": "",
+               "name": "kuberay-tpu-mutating-webhook-cfg"}  # fmt: skip
+    assert log in jobset_only and create not in jobset_only and webhook not in jobset_only
+    assert create in with_ray and webhook in with_ray
+    # One review per verb, resource and name: the Role's rules expanded, nothing else.
+    role = objects()[("Role", "multislice-pipeline")]
+    namespaced = [a for a in with_ray if a["namespace"] == "default"]
+    expected = sum(len(r["verbs"]) * len(r["resources"]) * len(r.get("resourceNames") or [""]) for r in role["rules"])
+    assert len(namespaced) == expected
 
 
 def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():

@@ -37,6 +37,7 @@ from multislice.backends.gke import (
     logs,
     nodepool,
     pods,
+    prerequisites,
     rayjob,
     verifier,
     workload,
@@ -100,22 +101,35 @@ class GkeBackend(Backend):
     # -- capacity ---------------------------------------------------------
 
     def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
-        """TPU node pools (:func:`.nodepool.ensure_node_pools`), the CRDs served, the Kueue objects applied.
+        """The prerequisites checked, then TPU node pools (:func:`.nodepool.ensure_node_pools`), the Kueue objects
+        applied.
 
-        The LocalQueue is always applied (server-side apply, fixed field manager); the
+        Before any node pool is asked for: the pipeline's rights for every request the run's steps make
+        (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
+        needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, the KubeRay TPU webhook or GKE's
+        Ray Operator add-on). The LocalQueue is always applied (server-side apply, fixed field manager); the
         cluster-scoped objects only with ``service_accounts.kueue_cluster_objects``, else
         RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
 
         Raises:
+            prerequisites.AccessMissing: the pipeline may not make a request the run's steps make.
             cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
                 needed versions.
+            prerequisites.PrerequisiteMissing: for a stage launched by Ray, neither the KubeRay TPU webhook nor the
+                Ray Operator add-on.
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
+        reviewed = prerequisites.check_access(self.kube, plan)
+        tell(f"RBAC: the pipeline may make all {reviewed} requests of this run's steps (SelfSubjectAccessReview)")
+        runs_with = {type(launcher): launcher for launcher in map(self.launcher_for, plan.stages)}.values()
+        crds = cluster.check_crds(self.kube, {k: v for launcher in runs_with for k, v in launcher.crds.items()})
+        tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
+        for launcher in runs_with:
+            for line in launcher.check_prerequisites(plan):
+                tell(line)
         pools = nodepool.ensure_node_pools(
             plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
         )
-        crds = cluster.check_crds(self.kube, {k: v for s in plan.stages for k, v in self.launcher_for(s).crds.items()})
-        tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
         applied, left = [], []
         for obj in kueue_objects:
             name = f"{obj['kind']}/{obj['metadata']['name']}"

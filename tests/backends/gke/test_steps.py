@@ -22,7 +22,7 @@ import pytest
 from multislice import config, goodput, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
-from multislice.backends.gke import GkeBackend, exporter, jobs, retry
+from multislice.backends.gke import GkeBackend, exporter, jobs, prerequisites, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
@@ -387,7 +387,7 @@ def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play
     served.cluster.faults.clear()
 
 
-def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
+def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan, node_pools):
     player = Play(served)
     player.install_crds(skip=("workloads.kueue.x-k8s.io",))
     with pytest.raises(
@@ -401,6 +401,7 @@ def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
         provision.run(plan, backend=GkeBackend(served.kube()))
     assert "clusterqueues.kueue.x-k8s.io needs v1beta2, the cluster serves v1beta1" in str(failure.value)
     assert "install Kueue v0.19 or later" in str(failure.value) and "jobsets" not in str(failure.value)
+    assert node_pools == []  # checked before any node pool is asked for
 
 
 def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan, told):
@@ -570,8 +571,16 @@ def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, 
             if rule["resources"] == ["localqueues"]:
                 rule["verbs"] = ["get", "patch"]  # what the Role granted before: apply cannot create
     served.as_user(served.user, objects)
-    with pytest.raises(Exception, match="403") as refused:
+    # provision's SelfSubjectAccessReviews see it first: refused before any node pool, nothing tried.
+    with pytest.raises(prerequisites.AccessMissing, match=r'Missing: create localqueues\.kueue\.x-k8s\.io '
+                       r'"multislice-queue" in namespace "default"'):  # fmt: skip
         provision.run(plan, backend=GkeBackend(served.kube()))
+    assert served.cluster.authorizer.denied == []
+    # The apply itself, tried anyway, is refused as the API server refuses it (patch.go: an apply that creates is
+    # authorized as create too).
+    local_queue = next(o for o in provision.kueue_objects(plan) if o["kind"] == "LocalQueue")
+    with pytest.raises(Exception, match="403") as refused:
+        gke_cluster.server_side_apply(served.kube(), local_queue)
     assert served.cluster.authorizer.denied == [
         'localqueues.kueue.x-k8s.io "multislice-queue" is forbidden: User '
         '"system:serviceaccount:default:multislice-pipeline" cannot create resource "localqueues" in API group '

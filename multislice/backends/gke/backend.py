@@ -109,8 +109,13 @@ class GkeBackend(Backend):
         Raises:
             cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
                 needed versions.
+            cluster.KueueMisconfigured: with DRANET, Kueue's Configuration does not map its DeviceClass to the
+                resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
+        checked = cluster.check_kueue_configuration(self.kube, plan)  # before any node pool is created
+        if checked:
+            tell(checked)
         pools = nodepool.ensure_node_pools(
             plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
         )

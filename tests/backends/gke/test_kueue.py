@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 
-from multislice import config, tpu
+from multislice import cli, config, tpu
 from multislice.backends.base import AdmissionBlocked
 from multislice.backends.gke import GkeBackend
 from multislice.backends.gke import cluster as gke_cluster
@@ -264,3 +265,28 @@ def test_provision_passes_with_the_rendered_kueue_configuration_merged(served, p
     provision.run(plan, backend=GkeBackend(served.kube()))
     assert "Kueue maps DeviceClass netdev.google.com to multislice-pipelines/netdev" in capsys.readouterr().out
     assert node_pools == ["r1"]
+
+
+def test_multislice_render_with_launcher_ray_writes_a_queue_that_admits_its_rayjob(bare_play, tmp_path):
+    """``multislice render --profile gke-v6e-16x2 --set launcher=ray`` (every file validated against the CRDs): its
+    Kueue objects applied as written, its RayJob created from its file, and Kueue's model admits it."""
+    code = cli.main(["render", "--profile", "gke-v6e-16x2", "--set", "launcher=ray", "--output", str(tmp_path)])
+    assert code == 0
+    assert not (tmp_path / "kueue-config").exists()  # no DRANET: nothing for Kueue's Configuration
+    read = lambda path: yaml.safe_load(path.read_text(encoding="utf-8"))  # noqa: E731
+    bare_play.install_kueue([read(path) for path in sorted(tmp_path.glob("kueue-*.yaml"))])
+    for path in sorted(tmp_path.glob("rayjob-*.tpu.yaml")):
+        rayjob = read(path)
+        bare_play.custom.create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", rayjob)
+        ray = KubeRay(bare_play, rayjob["metadata"]["name"], 2, 4, POOLS)
+        ray.kueue_queues("waiting")
+        assert ray.kueue_admits() is None, path.name
+        admission = bare_play.custom.get_namespaced_custom_object(*KUEUE_API, "default", "workloads", ray.workload)
+        flavors = {a["name"]: sorted(set(a["flavors"].values())) for a in admission["status"]["admission"][
+            "podSetAssignments"]}  # fmt: skip
+        assert flavors == {"head": [kueue.CPU_FLAVOR], "slice": ["v6e-4x4"], "submitter": [kueue.CPU_FLAVOR]}
+        finished = {"conditions": [{"type": "Finished", "status": "True", "reason": "Succeeded", "message": "done"}]}
+        # Kueue releases a finished Workload's quota: the next stage's RayJob needs it
+        bare_play.custom.patch_namespaced_custom_object_status(
+            *KUEUE_API, "default", "workloads", ray.workload, {"status": finished}
+        )

@@ -51,7 +51,11 @@ WorkloadPriorityClass; with ``node_pools.queued_provisioning`` also the
 ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admin from
 ``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
 a second ClusterRole lets the pipeline get and server-side apply (patch)
-exactly those objects, by name (create included, as above).
+exactly those objects, by name (create included, as above). With DRANET under
+Kueue (a stage launched by Ray on node pools with additional networks), a Role
+in Kueue's namespace (``kueue-system``) lets it get one ConfigMap, Kueue's
+Configuration (``kueue-manager-config``), by name: provision checks its DRA
+device class mappings.
 
 On Kubeflow Pipelines the run's whole Argo Workflow runs as the run's
 ServiceAccount (KFP's API server sets ``spec.serviceAccountName`` from the
@@ -239,8 +243,11 @@ def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
     (:func:`multislice.render.kueue.render_queued_provisioning`); without it, no right on them.
     """
     spec = plan.spec
+    flavors = [spec.slice_type.flavor_name]
+    if kueue.cpu_flavor_needed(plan):  # a stage launched by Ray: its head and submitter's flavor
+        flavors.append(kueue.CPU_FLAVOR)
     rules = [
-        _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, [spec.slice_type.flavor_name]),
+        _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, flavors),
         _rule("kueue.x-k8s.io", ["clusterqueues"], APPLY, [spec.cluster_queue]),
         _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], APPLY, [spec.priority]),
     ]
@@ -253,6 +260,12 @@ def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
             _rule("kueue.x-k8s.io", ["admissionchecks"], APPLY, [kueue.admission_check_name(spec.cluster_queue)]),
         ]  # fmt: skip
     return rules
+
+
+def kueue_config_rules() -> list[dict[str, Any]]:
+    """Get Kueue's Configuration ConfigMap by name, in Kueue's namespace (provision checks its DRA device class
+    mappings, :func:`multislice.render.kueue.kueue_configuration`); nothing else there."""
+    return [_rule("", ["configmaps"], ["get"], [kueue.KUEUE_CONFIG_MAP])]
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -270,7 +283,9 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
         Plain objects in apply order: ServiceAccount (pipeline), ServiceAccount (trainer),
         Role, RoleBinding, ClusterRole, ClusterRoleBinding, the KFP runner Role and RoleBinding in
         ``pipeline_namespace`` (:func:`kfp_runner_rules`), then, with
-        ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding.
+        ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding, and with DRANET under Kueue
+        (:func:`multislice.render.kueue.dra_mappings`) a Role and RoleBinding in Kueue's namespace
+        (:func:`kueue_config_rules`).
         Each passes :func:`problems`.
 
     Raises:
@@ -355,6 +370,23 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
                 "kind": "ClusterRoleBinding",
                 "metadata": _meta(f"{kueue_role}-{pipeline_ns}"),
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": kueue_role},
+                "subjects": subjects,
+            },
+        ]
+    if kueue.dra_mappings(plan):
+        config_role = f"{role}-kueue-config"
+        objects += [
+            {
+                "apiVersion": RBAC_API,
+                "kind": "Role",
+                "metadata": _meta(config_role, kueue.KUEUE_CONFIG_NAMESPACE),
+                "rules": kueue_config_rules(),
+            },
+            {
+                "apiVersion": RBAC_API,
+                "kind": "RoleBinding",
+                "metadata": _meta(f"{config_role}-{pipeline_ns}", kueue.KUEUE_CONFIG_NAMESPACE),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": config_role},
                 "subjects": subjects,
             },
         ]

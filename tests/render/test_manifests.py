@@ -164,7 +164,7 @@ def test_every_trainer_image_container_runs_python_unbuffered():
     objects = []
     for profile in (*PROFILES, *MANIFEST_VARIANTS):
         for name, text in rendered_manifests(profile).items():
-            if name.endswith(".yaml"):
+            if name.endswith(".yaml") and "/" not in name:  # kueue-config/, gke-api/: not API objects
                 kind = name.split("-", 1)[0] + ("." + name.split(".")[-2] if name.startswith("jobset-") else "")
                 objects.append((kind, yaml.safe_load(text)))
     plan = make_plan(config.load_profile("gke-v6e-16x2"))
@@ -191,6 +191,20 @@ def test_cluster_queue_quota_is_slices_times_chips():
     assert group["flavors"][0]["name"] == flavor["metadata"]["name"] == "v6e-4x4"
     assert local_queue["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
     assert priority["value"] == 100
+
+
+def test_a_ray_run_with_dranet_writes_the_kueue_configuration_fragment_it_needs():
+    from tests.golden import rendered_manifests
+
+    files = rendered_manifests("gke-v6e-16x2-ray")
+    fragment = yaml.safe_load(files["kueue-config/controller_manager_config.yaml"])
+    assert fragment == {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "resources": {"deviceClassMappings": [
+            {"name": "multislice-pipelines/netdev", "deviceClassNames": ["netdev.google.com"]}]},
+    }  # fmt: skip
+    assert "kueue-manager-config" in files["kueue-config/controller_manager_config.yaml"]  # where it goes
+    assert not any(name.startswith("kueue-config/") for name in rendered_manifests("gke-v6e-16x2"))
 
 
 def test_bad_pipeline_run_id_is_refused():

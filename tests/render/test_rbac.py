@@ -103,6 +103,25 @@ def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
     assert ("ClusterRoleBinding", "multislice-pipeline-kueue-multislice-cluster-queue-default") in objs
 
 
+DRANET = {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]}
+
+
+def test_a_ray_run_may_apply_its_cpu_flavor_and_with_dranet_read_kueues_configuration_only():
+    objs = objects(**{"service_accounts.kueue_cluster_objects": True, **DRANET})
+    role = objs[("ClusterRole", "multislice-pipeline-kueue-multislice-cluster-queue")]
+    assert rules_table(role)[("kueue.x-k8s.io", "resourceflavors")] == (
+        ["create", "get", "patch"], ["v6e-4x4", "multislice-cpu"]
+    )  # fmt: skip
+    config_role = objs[("Role", "multislice-pipeline-kueue-config")]
+    assert config_role["metadata"]["namespace"] == "kueue-system"
+    assert rules_table(config_role) == {("", "configmaps"): (["get"], ["kueue-manager-config"])}
+    binding = objs[("RoleBinding", "multislice-pipeline-kueue-config-default")]
+    assert binding["metadata"]["namespace"] == "kueue-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "default"}]
+    # Without DRANET (or without Ray) the pipeline gets nothing in Kueue's namespace.
+    assert not [k for k in objects(launcher="ray") if k[1] == "multislice-pipeline-kueue-config"]
+
+
 def test_trainer_has_workload_identity_and_no_api_rights():
     objs = objects()
     trainer = objs[("ServiceAccount", "multislice-trainer")]

@@ -107,8 +107,8 @@ class GkeBackend(Backend):
         Before any node pool is asked for: the pipeline's rights for every request the run's steps make
         (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
         needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, the KubeRay TPU webhook or GKE's
-        Ray Operator add-on). The LocalQueue is always applied (server-side apply, fixed field manager); the
-        cluster-scoped objects only with ``service_accounts.kueue_cluster_objects``, else
+        Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping). The LocalQueue is always applied
+        (server-side apply, fixed field manager); the cluster-scoped objects only with ``service_accounts.kueue_cluster_objects``, else
         RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
 
         Raises:
@@ -117,10 +117,15 @@ class GkeBackend(Backend):
                 needed versions.
             prerequisites.PrerequisiteMissing: for a stage launched by Ray, neither the KubeRay TPU webhook nor the
                 Ray Operator add-on.
+            cluster.KueueMisconfigured: with DRANET, Kueue's Configuration does not map its DeviceClass to the
+                resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
         reviewed = prerequisites.check_access(self.kube, plan)
         tell(f"RBAC: the pipeline may make all {reviewed} requests of this run's steps (SelfSubjectAccessReview)")
+        checked = cluster.check_kueue_configuration(self.kube, plan)  # before any node pool is created
+        if checked:
+            tell(checked)
         runs_with = {type(launcher): launcher for launcher in map(self.launcher_for, plan.stages)}.values()
         crds = cluster.check_crds(self.kube, {k: v for launcher in runs_with for k, v in launcher.crds.items()})
         tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))

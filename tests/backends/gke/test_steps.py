@@ -511,7 +511,8 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
     assert trained.restart_causes == [f"pod {first[0]} (slice 0, host 0) Failed"]  # no container status: the phase
 
 
-def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, play, plan, capsys):
+def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, bare_play, plan, capsys):
+    play = bare_play  # no Kueue objects applied yet
     plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
     report = provision.run(plan, backend=GkeBackend(served.kube()))
     assert report.kueue_objects == ["LocalQueue/multislice-queue"]
@@ -564,7 +565,7 @@ def test_provision_on_an_empty_cluster_creates_the_local_queue_under_enforced_rb
     assert served.cluster.authorizer.denied == []
 
 
-def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, play, plan):
+def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, bare_play, plan):
     objects = rbac.render_rbac_objects(plan)
     for obj in objects:
         for rule in obj.get("rules", []):
@@ -603,7 +604,8 @@ BLOCKED = [
     pytest.param(
         "Pending", "couldn't assign flavors to pod set slice: resource google.com/tpu unavailable in ClusterQueue",
         "resource google.com/tpu unavailable in ClusterQueue",
-        "the ClusterQueue covers no flavor of google.com/tpu", id="inadmissible-flavor",
+        "a pod set requests google.com/tpu and no resource group of the ClusterQueue covers it",
+        id="inadmissible-flavor",
     ),
 ]  # fmt: skip
 

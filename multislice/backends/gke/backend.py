@@ -109,7 +109,8 @@ class GkeBackend(Backend):
         needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, the KubeRay TPU webhook or GKE's
         Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping). The LocalQueue is always applied
         (server-side apply, fixed field manager); the cluster-scoped objects only with
-        ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
+        ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin
+        (:mod:`multislice.render.rbac`).
 
         Raises:
             prerequisites.AccessMissing: the pipeline may not make a request the run's steps make.

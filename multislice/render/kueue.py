@@ -273,12 +273,21 @@ def pod_sets(
     return found
 
 
-def dra_mappings(plan: Plan) -> dict[str, str]:
+def _kinds(plan: Plan, offered: bool) -> list[launchers.LauncherKind]:
+    return launchers.offered_kinds(plan) if offered else launchers.kinds_of(plan)
+
+
+def dra_mappings(plan: Plan, offered: bool = True) -> dict[str, str]:
     """DeviceClass -> the logical resource Kueue must charge it to, for the plan's DRA claims: DRANET's
-    ``netdev.google.com`` -> :data:`DRANET_RESOURCE` when a stage's launcher claims DRANET devices on node pools with
-    additional networks; else empty."""
+    ``netdev.google.com`` -> :data:`DRANET_RESOURCE` when a launcher claims DRANET devices on node pools with
+    additional networks; else empty.
+
+    ``offered`` (what is rendered): every launcher a run of the compiled pipeline may pick
+    (:func:`.launchers.offered_kinds`: ``launcher`` is a run parameter, as for RBAC); False (what provision checks
+    on the cluster): the plan's own launchers only, so that a JobSet run is not refused for Ray's needs.
+    """
     networks = plan.spec.node_pools.additional_node_networks
-    if networks and any(kind.claims_dranet for kind in launchers.kinds_of(plan)):
+    if networks and any(kind.claims_dranet for kind in _kinds(plan, offered)):
         from multislice.render import ray  # jsonschema: only for a plan whose stages claim DRANET devices
 
         return {ray.DRANET_DEVICE_CLASS: DRANET_RESOURCE}
@@ -289,19 +298,23 @@ def dra_mappings(plan: Plan) -> dict[str, str]:
 _QUOTA_RUN_ID = "kueue-quota"
 
 
-def stage_usage(plan: Plan) -> dict[str, Decimal]:
+def stage_usage(plan: Plan, offered: bool = True) -> dict[str, Decimal]:
     """Resource -> the most any one stage's workload requests in all (pods x requests, over its pod sets,
-    :func:`pod_sets` of the workload each stage's launcher renders for TPU, with its DRA claim templates)."""
-    mappings = dra_mappings(plan)
+    :func:`pod_sets` of the workload a launcher renders for the stage on TPU, with its DRA claim templates).
+
+    ``offered``: each stage as every launcher the run form offers would launch it (a run that picks ``launcher: ray``
+    needs quota for its RayJob's head and submitter, as it needs RBAC for its RayJob); False: its own launcher only.
+    """
+    mappings = dra_mappings(plan, offered)
     usage: dict[str, Decimal] = {}
     for stage in plan.stages:
-        kind = launchers.kind_of(stage)
-        workload = kind.render(plan, stage, "tpu", _QUOTA_RUN_ID)
-        total: dict[str, Decimal] = {}
-        for pod_set in pod_sets(workload, kind.companions(plan, stage, _QUOTA_RUN_ID), mappings):
-            _add(total, {name: value * pod_set.count for name, value in pod_set.requests.items()})
-        for name, value in total.items():
-            usage[name] = max(usage.get(name, Decimal(0)), value)
+        for kind in [launchers.kind_of(stage)] if not offered else launchers.offered_kinds(plan):
+            workload = kind.render(plan, stage, "tpu", _QUOTA_RUN_ID)
+            total: dict[str, Decimal] = {}
+            for pod_set in pod_sets(workload, kind.companions(plan, stage, _QUOTA_RUN_ID), mappings):
+                _add(total, {name: value * pod_set.count for name, value in pod_set.requests.items()})
+            for name, value in total.items():
+                usage[name] = max(usage.get(name, Decimal(0)), value)
     return usage
 
 
@@ -375,9 +388,9 @@ def render_queued_provisioning(cluster_queue: str, labels: dict[str, str]) -> li
 
 def resource_groups(plan: Plan) -> list[dict[str, Any]]:
     """The ClusterQueue's ``resourceGroups``: the TPU slices' flavor covering ``google.com/tpu`` (``slices x chips per
-    slice``) and the DRA resources of the TPU pods (:func:`dra_mappings`); with a stage whose workload requests
-    anything else (a RayJob's head and submitter: cpu, memory), a second group on :data:`CPU_FLAVOR` covering it,
-    each with the most one stage needs (:func:`stage_usage`)."""
+    slice``) and the DRA resources of the TPU pods (:func:`dra_mappings`); when a stage's workload, as any launcher
+    the run form offers would render it, requests anything else (a RayJob's head and submitter: cpu, memory), a
+    second group on :data:`CPU_FLAVOR` covering it, each with the most one stage needs (:func:`stage_usage`)."""
     usage = stage_usage(plan)
     dra = sorted(set(dra_mappings(plan).values()))
     tpu_resources = [{"name": tpu.TPU_RESOURCE, "nominalQuota": plan.total_chips}]

@@ -83,7 +83,7 @@ def check_kueue_configuration(kube: Kube, plan: Plan) -> str | None:
         KueueMisconfigured: the mapping is missing or names another resource, or ``KueueDRAIntegration`` is off.
         multislice.errors.InputError: the pipeline may not read the ConfigMap (403).
     """
-    mappings = kueue.dra_mappings(plan)
+    mappings = kueue.dra_mappings(plan, offered=False)  # this run's launchers: a JobSet run needs no mapping
     if not mappings:
         return None
     where = f"ConfigMap {kueue.KUEUE_CONFIG_NAMESPACE}/{kueue.KUEUE_CONFIG_MAP}"

@@ -106,7 +106,7 @@ def test_the_rayjobs_pod_sets_are_its_head_its_slices_and_kueues_default_submitt
     assert [{n: int(v * 1000) if n == "cpu" else int(v) for n, v in s.requests.items()} for s in rendered] == requests
 
 
-def test_a_jobsets_pods_request_only_tpu_chips_so_its_queue_needs_no_cpu_group():
+def test_a_jobsets_pods_request_only_tpu_chips_and_its_queue_covers_ray_from_the_run_form():
     """The JobSet path: one pod set per replicated job (replicas x parallelism pods), TPU chips only (limits as
     requests); so the queue of a JobSet-only plan keeps its one resource group."""
     plan = make_plan(config.load_profile("gke-v6e-16x2"))
@@ -114,8 +114,11 @@ def test_a_jobsets_pods_request_only_tpu_chips_so_its_queue_needs_no_cpu_group()
     sets = kueue_model.pod_sets(js)
     assert [(s["name"], s["count"]) for s in sets] == [("slice", 8)]
     assert kueue_model.pod_requests(sets[0]["template"]["spec"]) == {tpu.TPU_RESOURCE: 4}
-    assert not kueue.cpu_flavor_needed(plan)
-    assert [g["coveredResources"] for g in kueue.resource_groups(plan)] == [[tpu.TPU_RESOURCE]]
+    assert set(kueue.stage_usage(plan, offered=False)) == {tpu.TPU_RESOURCE}
+    # The run form offers launcher=ray, so the rendered queue still covers a RayJob's head and submitter, as RBAC
+    # covers its RayJob: picking ray in the run form is admitted, not left pending on "resource memory unavailable".
+    assert kueue.cpu_flavor_needed(plan)
+    assert [g["coveredResources"] for g in kueue.resource_groups(plan)] == [[tpu.TPU_RESOURCE], ["cpu", "memory"]]
 
 
 def test_pod_requests_count_sidecars_init_containers_and_overhead_as_kubernetes_does():

@@ -13,6 +13,7 @@ import copy
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from multislice import cli, config, tpu
 from multislice.backends.base import AdmissionBlocked
@@ -25,6 +26,7 @@ from multislice.render import ray as render_ray
 from multislice.steps import admit, provision
 from tests import kueue_model
 from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
+from tests.backends.gke.test_prerequisites import TPU_WEBHOOK
 from tests.backends.gke.test_ray import OVERRIDES
 from tests.kube_controllers import KubeRay
 from tests.kube_rbac import service_account_user
@@ -264,7 +266,9 @@ def test_provision_fails_before_any_node_pool_when_kueue_does_not_map_dranet(ser
 
 def test_provision_passes_with_the_rendered_kueue_configuration_merged(served, play, plan, node_pools, capsys):
     """The ``play`` fixture merged ``multislice render``'s kueue-config fragment into Kueue's ConfigMap; the
-    pipeline reads it under the rendered RBAC (a Role in kueue-system for that ConfigMap only)."""
+    pipeline reads it under the rendered RBAC (a Role in kueue-system for that ConfigMap only). The KubeRay TPU
+    webhook is installed (provision checks it for a Ray run, :mod:`tests.backends.gke.test_prerequisites`)."""
+    k8s.AdmissionregistrationV1Api(served.api(admin=True)).create_mutating_webhook_configuration(TPU_WEBHOOK)
     provision.run(plan, backend=GkeBackend(served.kube()))
     assert "Kueue maps DeviceClass netdev.google.com to multislice-pipelines/netdev" in capsys.readouterr().out
     assert node_pools == ["r1"]

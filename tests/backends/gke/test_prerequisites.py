@@ -199,10 +199,18 @@ def test_ray_picked_in_the_run_form_on_the_new_render_passes_the_rbac_check(serv
 
 
 def test_a_jobset_run_on_a_jobset_only_rbac_still_passes(served, play, node_pools, monkeypatch):
-    """Clusters set up from an earlier render keep running JobSet stages: only the run's own launchers are checked."""
-    plan = make()
+    """Clusters set up from an earlier render keep running JobSet stages: only the run's own launchers' requests are
+    checked. Where the pipeline applies the cluster-scoped Kueue objects itself (``kueue_cluster_objects``), the
+    queue it applies now also has the CPU flavor a run switched to Ray needs (as the rendered RBAC covers Ray), so
+    that earlier RBAC is refused before any node pool, naming the flavor and the fix."""
+    plan = make(**{"service_accounts.kueue_cluster_objects": True})
     as_pipeline(served, plan, jobset_only_rbac(plan, monkeypatch))
-    provision.run(plan, backend=GkeBackend(served.kube()))
+    with pytest.raises(prerequisites.AccessMissing, match=r'resourceflavors\.kueue\.x-k8s\.io "multislice-cpu"'):
+        provision.run(plan, backend=GkeBackend(served.kube()))
+    assert node_pools == []
+    admin_applied = make(**{"service_accounts.kueue_cluster_objects": False})
+    as_pipeline(served, admin_applied, jobset_only_rbac(admin_applied, monkeypatch))
+    provision.run(admin_applied, backend=GkeBackend(served.kube()))
     assert node_pools == ["r1"]
 
 

@@ -217,11 +217,11 @@ class Head:
         """SIGTERM the head (``ray start`` stops the processes it started), SIGKILL after :data:`STOP_TIMEOUT`;
         then SIGKILL what is left of it (:func:`head_processes`) and remove its temp dir.
 
-        What can be left: the job's driver. The Jobs API runs it in a session of its own
-        (``subprocess.Popen(..., start_new_session=True)``, ray 2.60.0 ``job_supervisor.py``,
-        ``_exec_entrypoint``), out of reach of a signal to the pod's process group and of ``ray start``'s stop,
-        and ends it only through ``stop_job`` or a shell watcher of its supervisor actor. In a Kubernetes pod the
-        container's end kills every process in it; this is that end.
+        What can be left: the job's driver and the shell that watches its supervisor actor (it kills the
+        driver's process group within a second of the actor's end). The Jobs API runs both in sessions of
+        their own (``subprocess.Popen(..., start_new_session=True)``, ray 2.60.0 ``job_supervisor.py``,
+        ``_exec_entrypoint``), out of reach of a signal to the pod's process group and of ``ray start``'s
+        stop. In a Kubernetes pod the container's end kills every process in it; this is that end.
 
         Returns:
             The process ids killed after the head's stop (empty when the head's own stop ended everything).
@@ -240,7 +240,8 @@ class Head:
             except ProcessLookupError:
                 pass
         if left:
-            print(f"multislice ray job: killed what the head's stop left: processes {left}", flush=True)
+            # the Jobs API's driver or the shell that watches it for its supervisor: sessions of their own
+            print(f"multislice ray job: killed processes {left} of the job, left by the head's stop", flush=True)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return left
 
@@ -321,7 +322,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         SystemExit: (argparse) a missing option or an empty entrypoint.
     """
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog="python -m multislice.trainer.ray_job", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m multislice.trainer.ray_job", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("--name", required=True, help="the workload's name: the submission id's prefix")
     parser.add_argument("--num-cpus", type=int, required=True, help="the head's logical CPUs (ray start --num-cpus)")
     options = parser.parse_args(argv[:split])
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         status = follow(client, job_id)
         info = client.get_job_info(job_id)
         # the message's first line only: Ray appends the driver's last log lines, already passed on above
-        message = (info.message or "").splitlines()[0] if info.message else ""
+        message = info.message.splitlines()[0] if info.message else ""
         print(f"multislice ray job: {job_id} {status} (driver exit code {info.driver_exit_code}): {message}",
               flush=True)  # fmt: skip
         return 0 if status == "SUCCEEDED" else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -209,3 +210,20 @@ def test_the_kill_hook_from_the_environment_applies_to_its_driver_only(monkeypat
     assert (options.kill_rank, options.kill_after_step) == (1, 6)
     options, _ = ray_driver.parse_args([*base, "--name=run-stage-b"])
     assert options.kill_rank is None
+
+
+def test_the_driver_reads_its_submission_id_from_the_jobs_api_job_config(monkeypatch):
+    # what Ray's JobSupervisor passes its driver (ray 2.60.0 job_supervisor.py, _get_driver_env_vars)
+    config = {"runtime_env": {}, "metadata": {"job_submission_id": "run-stage-ab1c2", "job_name": "run-stage-ab1c2"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(config))
+    assert ray_driver.submission_id() == "run-stage-ab1c2"
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert ray_driver.submission_id() is None  # not submitted through the Jobs API
+
+
+def test_each_submission_id_is_the_name_and_five_characters_as_kuberays():
+    ids = {ray_job.submission_id("run-stage") for _ in range(20)}
+    assert len(ids) > 1
+    for job_id in ids:
+        prefix, suffix = job_id.rsplit("-", 1)
+        assert prefix == "run-stage" and len(suffix) == 5 and set(suffix) <= set("abcdefghijklmnopqrstuvwxyz0123456789")

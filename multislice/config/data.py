@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from multislice import maxtext
+from multislice.config import values
 
 if TYPE_CHECKING:
     from multislice.config.models import RunSpec
@@ -249,23 +250,17 @@ class _HubToken(_Strict):
     @field_validator("hf_token_kubernetes_secret")
     @classmethod
     def _kubernetes_secret(cls, value: str) -> str:
-        if value and (not SECRET_NAME.fullmatch(value) or len(value) > 253):
-            what = "a token" if value.startswith("hf_") else f"{value[:80]!r}"  # never echo a token
-            raise ValueError(
-                f"{what} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
-                "never the token"
-            )
+        problem = values.kubernetes_secret_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("hf_token_secret")
     @classmethod
     def _secret_version(cls, value: str) -> str:
-        if value and not SECRET_VERSION.fullmatch(value):
-            what = "a token" if value.startswith("hf_") else f"{value[:60]!r}"
-            raise ValueError(
-                f"{what} is not a Secret Manager secret version; give projects/<project>/secrets/<secret>/versions/"
-                "<version or latest>, never the token"
-            )
+        problem = values.secret_version_problem(value, value.startswith("hf_"), "a token", "none")
+        if problem:
+            raise ValueError(problem)
         return value
 
 
@@ -389,11 +384,6 @@ class TFDSData(_Strict):
 
 
 DataSpec = Annotated[SyntheticData | TextData | GrainData | HFData | TFDSData, Field(discriminator="kind")]
-
-
-#: A Kubernetes Secret's name (a DNS-1123 subdomain), and a Secret Manager secret version's resource name.
-SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[A-Za-z0-9_-]{1,255}/versions/(latest|[0-9]+)")
 
 
 def resolve_path(path: str, site_packages: str | None = None) -> str:

@@ -1051,22 +1051,16 @@ class RaySpec(_Strict):
         return value
 
 
-SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")
-
-
 def _secret_version(value: str, looks_secret: bool, kind: str, empty_means: str) -> str:
-    """``value`` when it is '' or a Secret Manager secret version (``projects/<p>/secrets/<s>/versions/<v>``).
+    """``value`` when it is '' or a Secret Manager secret version (:func:`.values.secret_version_problem`).
 
     Raises:
         ValueError: anything else; when ``looks_secret`` (the value looks like the secret itself, ``kind``), the
             value is not echoed.
     """
-    if value and not SECRET_VERSION.fullmatch(value):
-        given = f"{kind} (a secret: store it in Secret Manager)" if looks_secret else repr(value[:80])
-        raise ValueError(
-            f"{given} is not a Secret Manager secret version: give "
-            f"projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for {empty_means}"
-        )
+    problem = values.secret_version_problem(value, looks_secret, kind, empty_means)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -1106,11 +1100,9 @@ class ExporterSpec(_Strict):
     @field_validator("hub_token_kubernetes_secret")
     @classmethod
     def _hub_token_kubernetes_secret(cls, value: str) -> str:
-        if value and (not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > 253):
-            raise ValueError(
-                f"{value[:80]!r} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
-                "never the token"
-            )
+        problem = values.kubernetes_secret_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("node_selector")

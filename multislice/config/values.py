@@ -14,6 +14,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from multislice import names
+
 #: The Kubernetes API's int32 limit: JobSet ``replicas``, ``failurePolicy.maxRestarts``, a
 #: WorkloadPriorityClass ``value`` (https://kubernetes.io/docs/reference/using-api/api-concepts/, int32 fields).
 INT32_MAX = 2**31 - 1
@@ -222,3 +224,29 @@ def control_problem(value: str) -> str | None:
     if _CONTROL.search(value):
         return f"{value!r} holds a control character (newline, tab, NUL...); remove it"
     return None
+
+
+#: A Secret Manager secret version's resource name (https://cloud.google.com/secret-manager/docs/reference/rest/v1/
+#: projects.secrets.versions: ``projects/<project>/secrets/<secret>/versions/<version or latest>``).
+SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")
+
+
+def secret_version_problem(value: str, looks_secret: bool, kind: str, empty_means: str) -> str | None:
+    """Why ``value`` is neither '' nor a Secret Manager secret version, or None. When ``looks_secret`` (the value
+    looks like the secret itself, ``kind``: a token, a URL), the value is not echoed."""
+    if not value or SECRET_VERSION.fullmatch(value):
+        return None
+    given = f"{kind} (a secret: store it in Secret Manager)" if looks_secret else repr(value[:80])
+    return (
+        f"{given} is not a Secret Manager secret version: give "
+        f"projects/<project>/secrets/<secret>/versions/<version or latest>, or '' for {empty_means}"
+    )
+
+
+def kubernetes_secret_problem(value: str) -> str | None:
+    """Why ``value`` is neither '' nor a Kubernetes Secret's name (a DNS-1123 subdomain of at most 253 characters),
+    or None. A value shaped like a Hugging Face token (``hf_...``) is not echoed."""
+    if not value or (names.DNS1123_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
+        return None
+    given = "a token" if value.startswith("hf_") else repr(value[:80])
+    return f"{given} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, never the token"

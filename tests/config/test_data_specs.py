@@ -134,7 +134,8 @@ HOSTILE = {
         {"kind": "synthetic"}, {"maxtext_overrides": {"tags": ["a", TOKEN]}}, "maxtext_overrides.tags", "credential"
     ),
     "token-as-secret-version": (
-        {"kind": "hf", "path": "a/b", "hf_token_secret": TOKEN}, {}, "data.hf.hf_token_secret", "a token (a secret: store it in Secret Manager)"
+        {"kind": "hf", "path": "a/b", "hf_token_secret": TOKEN}, {}, "data.hf.hf_token_secret",
+        "a token (a secret: store it in Secret Manager)",
     ),
     "token-as-kubernetes-secret": (
         {"kind": "hf", "path": "a/b", "hf_token_kubernetes_secret": TOKEN}, {}, "data.hf.hf_token_kubernetes_secret",

@@ -210,7 +210,11 @@ def build_pipeline(
                 .after(prepare)
                 for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True)
             ]
-            previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*checks)
+            previous = (
+                provision_op(plan=plans[0].output, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                .set_display_name("provision")
+                .after(*checks)
+            )
             tasks = [*prepared, *checks, previous]
             for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True):
                 admit = admit_op(

@@ -19,6 +19,11 @@ inside :func:`cancellable`, and a cancelled step removes what it may have
 created, found by the run's and stage's labels (a JobSet, a trainer-image
 Job), before it ends; its child processes (AOT compile, verifier) are stopped
 on the way out and die with it if it is SIGKILLed.
+
+On GKE every step of a pipeline run also holds the run (the run Lease,
+:meth:`multislice.backends.base.Backend.holding_run`) while it runs, so that a
+run terminated without its exit handler is ended by ``multislice reap``
+(:func:`multislice.steps.cleanup.reap_runs`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from multislice import cancel, config, names
 from multislice.backends.base import TrainingFailed
 from multislice.backends.gke import GkeBackend, lease, nodepool
 from multislice.backends.gke import jobset as jobsets
-from multislice.steps import admit, cleanup, launch, preflight, provision, train, verify_checkpoint
+from multislice.steps import admit, cleanup, launch, preflight, prepare_data, provision, train, verify_checkpoint
 from multislice.steps import plan as plan_step
 from tests.backends.gke.harness import RUN_ID, Background, stage_of
 from tests.backends.gke.test_steps import FITS, admitted_jobset, compile_job_finishes, finishes, running_pods
@@ -51,6 +51,7 @@ OVERRIDES = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accoun
 #: Where each step is terminated: a cancel point inside it, after it took its hold and created what it creates.
 POINTS = {
     "plan": "plan:report",
+    "prepare_data": "prepare_data:holding",
     "preflight": "preflight:report",
     "provision": "provision:report",
     "admit": "admit:waiting",
@@ -118,6 +119,8 @@ def run_until(step, served, play, plan, fake, told, monkeypatch):
             monkeypatch.setenv(cancel.ENV_POINT, POINTS[step])
         if current == "plan":
             plan_step.run(config.read_profile("gke-v6e-16x2"), OVERRIDES, stage.name, RUN_ID, backend=backend)
+        elif current == "prepare_data":
+            prepare_data.run(plan, stage, RUN_ID, backend=backend)
         elif current == "preflight":
             with Background(lambda: compile_job_finishes(play, plan, stage, FITS)):
                 preflight.run(plan, [stage], RUN_ID, backend=backend)

@@ -68,7 +68,7 @@ class GkeBackend(Backend):
         self.kube = kube
         self.lease_seconds = lease_seconds
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
-        self.run_holders: list[lease.RunHolder] = []  # their holders of the run Lease
+        self.run_holders: list[lease.Holder] = []  # their holders of the run Lease (lease.RunHolder)
         self.following: str | None = None  # the workload last submitted or followed
         self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
         self.cluster: ClusterSpec | None = None  # set by connect(): where node pools are (release_node_pools)

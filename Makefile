@@ -32,10 +32,16 @@ IMAGE_REPO ?= multislice
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(shell git rev-parse --short=12 HEAD 2>/dev/null || echo nocommit)
 PUSH ?=
 # make images-cloud: Cloud Build (no Docker engine): the project that builds, and the Artifact Registry repository.
+# Optional: SOURCE_BUCKET (default <project>_cloudbuild, created when missing), SERVICE_ACCOUNT the build runs as,
+# LOGGING (LEGACY, GCS_ONLY, CLOUD_LOGGING_ONLY, NONE), LOGS_BUCKET (gs://...): see `multislice images --help`.
 PROJECT ?=
 REPO ?=
+SOURCE_BUCKET ?=
+SERVICE_ACCOUNT ?=
+LOGGING ?=
+LOGS_BUCKET ?=
 
-.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud clean
+.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud image-tag clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE); PROFILE=elastic: an elastic stage)"
@@ -49,6 +55,7 @@ help:
 	@echo "make lock     re-resolve requirements/*.txt from pyproject.toml"
 	@echo "make images   build the pipeline and trainer images with docker buildx (IMAGE_REPO=..., PUSH=1)"
 	@echo "make images-cloud  build and push both images with Cloud Build, no Docker (PROJECT=..., REPO=...)"
+	@echo "make image-tag  print the images' tag (for gcloud builds submit --config cloudbuild.yaml: _TAG)"
 
 $(UV):
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found; install it (e.g. pyenv install 3.12) or set PYTHON312=/path/to/python3.12" >&2; exit 1; }
@@ -136,7 +143,13 @@ images:
 # build/images/<image>.json with the digests (multislice/delivery/images.py).
 images-cloud: $(VENVS)/pipeline/.installed
 	@test -n "$(PROJECT)" -a -n "$(REPO)" || { echo "error: give PROJECT=<project> REPO=LOCATION-docker.pkg.dev/PROJECT/REPOSITORY" >&2; exit 1; }
-	$(VENVS)/pipeline/bin/multislice images build --cloud-build --project $(PROJECT) --repo $(REPO)
+	$(VENVS)/pipeline/bin/multislice images build --cloud-build --project $(PROJECT) --repo $(REPO) \
+	  $(if $(SOURCE_BUCKET),--source-bucket $(SOURCE_BUCKET)) $(if $(SERVICE_ACCOUNT),--service-account $(SERVICE_ACCOUNT)) \
+	  $(if $(LOGGING),--logging $(LOGGING)) $(if $(LOGS_BUCKET),--logs-bucket $(LOGS_BUCKET))
+
+# The images' tag, <package version>-<commit>: cloudbuild.yaml's _TAG when built without Python.
+image-tag:
+	@echo $(IMAGE_TAG)
 
 clean:
 	rm -rf build output

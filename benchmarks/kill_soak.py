@@ -48,7 +48,7 @@ from benchmarks.preflight import machine
 from multislice import config, metrics
 from multislice.backends.local import LocalJobSets
 from multislice.plan import make_plan
-from multislice.steps import admit, train, verify_checkpoint
+from multislice.steps import admit, prepare_data, train, verify_checkpoint
 from multislice.storage import latest_committed_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +58,14 @@ COMPLETED = re.compile(r"completed step: (\d+),")
 
 
 def stage_plan(output: Path, run_name: str, steps: int, max_restarts: int):
-    """The plan of a one-stage run of the local profile's stage 1 with ``steps`` steps."""
+    """The plan of a one-stage run of the local profile's stage 1 with ``steps`` steps, its data prepared (the
+    stage trains on ``text`` data: ``prepare_data`` tokenizes it into the output directory's shards, or reuses them)."""
     spec = config.load_profile(
         "local",
         {"run_name": run_name, "output_dir": str(output), "stage1_steps": steps, "max_restarts": max_restarts},
     )
     plan = make_plan(spec)
+    prepare_data.run(plan, plan.stages[0])
     return plan, plan.stages[0]
 
 
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(baseline_seconds, 1),
             "steps_trained": report.steps_trained,
             "median_step_seconds": round(statistics.median(step_seconds), 3) if step_seconds else None,
+            "measured_goodput": report.goodput,  # the train report's (multislice.goodput), badput by cause
+            "badput_seconds": report.badput_seconds,
         }
         print(f"undisturbed: {options.steps} steps in {baseline_seconds:.0f} s", flush=True)
 
@@ -240,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         "steps_trained": report.steps_trained,
         "last_step": report.last_step,
         "verification": verdict.verdict,
+        # The train report's goodput (Google's definitions, multislice.goodput) and its badput by cause.
+        "measured_goodput": report.goodput,
+        "job_seconds": report.job_seconds,
+        "badput_seconds": report.badput_seconds,
     }
     if baseline_seconds:
         result["soak"]["wall_time_vs_undisturbed"] = round(soak_seconds / baseline_seconds, 2)
@@ -263,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         f"verification {soak['verification']}, {soak['seconds']:.0f} s"
         + (f" vs {baseline_seconds:.0f} s undisturbed: goodput {soak['goodput']:.2f}" if baseline_seconds else "")
     )
+    print(f"train report: goodput {soak['measured_goodput']}, badput (s) {soak['badput_seconds']}")
     print(f"results: {RESULTS}")
     ok = (
         soak["verification"] == "PASS"

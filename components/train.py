@@ -15,8 +15,9 @@ def train(
     summary: Output[Markdown],
     model: Output[Model],
 ) -> dict:
-    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss
-    (an elastic stage also goodput, resizes and steps lost).
+    """Returns the train report; logs step time, tokens/s and TFLOP/s per device, first and final loss, goodput
+    with its badput by cause (``badput_<cause>_seconds``, ``multislice.goodput``) and steps lost (an elastic
+    stage also resizes).
 
     ``dataset`` is the stage's data from prepare_data (lineage: the pipelines UI shows data -> train); the
     stage's MaxText arguments already read the same directory.
@@ -47,10 +48,13 @@ def train(
             "tflops_per_second_per_device",
         ):
             metrics.log_metric(key, float(getattr(report, key)))
-        if report.goodput is not None:  # an elastic stage
+        if report.goodput is not None:  # productive training time / job time (multislice.goodput)
             metrics.log_metric("goodput", float(report.goodput))
-            metrics.log_metric("resizes", float(len(report.resizes)))
             metrics.log_metric("steps_lost", float(report.steps_lost or 0))
+            for cause, seconds in report.badput_seconds.items():
+                metrics.log_metric(f"badput_{cause}_seconds", float(seconds))
+        if report.global_batch_size is not None:  # an elastic stage
+            metrics.log_metric("resizes", float(len(report.resizes)))
         for key in ("first_eval_loss", "final_eval_loss", "final_eval_perplexity"):
             if getattr(report, key) is not None:  # stages with an eval split and eval_interval
                 metrics.log_metric(key, float(getattr(report, key)))

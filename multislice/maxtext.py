@@ -76,13 +76,33 @@ MODEL_DIM_KEYS: dict[str, str] = {
     "vocab_size": "vocab_size",
 }
 
+#: ``mesh_axes`` of ``maxtext/configs/base.yml``: the device mesh's axes, in order. Its first axis is
+#: ``diloco`` (size 1 unless DiLoCo is on).
+MESH_AXES: tuple[str, ...] = (
+    "diloco", "data", "stage", "fsdp", "fsdp_transpose", "context", "context_usp_ulysses",
+    "context_autoregressive", "tensor", "tensor_sequence", "expert", "autoregressive",
+)  # fmt: skip
+
+#: Emergency (two-tier) checkpointing's keys (``maxtext/configs/base.yml``, ``EmergencyCheckpointing`` in
+#: ``maxtext/configs/types.py``): set from a stage's ``emergency_checkpoint`` (:mod:`multislice.plan`).
+EMERGENCY_CHECKPOINT_KEYS: tuple[str, ...] = (
+    "enable_emergency_checkpoint", "local_checkpoint_directory", "local_checkpoint_period",
+)  # fmt: skip
+#: MaxText's multi-tier checkpointing keys (same sources): not supported by this project (its persistent tier is
+#: GKE's replicator writing to the CheckpointConfiguration's bucket, not the stage's checkpoint directory).
+MULTI_TIER_CHECKPOINT_KEYS: tuple[str, ...] = (
+    "enable_multi_tier_checkpointing", "multi_tier_checkpointing_backup_interval_minutes",
+    "multi_tier_checkpointing_backup_interval_steps", "mtc_data_parallelism", "use_replicator_service",
+    "replicator_backup_interval_minutes",
+)  # fmt: skip
+
 #: The MaxText keys the plan sets itself; stage ``maxtext_overrides`` may not.
 MANAGED_KEYS: frozenset[str] = frozenset(
     {
         "run_name", "base_output_directory", "model_name", "steps", "per_device_batch_size",
         "max_target_length", "remat_policy", "enable_checkpointing", "checkpoint_period",
         "hardware", "num_slices", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
-        "compile_topology", "compile_topology_num_slices",
+        "compile_topology", "compile_topology_num_slices", *EMERGENCY_CHECKPOINT_KEYS,
         # set from the stage's data and tokenizer (multislice.config.data)
         "dataset_type", "grain_file_type", "grain_train_files", "grain_eval_files", "train_data_columns",
         "eval_data_columns", "tokenize_train_data", "tokenize_eval_data", "hf_path", "hf_data_dir",
@@ -93,6 +113,11 @@ MANAGED_KEYS: frozenset[str] = frozenset(
     | {f"{net}_{axis}_parallelism" for net in ("ici", "dcn") for axis in PARALLELISM_AXES}
     | set(MODEL_DIM_KEYS.values())
 )  # fmt: skip
+
+
+#: MaxText keys that hold credentials: refused in ``maxtext_overrides`` (they would be plain text in the JobSet's
+#: args and the compiled pipeline); the token reaches the pods as ``$HF_TOKEN`` from a Secret instead.
+SECRET_KEYS: frozenset[str] = frozenset({"hf_access_token"})
 
 
 def format_value(value: object) -> str:

@@ -187,6 +187,40 @@ def compile_seconds_by_attempt(compiles: list[dict[str, Any]]) -> list[tuple[flo
     ]
 
 
+#: MaxText's line when it restores the run's own checkpoint (``maxtext/common/checkpointing.py``,
+#: ``load_state_if_possible``: ``restoring from this run's directory step {step}``), and when it finds none
+#: (``No existing checkpoints found, not restoring checkpoint.``).
+RESTORE_LINE = re.compile(r"restoring from this run's directory step (?P<step>\d+)")
+NO_CHECKPOINT_LINE = re.compile(r"No existing checkpoints found, not restoring checkpoint")
+#: The tier Orbax's emergency ``CheckpointManager`` restores from, logged by every process
+#: (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``, orbax-checkpoint 0.12.8: ``_restore_from_local``
+#: ``emergency.CheckpointManager: restoring step=%s from local checkpoint using slice_id: %s`` and
+#: ``_restore_from_persistent`` ``... restoring step=%s from persistent checkpoint in directory=%s``).
+TIER_LINE = re.compile(
+    r"emergency\.CheckpointManager: restoring step=(?P<step>\d+) from (?P<tier>local|persistent) checkpoint"
+    r"(?: using slice_id: (?P<slice>\d+))?"
+)
+
+
+def parse_restore_line(line: str) -> dict[str, Any] | None:
+    """What one leader log line says about the checkpoint a training attempt starts from, or None.
+
+    ``{"step": N}`` (MaxText restores step N of the stage's checkpoints), ``{"step": None}`` (none found: a fresh
+    start), or, with emergency checkpoints, ``{"step": N, "tier": "local" | "persistent"}`` (and ``"slice"``: the
+    data-parallel replica that held the local checkpoint and broadcast it).
+    """
+    if found := TIER_LINE.search(line):
+        record: dict[str, Any] = {"step": int(found["step"]), "tier": found["tier"]}
+        if found["slice"] is not None:
+            record["slice"] = int(found["slice"])
+        return record
+    if found := RESTORE_LINE.search(line):
+        return {"step": int(found["step"])}
+    if NO_CHECKPOINT_LINE.search(line):
+        return {"step": None}
+    return None
+
+
 def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The eval records, one per train step (the last wins, as after a restart), in step order."""
     by_step = {int(r["eval_after_step"]): r for r in records if "eval_after_step" in r}

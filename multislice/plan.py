@@ -87,6 +87,9 @@ class StagePlan(BaseModel):
         launcher: How the stage is launched: ``jobset`` or ``ray`` (:attr:`RunSpec.launcher_for`).
         libtpu_flags: libtpu/XLA flags of the stage on TPU, name -> value (:meth:`RunSpec.libtpu_flags_for`):
             the TPU JobSet's ``LIBTPU_INIT_ARGS`` and preflight's compile flags; unused on CPU.
+        local_checkpoint_directory: With emergency checkpoints (``emergency_checkpoint``), where each training pod
+            mounts its node's checkpoint ramdisk (the local tier); None without.
+        local_checkpoint_period: Steps between local checkpoints; None without emergency checkpoints.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -116,6 +119,8 @@ class StagePlan(BaseModel):
     export_report: str | None = None
     launcher: str = "jobset"
     libtpu_flags: dict[str, str] = {}
+    local_checkpoint_directory: str | None = None
+    local_checkpoint_period: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -227,10 +232,40 @@ def _stage_args(
         args[f"ici_{axis}_parallelism"] = degree
     for axis, degree in dcn.items():
         args[f"dcn_{axis}_parallelism"] = degree
+    args.update(emergency_checkpoint_args(stage))
+    if stage.goodput_recording:
+        # maxtext/common/goodput.py: the recorder logs as job goodput_job_name (default run_name, the stage's
+        # name here, the same in every run): name the run too, so that two runs' events never mix.
+        args["enable_goodput_recording"] = True
+        args["goodput_job_name"] = f"{spec.run_name}-{stage.name}"
     args.update(stage.maxtext_overrides)
     if accumulation is not None and (accumulation > 1 or GRADIENT_ACCUMULATION_KEY in args):
         args[GRADIENT_ACCUMULATION_KEY] = accumulation
     return [f"{key}={maxtext.format_value(value)}" for key, value in args.items()]
+
+
+def emergency_checkpoint_args(stage: Stage) -> dict[str, Any]:
+    """MaxText's emergency-checkpoint keys for ``stage``; ``{}`` unless its ``emergency_checkpoint`` is enabled.
+
+    ``enable_emergency_checkpoint``, ``local_checkpoint_directory`` and ``local_checkpoint_period``
+    (``maxtext/configs/base.yml``; MaxText requires the directory and a positive period together,
+    ``maxtext/configs/types.py``), ``checkpoint_period`` left as it is. And ``mesh_axes`` with ``data`` first:
+    MaxText 0.2.5 builds Orbax's emergency ``CheckpointManager`` without a ``replica_axis_index``
+    (``maxtext/common/emergency_checkpointing.py``), so Orbax takes the mesh's first axis as the replica axis
+    (``CheckpointManagerOptions.replica_axis_index = 0``), and MaxText's first axis is ``diloco`` (size 1 unless
+    DiLoCo is on: Orbax would refuse with "at least 2 data-parallel replicas are needed"). Moving a size-1 axis
+    changes no device's place in the mesh.
+    """
+    if not stage.uses_emergency_checkpoint:
+        return {}
+    emergency = stage.emergency_checkpoint
+    assert emergency is not None  # uses_emergency_checkpoint
+    return {
+        "enable_emergency_checkpoint": True,
+        "local_checkpoint_directory": emergency.local_directory,
+        "local_checkpoint_period": emergency.local_period,
+        "mesh_axes": ["data", *(axis for axis in maxtext.MESH_AXES if axis != "data")],
+    }
 
 
 def prepared_dir(spec: RunSpec, stage: Stage) -> str | None:
@@ -261,8 +296,10 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
     source = stage.data
     if isinstance(source, data.SyntheticData):
         return {"dataset_type": "synthetic"}
-    tokenizer = stage.tokenizer.maxtext_args()
-    tokenizer["tokenizer_path"] = stage.tokenizer.path
+    # MaxText's hf pipeline reads a Hugging Face tokenizer only: the default tiktoken file becomes its HF form.
+    chosen = stage.tokenizer.for_hf_pipeline() if isinstance(source, data.HFData) else stage.tokenizer
+    tokenizer = chosen.maxtext_args()
+    tokenizer["tokenizer_path"] = chosen.path
     args: dict[str, Any] = {}
     if isinstance(source, data.TextData):
         folder = _shards_dir(spec, stage, source)
@@ -295,14 +332,21 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
         if source.eval_split:
             args.update(hf_eval_split=source.eval_split, eval_data_columns=[source.column])
     elif isinstance(source, data.TFDSData):
+        # On grain, as MaxText moves TFDS data (grain_data_processing.py construct_tfds_tfrecord_path): its tfds
+        # pipeline needs TensorFlow, which the trainer image does not have.
         args = {
-            "dataset_type": "tfds",
-            "dataset_path": source.dataset_path,
-            "dataset_name": source.dataset_name,
-            "train_split": source.train_split,
+            "dataset_type": "grain",
+            "grain_file_type": source.grain_file_type(),
+            "grain_train_files": source.files(source.train_split),
+            "train_data_columns": [source.column],
+            "tokenize_train_data": True,
         }
         if source.eval_split:
-            args.update(eval_split=source.eval_split, eval_dataset_name=source.eval_dataset_name or source.dataset_name)
+            args.update(
+                grain_eval_files=source.files(source.eval_split, source.eval_dataset_name),
+                eval_data_columns=[source.column],
+                tokenize_eval_data=True,
+            )
     args.update(tokenizer)
     if stage.eval_interval > 0:
         args.update(eval_interval=stage.eval_interval, eval_steps=stage.eval_steps)
@@ -359,6 +403,14 @@ def make_plan(spec: RunSpec) -> Plan:
                 export_report=storage.join(stage_dir, "export", "report.json") if stage.export else None,
                 launcher=spec.launcher_for(stage),
                 libtpu_flags=spec.libtpu_flags_for(stage),
+                **(
+                    {
+                        "local_checkpoint_directory": stage.emergency_checkpoint.local_directory,
+                        "local_checkpoint_period": stage.emergency_checkpoint.local_period,
+                    }
+                    if stage.uses_emergency_checkpoint and stage.emergency_checkpoint
+                    else {}
+                ),
             )
         )
     return Plan(

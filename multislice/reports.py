@@ -324,8 +324,14 @@ class TrainReport(StepReport):
         evals: Evals logged (``eval_interval``); None when the stage has no eval.
         metrics_file: MaxText's per-step metrics records as JSON lines, in the run directory.
         leader_logs: What was followed: the leader's log of each attempt (files locally, pod names on GKE).
-        goodput: Elastic stages: productive training time (each step once) / wall time, 0-1.
-        steps_lost: Elastic stages: step records trained again after a restore.
+        goodput: Productive training time / total job time, 0-1, as Google's ml-goodput-measurement defines it
+            (:mod:`multislice.goodput`): each step kept once, the first step of an attempt at the steady step time.
+        steps_lost: Step records trained again after a restore.
+        productive_seconds: The productive training time, seconds.
+        job_seconds: The total job time, seconds: the train step's wall time plus the first attempt's start-up
+            before it began following.
+        badput_seconds: The rest of ``job_seconds`` by cause (:data:`multislice.goodput.CATEGORIES`: ``startup``,
+            ``compile``, ``restore``, ``checkpoint_save``, ``lost_steps``, ``waiting``, ``other``), seconds.
         resizes: Elastic stages: each resize with its cause and cost (:class:`multislice.elastic.Resize`).
         slice_timeline: Elastic stages: slice count per step, as runs (:func:`multislice.elastic.slice_timeline`).
         global_batch_size: Elastic stages: sequences per step, the same on every slice count (gradient accumulation).
@@ -334,6 +340,10 @@ class TrainReport(StepReport):
             ``attempt`` (0 first, 1 after the first restart...), ``function``, ``seconds`` (compiling, or
             loading from the run's persistent compilation cache) and ``cache_hit``
             (:func:`multislice.metrics.parse_compile_line`).
+        restores: The checkpoint each attempt started from, in order (:func:`multislice.metrics.parse_restore_line`):
+            ``attempt``, ``step`` (None: no checkpoint, a fresh start) and, with emergency checkpoints, ``tier``
+            (``local``: the newest step was on a slice's checkpoint ramdisk; ``persistent``: read from the
+            stage's checkpoint directory) and ``slice`` (the replica that held the local one).
     """
 
     step: ClassVar[str] = "train"
@@ -342,6 +352,7 @@ class TrainReport(StepReport):
     launcher: str = "jobset"
     skipped: bool = False
     compiles: list[dict[str, Any]] = Field(default_factory=list)
+    restores: list[dict[str, Any]] = Field(default_factory=list)
     steps_trained: int | None = None
     restarts: int | None = None
     restart_causes: list[str] = Field(default_factory=list)
@@ -362,6 +373,9 @@ class TrainReport(StepReport):
     leader_logs: list[str] = Field(default_factory=list)
     goodput: float | None = None
     steps_lost: int | None = None
+    productive_seconds: float | None = None
+    job_seconds: float | None = None
+    badput_seconds: dict[str, float] = Field(default_factory=dict)
     resizes: list[Resize] = Field(default_factory=list)
     slice_timeline: list[dict[str, int]] = Field(default_factory=list)
     global_batch_size: float | None = None

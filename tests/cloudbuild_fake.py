@@ -9,13 +9,21 @@ https://cloud.google.com/build/docs/api/reference/rest/v1/operations/get):
 
 What it models: the source is read as Cloud Build reads it, from the ``storageSource`` object in
 Cloud Storage (the suite's GCS fake, :class:`tests.gcs.FakeGcs`): a missing object fails the build, and
-each ``docker build -f <Dockerfile>`` step needs its Dockerfile in the tarball. A successful build
-pushes every name in ``images`` and reports it in ``results.images`` with a digest (the SHA-256 of the
-name and its Dockerfile, so a changed Dockerfile gives another digest). ``fail_builds`` ends builds
-with FAILURE and a status detail.
+each ``docker build -f <Dockerfile>`` step needs its Dockerfile in the tarball (other steps, such as
+``cloudbuild.yaml``'s check, are not run). A successful build pushes every name in ``images`` and reports
+it in ``results.images`` with a digest (the SHA-256 of the name and its Dockerfile, so a changed Dockerfile
+gives another digest). ``fail_builds`` ends builds with FAILURE and a status detail. A build whose
+``serviceAccount`` is set is refused at create (400 INVALID_ARGUMENT with Cloud Build's message, as quoted
+in cert-manager/cert-manager#8851 and GoogleCloudPlatform/terraform-google-dataplex-auto-data-quality#39)
+unless it names a ``logsBucket``, asks for ``options.logging`` ``CLOUD_LOGGING_ONLY`` or ``NONE``, or for
+``options.defaultLogsBucketBehavior`` ``REGIONAL_USER_OWNED_BUCKET``
+(https://cloud.google.com/build/docs/securing-builds/configure-user-specified-service-accounts, "Set up
+build logs"); a ``serviceAccount`` not of the form ``projects/{PROJECT_ID}/serviceAccounts/{ACCOUNT}``
+(REST reference, ``Build.serviceAccount``) is refused too.
 
 What it does not: running the steps (nothing is built; no registry is written), authentication and
-IAM (Cloud Build's service account needs Artifact Registry Writer on the repository), regional
+IAM (Cloud Build's service account needs Artifact Registry Writer on the repository; a user-specified one
+must exist, be usable by the caller, ``iam.serviceAccountUser``, and may write the logs), regional
 (``/locations/``) URLs, build logs, cancellation, timeouts, worker pools, substitutions.
 """
 
@@ -39,6 +47,41 @@ _CREATE = re.compile(r"^/v1/projects/([^/]+)/builds$")
 _OPERATION = re.compile(r"^/v1/operations/build/([^/]+)/([^/]+)$")
 _BUILD_TYPE = "type.googleapis.com/google.devtools.cloudbuild.v1.Build"
 _METADATA_TYPE = "type.googleapis.com/google.devtools.cloudbuild.v1.BuildOperationMetadata"
+_SERVICE_ACCOUNT = re.compile(r"^projects/[^/]+/serviceAccounts/[^/]+$")
+#: Cloud Build's answer to a user-specified service account whose log would go to the default logs bucket.
+SERVICE_ACCOUNT_LOGS_MESSAGE = (
+    "if 'build.service_account' is specified, the build must either (a) specify 'build.logs_bucket', "
+    "(b) use the REGIONAL_USER_OWNED_BUCKET build.options.default_logs_bucket_behavior option, or (c) use "
+    "either CLOUD_LOGGING_ONLY / NONE logging options: invalid argument"
+)
+
+
+def enum_name(enum: str, value: Any) -> str | None:
+    """A ``BuildOptions`` enum value as its name: google-cloud-build's REST client sends numbers
+    (``$alt=json;enum-encoding=int``), a build config or ``curl`` sends names."""
+    from google.cloud.devtools import cloudbuild_v1
+
+    if value is None or isinstance(value, str):
+        return value
+    return getattr(cloudbuild_v1.BuildOptions, enum)(value).name
+
+
+def _invalid_identity(body: dict[str, Any]) -> str:
+    """Why Cloud Build refuses the build's service account and logging (empty: it does not)."""
+    account = body.get("serviceAccount")
+    if not account:
+        return ""
+    if not _SERVICE_ACCOUNT.fullmatch(account):
+        return f"invalid service account {account!r}: want projects/{{PROJECT_ID}}/serviceAccounts/{{ACCOUNT}}"
+    options = body.get("options") or {}
+    if (
+        body.get("logsBucket")
+        or enum_name("LoggingMode", options.get("logging")) in ("CLOUD_LOGGING_ONLY", "NONE")
+        or enum_name("DefaultLogsBucketBehavior", options.get("defaultLogsBucketBehavior"))
+        == "REGIONAL_USER_OWNED_BUCKET"
+    ):
+        return ""
+    return SERVICE_ACCOUNT_LOGS_MESSAGE
 
 
 class FakeCloudBuild:
@@ -88,6 +131,8 @@ class FakeCloudBuild:
     def _create(self, project: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if not body.get("steps"):
             return 400, {"error": {"code": 400, "message": "invalid build: no steps", "status": "INVALID_ARGUMENT"}}
+        if invalid := _invalid_identity(body):
+            return 400, {"error": {"code": 400, "message": invalid, "status": "INVALID_ARGUMENT"}}
         build_id = f"b{len(self.builds) + 1:04d}-0000-4000-8000-000000000000"
         build = {
             **body,
@@ -103,6 +148,8 @@ class FakeCloudBuild:
             names = set(source.getnames())
             for step in body["steps"]:
                 args = step.get("args", [])
+                if step.get("entrypoint") or args[:1] != ["build"]:
+                    continue  # not a `docker build` (cloudbuild.yaml's check step): nothing to read
                 dockerfile = args[args.index("-f") + 1] if "-f" in args else "Dockerfile"
                 tagged = args[args.index("-t") + 1] if "-t" in args else ""
                 if dockerfile not in names:

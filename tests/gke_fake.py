@@ -4,6 +4,8 @@ It serves, on 127.0.0.1 over real HTTP, the v1 methods provision uses
 (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools,
 https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.operations):
 
+- ``GET  /v1/projects/P/locations/L/clusters/C``                 get the cluster (:attr:`FakeGke.cluster_info`, and
+  ``addonsConfig.rayOperatorConfig.enabled`` from :attr:`FakeGke.ray_operator`)
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools``       list
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools/NAME``  get
 - ``POST /v1/projects/P/locations/L/clusters/C/nodePools``       create: a CREATE_NODE_POOL operation
@@ -14,7 +16,9 @@ Errors come back as Google's JSON error body (``{"error": {"code", "message", "s
 which the client maps to ``google.api_core.exceptions``. Every request is
 recorded with its parsed JSON body, so tests can assert what the real client sent.
 
-What it models: one cluster; a created pool is PROVISIONING until its
+What it models: one cluster, described as :attr:`FakeGke.cluster_info` says (its control-plane
+endpoints: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters,
+``controlPlaneEndpointsConfig``); a created pool is PROVISIONING until its
 operation has been polled ``polls_until_done`` times, then RUNNING (or ERROR
 with the operation's error when ``fail_operations`` names the pool); a deleted
 pool is STOPPING (GKE's ``NodePool.Status`` while it is deleted) until its
@@ -38,6 +42,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import container_v1
 
 _POOLS = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)/nodePools(?:/([^/]+))?$")
+_CLUSTER = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/]+)$")
 _OPERATION = re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$")
 
 
@@ -54,6 +59,8 @@ class FakeGke:
         reject_creates: ``(HTTP code, status, message)`` every create answers with, e.g. an invalid argument.
         max_running_operations: When this many operations run, a create gets GKE's 400 FAILED_PRECONDITION
             "Operation ... is currently creating a node pool" (None: no limit).
+        cluster_info: The cluster as REST JSON (camelCase) ``clusters.get`` answers; by default a public IP
+            endpoint with a CA, as a cluster created without network isolation; :meth:`set_endpoints` changes it.
     """
 
     def __init__(self, project: str = "my-project", location: str = "us-east5", cluster: str = "tpu-cluster"):
@@ -65,6 +72,11 @@ class FakeGke:
         self.fail_operations: dict[str, str] = {}
         self.max_running_operations: int | None = None
         self.reject_creates: tuple[int, str, str] | None = None
+        self.cluster_info: dict[str, Any] = {
+            "name": cluster, "status": "RUNNING", "endpoint": "34.118.0.10",
+            "masterAuth": {"clusterCaCertificate": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="},
+        }  # fmt: skip
+        self.ray_operator = False  # the cluster's addonsConfig.rayOperatorConfig.enabled
         self._polls: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -76,6 +88,33 @@ class FakeGke:
         data = json.loads(container_v1.NodePool.to_json(pool, use_integers_for_enums=False))
         data["status"] = status
         self.pools[pool.name] = data
+
+    def set_endpoints(
+        self,
+        *,
+        dns: str | None = None,
+        allow_external_traffic: bool = False,
+        public_ip: str | None = None,
+        private_ip: str | None = None,
+    ) -> None:
+        """Describe the cluster's control-plane endpoints as GKE does (``controlPlaneEndpointsConfig``).
+
+        ``dns``: the DNS-based endpoint's name (every cluster has one; ``allowExternalTraffic`` says whether
+        callers outside the VPC may use it). ``public_ip``/``private_ip``: the IP endpoints; with only
+        ``private_ip``, ``enablePublicEndpoint`` is false and ``endpoint`` is the private address; with neither,
+        the IP endpoints are disabled (``enabled: false``) and ``endpoint`` is empty.
+        """
+        config: dict[str, Any] = {}
+        if dns:
+            config["dnsEndpointConfig"] = {"endpoint": dns, "allowExternalTraffic": allow_external_traffic}
+        ip: dict[str, Any] = {"enabled": bool(public_ip or private_ip), "enablePublicEndpoint": bool(public_ip)}
+        if public_ip:
+            ip["publicEndpoint"] = public_ip
+        if private_ip:
+            ip["privateEndpoint"] = private_ip
+        config["ipEndpointsConfig"] = ip
+        self.cluster_info["controlPlaneEndpointsConfig"] = config
+        self.cluster_info["endpoint"] = public_ip or private_ip or ""
 
     def client(self) -> container_v1.ClusterManagerClient:
         """google-cloud-container's own client, REST transport, pointed at this fake."""
@@ -140,6 +179,12 @@ class FakeGke:
         return code, {"error": {"code": code, "message": message, "status": status}}
 
     def _route(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if (match := _CLUSTER.match(path)) and method == "GET":
+            if match.groups() != (self.project, self.location, self.cluster):
+                return self._error(404, "NOT_FOUND", f"Not found: {path.removeprefix('/v1/')}.")
+            name = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+            addons = {"addonsConfig": {"rayOperatorConfig": {"enabled": self.ray_operator}}}
+            return 200, {"selfLink": name, **self.cluster_info, **addons}
         if match := _POOLS.match(path):
             project, location, cluster, name = match.groups()
             if (project, location, cluster) != (self.project, self.location, self.cluster):

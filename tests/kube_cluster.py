@@ -21,7 +21,8 @@ Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
 pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
 field ownership in server-side apply (an apply replaces what it names),
 set-based label selectors, authentication (a client's bearer token is taken
-as its user name). RBAC is enforced as the API server does it once
+as its user name). SelfSubjectAccessReviews are answered from the RBAC enforced, not stored
+(:meth:`Cluster._self_review`). RBAC is enforced as the API server does it once
 :meth:`Cluster.enforce` is given the rendered Role/ClusterRole objects and
 bindings (:mod:`tests.kube_rbac`); requests without a token are the
 controllers' (the tests' :class:`tests.kube_controllers.Play`) and are allowed.
@@ -114,11 +115,53 @@ class Cluster(kmock.KubernetesEmulator):
         self.authorizer = Authorizer(rbac_objects)
         return self.authorizer
 
+    def _user(self, request: Any) -> str | None:
+        """The user a request's bearer token names (None: no token, the controllers')."""
+        token = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        return token[len(BEARER_PREFIX) :] if token.startswith(BEARER_PREFIX) else None
+
+    @staticmethod
+    def _is_self_review(request: Any) -> bool:
+        resource = request.resource
+        return (
+            resource is not None
+            and resource.group == "authorization.k8s.io"
+            and resource.plural == "selfsubjectaccessreviews"
+            and request.action == enums.action.CREATE
+        )
+
+    def _self_review(self, request: Any) -> aiohttp.web.Response:
+        """Answer a SelfSubjectAccessReview from the RBAC enforced (:meth:`tests.kube_rbac.Authorizer.review`), as
+        ``pkg/registry/authorization/selfsubjectaccessreview/rest.go`` does: for the request's own user, the
+        review returned with its ``status``, nothing stored. Without RBAC enforced, or for a request without a token
+        (the controllers'), everything is allowed, as the emulator allows their requests. A spec without
+        ``resourceAttributes`` is refused (422) as ``ValidateSelfSubjectAccessReview`` does for one with neither
+        attributes set; non-resource attributes are not modelled.
+        """
+        body = request.data if isinstance(request.data, dict) else {}
+        attributes = (body.get("spec") or {}).get("resourceAttributes")
+        if not attributes:
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid",
+                message="SelfSubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: Required "
+                "value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )  # fmt: skip
+        user = self._user(request)
+        if self.authorizer is None or user is None:
+            status = {"allowed": True, "reason": "emulator: RBAC not enforced for this client"}
+        else:
+            status = self.authorizer.review(user, attributes)
+        answer = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                  "metadata": {"creationTimestamp": None}, "spec": body.get("spec"), "status": status}  # fmt: skip
+        return aiohttp.web.json_response(answer, status=201)
+
     def _authorize(self, request: Any) -> None:
         """Raise 403 Forbidden as the API server would when the request's user may not make it."""
         token = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
         if self.authorizer is None or request.resource is None or not token.startswith(BEARER_PREFIX):
             return
+        if self._is_self_review(request):
+            return  # the default ClusterRole system:basic-user lets every authenticated user create one
         user = token[len(BEARER_PREFIX) :]
         group = request.resource.group or ""
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
@@ -190,6 +233,8 @@ class Cluster(kmock.KubernetesEmulator):
         self._authorize(request)
         if request.resource is None:
             return await super()._handle(request)
+        if self._is_self_review(request):
+            return self._self_review(request)
         if request.method == enums.method.GET and request.params.get("watch", "").lower() in ("true", "1"):
             return await self._watch(request)
         if request.subresource == "log":

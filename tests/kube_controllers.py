@@ -1,7 +1,10 @@
 """Test support: the parts of a GKE cluster the tests play, acting through the Kubernetes API over HTTP.
 
-Kueue (suspends the JobSet, creates its Workload, sets QuotaReserved /
-Admitted / Evicted and unsuspends), the JobSet and Job controllers and the
+Kueue (suspends the JobSet, creates its Workload with Kueue's pod sets, sets
+QuotaReserved / Admitted / Evicted and unsuspends; it admits only what
+:class:`tests.kueue_model.Kueue` admits against the ClusterQueue, ResourceFlavors,
+LocalQueue, Kueue Configuration and claim templates stored in the emulator, and
+otherwise writes Kueue's pending condition), the JobSet and Job controllers and the
 kubelet (pods through phases, container states, exit codes, logs, events,
 JobSet conditions and restarts), GKE (nodes labelled with their node pool and
 TPU shape), the installed CRDs (the upstream files in multislice/crds), and
@@ -23,6 +26,7 @@ from kubernetes import client as k8s
 
 from multislice import names, tpu
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
+from tests import kueue_model
 from tests.kube_cluster import Served, wait_until
 
 CRDS = Path(__file__).resolve().parents[1] / "multislice" / "crds"
@@ -61,6 +65,38 @@ class Play:
             crd["status"] = {"conditions": [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
                                              "message": "accepted"}]}  # fmt: skip
             self.crds.create_custom_resource_definition(crd)
+
+    def install_kueue(self, objects: list[dict[str, Any]], configuration: dict[str, Any] | None = None) -> None:
+        """What a cluster admin applies for Kueue: the Kueue ``objects`` (``multislice render``'s kueue-*.yaml) and
+        Kueue's ConfigMap with its shipped Configuration, ``configuration``'s ``resources`` and ``featureGates``
+        merged in (the fragment ``multislice render`` writes under kueue-config/)."""
+        for obj in objects:
+            plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
+                      "WorkloadPriorityClass": "workloadpriorityclasses", "AdmissionCheck": "admissionchecks",
+                      "ProvisioningRequestConfig": "provisioningrequestconfigs"}[obj["kind"]]  # fmt: skip
+            group, version = obj["apiVersion"].split("/")
+            if obj["metadata"].get("namespace"):
+                self.custom.create_namespaced_custom_object(group, version, obj["metadata"]["namespace"], plural, obj)
+            else:
+                self.custom.create_cluster_custom_object(group, version, plural, obj)
+        merged = copy.deepcopy(kueue_model.DEFAULT_CONFIGURATION)
+        for key in ("resources", "featureGates"):
+            if configuration and key in configuration:
+                merged[key] = configuration[key]
+        self.kueue_configuration(merged)
+
+    def kueue_configuration(self, configuration: dict[str, Any]) -> None:
+        """Kueue's ConfigMap (``kueue-system/kueue-manager-config``) holding ``configuration``, created or replaced."""
+        body = {"metadata": {"name": kueue_model.CONFIG_MAP, "namespace": kueue_model.CONFIG_NAMESPACE},
+                "data": {kueue_model.CONFIG_KEY: yaml.safe_dump(configuration)}}  # fmt: skip
+        try:
+            self.core.create_namespaced_config_map(kueue_model.CONFIG_NAMESPACE, body)
+        except k8s.ApiException as error:
+            if error.status != 409:
+                raise
+            # kmock serves no PUT: the ConfigMap is replaced by deleting and creating it
+            self.core.delete_namespaced_config_map(kueue_model.CONFIG_MAP, kueue_model.CONFIG_NAMESPACE)
+            self.core.create_namespaced_config_map(kueue_model.CONFIG_NAMESPACE, body)
 
     def nodes(self, pools: dict[str, int], accelerator: str = "tpu-v6e-slice", topology: str = "4x4") -> None:
         """GKE nodes: ``pools`` maps node pool name -> node count."""
@@ -106,31 +142,50 @@ class Play:
         workload = {
             "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "Workload",
             "metadata": {"name": name, "namespace": self.ns, "ownerReferences": [owner]},
-            "spec": {"queueName": js["metadata"]["labels"][names.KUEUE_QUEUE_LABEL]},
+            "spec": {"queueName": js["metadata"]["labels"][names.KUEUE_QUEUE_LABEL],
+                     "podSets": kueue_model.pod_sets(js)},
             "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": reason,
                                        "message": message}]},
         }  # fmt: skip
         self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", workload)
 
-    def kueue_admits(
-        self, jobset: str, cluster_queue: str = "multislice-cluster-queue", flavor: str = "v6e-4x4"
-    ) -> None:
-        """QuotaReserved and Admitted; the JobSet is unsuspended."""
-        self._admit_workload(self.workload_name(jobset), cluster_queue, flavor)
-        self.patch_jobset(jobset, {"spec": {"suspend": False}})
+    def kueue_admits(self, jobset: str) -> str | None:
+        """Kueue's scheduler on the JobSet's Workload (:class:`tests.kueue_model.Kueue`): QuotaReserved and Admitted,
+        the JobSet unsuspended, and None; or, when Kueue cannot admit it, the Workload left pending with Kueue's
+        condition and its message returned."""
+        message = self._admit_workload(self.workload_name(jobset))
+        if message is None:
+            self.patch_jobset(jobset, {"spec": {"suspend": False}})
+        return message
 
-    def _admit_workload(self, name: str, cluster_queue: str, flavor: str) -> None:
-        status = {
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "admitted"},
-            ],
-            "admission": {"clusterQueue": cluster_queue,
-                          "podSetAssignments": [{"name": "slice", "flavors": {tpu.TPU_RESOURCE: flavor}}]},
-        }  # fmt: skip
+    def decide(self, name: str) -> kueue_model.Verdict:
+        """What Kueue decides for Workload ``name`` now (:meth:`tests.kueue_model.Kueue.decide`)."""
+        found = self.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", name)
+        return kueue_model.Kueue(self).decide(found)
+
+    def _admit_workload(self, name: str) -> str | None:
+        verdict = self.decide(name)
+        if verdict.admission is None:
+            status: dict[str, Any] = {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "False", "reason": verdict.reason, "message": verdict.message},
+                    {"type": "Admitted", "status": "False", "reason": "NoReservation",
+                     "message": "The workload has no reservation"},
+                ],
+                "admission": None,
+            }  # fmt: skip
+        else:
+            status = {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved"},
+                    {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "admitted"},
+                ],
+                "admission": verdict.admission,
+            }
         self.custom.patch_namespaced_custom_object_status(
             KUEUE_GROUP, KUEUE_VERSION, self.ns, "workloads", name, {"status": status}
         )
+        return verdict.message or None
 
     def kueue_evicts(self, jobset: str, message: str) -> None:
         """Evicted (Preempted): Admitted False, the JobSet suspended again."""
@@ -143,21 +198,20 @@ class Play:
         )
         self.patch_jobset(jobset, {"spec": {"suspend": True}})
 
-    def kueue_checks(
-        self, jobset: str, check: str, state: str, message: str, cluster_queue: str = "multislice-cluster-queue",
-        flavor: str = "v6e-4x4",
-    ) -> None:  # fmt: skip
+    def kueue_checks(self, jobset: str, check: str, state: str, message: str) -> None:
         """Quota reserved, one admission check in ``state`` with ``message``: what Kueue's ProvisioningRequest
         controller mirrors into the Workload (``status.admissionChecks[]``, kueue
         ``pkg/controller/admissionchecks/provisioning/controller.go`` ``syncCheckStates``). The JobSet stays
-        suspended: Kueue admits only once every check is Ready (then :meth:`kueue_admits`)."""
+        suspended: Kueue admits only once every check is Ready (then :meth:`kueue_admits`). The quota reservation is
+        the model's (:class:`tests.kueue_model.Kueue`); a scenario whose queue cannot hold the JobSet fails here."""
+        verdict = self.decide(self.workload_name(jobset))
+        assert verdict.admission is not None, verdict.message
         status = {
             "conditions": [
                 {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved",
                  "lastTransitionTime": "2026-01-01T00:00:00Z"},
             ],
-            "admission": {"clusterQueue": cluster_queue,
-                          "podSetAssignments": [{"name": "slice", "flavors": {tpu.TPU_RESOURCE: flavor}}]},
+            "admission": verdict.admission,
             "admissionChecks": [{"name": check, "state": state, "message": message,
                                  "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         }  # fmt: skip
@@ -356,11 +410,16 @@ class KubeRay:
         self.patch({"status": {"jobDeploymentStatus": "Suspended"}}, status=True)
         self.play._pending_workload(found, self.workload, "ray.io/v1", message, reason)
 
-    def kueue_admits(self, cluster_queue: str = "multislice-cluster-queue", flavor: str = "v6e-4x4") -> None:
-        """QuotaReserved and Admitted; the RayJob is unsuspended (KubeRay moves it to Initializing)."""
-        self.play._admit_workload(self.workload, cluster_queue, flavor)
-        self.patch({"spec": {"suspend": False}})
-        self.patch({"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": self.cluster}}, status=True)
+    def kueue_admits(self) -> str | None:
+        """Kueue's scheduler on the RayJob's Workload (:class:`tests.kueue_model.Kueue`): QuotaReserved and Admitted,
+        the RayJob unsuspended (KubeRay moves it to Initializing), and None; or, when Kueue cannot admit it (a pod set
+        whose resource no resource group covers, an unmapped DRA DeviceClass ...), the Workload left pending with
+        Kueue's condition and its message returned."""
+        message = self.play._admit_workload(self.workload)
+        if message is None:
+            self.patch({"spec": {"suspend": False}})
+            self.patch({"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": self.cluster}}, status=True)
+        return message
 
     def _pod(self, name: str, labels: dict[str, str], container: str, node: str | None, phase: str) -> None:
         play = self.play
@@ -505,6 +564,41 @@ def step_line(step: int, loss: float, seconds: float = 2.0) -> str:
         f"I1122 10:00:00.000000 1 metric_logger.py:214] completed step: {step}, seconds: {seconds:.3f}, "
         f"TFLOP/s/device: 100.000, Tokens/s/device: 2000.000, total_weights: 65536, loss: {loss:.3f}\n"
     )
+
+
+def worker_start_line(process: int = 0, slice_index: int = 0, host: int = 0, processes: int = 8) -> str:
+    """The training worker's first line (multislice/trainer/worker.py, ``main``): a new attempt's leader log."""
+    return f"multislice worker: process {process} (slice {slice_index}, host {host}) of {processes}\n"
+
+
+def restore_lines(step: int | None, tier: str | None = None, slice_id: int = 1, directory: str = "") -> str:
+    """The leader's lines as a training attempt looks for the stage's checkpoint, as MaxText 0.2.5 and Orbax log them.
+
+    ``step`` None: none found (``maxtext/common/checkpointing.py``, ``load_state_if_possible``: ``No existing
+    checkpoints found, not restoring checkpoint.``). Otherwise MaxText's ``restoring from this run's directory step
+    N``, and with emergency checkpoints (``tier``) Orbax's emergency ``CheckpointManager.restore`` line, which every
+    process logs (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``, orbax-checkpoint 0.12.8:
+    ``_restore_from_local`` names the replica ``slice_id`` holding the step, ``_restore_from_persistent`` the
+    persistent ``directory``), in absl's format.
+    """
+    prefix = "I1122 10:00:00.000000 1"
+    if step is None:
+        return f"{prefix} checkpointing.py:803] No existing checkpoints found, not restoring checkpoint.\n"
+    text = (
+        f"{prefix} checkpointing.py:701] checkpoint manager exists so trying to load this run's existing checkpoint\n"
+        f"{prefix} checkpointing.py:705] restoring from this run's directory step {step}\n"
+    )
+    if tier == "local":
+        text += (
+            f"{prefix} checkpoint_manager.py:887] emergency.CheckpointManager: restoring step={step} from local "
+            f"checkpoint using slice_id: {slice_id}\n"
+        )
+    elif tier == "persistent":
+        text += (
+            f"{prefix} checkpoint_manager.py:1083] emergency.CheckpointManager: restoring step={step} from persistent "
+            f"checkpoint in directory={directory}\n"
+        )
+    return text
 
 
 def verifier_log(verdict: str = "PASS") -> str:

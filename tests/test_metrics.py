@@ -56,3 +56,19 @@ def test_compile_lines_of_each_attempt_say_how_long_and_whether_the_cache_served
     compiles = [{"attempt": 0, **parsed[0]}, {"attempt": 0, **parsed[1]}, {"attempt": 1, **parsed[2]}]
     assert metrics.compile_seconds_by_attempt(compiles) == [(33.8, 0, 2), (0.9, 1, 1)]
     assert metrics.compile_seconds_by_attempt([]) == []
+
+
+def test_restore_lines_give_the_step_and_with_emergency_checkpoints_the_tier():
+    from multislice.steps.train import note_restore
+    from tests.kube_controllers import restore_lines
+
+    assert [metrics.parse_restore_line(line) for line in restore_lines(None).splitlines()] == [{"step": None}]
+    local = [metrics.parse_restore_line(line) for line in restore_lines(20, "local", slice_id=3).splitlines()]
+    assert local == [None, {"step": 20}, {"step": 20, "tier": "local", "slice": 3}]
+    persistent = restore_lines(50, "persistent", directory="gs://b/r/s/checkpoints").splitlines()
+    assert metrics.parse_restore_line(persistent[-1]) == {"step": 50, "tier": "persistent"}
+    restores: list = []
+    told = [note_restore(restores, 1, record) for record in local if record]
+    assert restores == [{"attempt": 1, "step": 20, "tier": "local", "slice": 3}]
+    assert told == ["", "attempt 1 restored from the local tier at step 20 (slice 3)"]
+    assert metrics.parse_restore_line("restoring step=5 from somewhere") is None

@@ -8,7 +8,9 @@ pool plan: the GKE API requests provision would send to create the run's TPU
 node pools (:func:`multislice.backends.gke.nodepool.node_pool_plan`), written under
 ``gke-api/`` so that ``kubectl apply -f DIR`` does not read it, and the reaper CronJob
 (``cronjob-multislice-reaper.yaml``, :func:`multislice.backends.gke.lease.reaper_cronjob`): the
-cluster-owned safety net that deletes a cancelled run's JobSets once their Lease expired.
+cluster-owned safety net that deletes a cancelled run's JobSets once their Lease expired. With DRANET under
+Kueue, also the part of Kueue's own Configuration the run needs (:func:`multislice.render.kueue.kueue_configuration`),
+under ``kueue-config/``: a file a cluster admin merges into Kueue's ConfigMap, not an object to apply.
 """
 
 from __future__ import annotations
@@ -23,6 +25,24 @@ from multislice.render.manifests import object_problems, to_yaml
 
 #: Where the node pool plan goes, relative to the output directory.
 NODE_POOL_PLAN = "gke-api/node-pools.json"
+#: Where the Kueue Configuration fragment goes, relative to the output directory.
+KUEUE_CONFIGURATION = "kueue-config/controller_manager_config.yaml"
+
+
+def kueue_configuration_text(plan: Plan) -> str | None:
+    """The Kueue Configuration fragment's file text (:func:`multislice.render.kueue.kueue_configuration`), with a
+    header saying where it goes; None when the plan needs nothing in Kueue's Configuration."""
+    fragment = kueue.kueue_configuration(plan)
+    if fragment is None:
+        return None
+    header = (
+        f"# Merge into Kueue's Configuration: ConfigMap {kueue.KUEUE_CONFIG_NAMESPACE}/{kueue.KUEUE_CONFIG_MAP}, key\n"
+        f"# {kueue.KUEUE_CONFIG_KEY} (add the entry to resources.deviceClassMappings), then restart Kueue:\n"
+        f"#   kubectl -n {kueue.KUEUE_CONFIG_NAMESPACE} rollout restart deployment kueue-controller-manager\n"
+        "# Without it Kueue marks the RayJob's Workload inadmissible (DeviceClass ... is not mapped in DRA\n"
+        "# configuration); provision checks it. See docs/gke-setup.md.\n"
+    )
+    return header + to_yaml(fragment)
 
 
 def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
@@ -71,7 +91,8 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
 
 def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
     """Relative path -> text of every file ``multislice render`` writes: :func:`render_all` as YAML, plus,
-    for backend ``gke``, the node pool plan (:data:`NODE_POOL_PLAN`, JSON).
+    for backend ``gke``, the node pool plan (:data:`NODE_POOL_PLAN`, JSON) and, with DRANET under Kueue, the Kueue
+    Configuration fragment (:data:`KUEUE_CONFIGURATION`).
 
     Raises:
         multislice.render.schema.ManifestInvalid: an object fails validation.
@@ -82,6 +103,9 @@ def render_files(plan: Plan, pipeline_run_id: str) -> dict[str, str]:
         from multislice.backends.gke import nodepool  # the GKE client libraries: only for a gke plan
 
         files[NODE_POOL_PLAN] = json.dumps(nodepool.node_pool_plan(plan), indent=2) + "\n"
+        configuration = kueue_configuration_text(plan)
+        if configuration is not None:
+            files[KUEUE_CONFIGURATION] = configuration
     return files
 
 

@@ -11,7 +11,9 @@ from multislice.errors import InputError
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
 EXAMPLES: dict[str, str] = {
     "images": "multislice images build --cloud-build --project my-project "
-    "--repo us-east5-docker.pkg.dev/my-project/multislice",
+    "--repo us-east5-docker.pkg.dev/my-project/multislice\n"
+    "multislice images build --cloud-build --project my-project --repo us-east5-docker.pkg.dev/my-project/multislice "
+    "--service-account builder@my-project.iam.gserviceaccount.com --logging CLOUD_LOGGING_ONLY",
 }
 
 
@@ -25,7 +27,29 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
         "--repo", required=True, help="Artifact Registry repository: LOCATION-docker.pkg.dev/PROJECT/REPO"
     )
     imgs.add_argument("--tag", help="image tag (default <package version>-<commit>)")
-    imgs.add_argument("--source-bucket", help="bucket for the source tarball (default <project>_cloudbuild)")
+    imgs.add_argument(
+        "--source-bucket",
+        help="bucket for the source tarball, created when missing (default <project>_cloudbuild, as gcloud; "
+        "refused when another project owns it)",
+    )
+    imgs.add_argument(
+        "--source-bucket-location",
+        help="location of a source bucket created here (default Cloud Storage's, the US multi-region, as gcloud)",
+    )
+    imgs.add_argument(
+        "--service-account",
+        help="service account the build runs as (Build.serviceAccount): NAME@PROJECT.iam.gserviceaccount.com or "
+        "projects/PROJECT/serviceAccounts/EMAIL; needs --logging CLOUD_LOGGING_ONLY or NONE, or --logs-bucket",
+    )
+    imgs.add_argument(
+        "--logging",
+        type=str.upper,
+        choices=images.LOGGING_MODES,
+        help="where Cloud Build keeps the build log (BuildOptions.logging; default Cloud Build's, LEGACY)",
+    )
+    imgs.add_argument(
+        "--logs-bucket", help="gs://BUCKET[/PREFIX] for the build log (Build.logsBucket), a bucket you created"
+    )
     imgs.add_argument("--output", default="build/images", help="where <image>.json go (default build/images)")
     imgs.set_defaults(func=cmd_images)
 
@@ -38,6 +62,16 @@ def cmd_images(args: argparse.Namespace) -> int:
             "run `multislice images build --cloud-build --project P --repo LOCATION-docker.pkg.dev/P/REPO`, "
             "or `make images` with a local Docker engine",
         )
-    built = images.cloud_build(args.project, args.repo, tag=args.tag, bucket=args.source_bucket, output_dir=args.output)
+    built = images.cloud_build(
+        args.project,
+        args.repo,
+        tag=args.tag,
+        bucket=args.source_bucket,
+        bucket_location=args.source_bucket_location,
+        service_account=args.service_account,
+        logging=args.logging,
+        logs_bucket=args.logs_bucket,
+        output_dir=args.output,
+    )
     print(f"images written to {args.output}: `multislice compile` now uses them by digest")
     return 0 if len(built) == len(images.IMAGES) else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multislice import backends, reports, storage
+from multislice import backends, goodput, reports, storage
 from multislice.plan import Plan
 
 
@@ -15,10 +15,9 @@ def run_files(local_dir: Path, run_id: str) -> tuple[Path, Path]:
 
 
 def elastic_lines(train: reports.TrainReport) -> list[str]:
-    """An elastic stage's story for the summary: each resize (when, why, from and to, steps lost) and goodput.
+    """An elastic stage's story for the summary: each resize (when, why, from and to, steps lost).
 
-    Empty for a stage that never resized and reports no goodput. Times are seconds since training began
-    (:class:`multislice.elastic.Resize`); goodput is productive step time over wall time, 0-1.
+    Empty for a stage that never resized. Times are seconds since training began (:class:`multislice.elastic.Resize`).
     """
     lines = []
     for resize in train.resizes:
@@ -31,9 +30,24 @@ def elastic_lines(train: reports.TrainReport) -> list[str]:
             f"  resized       at {resize.detected_at_seconds:.0f} s: {resize.from_slices} -> {resize.to_slices} "
             f"slices ({resize.cause}); {resumed}, {resize.steps_lost} steps lost"
         )
-    if train.goodput is not None:
-        lost = f", {train.steps_lost} steps trained again" if train.steps_lost else ""
-        lines.append(f"  goodput       {train.goodput:.2f} (productive step time / wall time{lost})")
+    return lines
+
+
+def goodput_lines(train: reports.TrainReport) -> list[str]:
+    """A stage's goodput for the summary (every stage): goodput, then its badput by cause when measured.
+
+    Goodput is productive training time over the job's time, 0-1, as Google's ml-goodput-measurement defines it
+    (:mod:`multislice.goodput`); badput in seconds per cause. Empty for a report without goodput.
+    """
+    if train.goodput is None:
+        return []
+    lost = f", {train.steps_lost} steps trained again" if train.steps_lost else ""
+    lines = [f"  goodput       {train.goodput:.2f} (productive training time / job time{lost})"]
+    if train.job_seconds:
+        lines.append(
+            f"  badput        {goodput.badput_words(train.badput_seconds, train.job_seconds)} "
+            f"of a {train.job_seconds:.0f} s job"
+        )
     return lines
 
 
@@ -76,6 +90,7 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
             )
             lines.extend(f"  restart {n:<5} {cause}" for n, cause in enumerate(train.restart_causes, 1))
             lines.extend(elastic_lines(train))
+            lines.extend(goodput_lines(train))
             if train.evals:
                 lines.append(
                     f"  eval          loss {train.first_eval_loss:.3f} -> {train.final_eval_loss:.3f} "

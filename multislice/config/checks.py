@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from multislice import exporting, libtpu_flags, names
+from multislice import exporting, libtpu_flags, maxtext, names
+from multislice.config import models
 from multislice.config.elastic import elastic_issues
-from multislice.config.models import RunSpec
+from multislice.config.models import RunSpec, Stage
 
 
 def _fill(degrees: dict[str, int], target: int) -> tuple[int, int | None]:
@@ -36,6 +37,17 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 "ray.min_slices",
                 f"ray.min_slices ({spec.ray.min_slices}) is more than num_slices ({spec.num_slices}); the JaxTrainer "
                 "can never start: set ray.min_slices to at most num_slices, or unset it for a fixed worker count",
+            )
+        )
+    ray_stages = [stage.name for stage in spec.stages if spec.launcher_for(stage) == "ray"]
+    if spec.backend == "gke" and ray_stages and not spec.ray.head_node_selector:
+        issues.append(
+            (
+                "ray.head_node_selector",
+                f"stage(s) {', '.join(ray_stages)} are launched by Ray, whose head pod (4 CPU, 16 GiB, the driver) "
+                "needs a CPU node pool, and TPU node pools are tainted for TPU pods only: set "
+                "ray.head_node_selector to that pool, e.g. {cloud.google.com/gke-nodepool: cpu-pool} "
+                "(docs/gke-setup.md)",
             )
         )
     if spec.backend == "gke" and not remote:
@@ -100,7 +112,21 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 )
             )
         issues += elastic_issues(spec, stage, where)
+        issues += emergency_checkpoint_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
+        issues += _data_token_issues(spec, stage, where)
+        declared = getattr(stage.data, "sequences", None)
+        lasts = declared is not None and models.data_lasts_issue(stage, declared, global_batch)
+        if lasts:
+            issues.append((f"{where}.steps", lasts))
+        if stage.goodput_recording and spec.backend != "gke":
+            issues.append(
+                (
+                    f"{where}.goodput_recording",
+                    "goodput_recording writes to Cloud Logging, which a local run has no credentials for; leave it "
+                    "off locally (the train report measures goodput on every backend) or use backend: gke",
+                )
+            )
         if stage.checkpoint_period > stage.steps:
             issues.append(
                 (
@@ -139,6 +165,99 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 f"(<jobset>-{names.REPLICATED_JOB}-<jobIndex>-<podIndex>-<5 random>), over Kubernetes' 63;"
                 f"{appended} shorten run_name ({len(spec.run_name)} characters) to at most {max(room, 0)}"
                 + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
+            )
+        )
+    return issues
+
+
+def _data_token_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
+    """Where the stage's Hugging Face dataset token can come from on its backend and launcher."""
+    k8s = getattr(stage.data, "hf_token_kubernetes_secret", "")
+    manager = getattr(stage.data, "hf_token_secret", "")
+    field = f"{where}.data"
+    if k8s and manager:
+        return [(f"{field}.hf_token_secret", "both hf_token_kubernetes_secret and hf_token_secret are set; keep one")]
+    if k8s and spec.backend == "local":
+        return [(f"{field}.hf_token_kubernetes_secret", "the local backend has no Kubernetes Secrets: its pods read "
+                 "this machine's $HF_TOKEN; export HF_TOKEN and unset data.hf_token_kubernetes_secret")]  # fmt: skip
+    if manager and (stage.launcher or spec.launcher) == "ray":
+        return [(f"{field}.hf_token_secret", "a Ray stage's MaxText runs in Ray worker processes that KubeRay starts "
+                 "(ray start), which cannot be wrapped to read Secret Manager first; use "
+                 "data.hf_token_kubernetes_secret (the worker pods get $HF_TOKEN by reference)")]  # fmt: skip
+    return []
+
+
+def emergency_checkpoint_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, str]]:
+    """Why a stage's ``emergency_checkpoint`` cannot run with the rest of the spec: ``(field, message)`` pairs.
+
+    Refused, each with its reason: the local backend and the Ray launcher (MaxText's TPU start-up with emergency
+    checkpoints reads ``jax-init-info.txt``, which GKE's checkpointing CSI driver writes into the local directory,
+    ``maxtext/utils/max_utils.py``, ``initialize_jax_for_tpu_with_emergency_checkpointing``; neither the local
+    backend's processes nor Ray Train's workers, which initialise ``jax.distributed`` themselves, start that way);
+    an elastic stage (a resize changes the replica count, and Orbax restores a local checkpoint onto the mesh it was
+    saved with: ``mesh_consistency.consistent_restore_mesh_from_metadata``); fewer than 2 data-parallel replicas
+    (Orbax's emergency ``CheckpointManager``: "at least 2 data-parallel replicas are needed"); and MaxText's
+    multi-tier or ``mesh_axes`` keys in ``maxtext_overrides``.
+    """
+    if not stage.uses_emergency_checkpoint:
+        return []
+    field = f"{where}.emergency_checkpoint"
+    off = "or remove emergency_checkpoint (or set emergency_checkpoint.enabled: false)"
+    issues: list[tuple[str, str]] = []
+    if spec.backend != "gke":
+        issues.append(
+            (
+                field,
+                "emergency checkpoints need GKE's multi-tier checkpointing CSI driver (it keeps each node's "
+                "checkpoint ramdisk across pod restarts and writes the jax-init-info.txt MaxText starts from); the "
+                f"local backend has none: use backend gke, {off}",
+            )
+        )
+    if spec.launcher_for(stage) != "jobset":
+        issues.append(
+            (
+                field,
+                "emergency checkpoints run with launcher jobset only: MaxText starts them from the jax-init-info.txt "
+                "GKE's checkpointing CSI driver writes, while Ray Train's JaxTrainer initialises jax.distributed "
+                f"itself; set launcher: jobset for this stage, {off}",
+            )
+        )
+    if stage.elastic is not None:
+        issues.append(
+            (
+                field,
+                "emergency checkpoints and elastic do not combine: a resize changes the number of data-parallel "
+                "replicas, and Orbax restores a local checkpoint only onto the mesh it was saved with; remove "
+                f"elastic, {off}",
+            )
+        )
+    dcn = stage.full_dcn()
+    data = dcn.get("data", 1)
+    if data == -1:  # MaxText fills it: the slices over the other axes' product
+        data = spec.num_slices // math.prod(d for d in dcn.values() if d != -1)
+    ici = stage.full_ici()
+    ici_data = ici.get("data", 1)
+    if ici_data == -1:
+        ici_data = spec.slice_type.chips // math.prod(d for d in ici.values() if d != -1)
+    if max(data, 1) * max(ici_data, 1) < 2:
+        issues.append(
+            (
+                field,
+                f"emergency checkpoints need at least 2 data-parallel replicas (Orbax's emergency CheckpointManager: "
+                f"the persistent tier is written by replica 0, the local tier by the others); this stage has DCN data "
+                f"{data} x ICI data {ici_data} on {spec.num_slices} slice(s): train on num_slices >= 2 with dcn.data "
+                f"filling them, {off}",
+            )
+        )
+    clash = sorted(set(stage.maxtext_overrides) & {*maxtext.MULTI_TIER_CHECKPOINT_KEYS, "mesh_axes"})
+    if clash:
+        issues.append(
+            (
+                f"{where}.maxtext_overrides",
+                f"{', '.join(clash)} cannot be combined with emergency_checkpoint: MaxText's multi-tier checkpointing "
+                "writes its persistent tier through GKE's replicator to another bucket, not the stage's checkpoint "
+                "directory that verify and export read, and the plan sets mesh_axes so that the data axis comes first "
+                "(Orbax's replica axis); remove them from maxtext_overrides",
             )
         )
     return issues

@@ -29,7 +29,9 @@ import importlib
 import json
 import logging
 import os
+import re
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -45,8 +47,15 @@ if TYPE_CHECKING:
 MAXTEXT_PREFIX = "maxtext:"
 #: Prefix of a glob inside the trainer environment's site-packages (the local corpus); resolved there.
 SITE_PACKAGES_PREFIX = "site-packages:"
+#: Prefix of a path inside this package (:mod:`multislice`, in both images); resolved where it is installed.
+PACKAGE_PREFIX = "multislice:"
 #: The default tokenizer: Llama 3's, shipped in the maxtext package (nothing is downloaded at run time).
 DEFAULT_TOKENIZER = MAXTEXT_PREFIX + "assets/tokenizers/tokenizer_llama3.tiktoken"
+#: The same tokenizer in Hugging Face format, shipped in this package, for MaxText's ``hf`` pipeline, which loads
+#: its tokenizer with ``transformers.AutoTokenizer`` only (:mod:`multislice.trainer.hf_tokenizer`).
+HF_LLAMA3_TOKENIZER = PACKAGE_PREFIX + "data/tokenizers/llama3-hf"
+#: Llama 3's vocabulary: 128,000 BPE ranks and the 256 special tokens MaxText's ``TikTokenTokenizer`` adds.
+LLAMA3_VOCAB_SIZE = 128256
 
 
 class _Strict(BaseModel):
@@ -74,11 +83,22 @@ class TokenizerSpec(_Strict):
         """
         if self.path.startswith(MAXTEXT_PREFIX):
             return maxtext.TOKENIZER_VOCAB_SIZES.get(self.path.removeprefix(MAXTEXT_PREFIX))
-        if self.type == "tiktoken" and not self.path.startswith("gs://") and os.path.isfile(self.path):
-            with open(self.path, "rb") as handle:
-                ranks = sum(1 for line in handle if line.strip())
-            return ranks + maxtext.TIKTOKEN_SPECIAL_TOKENS
-        return None
+        if self.path == HF_LLAMA3_TOKENIZER:
+            return LLAMA3_VOCAB_SIZE
+        if self.path.startswith("gs://") or not os.path.exists(resolve_path(self.path)):
+            return None
+        try:
+            return tokenizer_file_vocab(self.type, resolve_path(self.path))
+        except (OSError, ValueError):
+            return None  # unreadable: tokenizer_issue says so, naming the field
+
+    def for_hf_pipeline(self) -> TokenizerSpec:
+        """The tokenizer MaxText's ``hf`` pipeline is given: this one, or, for the default tiktoken file, its
+        Hugging Face form shipped in this package (:data:`HF_LLAMA3_TOKENIZER`). Other tiktoken and sentencepiece
+        files are refused at plan (:func:`static_data_issues`)."""
+        if self.type == "tiktoken" and self.path == DEFAULT_TOKENIZER:
+            return self.model_copy(update={"type": "huggingface", "path": HF_LLAMA3_TOKENIZER})
+        return self
 
     def maxtext_args(self, site_packages: str | None = None) -> dict[str, Any]:
         """MaxText keys: ``tokenizer_type``, ``tokenizer_path`` (resolved under ``site_packages``), ``add_bos``, ..."""
@@ -88,6 +108,87 @@ class TokenizerSpec(_Strict):
             "add_bos": self.add_bos,
             "add_eos": self.add_eos,
         }
+
+
+def _varint(buffer: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(buffer):
+            raise ValueError("truncated protobuf varint")
+        byte = buffer[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise ValueError("protobuf varint longer than 10 bytes")
+
+
+def sentencepiece_pieces(model: bytes) -> int:
+    """How many pieces a sentencepiece ``.model`` holds: the count of ``ModelProto.pieces`` (field 1, repeated
+    message; ``sentencepiece_model.proto``), read from the protobuf wire format without the sentencepiece package
+    (the pipeline image has none). That is the vocabulary MaxText's ``SentencePieceTokenizer`` has.
+
+    Raises:
+        ValueError: the bytes are not a protobuf message (a truncated field, an unknown wire type) or hold no piece.
+    """
+    at = pieces = 0
+    while at < len(model):
+        key, at = _varint(model, at)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(model, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 2:
+            length, at = _varint(model, at)
+            at += length
+            pieces += field == 1
+        elif wire == 5:
+            at += 4
+        else:
+            raise ValueError(f"wire type {wire} at byte {at}: not a sentencepiece model")
+        if at > len(model) or field == 0:
+            raise ValueError("truncated or malformed protobuf: not a sentencepiece model")
+    if not pieces:
+        raise ValueError("no pieces: not a sentencepiece model")
+    return pieces
+
+
+def tokenizer_file_vocab(kind: str, path: str) -> int:
+    """The vocabulary size of a local tokenizer file, as MaxText's tokenizer of that ``kind`` sees it.
+
+    ``tiktoken``: one rank a line plus the 256 special tokens ``TikTokenTokenizer`` adds
+    (``maxtext/input_pipeline/tokenizer.py``); ``sentencepiece``: the model's pieces (:func:`sentencepiece_pieces`);
+    ``huggingface``: ``tokenizer.json`` in the directory (or the file itself), the highest id of its model's
+    vocabulary and added tokens, plus one.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a tokenizer of that kind.
+    """
+    if kind == "tiktoken":
+        with open(path, "rb") as handle:
+            lines = [line.split() for line in handle if line.strip()]
+        if not lines or any(len(line) != 2 or not line[1].isdigit() for line in lines[:1000]):
+            raise ValueError("not a tiktoken file (each line: a base64 token and its rank)")
+        return len(lines) + maxtext.TIKTOKEN_SPECIAL_TOKENS
+    if kind == "sentencepiece":
+        with open(path, "rb") as handle:
+            return sentencepiece_pieces(handle.read())
+    folder = Path(path)
+    file = folder / "tokenizer.json" if folder.is_dir() else folder
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+        vocab = found["model"]["vocab"]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+        ids += [int(token["id"]) for token in found.get("added_tokens") or []]
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
+        raise ValueError(f"no readable tokenizer.json ({type(error).__name__})") from None
+    if not ids:
+        raise ValueError("tokenizer.json has an empty vocabulary")
+    return max(ids) + 1
 
 
 class SyntheticData(_Strict):
@@ -120,22 +221,109 @@ class TextData(_Strict):
     )
 
 
-class GrainData(_Strict):
+class _HubToken(_Strict):
+    """Where the trainer pods get a Hugging Face token for a private or gated dataset (``$HF_TOKEN``, which
+    ``huggingface_hub`` reads when MaxText's ``hf_access_token`` is unset: ``datasets.load_dataset`` and
+    ``HfFileSystem`` both fall back to it). Never the token itself, never a MaxText argument (MaxText's
+    ``hf_access_token`` would put it in the JobSet's args and the compiled pipeline)."""
+
+    hf_token_kubernetes_secret: str = Field(
+        default="",
+        description="GKE: a Kubernetes Secret in the run's namespace whose key 'token' holds the Hugging Face token; "
+        "the trainer pods get it as $HF_TOKEN by reference (secretKeyRef). '' for none.",
+    )
+    hf_token_secret: str = Field(
+        default="",
+        description="GKE: a Secret Manager secret version (projects/<p>/secrets/<s>/versions/<v>) with the token, read "
+        "by each trainer pod at start with the trainer's Google service account "
+        "(roles/secretmanager.secretAccessor). '' for none. Locally the token is this machine's $HF_TOKEN.",
+    )
+    sequences: int | None = Field(
+        default=None,
+        gt=0,
+        description="How many training sequences (of max_target_length tokens, after packing) the data holds, for "
+        "the plan's check that steps x global batch does not run past it (MaxText's num_epoch: 1 stops there); "
+        "null: not checked (MaxText's streamed and file pipelines cannot be counted before training).",
+    )
+
+    @field_validator("hf_token_kubernetes_secret")
+    @classmethod
+    def _kubernetes_secret(cls, value: str) -> str:
+        if value and (not SECRET_NAME.fullmatch(value) or len(value) > 253):
+            what = "a token" if value.startswith("hf_") else f"{value[:80]!r}"  # never echo a token
+            raise ValueError(
+                f"{what} is not a Kubernetes Secret name (a DNS-1123 subdomain); give the Secret's name, "
+                "never the token"
+            )
+        return value
+
+    @field_validator("hf_token_secret")
+    @classmethod
+    def _secret_version(cls, value: str) -> str:
+        if value and not SECRET_VERSION.fullmatch(value):
+            what = "a token" if value.startswith("hf_") else f"{value[:60]!r}"
+            raise ValueError(
+                f"{what} is not a Secret Manager secret version; give projects/<project>/secrets/<secret>/versions/"
+                "<version or latest>, never the token"
+            )
+        return value
+
+
+class GrainData(_HubToken):
     """Files a user already has, read by MaxText's grain pipeline (``dataset_type=grain``).
 
-    ``train_files`` and ``eval_files`` are globs (local or ``gs://``), MaxText's ``grain_train_files`` and
-    ``grain_eval_files``. ``pretokenized``: the ``column`` holds token ids (``tokenize_train_data=false``).
+    ``train_files`` and ``eval_files`` are globs (local, ``gs://`` or ``hf://``: MaxText lists ``hf://`` with
+    ``huggingface_hub.HfFileSystem``), MaxText's ``grain_train_files`` and ``grain_eval_files``; for ArrayRecord a
+    weighted mixture in MaxText's syntax, ``glob,weight;glob,weight`` (``grain_data_processing.py`` ``get_datasets``:
+    only its ArrayRecord branch splits on ``;``). ``pretokenized``: the ``column`` holds token ids
+    (``tokenize_train_data=false``).
     """
 
     kind: Literal["grain"] = "grain"
-    file_type: Literal["arrayrecord", "parquet"] = "arrayrecord"
+    file_type: Literal["arrayrecord", "parquet", "tfrecord"] = "arrayrecord"
     train_files: str = Field(min_length=1)
     eval_files: str | None = None
     column: str = "text"
     pretokenized: bool = False
 
+    @field_validator("train_files", "eval_files")
+    @classmethod
+    def _mixture(cls, value: str | None) -> str | None:
+        if value is not None:
+            mixture_parts(value)  # raises ValueError naming the part
+        return value
 
-class HFData(_Strict):
+
+def mixture_parts(files: str) -> list[tuple[str, float | None]]:
+    """``(glob, weight)`` of each part of MaxText's mixture syntax ``glob,weight;glob,weight``; one part with
+    weight None when ``files`` is a plain glob.
+
+    Raises:
+        ValueError: a part without exactly one ``,weight``, a weight that is not a positive number, an empty glob.
+    """
+    if ";" not in files:
+        if not files.strip():
+            raise ValueError("an empty glob; give a path or glob")
+        return [(files, None)]
+    parts: list[tuple[str, float | None]] = []
+    for part in files.split(";"):
+        pieces = part.split(",")
+        if len(pieces) != 2 or not pieces[0].strip():
+            raise ValueError(
+                f"mixture part {part!r} is not glob,weight; MaxText splits a mixture as "
+                "'glob,weight;glob,weight' (a glob may hold no ',' or ';')"
+            )
+        try:
+            weight = float(pieces[1])
+        except ValueError:
+            raise ValueError(f"mixture part {part!r}: weight {pieces[1]!r} is not a number") from None
+        if not weight > 0 or weight == float("inf"):
+            raise ValueError(f"mixture part {part!r}: weight {pieces[1]!r} must be a positive finite number")
+        parts.append((pieces[0], weight))
+    return parts
+
+
+class HFData(_HubToken):
     """A Hugging Face dataset, streamed by MaxText's hf pipeline (``dataset_type=hf``).
 
     ``path`` is ``hf_path`` (a hub name like ``allenai/c4``, or a local directory), ``data_dir`` is
@@ -155,7 +343,18 @@ class HFData(_Strict):
 
 
 class TFDSData(_Strict):
-    """A TFDS dataset read by MaxText's tfds pipeline (``dataset_type=tfds``): ``dataset_path``/``dataset_name``."""
+    """A TFDS dataset as prepared on disk
+    (``dataset_path``/``name``/``version``/``<name>-<split>.<format>-NNNNN-of-NNNNN``), read by MaxText's
+    **grain** pipeline, not its tfds one.
+
+    MaxText 0.2.5's ``dataset_type=tfds`` needs ``tensorflow`` and ``tensorflow_datasets``, which the trainer image
+    does not install (a stage on it would fail when training starts); MaxText itself moves TFDS data onto grain:
+    with ``grain_file_type=tfrecord`` it builds the glob ``<dataset_path>/<name/version>/*-<split>.tfrecord-*``
+    from ``dataset_path``, ``dataset_name`` and ``train_split`` (``grain_data_processing.py``
+    ``construct_tfds_tfrecord_path``) and parses each record as a ``tf.train.Example`` with its own protos, no
+    TensorFlow. The plan gives MaxText that glob (``array_record`` files likewise, for datasets TFDS prepared with
+    ``file_format=array_record``); ``column`` is the text feature.
+    """
 
     kind: Literal["tfds"] = "tfds"
     dataset_path: str = Field(min_length=1)
@@ -163,6 +362,13 @@ class TFDSData(_Strict):
     eval_dataset_name: str | None = None
     train_split: str = Field(default="train", min_length=1)
     eval_split: str | None = None
+    file_format: Literal["tfrecord", "array_record"] = Field(
+        default="tfrecord", description="How TFDS wrote the dataset (its file_format): tfrecord or array_record."
+    )
+    column: str = Field(default="text", min_length=1, description="The feature holding the text.")
+    sequences: int | None = Field(
+        default=None, gt=0, description="Training sequences the data holds, for the check that the data lasts."
+    )
 
     @field_validator("dataset_name", "eval_dataset_name")
     @classmethod
@@ -171,8 +377,23 @@ class TFDSData(_Strict):
             raise ValueError(f"{value!r} has no version; TFDS names a dataset as name:version, e.g. c4/en:3.1.0")
         return value
 
+    def files(self, split: str, dataset_name: str | None = None) -> str:
+        """The glob of ``split``'s files, as MaxText's ``construct_tfds_tfrecord_path`` builds it (for
+        ``array_record``, the same with that extension)."""
+        name = (dataset_name or self.dataset_name).strip().strip("/").replace(":", "/")
+        return f"{self.dataset_path.strip().rstrip('/')}/{name}/*-{split}.{self.file_format}-*"
+
+    def grain_file_type(self) -> str:
+        """MaxText's ``grain_file_type`` for the files: ``tfrecord`` or ``arrayrecord``."""
+        return "tfrecord" if self.file_format == "tfrecord" else "arrayrecord"
+
 
 DataSpec = Annotated[SyntheticData | TextData | GrainData | HFData | TFDSData, Field(discriminator="kind")]
+
+
+#: A Kubernetes Secret's name (a DNS-1123 subdomain), and a Secret Manager secret version's resource name.
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[A-Za-z0-9_-]{1,255}/versions/(latest|[0-9]+)")
 
 
 def resolve_path(path: str, site_packages: str | None = None) -> str:
@@ -181,7 +402,10 @@ def resolve_path(path: str, site_packages: str | None = None) -> str:
     ``site_packages`` defaults to this interpreter's (``sysconfig`` purelib): right in the trainer
     environment; the pipeline environment passes the trainer environment's (local backend) or keeps
     the prefix (a pod resolves it).
+    A ``multislice:`` path is made a path in this package, wherever it is installed.
     """
+    if path.startswith(PACKAGE_PREFIX):
+        return str(Path(__file__).resolve().parents[1] / path.removeprefix(PACKAGE_PREFIX))
     root = site_packages or sysconfig.get_paths()["purelib"]
     if path.startswith(MAXTEXT_PREFIX):
         return str(Path(root) / "maxtext" / path.removeprefix(MAXTEXT_PREFIX))
@@ -245,6 +469,25 @@ def _glob_issue(field: str, pattern: str, site_packages: str | None) -> tuple[st
     return None
 
 
+#: The scheme of a Hugging Face Hub path in a grain glob (MaxText lists it with ``huggingface_hub.HfFileSystem``).
+HF_PREFIX = "hf://"
+_HF_GLOB = re.compile(r"hf://datasets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^/]+)?/.+")
+
+
+def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
+    """Whether an ``hf://`` glob has the shape ``HfFileSystem`` lists: ``hf://datasets/OWNER/NAME[@REVISION]/GLOB``.
+
+    Only its shape is checked here: the pipeline image has no ``huggingface_hub``, so MaxText lists it when the
+    stage starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
+    """
+    if _HF_GLOB.fullmatch(pattern):
+        return None
+    return field, (
+        f"{pattern!r} is not a Hugging Face Hub dataset path; write hf://datasets/OWNER/NAME/GLOB "
+        "(or hf://datasets/OWNER/NAME@REVISION/GLOB), e.g. hf://datasets/allenai/c4/en/c4-train.*.json.gz"
+    )
+
+
 def _parquet_issue(field: str, files: list[str], column: str) -> tuple[str, str] | None:
     """Whether the first files are Parquet holding ``column``.
 
@@ -285,9 +528,57 @@ def _open_binary(name: str):
     return open(name, "rb")
 
 
+def tokenizer_issue(field: str, stage: Any, site_packages: str | None) -> tuple[str, str] | None:
+    """Whether the stage's tokenizer can be read as its ``type`` says, and its vocabulary matches the model's.
+
+    Read here (the plan step): a local file or directory, or a ``gs://`` one; a ``maxtext:`` path when this
+    environment has the maxtext package (``site_packages``), and the package's own. A sentencepiece ``.model``'s
+    pieces are counted from its protobuf, a Hugging Face ``tokenizer.json``'s ids read, a tiktoken file's ranks
+    counted (:func:`tokenizer_file_vocab`), so the check needs neither sentencepiece nor transformers.
+    """
+    tokenizer = stage.tokenizer.for_hf_pipeline() if isinstance(stage.data, HFData) else stage.tokenizer
+    path = tokenizer.path
+    if path.startswith(MAXTEXT_PREFIX) and site_packages is None:
+        return None  # resolved in the trainer image (its vocabulary is known: TokenizerSpec.vocab_size)
+    local = resolve_path(path, site_packages)
+    try:
+        if local.startswith("gs://"):
+            from etils import epath  # its import (0.1 s) only where a tokenizer is on Cloud Storage
+
+            source = epath.Path(local)
+            if tokenizer.type == "huggingface":
+                source = source / "tokenizer.json" if not local.endswith(".json") else source
+            with tempfile.TemporaryDirectory() as scratch:
+                copy = Path(scratch, "tokenizer.json" if tokenizer.type == "huggingface" else "tokenizer")
+                copy.write_bytes(source.read_bytes())
+                vocab = tokenizer_file_vocab(tokenizer.type, str(copy))
+        elif not os.path.exists(local):
+            return field, (
+                f"{path!r} does not exist; give a readable {tokenizer.type} tokenizer "
+                + ("(a directory with tokenizer.json)" if tokenizer.type == "huggingface" else "file")
+            )
+        else:
+            vocab = tokenizer_file_vocab(tokenizer.type, local)
+    except (OSError, ValueError) as error:
+        cause = " ".join(str(error).split())[:200] or type(error).__name__
+        return field, (
+            f"{path!r} cannot be read as a {tokenizer.type} tokenizer ({cause}); check tokenizer.type and the path"
+        )
+    model_vocab = stage.model.vocab_size or maxtext.MODEL_DIMS.get(stage.model.name or "", {}).get("vocab_size")
+    if model_vocab and vocab != model_vocab:
+        return field.rsplit(".tokenizer.path", 1)[0] + ".model.vocab_size", (
+            f"the model's vocab_size is {model_vocab} but tokenizer {path} has {vocab} tokens; set model.vocab_size: "
+            f"{vocab} (or give the model's own tokenizer)"
+        )
+    return None
+
+
 def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list[tuple[str, str]]:
     """A stage's data checks that read files: paths, globs, splits, Parquet files. ``(field, message)`` pairs."""
     data, issues = stage.data, []
+    if not isinstance(data, SyntheticData):
+        issue = tokenizer_issue(f"{where}.tokenizer.path", stage, site_packages)
+        issues += [issue] if issue else []
     if isinstance(data, TextData):
         for i, pattern in enumerate(data.files):
             if pattern.startswith(SITE_PACKAGES_PREFIX) and site_packages is None:
@@ -300,13 +591,26 @@ def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list
             issues += [issue] if issue else []
     elif isinstance(data, GrainData):
         for name in ("train_files", "eval_files"):
-            pattern = getattr(data, name)
-            issue = pattern and _glob_issue(f"{where}.data.{name}", pattern, site_packages)
-            if issue:
-                issues.append(issue)
-            elif pattern and data.file_type == "parquet":
-                issue = _parquet_issue(f"{where}.data.{name}", expand_files((pattern,)), data.column)
-                issues += [issue] if issue else []
+            files = getattr(data, name)
+            if not files:
+                continue
+            parts = mixture_parts(files)
+            if len(parts) > 1 and data.file_type != "arrayrecord":
+                issues.append((f"{where}.data.{name}", f"a weighted mixture of {data.file_type} files: MaxText 0.2.5 "
+                               "mixes ArrayRecord files only (grain_data_processing.py get_datasets); give one glob, "
+                               "or convert the sources to ArrayRecord"))  # fmt: skip
+                continue
+            for pattern, _ in parts:
+                if pattern.startswith(HF_PREFIX):
+                    issue = _hf_glob_issue(f"{where}.data.{name}", pattern)
+                    issues += [issue] if issue else []
+                    continue
+                issue = _glob_issue(f"{where}.data.{name}", pattern, site_packages)
+                if issue:
+                    issues.append(issue)
+                elif data.file_type == "parquet":
+                    issue = _parquet_issue(f"{where}.data.{name}", expand_files((pattern,)), data.column)
+                    issues += [issue] if issue else []
     elif isinstance(data, HFData):
         local = Path(data.path)
         if data.path.startswith(("/", ".")) and not local.is_dir():
@@ -322,18 +626,16 @@ def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list
                         (f"{where}.data.{name}", f"split {split!r} has no file in {local / data.data_dir} "
                                                  f"(files start with: {', '.join(sorted(splits)) or 'none'})")
                     )  # fmt: skip
-    elif isinstance(data, TFDSData) and not data.dataset_path.startswith("gs://"):
-        for name, dataset in (("dataset_name", data.dataset_name), ("eval_dataset_name", data.eval_dataset_name)):
-            if dataset is None:
+    elif isinstance(data, TFDSData):
+        for split_field, name_field in (("train_split", "dataset_name"), ("eval_split", "eval_dataset_name")):
+            split = getattr(data, split_field)
+            if not split:
                 continue
-            folder = Path(data.dataset_path, *dataset.replace(":", "/").split("/"))
-            if not folder.is_dir():
-                issues.append((f"{where}.data.{name}", f"no TFDS dataset at {folder}; check dataset_path and the name"))
-                continue
-            for split_field in ("train_split", "eval_split"):
-                split = getattr(data, split_field)
-                if split and not list(folder.glob(f"*-{split}.*")):
-                    issues.append((f"{where}.data.{split_field}", f"{folder} has no {split!r} split files"))
+            pattern = data.files(split, getattr(data, name_field))
+            if _glob_issue(split_field, pattern, site_packages):
+                issues.append((f"{where}.data.{split_field}", f"no {data.file_format} files of split {split!r}: "
+                               f"{pattern!r} matches none (the TFDS layout MaxText reads); check dataset_path, "
+                               "dataset_name, the split and file_format"))  # fmt: skip
     return issues
 
 

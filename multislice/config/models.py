@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
+from multislice.config.data import HF_PREFIX as HF_GLOB_PREFIX
 from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
 from multislice.config.values import INT32_MAX, INT32_MIN, MAX_TIMEOUT_SECONDS
 
@@ -271,6 +272,93 @@ class LibtpuFlagsSpec(_Strict):
         return self
 
 
+#: The shape of a Hugging Face user access token (``hf_`` and 30 or more letters and digits).
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{30,}")
+
+
+def _looks_like_token(value: Any) -> bool:
+    """Whether a ``maxtext_overrides`` value holds a Hugging Face access token."""
+    items = value if isinstance(value, list) else [value]
+    return any(isinstance(item, str) and _HF_TOKEN.search(item) for item in items)
+
+
+def data_lasts_issue(stage: Any, sequences: int, global_batch: float) -> str | None:
+    """Why ``steps`` x ``global_batch`` (sequences per step across every slice) runs past the ``sequences`` the data
+    holds (times MaxText's ``num_epoch``), or None.
+
+    MaxText 0.2.5's grain pipeline repeats the data ``num_epoch`` times (``dataset.repeat(num_epoch)``, default 1
+    in ``configs/base.yml``) and stops a run whose iterator is exhausted ("You may have run out of training data").
+    An elastic stage keeps its global batch on fewer slices (gradient accumulation), so it reads the same count.
+    """
+    epochs = int(stage.maxtext_overrides.get("num_epoch", 1) or 1)
+    need = int(stage.steps * round(global_batch))
+    have = sequences * epochs
+    if need <= have:
+        return None
+    most = have // max(round(global_batch), 1)
+    return (
+        f"steps: {stage.steps} steps x {round(global_batch)} sequences per step = {need:,} sequences, but the data "
+        f"holds {sequences:,} training sequences"
+        + (f" x num_epoch {epochs}" if epochs > 1 else "")
+        + f"; MaxText would stop when they run out. Lower steps to at most {most}, add data, or set "
+        f"maxtext_overrides.num_epoch: {-(-need // sequences)}"
+    )
+
+
+#: The mount path of the local (emergency) checkpoint tier in a training pod, by default: xpk's and MaxText's
+#: examples mount GKE's checkpointing ramdisk at ``/local`` (MaxText ``configs/base.yml``, multi-tier example).
+DEFAULT_LOCAL_CHECKPOINT_DIRECTORY = "/local"
+_ABSOLUTE_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+#: Pod paths the local tier may not be mounted over: the container's own system directories and /dev/shm.
+_RESERVED_MOUNTS = ("/", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/tmp", "/var", "/app")
+
+
+class EmergencyCheckpointSpec(_Strict):
+    """Emergency (two-tier) checkpoints of a stage on GKE: MaxText's ``enable_emergency_checkpoint``.
+
+    MaxText 0.2.5 (``maxtext/utils/train_utils.py``, ``create_checkpoint_manager``) then checkpoints through
+    Orbax's emergency ``CheckpointManager`` (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``):
+    the first data-parallel replica (slice 0) writes the persistent checkpoints to the stage's checkpoint
+    directory every ``checkpoint_period`` steps, unchanged; every other slice writes a local checkpoint every
+    ``local_period`` steps to ``local_directory``, an in-memory volume of the node that outlives the pod
+    (GKE's multi-tier checkpointing CSI driver, ``multitier-checkpoint.csi.storage.gke.io``; see
+    docs/gke-setup.md). On restart ``restore`` takes the newest step of either tier (``latest_step``) and
+    reads it from a slice that holds it locally, broadcasting it to the others, else from the persistent
+    tier (``CheckpointManager.restore``).
+
+    Attributes:
+        enabled: Whether the stage uses the two tiers (false keeps the settings but checkpoints as usual).
+        local_period: Steps between local checkpoints (MaxText ``local_checkpoint_period``); fewer than the
+            stage's ``checkpoint_period``.
+        local_directory: Where the local tier is mounted in each training pod (MaxText
+            ``local_checkpoint_directory``), an absolute path.
+    """
+
+    enabled: bool = Field(default=True, description="Use the local tier (false: persistent checkpoints only).")
+    local_period: int = Field(
+        gt=0, le=MAX_STEPS, description="Steps between local checkpoints (MaxText local_checkpoint_period)."
+    )
+    local_directory: str = Field(
+        default=DEFAULT_LOCAL_CHECKPOINT_DIRECTORY,
+        description="Mount path of the node's checkpoint ramdisk in each training pod (local_checkpoint_directory).",
+    )
+
+    @field_validator("local_directory")
+    @classmethod
+    def _local_directory(cls, value: str) -> str:
+        if not _ABSOLUTE_PATH.fullmatch(value) or ".." in value.split("/"):
+            raise ValueError(
+                f"{value[:80]!r} is not an absolute path in the pod; give one like "
+                f"{DEFAULT_LOCAL_CHECKPOINT_DIRECTORY} (letters, digits, '.', '_', '-' between slashes)"
+            )
+        if value in _RESERVED_MOUNTS or value.startswith("/dev/"):
+            raise ValueError(
+                f"{value} would hide the container's own {value} directory; mount the local tier elsewhere, e.g. "
+                f"{DEFAULT_LOCAL_CHECKPOINT_DIRECTORY}"
+            )
+        return value
+
+
 class Stage(_Strict):
     """One training stage: a model, a batch and a parallelism plan.
 
@@ -332,6 +420,17 @@ class Stage(_Strict):
         default_factory=LibtpuFlagsSpec,
         description="Changes to this stage's libtpu/XLA flags (LIBTPU_INIT_ARGS), after the profile's.",
     )
+    emergency_checkpoint: EmergencyCheckpointSpec | None = Field(
+        default=None,
+        description="GKE: frequent local checkpoints on each node's checkpoint ramdisk beside the persistent ones "
+        "(MaxText enable_emergency_checkpoint); None: persistent checkpoints only.",
+    )
+    goodput_recording: bool = Field(
+        default=False,
+        description="GKE: MaxText's enable_goodput_recording (Google's ml-goodput-measurement): the leader writes "
+        "its goodput events to Cloud Logging as job <run_name>-<stage>; the trainer's Google service account needs "
+        "roles/logging.logWriter (docs/gke-setup.md). The train report measures goodput either way.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -377,6 +476,16 @@ class Stage(_Strict):
             raise ValueError(
                 f"{', '.join(managed)} are set from the stage's own fields; set them there, not in maxtext_overrides"
             )
+        secret = next(
+            (key for key, item in value.items() if key in maxtext.SECRET_KEYS or _looks_like_token(item)), None
+        )
+        if secret is not None:
+            raise ValueError(
+                f"maxtext_overrides.{secret}: a credential in maxtext_overrides would be written into the JobSet's "
+                "arguments and the compiled pipeline in plain text; remove it and name a Kubernetes Secret "
+                "(data.hf_token_kubernetes_secret, key 'token') or a Secret Manager secret version "
+                "(data.hf_token_secret): the trainer pods get it as $HF_TOKEN"
+            )
         # A profile that came through a KFP pipeline has every number a float: MaxText's integer keys get ints back.
         value = {key: maxtext.restore_integers(key, item) for key, item in value.items()}
         for key, item in value.items():
@@ -390,6 +499,22 @@ class Stage(_Strict):
 
     @model_validator(mode="after")
     def _data(self) -> Stage:
+        if self.data.kind == "hf" and self.tokenizer.for_hf_pipeline().type != "huggingface":
+            raise ValueError(
+                f"tokenizer: MaxText's hf pipeline loads its tokenizer with transformers.AutoTokenizer only "
+                f"(maxtext/input_pipeline/hf_data_processing.py), which cannot read the {self.tokenizer.type} file "
+                f"{self.tokenizer.path}; give tokenizer.type: huggingface with a directory holding tokenizer.json, "
+                "or the default tokenizer (its Hugging Face form is in the package), or use data kind grain"
+            )
+        grain_hub = [
+            name for name in ("train_files", "eval_files") if HF_GLOB_PREFIX in (getattr(self.data, name, "") or "")
+        ]
+        if grain_hub and getattr(self.data, "file_type", None) != "parquet":
+            raise ValueError(
+                f"data.{grain_hub[0]}: MaxText reads hf:// files as Parquet only (input_pipeline_utils.py "
+                f"make_parquet_iter_dataset; ArrayRecord and TFRecord readers open local or gs:// paths); set "
+                "data.file_type: parquet, or copy the files to gs://"
+            )
         if self.data.kind != "synthetic":
             vocab = self.model.vocab_size or maxtext.MODEL_DIMS.get(self.model.name or "", {}).get("vocab_size")
             problem = tokenizer_vocab_issue(vocab, self.tokenizer)
@@ -401,6 +526,24 @@ class Stage(_Strict):
                 "(data.eval_files, data.eval_split, or data kind text, which holds one out) or set eval_interval: -1"
             )
         return self
+
+    @model_validator(mode="after")
+    def _emergency_periods(self) -> Stage:
+        emergency = self.emergency_checkpoint
+        if emergency is None or not emergency.enabled:
+            return self
+        if emergency.local_period >= self.checkpoint_period:
+            raise ValueError(
+                f"emergency_checkpoint.local_period ({emergency.local_period}) is not fewer steps than "
+                f"checkpoint_period ({self.checkpoint_period}): the local tier would never hold a step newer than the "
+                "persistent one; make local_period smaller (MaxText: 'much smaller than checkpoint_period')"
+            )
+        return self
+
+    @property
+    def uses_emergency_checkpoint(self) -> bool:
+        """Whether the stage checkpoints in two tiers (``emergency_checkpoint`` given and enabled)."""
+        return self.emergency_checkpoint is not None and self.emergency_checkpoint.enabled
 
     def has_eval_split(self) -> bool:
         """Whether the stage's data names (or, for ``text``, holds out) an eval split."""
@@ -438,8 +581,10 @@ class ClusterSpec(_Strict):
 
     - ``in-cluster``: the pod's ServiceAccount (KFP installed on the same GKE cluster);
     - ``kubeconfig``: a kubeconfig file's context (``kubeconfig_context``, default the current one);
-    - ``gke``: endpoint and CA from the GKE API plus a google-auth token (Vertex AI
-      Pipelines, whose components run outside the cluster).
+    - ``gke``: the control-plane endpoint from the GKE API plus a google-auth token (Vertex AI
+      Pipelines, whose components run outside the cluster): the DNS-based endpoint when it allows
+      external traffic, else the public IP endpoint with the cluster's CA; a cluster with only a
+      private IP endpoint is refused with the fix (:func:`multislice.backends.gke.access.control_plane`).
     """
 
     project: str | None = Field(default=None, description="Google Cloud project of the GKE cluster.")
@@ -693,6 +838,11 @@ class ServiceAccountsSpec(_Strict):
     ``iam.gke.io/gcp-service-account`` that lets them write checkpoints to
     Cloud Storage as that Google service account
     (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity).
+    On KFP the run's whole Argo Workflow runs as ``pipeline`` in
+    ``pipeline_namespace``, so a second Role there grants what KFP's driver and
+    launcher and Argo's executor ask of the API (the ``kfp-launcher``
+    ConfigMap, ``kfp_artifact_secrets``, ``workflowtaskresults``): see
+    :func:`multislice.render.rbac.kfp_runner_rules`.
     """
 
     pipeline: str = Field(
@@ -710,6 +860,11 @@ class ServiceAccountsSpec(_Strict):
     trainer_gcp_service_account: str | None = Field(
         default=None,
         description="Google service account of the training pods (Workload Identity), e.g. for gs:// output.",
+    )
+    kfp_artifact_secrets: list[str] = Field(
+        default_factory=lambda: ["mlpipeline-minio-artifact"],
+        description="Secrets in pipeline_namespace the KFP launcher reads the pipeline root's credentials from "
+        "(KFP's default store: mlpipeline-minio-artifact); [] for a gs:// root read with the pod's identity.",
     )
     kueue_cluster_objects: bool = Field(
         default=False,
@@ -733,6 +888,14 @@ class ServiceAccountsSpec(_Strict):
     def _account(cls, value: str) -> str:
         if not names.DNS1123_SUBDOMAIN.fullmatch(value) or len(value) > 253:
             raise ValueError(f"{value!r} is not a ServiceAccount name (lower-case DNS-1123 subdomain)")
+        return value
+
+    @field_validator("kfp_artifact_secrets")
+    @classmethod
+    def _secrets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not names.DNS1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+                raise ValueError(f"{name!r} is not a Secret name (lower-case DNS-1123 subdomain)")
         return value
 
     @field_validator("pipeline_namespace")
@@ -870,6 +1033,22 @@ class RaySpec(_Strict):
     min_slices: int | None = Field(
         default=None, gt=0, le=INT32_MAX, description="Elastic: fewest slices the JaxTrainer may run on (unset: fixed)."
     )
+    head_node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="GKE: the nodeSelector of the RayJob's head pod (4 CPU, 16 GiB; the driver runs there), a CPU "
+        "node pool, e.g. {'cloud.google.com/gke-nodepool': 'cpu-pool'}; required on GKE for a stage with "
+        "launcher ray.",
+    )
+
+    @field_validator("head_node_selector")
+    @classmethod
+    def _head_node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not key or not names.LABEL_VALUE.fullmatch(key.rsplit("/", 1)[-1]) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"head_node_selector: {key!r} is not a valid label key")
+            if not names.LABEL_VALUE.fullmatch(label) or len(label) > 63:
+                raise ValueError(f"head_node_selector[{key}]: {label!r} is not a valid label value")
+        return value
 
 
 SECRET_VERSION = re.compile(r"projects/[a-z0-9-]+/secrets/[A-Za-z0-9_-]+/versions/([0-9]+|latest)")

@@ -98,6 +98,14 @@ RUN_PARAMETERS: tuple[Parameter, ...] = (
 #: processes on the machine that runs the steps, which a remote run does not have; the profile's value is kept.
 LOCAL_ONLY: frozenset[str] = frozenset({"backend"})
 
+
+def remote_run_sets(path: str) -> bool:
+    """Whether a run of the compiled remote pipeline (KFP, Vertex AI) can set the spec field at dotted ``path`` from
+    its run form: a :data:`RUN_PARAMETERS` entry not in :data:`LOCAL_ONLY`. E.g. ``launcher``: the RBAC rendered for
+    a profile then covers every launcher (:func:`multislice.render.launchers.offered_kinds`)."""
+    return any(p.path == path and p.name not in LOCAL_ONLY for p in RUN_PARAMETERS)
+
+
 #: Per-stage parameters, named ``stage<N>_<field>`` with N counting from 1.
 STAGE_FIELDS: tuple[tuple[str, type, str], ...] = (
     ("steps", int, "Training steps"),

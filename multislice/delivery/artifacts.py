@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multislice import storage
+from multislice import goodput, storage
 from multislice.reports import TrainReport, VerificationReport
 
 _STYLE = (
@@ -206,7 +206,9 @@ def train_html(stage: str, report: TrainReport, records: Sequence[Mapping[str, A
     body = html_table([report.to_dict()], train_columns(report)) + png_data_uri(
         figure, f"{stage} loss and step time per step"
     )
-    if report.goodput is not None:
+    if report.job_seconds:
+        body += "<h2>goodput</h2><p>" + goodput_summary(report) + "</p>"
+    if report.global_batch_size is not None:  # an elastic stage
         body += "<h2>elastic: slice count per step and resizes</h2>" + "<p>" + elastic_summary(report) + "</p>"
         body += html_table(report.slice_timeline, {"first_step": "first step", "last_step": "last step",
                                                    "slices": "slices"})  # fmt: skip
@@ -229,10 +231,20 @@ RESIZE_COLUMNS = {
 }
 
 
+def goodput_summary(report: TrainReport) -> str:
+    """One sentence on a stage's goodput and its badput by cause (:mod:`multislice.goodput`)."""
+    return (
+        f"Goodput {report.goodput or 0:.1%}: {report.productive_seconds or 0:.1f} s productive training of a "
+        f"{report.job_seconds or 0:.1f} s job (Google's ml-goodput-measurement definitions: each step once, the "
+        f"first step of each attempt at the steady step time). Badput: "
+        f"{goodput.badput_words(report.badput_seconds, report.job_seconds)}."
+    )
+
+
 def elastic_summary(report: TrainReport) -> str:
     """One sentence on an elastic stage: goodput, resizes, steps lost, and that the global batch was kept."""
     return (
-        f"Goodput {report.goodput:.1%} (productive step time / wall time), {len(report.resizes)} resize(s), "
+        f"Goodput {report.goodput or 0:.1%} (productive training time / job time), {len(report.resizes)} resize(s), "
         f"{report.steps_lost} step(s) trained again. The global batch stayed {report.global_batch_size:g} sequences "
         "on every slice count: the lost data parallelism became gradient accumulation (MaxText "
         "gradient_accumulation_steps), so the step sequence and learning-rate schedule are unchanged."
@@ -258,6 +270,7 @@ def train_markdown(stage: str, report: TrainReport) -> str:
         + "\n\n"
         + markdown_table([report.to_dict()], train_columns(report))
         + "\n"
+        + ("\n## goodput\n\n" + goodput_summary(report) + "\n" if report.job_seconds else "")
         + (
             "\n## elastic\n\n"
             + elastic_summary(report)
@@ -266,7 +279,15 @@ def train_markdown(stage: str, report: TrainReport) -> str:
             + "\n\n"
             + markdown_table([r.model_dump() for r in report.resizes], list(RESIZE_COLUMNS))
             + "\n"
-            if report.goodput is not None
+            if report.global_batch_size is not None  # an elastic stage
+            else ""
+        )
+        + (
+            "\n## checkpoint restores\n\nThe checkpoint each attempt started from, and with emergency checkpoints "
+            "the tier it came from (local: a slice's checkpoint ramdisk; persistent: the checkpoint directory).\n\n"
+            + markdown_table(report.restores, ["attempt", "step", "tier", "slice"])
+            + "\n"
+            if any("tier" in restore for restore in report.restores)
             else ""
         )
     )

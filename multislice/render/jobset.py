@@ -57,6 +57,55 @@ Hardware = Literal["tpu", "cpu"]
 
 #: Module run by every training pod (trainer image).
 WORKER_MODULE = "multislice.trainer.worker"
+#: Runs a command with ``$HF_TOKEN`` read from Secret Manager (:mod:`multislice.trainer.hub_token`, by name: the
+#: render layer does not import the trainer's code).
+HUB_TOKEN_MODULE = "multislice.trainer.hub_token"
+#: The variable ``huggingface_hub`` reads a token from when MaxText's ``hf_access_token`` is unset, and the key of
+#: the Kubernetes Secret that holds it (as for the exporter's token, :mod:`multislice.backends.gke.exporter`).
+HF_TOKEN_ENV, HF_TOKEN_SECRET_KEY = "HF_TOKEN", "token"
+
+
+def data_token_env(plan: Plan, stage: StagePlan) -> list[dict[str, Any]]:
+    """The trainer container's ``$HF_TOKEN`` from the Kubernetes Secret the stage's data names
+    (``data.hf_token_kubernetes_secret``), by reference: the kubelet reads it, the token is in no object this
+    project writes. None without one."""
+    secret = getattr(plan.spec.stage(stage.name).data, "hf_token_kubernetes_secret", "")
+    if not secret:
+        return []
+    return [{"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": HF_TOKEN_SECRET_KEY}}}]
+
+
+def with_data_token(plan: Plan, stage: StagePlan, command: list[str]) -> list[str]:
+    """``command`` run under :mod:`multislice.trainer.hub_token` when the stage's data names a Secret Manager secret
+    version (``data.hf_token_secret``): the pod reads the token at start and ``exec``s the command with it in
+    ``$HF_TOKEN`` (an argument list; the secret's name, never its value)."""
+    secret = getattr(plan.spec.stage(stage.name).data, "hf_token_secret", "")
+    if not secret:
+        return command
+    return ["python", "-m", HUB_TOKEN_MODULE, "--secret-version", secret, "--", *command]
+
+
+#: GKE's multi-tier checkpointing CSI driver: an in-memory volume per node (its size is the cluster's
+#: CheckpointConfiguration ``inMemoryVolumeSize``) that outlives the pods on it, into which the driver writes the
+#: ``jax-init-info.txt`` MaxText's emergency-checkpoint start-up reads. xpk renders the same inline volume for
+#: ``workload create --ramdisk-directory ... --mtc-enabled`` (``src/xpk/core/docker_resources.py``,
+#: ``get_volumes``; its older ``phase1-checkpoint.csi.storage.gke.io`` without ``--mtc-enabled``); GKE's guide:
+#: https://cloud.google.com/kubernetes-engine/docs/how-to/machine-learning/training/multi-tier-checkpointing.
+CHECKPOINT_CSI_DRIVER = "multitier-checkpoint.csi.storage.gke.io"
+#: The pod volume of the local checkpoint tier.
+LOCAL_CHECKPOINT_VOLUME = "local-checkpoints"
+
+
+def local_checkpoint_volume(stage: StagePlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, volumeMounts)`` of a TPU training pod for the stage's local checkpoint tier; empty without one.
+
+    The volume is a CSI ephemeral inline volume of :data:`CHECKPOINT_CSI_DRIVER` (no size here: the driver serves
+    its node's ramdisk, sized cluster-wide), mounted at the stage's ``local_checkpoint_directory``.
+    """
+    if not stage.local_checkpoint_directory:
+        return [], []
+    volume = {"name": LOCAL_CHECKPOINT_VOLUME, "csi": {"driver": CHECKPOINT_CSI_DRIVER}}
+    return [volume], [{"name": LOCAL_CHECKPOINT_VOLUME, "mountPath": stage.local_checkpoint_directory}]
 
 
 def unbuffered_env() -> dict[str, str]:
@@ -134,10 +183,17 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     ``jax_cache/``, a ``gs://`` path on GKE); on CPU each process writes its
     own cache entries (:mod:`multislice.trainer.compile_cache`: JAX writes from
     process 0 only and keys CPU programs by the process's own devices).
+    A stage with emergency checkpoints keeps them on TPU only (:func:`local_checkpoint_volume`); its CPU
+    variant leaves out MaxText's emergency keys.
     """
-    command = ["python", "-m", WORKER_MODULE]
+    command = with_data_token(plan, stage, ["python", "-m", WORKER_MODULE])
     args = []
     maxtext_args = list(stage.maxtext_args)
+    if hardware == "cpu" and stage.local_checkpoint_directory:
+        # No checkpoint ramdisk on CPU nodes (GKE's checkpointing CSI driver serves TPU node pools): the CPU variant
+        # of an emergency-checkpoint stage checkpoints to the persistent tier only, as a stage without them does.
+        emergency = {*maxtext.EMERGENCY_CHECKPOINT_KEYS, "mesh_axes"}
+        maxtext_args = [arg for arg in maxtext_args if arg.split("=", 1)[0] not in emergency]
     if hardware == "cpu":
         args += ["--emulate-slices", f"--distributed-timeout={timings_for(plan.spec).collectives_timeout:g}"]
         maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]
@@ -180,6 +236,9 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     }
     annotations: dict[str, str] = {}
     if hardware == "tpu":
+        volumes, mounts = local_checkpoint_volume(stage)
+        pod_spec["volumes"] += volumes
+        container["volumeMounts"] += mounts
         annotations[names.EXCLUSIVE_TOPOLOGY_ANNOTATION] = tpu.NODEPOOL_LABEL
         container["ports"] = [
             {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
@@ -188,7 +247,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         container["resources"] = {"limits": {tpu.TPU_RESOURCE: plan.slice.chips_per_host}}
         if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
             container["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
-        container["env"] = [*container.get("env", []), unbuffered_env()]
+        container["env"] = [*container.get("env", []), *data_token_env(plan, stage), unbuffered_env()]
         # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
         # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
         # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+from multislice.config import parameters
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
 from multislice.render.jobset import Hardware
@@ -50,6 +51,11 @@ class LauncherKind(abc.ABC):
     def rbac_rules(self) -> list[dict[str, Any]]:
         """Role rules the pipeline needs, besides the JobSet's, for a run with a stage of this launcher (RBAC rule
         objects, ``rbac.authorization.k8s.io/v1`` ``PolicyRule``); none by default."""
+        return []
+
+    def cluster_rbac_rules(self) -> list[dict[str, Any]]:
+        """Cluster-wide read rules the pipeline needs for this launcher (its ClusterRole; provision's prerequisite
+        checks); none by default."""
         return []
 
 
@@ -104,6 +110,21 @@ class RayJobKind(LauncherKind):
              "verbs": ["get", "list", "create", "delete"]},
         ]  # fmt: skip
 
+    def cluster_rbac_rules(self) -> list[dict[str, Any]]:
+        """Get the KubeRay TPU webhook's MutatingWebhookConfiguration, by name only (provision checks it is
+        installed, :mod:`multislice.backends.gke.prerequisites`). No ``list``: the webhook's manifests fix the name
+        (:data:`TPU_WEBHOOK_CONFIGURATION`), and GKE's Ray Operator add-on is read from the GKE API instead."""
+        return [
+            {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+             "verbs": ["get"], "resourceNames": [TPU_WEBHOOK_CONFIGURATION]},
+        ]  # fmt: skip
+
+
+#: The KubeRay TPU webhook's MutatingWebhookConfiguration (GoogleCloudPlatform/ai-on-gke, commit 2561974a,
+#: ``ray-on-gke/tpu/kuberay-tpu-webhook/deployments/mutating-webhook-cfg.yaml`` and the Helm chart's
+#: ``templates/mutating-webhook-cfg.yaml``: the same fixed name; now developed in ai-on-gke/kuberay-tpu-webhook).
+TPU_WEBHOOK_CONFIGURATION = "kuberay-tpu-mutating-webhook-cfg"
+
 
 #: Every launcher kind, by the ``launcher`` value that selects it (:class:`multislice.config.RunSpec`).
 KINDS: dict[str, LauncherKind] = {kind.name: kind for kind in (JobSetKind(), RayJobKind())}
@@ -124,6 +145,17 @@ def named(name: str) -> LauncherKind:
 def kind_of(stage: StagePlan) -> LauncherKind:
     """The launcher kind of ``stage``: the one place that reads ``StagePlan.launcher``."""
     return named(stage.launcher)
+
+
+def offered_kinds(plan: Plan) -> list[LauncherKind]:
+    """The launcher kinds a run of the plan's compiled pipeline may use: the plan's own (:func:`kinds_of`) and, when
+    the run form offers ``launcher`` (:func:`multislice.config.parameters.remote_run_sets`), every kind, in
+    :data:`KINDS` order after the plan's. What the RBAC and the cluster's prerequisites are rendered for, so that
+    picking another launcher in the run form is not a 403 after node pools were created."""
+    found = kinds_of(plan)
+    if parameters.remote_run_sets("launcher"):
+        found += [kind for kind in KINDS.values() if kind not in found]
+    return found
 
 
 def kinds_of(plan: Plan) -> list[LauncherKind]:

@@ -18,6 +18,20 @@ The cluster (KubeRay's multi-host TPU worker groups, ``ray-project/kuberay``
   hosts per slice (KubeRay makes one multi-host replica per slice), each worker
   pod with ``google.com/tpu`` = chips per host, the TPU accelerator and
   topology node selectors and a memory-backed ``/dev/shm``;
+- the head pod on the CPU node pool ``ray.head_node_selector`` names (required on GKE,
+  :func:`multislice.config.checks.cross_field_issues`); not on the host network (it carries no DCN traffic);
+- with ``service_accounts.tpu_host_network`` (the default, as the JobSet path and xpk) the worker pods use
+  ``hostNetwork`` with ``dnsPolicy: ClusterFirstWithHostNet``; ``tpu_workload_identity`` drops it (GKE gives
+  hostNetwork pods no Workload Identity). KubeRay v1.7.0 passes ``hostNetwork`` through untouched
+  (``ray-operator/controllers/ray/common/pod.go``, ``DefaultWorkerPodTemplate``/``BuildPod``: no reference to it),
+  so on the node's network are: the ports rendered here (8471 slice builder, 8081 megascale), the ``metrics``
+  port 8080 KubeRay adds when absent (``DefaultMetricsPort``), the dashboard agent's 52365 that its
+  ``/api/healthz`` probes use (``DefaultDashboardAgentListenPort``), and Ray's raylet, object manager and worker
+  ports (``ray start``: random, and 10002-19999 for workers). A hostNetwork pod's container ports are host ports,
+  so two Ray workers never share a node (each also asks all of the node's chips), and a node must not run another
+  hostNetwork pod on those ports (the JobSet path's megascale port is 8080, hence 8081 here). The worker's init
+  container and ``ray start`` reach the head by its Service's DNS name (KubeRay's ``fqdnRayIP``): hence
+  ``ClusterFirstWithHostNet``; with the node's resolver they could not resolve it.
 - ``MEGASCALE_*``: not rendered. The KubeRay TPU webhook sets
   ``TPU_WORKER_HOSTNAMES``, ``TPU_WORKER_ID`` and ``TPU_NAME`` (the multi-host
   replica), and Ray Train's ``JaxTrainer`` sets ``MEGASCALE_COORDINATOR_ADDRESS``,
@@ -141,6 +155,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
     )
     if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
         worker["env"].insert(0, {"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)})
+    worker["env"][-1:-1] = jobset.data_token_env(plan, stage)  # Ray's worker processes inherit the pod's
     worker["ports"] = [
         {"containerPort": 8471, "name": "slice-builder", "protocol": "TCP"},
         {"containerPort": 8081, "name": "megascale", "protocol": "TCP"},
@@ -151,9 +166,15 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
         "containers": [worker],
         "volumes": [dshm],
     }
+    if spec.service_accounts.tpu_host_network:
+        # As the JobSet's TPU pods (multislice.render.jobset): DCN traffic on the node's network. The workers
+        # reach the head through its Service's DNS name (KubeRay's FQ_RAY_IP), so cluster DNS stays on.
+        worker_pod["hostNetwork"] = True
+        worker_pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     if spec.node_pools.additional_node_networks:
         worker_pod["resourceClaims"] = [{"name": DCN_CLAIM, "resourceClaimTemplateName": claim_template_name(stage)}]
         worker["resources"]["claims"] = [{"name": DCN_CLAIM}]
+    head_selector = spec.ray.head_node_selector  # a CPU node pool; required on GKE (config checks)
     slices = spec.num_slices
     min_slices = spec.ray.min_slices if spec.ray.min_slices is not None else slices
     return {
@@ -182,6 +203,7 @@ def render_rayjob(plan: Plan, stage: StagePlan, *, pipeline_run_id: str) -> dict
                         "metadata": {"labels": dict(labels)},
                         "spec": {
                             "serviceAccountName": spec.service_accounts.trainer,
+                            **({"nodeSelector": dict(head_selector)} if head_selector else {}),
                             "containers": [head],
                             "volumes": [dshm],
                         },

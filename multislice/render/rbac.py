@@ -17,11 +17,17 @@ batch              jobs                                   create, get, list, wat
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:
                                                           server-side apply)
-ray.io             rayjobs (a stage with launcher: ray)   create, get, list, watch (admit,
+ray.io             rayjobs (launcher: ray; see below)     create, get, list, watch (admit,
                                                           launch, train), delete (cleanup)
 resource.k8s.io    resourceclaimtemplates (idem)          create, get, list (admit), delete
                                                           (cleanup)
 =================  =====================================  ===================================
+
+The Ray rows are rendered for every profile, not only one with ``launcher: ray``: ``launcher`` is a run
+parameter of the compiled pipeline (:func:`multislice.render.launchers.offered_kinds`), and a run that picks
+``ray`` under RBAC rendered for JobSets only would get a 403 on ``rayjobs create`` at admit, after its node pools
+were created. provision checks the rights of the run's own launchers first (:func:`required_access`, asked as
+SelfSubjectAccessReviews by :func:`multislice.backends.gke.prerequisites.check_access`).
 
 Server-side apply is a PATCH, authorized as ``patch``; when the object does
 not exist yet the API server authorizes it a second time as ``create`` with
@@ -36,14 +42,37 @@ safety net of :mod:`multislice.backends.gke.lease`).
 Cluster-wide, a ClusterRole grants only reads: ``customresourcedefinitions``
 (get, list: provision checks the JobSet and Kueue CRDs are served) and
 ``nodes`` (get, list, watch: launch maps pods to node pools, train sees a
-lost slice's nodes) and the run's ClusterQueue by name (get: train, how many
-slices of an elastic stage Kueue can admit). The
+lost slice's nodes), the run's ClusterQueue by name (get: train, how many
+slices of an elastic stage Kueue can admit) and, for Ray, the KubeRay TPU
+webhook's MutatingWebhookConfiguration by name (get: provision checks it is
+installed; ``admissionregistration.k8s.io``). The
 cluster-scoped Kueue objects (ResourceFlavor, ClusterQueue,
 WorkloadPriorityClass; with ``node_pools.queued_provisioning`` also the
 ProvisioningRequestConfig and AdmissionCheck) are applied once by a cluster admin from
 ``multislice render``; with ``service_accounts.kueue_cluster_objects: true``
 a second ClusterRole lets the pipeline get and server-side apply (patch)
-exactly those objects, by name (create included, as above).
+exactly those objects, by name (create included, as above). With DRANET under
+Kueue (a stage launched by Ray on node pools with additional networks), a Role
+in Kueue's namespace (``kueue-system``) lets it get one ConfigMap, Kueue's
+Configuration (``kueue-manager-config``), by name: provision checks its DRA
+device class mappings.
+
+On Kubeflow Pipelines the run's whole Argo Workflow runs as the run's
+ServiceAccount (KFP's API server sets ``spec.serviceAccountName`` from the
+run's ``service_account``, else ``pipeline-runner`` / multi-user
+``default-editor``: kubeflow/pipelines 2.17.0 ``backend/src/apiserver/template/template.go``
+``setDefaultServiceAccount``, ``backend/src/common/util/workflow.go``
+``SetServiceAccount``), so KFP's driver and launcher and Argo's executor make
+their own requests as ``service_accounts.pipeline``, in the namespace the run's
+pods are in (``pipeline_namespace``). A second Role there,
+``<pipeline>-kfp-runner`` (:func:`kfp_runner_rules`), bound to the
+ServiceAccount only, grants exactly those (:data:`KFP_RUNNER_REQUESTS`). Why
+not bind to KFP's own accounts instead: ``pipeline-runner``
+(``manifests/kustomize/base/pipeline/pipeline-runner-role.yaml``: ``pods``,
+``jobs``, ``deployments`` ``*``, every ``secrets`` get) and ``default-editor``
+(the ``kubeflow-edit`` ClusterRole) are shared by every pipeline of the
+namespace: binding the JobSet, Kueue and Lease rights to them would hand
+those to every other pipeline, and theirs to this one.
 
 The trainer's ServiceAccount (``service_accounts.trainer``) gets no Kubernetes
 API rights and no mounted token; with ``trainer_gcp_service_account`` it
@@ -89,8 +118,12 @@ def _rule(group: str, resources: list[str], verbs: list[str], names_: list[str] 
     return rule
 
 
-def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
-    """The pipeline Role's rules in the run's namespace (the table in the module docstring)."""
+def namespaced_rules(plan: Plan, offered: bool = True) -> list[dict[str, Any]]:
+    """The pipeline Role's rules in the run's namespace (the table in the module docstring).
+
+    ``offered``: with the rules of every launcher the compiled pipeline's run form offers (what is rendered);
+    False: only those of the plan's own launchers (what this run's steps need: :func:`required_access`).
+    """
     return [
         _rule("jobset.x-k8s.io", ["jobsets"], [*READ, "create", "delete"]),
         _rule("batch", ["jobs"], [*READ, "create", "delete"]),
@@ -100,26 +133,107 @@ def namespaced_rules(plan: Plan) -> list[dict[str, Any]]:
         _rule("kueue.x-k8s.io", ["workloads"], READ),
         _rule("kueue.x-k8s.io", ["localqueues"], APPLY, [plan.spec.queue]),
         _rule("coordination.k8s.io", ["leases"], ["get", "list", "create", "patch", "delete"]),
-        *launcher_rules(plan),
+        *launcher_rules(plan, offered),
     ]
 
 
-def launcher_rules(plan: Plan) -> list[dict[str, Any]]:
-    """What the plan's launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for a
-    stage with ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates; none without one."""
-    return [rule for kind in launchers.kinds_of(plan) for rule in kind.rbac_rules()]
+#: The Kubernetes API requests KFP's pods make as the run's ServiceAccount, in the pods' namespace, and what a
+#: refusal does: ``(component, verb, API group, resource, name, source, on Forbidden)``. Name None: any name (a
+#: POST ``create`` carries none for RBAC). Read from kubeflow/pipelines 2.17.0 and the Argo Workflows it pins
+#: (``go.mod``: argo-workflows/v4 v4.0.5). Not made by this pipeline, so not granted: the driver's PVC
+#: create/get/delete (``backend/src/v2/driver/k8s.go``, kfp-kubernetes ``CreatePVC``/``DeletePVC`` tasks only),
+#: the importer's ConfigMap read (no ``dsl.importer`` here), the launcher's read of its own pod for the retry
+#: index (``launcher_v2.go`` ``retryIndexFromPodAnnotation``: only when ``KFP_RETRY_INDEX`` is unset, which
+#: KFP 2.17's compiler sets, and a refusal is only a warning), Argo's artifact-repository secrets (the
+#: executor reads them from a volume the controller mounts, ``workflow/executor/executor.go`` ``GetSecret``).
+KFP_RUNNER_REQUESTS: tuple[tuple[str, str, str, str, str | None, str, str], ...] = (
+    ("KFP driver (root DAG)", "get", "", "configmaps", "kfp-launcher",
+     "backend/src/v2/driver/root_dag.go RootDAG -> backend/src/v2/config/env.go FromConfigMap",
+     "fatal: only NotFound falls back to the defaults; the run fails at its first driver pod"),
+    ("KFP launcher", "get", "", "secrets", "<kfp_artifact_secrets>",
+     "backend/src/v2/component/launcher_v2.go Execute -> backend/src/v2/objectstore/object_store.go OpenBucket "
+     "(getS3BucketCredential, getGCSTokenClient; not with fromEnv credentials)",
+     "fatal: the component fails before its command runs"),
+    ("Argo executor (wait)", "create", "argoproj.io", "workflowtaskresults", None,
+     "workflow/executor/taskresult.go createTaskResult (name: the node ID)",
+     "retried without end (reportResult): the step never completes"),
+    ("Argo executor (wait)", "patch", "argoproj.io", "workflowtaskresults", "<node ID>",
+     "workflow/executor/taskresult.go patchTaskResult, patchTaskResultLabels (merge patch)",
+     "retried without end (reportResult): the step never completes"),
+)  # fmt: skip
+
+#: KFP's launcher ConfigMap (``backend/src/v2/config/env.go``, ``configMapName``).
+KFP_LAUNCHER_CONFIGMAP = "kfp-launcher"
 
 
-def cluster_read_rules(plan: Plan | None = None) -> list[dict[str, Any]]:
-    """The only cluster-wide rights of the pipeline: read CRDs and nodes, and get the run's ClusterQueue by name
-    (train, elastic stages: what Kueue can admit)."""
+def kfp_runner_rules(plan: Plan) -> list[dict[str, Any]]:
+    """What KFP's pods ask as ``service_accounts.pipeline`` in ``pipeline_namespace`` (:data:`KFP_RUNNER_REQUESTS`).
+
+    Returns:
+        Rules: ``configmaps`` get of ``kfp-launcher`` only; ``secrets`` get of ``service_accounts.kfp_artifact_secrets``
+        only (no rule when empty); ``argoproj.io`` ``workflowtaskresults`` create and patch (not by name: a POST
+        carries no name for RBAC, and the names are Argo's node IDs).
+    """
+    secrets = plan.spec.service_accounts.kfp_artifact_secrets
+    rules = [_rule("", ["configmaps"], ["get"], [KFP_LAUNCHER_CONFIGMAP])]
+    if secrets:
+        rules.append(_rule("", ["secrets"], ["get"], list(secrets)))
+    rules.append(_rule("argoproj.io", ["workflowtaskresults"], ["create", "patch"]))
+    return rules
+
+
+def launcher_rules(plan: Plan, offered: bool = True) -> list[dict[str, Any]]:
+    """What the launchers add besides the JobSet's rules (:meth:`.launchers.LauncherKind.rbac_rules`): for
+    ``launcher: ray``, its RayJob and DRANET ResourceClaimTemplates.
+
+    ``offered`` (the default, what is rendered): for every launcher a run of the compiled pipeline may pick
+    (:func:`.launchers.offered_kinds`: ``launcher`` is a run parameter, so a profile's RBAC covers Ray even when the
+    profile says ``jobset``); False: only the plan's own launchers.
+    """
+    kinds = launchers.offered_kinds(plan) if offered else launchers.kinds_of(plan)
+    return [rule for kind in kinds for rule in kind.rbac_rules()]
+
+
+def cluster_read_rules(plan: Plan | None = None, offered: bool = True) -> list[dict[str, Any]]:
+    """The only cluster-wide rights of the pipeline: read CRDs and nodes, get the run's ClusterQueue by name
+    (train, elastic stages: what Kueue can admit) and, for the launchers (``offered`` as in :func:`launcher_rules`),
+    what provision reads to check their prerequisites (:meth:`.launchers.LauncherKind.cluster_rbac_rules`: for Ray,
+    the KubeRay TPU webhook's MutatingWebhookConfiguration, by name)."""
     rules = [
         _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list"]),
         _rule("", ["nodes"], READ),
     ]
     if plan is not None:
         rules.append(_rule("kueue.x-k8s.io", ["clusterqueues"], ["get"], [plan.spec.cluster_queue]))
+        kinds = launchers.offered_kinds(plan) if offered else launchers.kinds_of(plan)
+        rules += [rule for kind in kinds for rule in kind.cluster_rbac_rules()]
     return rules
+
+
+def required_access(plan: Plan) -> list[dict[str, str]]:
+    """Every request this run's steps make, as SelfSubjectAccessReview ``resourceAttributes`` (``namespace``,
+    ``verb``, ``group``, ``resource``, ``subresource``, ``name``; ``namespace`` '' for a cluster-scoped one), one per
+    verb, resource and ``resourceNames`` entry of the rules the Role and ClusterRoles are rendered from, for the plan's
+    own launchers only (:func:`namespaced_rules`, :func:`cluster_read_rules`, and :func:`kueue_cluster_rules` with
+    ``service_accounts.kueue_cluster_objects``). Derived from the same functions, so the check and the render cannot
+    drift. ``pods/log`` is resource ``pods``, subresource ``log``, as the API server's request info has it.
+    """
+    scoped = [(plan.spec.namespace, rule) for rule in namespaced_rules(plan, offered=False)]
+    scoped += [("", rule) for rule in cluster_read_rules(plan, offered=False)]
+    if plan.spec.service_accounts.kueue_cluster_objects:
+        scoped += [("", rule) for rule in kueue_cluster_rules(plan)]
+    found: list[dict[str, str]] = []
+    for namespace, rule in scoped:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                plural, _, sub = resource.partition("/")
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural,
+                                      "subresource": sub, "name": name}  # fmt: skip
+                        if attributes not in found:
+                            found.append(attributes)
+    return found
 
 
 def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
@@ -129,8 +243,11 @@ def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
     (:func:`multislice.render.kueue.render_queued_provisioning`); without it, no right on them.
     """
     spec = plan.spec
+    flavors = [spec.slice_type.flavor_name]
+    if kueue.cpu_flavor_needed(plan):  # a stage launched by Ray: its head and submitter's flavor
+        flavors.append(kueue.CPU_FLAVOR)
     rules = [
-        _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, [spec.slice_type.flavor_name]),
+        _rule("kueue.x-k8s.io", ["resourceflavors"], APPLY, flavors),
         _rule("kueue.x-k8s.io", ["clusterqueues"], APPLY, [spec.cluster_queue]),
         _rule("kueue.x-k8s.io", ["workloadpriorityclasses"], APPLY, [spec.priority]),
     ]
@@ -143,6 +260,12 @@ def kueue_cluster_rules(plan: Plan) -> list[dict[str, Any]]:
             _rule("kueue.x-k8s.io", ["admissionchecks"], APPLY, [kueue.admission_check_name(spec.cluster_queue)]),
         ]  # fmt: skip
     return rules
+
+
+def kueue_config_rules() -> list[dict[str, Any]]:
+    """Get Kueue's Configuration ConfigMap by name, in Kueue's namespace (provision checks its DRA device class
+    mappings, :func:`multislice.render.kueue.kueue_configuration`); nothing else there."""
+    return [_rule("", ["configmaps"], ["get"], [kueue.KUEUE_CONFIG_MAP])]
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -158,8 +281,11 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
 
     Returns:
         Plain objects in apply order: ServiceAccount (pipeline), ServiceAccount (trainer),
-        Role, RoleBinding, ClusterRole, ClusterRoleBinding, then, with
-        ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding.
+        Role, RoleBinding, ClusterRole, ClusterRoleBinding, the KFP runner Role and RoleBinding in
+        ``pipeline_namespace`` (:func:`kfp_runner_rules`), then, with
+        ``service_accounts.kueue_cluster_objects``, a second ClusterRole and binding, and with DRANET under Kueue
+        (:func:`multislice.render.kueue.dra_mappings`) a Role and RoleBinding in Kueue's namespace
+        (:func:`kueue_config_rules`).
         Each passes :func:`problems`.
 
     Raises:
@@ -214,6 +340,22 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
             "subjects": subjects,
         },
     ]
+    kfp_runner = f"{role}-kfp-runner"
+    objects += [
+        {
+            "apiVersion": RBAC_API,
+            "kind": "Role",
+            "metadata": _meta(kfp_runner, pipeline_ns),
+            "rules": kfp_runner_rules(plan),
+        },
+        {
+            "apiVersion": RBAC_API,
+            "kind": "RoleBinding",
+            "metadata": _meta(kfp_runner, pipeline_ns),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": kfp_runner},
+            "subjects": subjects[:1],  # the ServiceAccount: KFP's pods run as it; Vertex AI runs no KFP driver
+        },
+    ]
     if accounts.kueue_cluster_objects:
         kueue_role = f"{role}-kueue-{spec.cluster_queue}"
         objects += [
@@ -228,6 +370,23 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
                 "kind": "ClusterRoleBinding",
                 "metadata": _meta(f"{kueue_role}-{pipeline_ns}"),
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": kueue_role},
+                "subjects": subjects,
+            },
+        ]
+    if kueue.dra_mappings(plan):
+        config_role = f"{role}-kueue-config"
+        objects += [
+            {
+                "apiVersion": RBAC_API,
+                "kind": "Role",
+                "metadata": _meta(config_role, kueue.KUEUE_CONFIG_NAMESPACE),
+                "rules": kueue_config_rules(),
+            },
+            {
+                "apiVersion": RBAC_API,
+                "kind": "RoleBinding",
+                "metadata": _meta(f"{config_role}-{pipeline_ns}", kueue.KUEUE_CONFIG_NAMESPACE),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": config_role},
                 "subjects": subjects,
             },
         ]

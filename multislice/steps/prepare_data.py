@@ -21,6 +21,7 @@ from multislice import cancel
 from multislice.backends import Backend
 from multislice.config import Stage
 from multislice.config.data import TextData
+from multislice.config.models import data_lasts_issue
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.reports import PrepareDataReport
@@ -123,6 +124,13 @@ def run(
                 f"stages.{stage.name}.model.vocab_size is {spec.model.vocab_size} but the tokenizer has "
                 f"{manifest['tokenizer']['vocab_size']} tokens",
                 f"set model.vocab_size: {manifest['tokenizer']['vocab_size']}",
+            )
+        train_sequences = manifest.get("splits", {}).get("train", {}).get("sequences")
+        lasts = train_sequences is not None and data_lasts_issue(spec, train_sequences, stage.global_batch_size)
+        if lasts:
+            raise InputError(
+                f"stages.{stage.name}.{lasts.split('; ', 1)[0]} (prepared at {stage.data_dir})",
+                lasts.split("; ", 1)[1],
             )
         cancel.point("prepare_data:report")
         report = PrepareDataReport(

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multislice import cancel, elastic, metrics, storage
+from multislice import cancel, elastic, goodput, metrics, storage
 from multislice.backends import Backend
 from multislice.backends.base import Finished, TrainingFailed
 from multislice.delivery import artifacts
@@ -31,7 +31,7 @@ from multislice.plan import Plan, StagePlan
 from multislice.reports import AdmitReport, TrainReport, report_path
 from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
 
-__all__ = ["ECHO", "TrainingFailed", "result_pages", "run"]
+__all__ = ["ECHO", "TrainingFailed", "note_restore", "result_pages", "run"]
 
 #: The worker's first line: a new attempt's leader log starts with it.
 WORKER_START = re.compile(r"multislice worker: process \d+ ")
@@ -75,13 +75,21 @@ def run(
         tell = teller("train", stage)
         records: list[dict[str, Any]] = []
         compiles: list[dict[str, Any]] = []  # the leader's XLA compiles, each attempt's in turn
+        restores: list[dict[str, Any]] = []  # the checkpoint each attempt started from
         attempt = [-1]
+        timeline = goodput.Timeline()  # the attempts' start-up, compiles, restores, saves and steps, timed
+        started = time.monotonic()
 
         def on_line(line: str) -> None:
+            timeline.add(time.monotonic() - started, line)
             if WORKER_START.search(line):
                 attempt[0] += 1
             if compiled := metrics.parse_compile_line(line):
                 compiles.append({"attempt": max(attempt[0], 0), **compiled})
+            if (restored := metrics.parse_restore_line(line)) is not None:
+                said = note_restore(restores, max(attempt[0], 0), restored)
+                if said:
+                    tell(said)
             record = metrics.parse_step_line(line) or metrics.parse_eval_line(line)
             if record:
                 records.append(record)
@@ -89,7 +97,6 @@ def run(
             if ECHO.search(line):
                 tell(line.split("] ", 1)[-1].strip())
 
-        started = time.monotonic()
         with (
             backend.deleting_on_cancel(stage.workload, tell, removal.labels),
             backend.holding(stage.workload, "train", tell),
@@ -108,9 +115,37 @@ def run(
             )
         cancel.point("train:report")
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
-        report, line = _report(stage, records, finished, resizes, time.monotonic() - started, compiles)
+        wall = time.monotonic() - started
+        report, line = _report(stage, records, finished, resizes, wall, compiles, timeline.measure(wall))
+        report = report.model_copy(update={"restores": restores})
+        tiers = [
+            f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r
+        ]
+        line += "; restored " + ", ".join(tiers) if tiers else ""
         tell(line)
         return write_report(plan, report, stage)
+
+
+def note_restore(restores: list[dict[str, Any]], attempt: int, restored: dict[str, Any]) -> str:
+    """Add what a leader log line said about attempt ``attempt``'s starting checkpoint to ``restores`` (one record
+    per attempt: MaxText's line gives the step, Orbax's emergency manager's line then the tier); returns the line to
+    tell once the tier is known (``attempt 1 restored from the local tier at step 20 (slice 1)``), else ''.
+
+    Args:
+        restores: The records so far (:attr:`multislice.reports.TrainReport.restores`), changed in place.
+        attempt: The attempt the line belongs to (0 first, 1 after the first restart...).
+        restored: :func:`multislice.metrics.parse_restore_line`'s record of the line.
+    """
+    if restores and restores[-1]["attempt"] == attempt:
+        record = restores[-1]
+        record.update({key: value for key, value in restored.items() if value is not None or key not in record})
+    else:
+        record = {"attempt": attempt, **restored}
+        restores.append(record)
+    if "tier" not in restored:
+        return ""
+    held = f" (slice {record['slice']})" if "slice" in record else ""
+    return f"attempt {attempt} restored from the {record['tier']} tier at step {record['step']}{held}"
 
 
 def _report(
@@ -120,19 +155,19 @@ def _report(
     resizes: list[elastic.Resize],
     wall: float,
     compiles: list[dict[str, Any]],
+    good: goodput.Goodput,
 ) -> tuple[TrainReport, str]:
-    """The train report of a completed stage from its metrics records (an elastic stage's with goodput, resizes and
-    slice timeline), and its one-line summary. ``wall``: seconds the train step followed the stage; ``compiles``:
-    the leader's XLA compiles, each tagged with its attempt (:func:`multislice.metrics.parse_compile_line`)."""
+    """The train report of a completed stage from its metrics records (with goodput and its badput by cause; an
+    elastic stage's also with resizes and slice timeline), and its one-line summary. ``wall``: seconds the train step
+    followed the stage; ``compiles``: the leader's XLA compiles, each tagged with its attempt
+    (:func:`multislice.metrics.parse_compile_line`); ``good``: the stage's goodput
+    (:func:`multislice.goodput.measure`)."""
     summary = metrics.summarize(records)
     measured = summary.as_dict() | metrics.summarize_eval(records)
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = good.report_fields()
     if stage.elastic:
         steps = [r for r in records if "step" in r]  # eval records (eval_after_step) are not steps
-        value, lost = elastic.goodput(steps, wall)
-        fields = {
-            "goodput": round(value, 4),
-            "steps_lost": lost,
+        fields |= {
             "resizes": resizes,
             "slice_timeline": elastic.slice_timeline(steps),
             "global_batch_size": stage.global_batch_size,
@@ -166,6 +201,9 @@ def _report(
             if (by_attempt := metrics.compile_seconds_by_attempt(compiles))
             else ""
         )
+        + f"; goodput {good.goodput:.2f} of {good.job_seconds:.0f} s (badput: "
+        + goodput.badput_words(good.badput_seconds)
+        + ")"
     )
     return report, line
 

@@ -70,6 +70,22 @@ def _is_remote(location: Any) -> bool:
     return "://" in str(location)
 
 
+#: The item directory of a checkpoint step: ``items`` (MaxText's standard Orbax checkpointer), or ``default``
+#: (MaxText with emergency checkpoints: the persistent tier is an Orbax ``CheckpointManager`` with one unnamed item,
+#: ``orbax/checkpoint/checkpoint_manager.py`` ``DEFAULT_ITEM_NAME = 'default'``; the emergency manager restores from
+#: ``<step>/default``, ``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``, ``_restore_from_persistent``).
+ITEM_DIRS: tuple[str, ...] = ("items", "default")
+
+
+def item_dir(step_dir: Any) -> Any:
+    """The item directory of checkpoint step ``step_dir`` (an ``etils.epath.Path`` or ``pathlib.Path``): the first of
+    :data:`ITEM_DIRS` that exists, else ``<step_dir>/items`` (whose absence the caller reports)."""
+    for name in ITEM_DIRS:
+        if (step_dir / name).is_dir():
+            return step_dir / name
+    return step_dir / ITEM_DIRS[0]
+
+
 def _path(location: Any) -> Any:
     from etils import epath
 
@@ -209,7 +225,7 @@ def record(step_dir: Any) -> dict[str, Any]:
     """
     step_dir = _path(step_dir)
     try:
-        chunks = ocdbt_chunks(step_dir / "items")
+        chunks = ocdbt_chunks(item_dir(step_dir))
         chunks_error = ""
     except Exception as error:  # noqa: BLE001 - the file digests still protect the step
         chunks, chunks_error = {}, summarize_error(error)
@@ -490,7 +506,7 @@ def reference_problems(step_dir: Any) -> tuple[list[str], int]:
     manifest and its nodes and one ``stat`` per file, no array bytes. ``files`` is the count of files referred to.
     """
     step_dir = _path(step_dir)
-    items = step_dir / "items"
+    items = item_dir(step_dir)
     if not (items / "manifest.ocdbt").exists():
         return ["missing: items/manifest.ocdbt (the OCDBT manifest: the root of the item's array database)"], 0
     try:

@@ -77,7 +77,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multislice.trainer import verify
+from multislice.trainer import digests, verify
 from multislice.trainer.worker import resolve_package_paths
 
 #: This module, as the trainer image runs it.
@@ -854,7 +854,7 @@ def export(options: Any, maxtext_args: list[str]) -> dict[str, Any]:
     local = scratch / "model" if remote else Path(options.output)
     local.mkdir(parents=True, exist_ok=True)
     checkpoint = verify.checkpoint_path(str(options.checkpoint_dir))
-    reader = CheckpointReader(checkpoint / str(options.step) / "items")
+    reader = CheckpointReader(digests.item_dir(checkpoint / str(options.step)))
     before = rss_peak_bytes()
     written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard)
     conversion_peak = rss_peak_bytes()

@@ -349,11 +349,11 @@ def verify(
         return _finish(report, checks, started)
 
     step_dir = checkpoint_dir / str(latest)
-    items_dir = step_dir / "items"
+    items_dir = digests.item_dir(step_dir)  # items, or default with emergency checkpoints
     leftovers = sorted(p.name for p in checkpoint_dir.iterdir() if p.name.startswith(f"{latest}.orbax-checkpoint-tmp"))
     markers = {
         "step commit_success.txt": (step_dir / "commit_success.txt").is_file(),
-        "items commit_success.txt": (items_dir / "commit_success.txt").is_file(),
+        f"{items_dir.name} commit_success.txt": (items_dir / "commit_success.txt").is_file(),
         "_CHECKPOINT_METADATA": (step_dir / "_CHECKPOINT_METADATA").is_file(),
     }
     missing = [name for name, ok in markers.items() if not ok]
@@ -669,7 +669,7 @@ def _devices(maxtext_args: list[str]) -> int | None:
 
 def _evaluate(checkpoint_dir: Any, step: int, maxtext_args: list[str], devices: int) -> tuple[float | None, str]:
     """The synthetic-batch loss of checkpoint ``step``'s parameters, or None and why it could not be computed."""
-    items_dir = checkpoint_dir / str(step) / "items"
+    items_dir = digests.item_dir(checkpoint_dir / str(step))
     tree, why = _tree(items_dir)
     try:
         if tree is None:

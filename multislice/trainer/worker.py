@@ -104,12 +104,13 @@ def seconds_since_process_start() -> float:
 
 
 def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
-    """The arguments with ``key=maxtext:<path>`` made ``key=<path inside the installed maxtext package>``.
+    """The arguments with ``key=maxtext:<path>`` made ``key=<path inside the installed maxtext package>``, and
+    ``key=multislice:<path>`` a path inside this package (the Hugging Face-format Llama 3 tokenizer).
 
     The plan names the tokenizers maxtext ships so (``tokenizer_path=maxtext:assets/tokenizers/...``),
     as the package's place differs between the trainer image, a venv and a source checkout.
     """
-    from multislice.config.data import MAXTEXT_PREFIX  # the config package (pydantic models, ~1.5 s): only here
+    from multislice.config.data import MAXTEXT_PREFIX, PACKAGE_PREFIX, resolve_path  # pydantic (~1.5 s): only here
 
     resolved = []
     for argument in maxtext_args:
@@ -118,6 +119,8 @@ def resolve_package_paths(maxtext_args: list[str]) -> list[str]:
             import maxtext
 
             value = str(Path(maxtext.__file__).parent / value.removeprefix(MAXTEXT_PREFIX))
+        elif value.startswith(PACKAGE_PREFIX):
+            value = resolve_path(value)
         resolved.append(f"{key}={value}")
     return resolved
 

@@ -79,6 +79,28 @@ def test_rayjob_has_one_tpu_worker_group_per_slice_type():
     assert "dcn_fsdp_parallelism=2" in maxtext_args
 
 
+def test_ray_workers_use_the_host_network_as_the_jobset_and_the_head_its_cpu_node_pool():
+    """As the JobSet's TPU pods: hostNetwork with cluster DNS (the workers reach the head's Service by name); with
+    tpu_workload_identity, the pod network. The head runs where ray.head_node_selector says, never on the host
+    network. The RayJob validates against KubeRay v1.7.0's CRD either way."""
+    plan = _plan(launcher="ray")
+    cluster = ray.render_rayjob(plan, plan.stages[0], pipeline_run_id="r")["spec"]["rayClusterSpec"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert worker["hostNetwork"] is True and worker["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert head["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-pool"} and "hostNetwork" not in head
+    jobset_pod = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
+    jobset_pod = jobset_pod["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert (jobset_pod["hostNetwork"], jobset_pod["dnsPolicy"]) == (worker["hostNetwork"], worker["dnsPolicy"])
+    data = config.spec_to_data(config.load_profile("gke-v6e-16x2"))
+    accounts = {**data["service_accounts"], "tpu_host_network": False, "tpu_workload_identity": True}
+    identity = _plan(launcher="ray", service_accounts=accounts)
+    job = ray.render_rayjob(identity, identity.stages[0], pipeline_run_id="r")
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert "hostNetwork" not in worker and "dnsPolicy" not in worker
+    assert manifests.object_problems(job) == []
+
+
 def test_additional_networks_give_dranet_claims_and_the_node_label():
     from multislice.backends.gke import nodepool
 
@@ -111,7 +133,7 @@ def test_a_bad_claim_template_is_refused():
 
 
 def test_elastic_worker_counts():
-    plan = _plan(launcher="ray", ray={"min_slices": 1})
+    plan = _plan(launcher="ray", ray={"min_slices": 1, "head_node_selector": {"cloud.google.com/gke-nodepool": "cpu"}})
     job = ray.render_rayjob(plan, plan.stages[0], pipeline_run_id="r")
     group = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 1, 2)

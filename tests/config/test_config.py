@@ -242,3 +242,68 @@ def test_a_profile_that_went_through_kfp_plans_as_the_cli_plans_it(profile, outp
         assert sorted(ours.libtpu_flags.items()) == sorted(theirs.libtpu_flags.items())
     assert {"grain_worker_count=0", "learning_rate=0.003", "compress_ratios=[4]"} <= set(kfp.stages[0].maxtext_args)
     assert kfp.spec.libtpu_flags.add["xla_tpu_scoped_vmem_limit_kib"] == 81920
+
+
+def emergency(**more):
+    """Overrides: the GKE profile's 8B stage with emergency checkpoints (elastic removed: they exclude each other).
+    A new dict each call: applying overrides fills their nested values in."""
+    return {"stages.0.elastic": None, "stages.0.emergency_checkpoint": {"local_period": 10}, **more}
+
+
+def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unchanged():
+    from multislice.plan import make_plan
+
+    spec = config.load_profile("gke-v6e-16x2", emergency())
+    stage = make_plan(spec).stages[0]
+    periods = (stage.local_checkpoint_period, stage.checkpoint_period)
+    assert (stage.local_checkpoint_directory, periods) == ("/local", (10, 50))
+    args = dict(arg.split("=", 1) for arg in stage.maxtext_args)
+    assert (args["enable_emergency_checkpoint"], args["local_checkpoint_period"], args["checkpoint_period"]) == (
+        "true",
+        "10",
+        "50",
+    )
+    assert args["mesh_axes"].startswith("[data,diloco,")  # Orbax's replica axis (the first) is the data axis
+    other = make_plan(spec).stages[1]  # the 70B stage without them
+    assert other.local_checkpoint_directory is None and not any("emergency" in a for a in other.maxtext_args)
+    off = config.load_profile("gke-v6e-16x2", emergency(**{"stages.0.emergency_checkpoint.enabled": False}))
+    assert not any("emergency" in a for a in make_plan(off).stages[0].maxtext_args)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "words"),
+    [
+        ({"backend": "local", "output_dir": "/tmp/out"}, "stages[0] (llama3-8b).emergency_checkpoint", "local backend"),
+        ({"stages.0.launcher": "ray"}, "stages[0] (llama3-8b).emergency_checkpoint", "launcher jobset"),
+        ({"stages.0.elastic": {"min_slices": 1}}, "stages[0] (llama3-8b).emergency_checkpoint", "remove elastic"),
+        ({"stages.0.dcn": {"fsdp": 2, "data": 1}}, "stages[0] (llama3-8b).emergency_checkpoint", "2 data-parallel"),
+        (
+            {"stages.0.maxtext_overrides": {"enable_multi_tier_checkpointing": True}},
+            "stages[0] (llama3-8b).maxtext_overrides",
+            "multi-tier",
+        ),
+        ({"stages.0.maxtext_overrides": {"local_checkpoint_period": 5}}, "maxtext_overrides", "stage's own fields"),
+        ({"stages.0.emergency_checkpoint.local_period": 50}, "stages[0] (llama3-8b)", "fewer steps than"),
+        ({"stages.0.emergency_checkpoint.local_directory": "local"}, "local_directory", "absolute path"),
+        ({"stages.0.emergency_checkpoint.local_directory": "/dev/shm"}, "local_directory", "hide the container"),
+    ],
+)
+def test_emergency_checkpoints_refused_where_they_cannot_run(overrides, field, words):
+    found = issues(emergency(**overrides), profile="gke-v6e-16x2")
+    assert any(f.endswith(field) or field in f for f, _ in found), found
+    assert any(words in message for _, message in found), found
+
+
+def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
+    found = issues({"launcher": "ray", "ray.head_node_selector": {}}, profile="gke-v6e-16x2")
+    [(field, message)] = [issue for issue in found if issue[0] == "ray.head_node_selector"]
+    assert "stage(s) llama3-8b, llama3-70b are launched by Ray" in message
+    assert "cloud.google.com/gke-nodepool: cpu-pool" in message
+    # A jobset run needs none; the profile names one, so launcher=ray from the run form is valid.
+    config.load_profile("gke-v6e-16x2", {"ray.head_node_selector": {}})
+    assert config.load_profile("gke-v6e-16x2", {"launcher": "ray"}).ray.head_node_selector == {
+        "cloud.google.com/gke-nodepool": "cpu-pool"
+    }
+    [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
+                                profile="gke-v6e-16x2")  # fmt: skip
+    assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message

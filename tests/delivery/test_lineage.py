@@ -189,5 +189,58 @@ def test_run_summary_tells_an_elastic_stages_resizes_and_goodput(plan, tmp_path)
     assert lines[at + 1 : at + 4] == [
         "  resized       at 41 s: 2 -> 1 slices (slice 1 lost); resumed from step 5 at 78 s, 2 steps lost",
         "  resized       at 120 s: 1 -> 2 slices (capacity back for 2 slices); not resumed, 0 steps lost",
-        "  goodput       0.62 (productive step time / wall time, 2 steps trained again)",
+        "  goodput       0.62 (productive training time / job time, 2 steps trained again)",
     ]
+
+
+def _measured_report(stage):
+    from multislice.reports import TrainReport
+
+    return TrainReport(jobset=stage.jobset, steps_trained=20, first_loss=9.0, final_loss=7.0, restarts=1,
+                       step_time_seconds=2.0, tokens_per_second_per_device=10.0, tflops_per_second_per_device=0.1,
+                       goodput=0.25, steps_lost=3, productive_seconds=60.0, job_seconds=240.0,
+                       badput_seconds={"startup": 70.0, "compile": 80.0, "restore": 2.0, "checkpoint_save": 0.0,
+                                       "lost_steps": 6.0, "waiting": 12.0, "other": 10.0})  # fmt: skip
+
+
+def test_run_summary_tells_every_stages_goodput_and_badput(plan, tmp_path):
+    from multislice.cli.summary import summary_lines
+    from multislice.reports import write
+
+    stage = plan.stages[0]
+    write(plan, _measured_report(stage), stage)
+    lines = summary_lines(plan, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    at = lines.index(next(line for line in lines if line.startswith("  trained       20/")))
+    assert lines[at + 1 : at + 3] == [
+        "  goodput       0.25 (productive training time / job time, 3 steps trained again)",
+        "  badput        start-up 70.0 s (29%), compile 80.0 s (33%), checkpoint restore 2.0 s (1%), "
+        "steps trained again 6.0 s (2%), waiting between attempts 12.0 s (5%), other 10.0 s (4%) of a 240 s job",
+    ]
+
+
+def test_the_train_component_logs_goodput_and_each_badput_as_kfp_metrics(plan, tmp_path, monkeypatch):
+    """Every stage's KFP Metrics carry goodput, steps lost and ``badput_<cause>_seconds``; resizes only elastic."""
+    from components.train import train as component
+    from multislice import cancel
+    from multislice.delivery import lineage
+    from multislice.steps import train as step
+    from tests.cancel_driver import Artifact
+
+    stage = plan.stages[0]
+    logged: dict[str, float] = {}
+    metrics = Artifact(str(tmp_path / "metrics"))
+    metrics.log_metric = lambda key, value: logged.__setitem__(key, value)  # type: ignore[method-assign]
+    monkeypatch.setattr(cancel, "install", lambda: None)
+    monkeypatch.setattr(step, "run", lambda *_: _measured_report(stage))
+    monkeypatch.setattr(step, "result_pages", lambda *_: {"html": "<p/>", "markdown": "#"})
+    monkeypatch.setattr(lineage, "checkpoint_model", lambda *_: {"uri": "x"})
+    monkeypatch.setattr(lineage, "write_manifest", lambda *_: None)
+    artifacts = [Artifact(str(tmp_path / name)) for name in ("dataset", "curves", "summary", "model")]
+    component(plan.to_json(), stage.name, {}, artifacts[0], metrics, *artifacts[1:])
+    assert logged["goodput"] == 0.25 and logged["steps_lost"] == 3
+    assert {k: v for k, v in logged.items() if k.startswith("badput_")} == {
+        "badput_startup_seconds": 70.0, "badput_compile_seconds": 80.0, "badput_restore_seconds": 2.0,
+        "badput_checkpoint_save_seconds": 0.0, "badput_lost_steps_seconds": 6.0, "badput_waiting_seconds": 12.0,
+        "badput_other_seconds": 10.0,
+    }  # fmt: skip
+    assert "resizes" not in logged  # not an elastic stage

@@ -82,7 +82,8 @@ def test_the_run_summary_tells_both_resizes_and_the_goodput(elastic_run, tmp_pat
     resized = [line for line in lines if line.startswith("  resized       at ")]
     assert [line.split(": ", 1)[1].split(" slices")[0] for line in resized] == ["2 -> 1", "1 -> 2"]
     assert all("steps lost" in line and "resumed from step" in line for line in resized)
-    assert f"  goodput       {elastic_run['report'].goodput:.2f} (productive step time / wall time" in "\n".join(lines)
+    goodput = elastic_run["report"].goodput
+    assert f"  goodput       {goodput:.2f} (productive training time / job time" in "\n".join(lines)
 
 
 def test_the_one_slice_jobset_kept_the_global_batch_with_gradient_accumulation(elastic_run):

@@ -26,6 +26,12 @@ MANIFEST_VARIANTS: dict[str, tuple[str, dict]] = {
         "gke-v6e-16x2",
         {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]},
     ),
+    # ``gke-v6e-16x2-emergency``: the 8B stage with emergency checkpoints (a local checkpoint every 10 steps on each
+    # node's checkpoint ramdisk, the persistent one every 50 as before) instead of elastic, which they exclude.
+    "gke-v6e-16x2-emergency": (
+        "gke-v6e-16x2",
+        {"stages.0.elastic": None, "stages.0.emergency_checkpoint": {"local_period": 10}},
+    ),
 }
 #: The pipeline/runid label value in golden manifests.
 GOLDEN_RUN_ID = "golden-run"
@@ -39,8 +45,8 @@ def rendered_manifests(profile: str) -> dict[str, str]:
         for path, value in changes.items():
             *parents, last = path.split(".")
             target = data
-            for part in parents:
-                target = target.setdefault(part, {})
+            for part in parents:  # a number indexes a list (stages.0)
+                target = target[int(part)] if isinstance(target, list) else target.setdefault(part, {})
             target[last] = value
         plan = make_plan(config.load_spec(data))
     else:

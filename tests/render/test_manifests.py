@@ -164,7 +164,7 @@ def test_every_trainer_image_container_runs_python_unbuffered():
     objects = []
     for profile in (*PROFILES, *MANIFEST_VARIANTS):
         for name, text in rendered_manifests(profile).items():
-            if name.endswith(".yaml"):
+            if name.endswith(".yaml") and "/" not in name:  # kueue-config/, gke-api/: not API objects
                 kind = name.split("-", 1)[0] + ("." + name.split(".")[-2] if name.startswith("jobset-") else "")
                 objects.append((kind, yaml.safe_load(text)))
     plan = make_plan(config.load_profile("gke-v6e-16x2"))
@@ -191,6 +191,20 @@ def test_cluster_queue_quota_is_slices_times_chips():
     assert group["flavors"][0]["name"] == flavor["metadata"]["name"] == "v6e-4x4"
     assert local_queue["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
     assert priority["value"] == 100
+
+
+def test_a_ray_run_with_dranet_writes_the_kueue_configuration_fragment_it_needs():
+    from tests.golden import rendered_manifests
+
+    files = rendered_manifests("gke-v6e-16x2-ray")
+    fragment = yaml.safe_load(files["kueue-config/controller_manager_config.yaml"])
+    assert fragment == {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "resources": {"deviceClassMappings": [
+            {"name": "multislice-pipelines/netdev", "deviceClassNames": ["netdev.google.com"]}]},
+    }  # fmt: skip
+    assert "kueue-manager-config" in files["kueue-config/controller_manager_config.yaml"]  # where it goes
+    assert not any(name.startswith("kueue-config/") for name in rendered_manifests("gke-v6e-16x2"))
 
 
 def test_bad_pipeline_run_id_is_refused():
@@ -311,3 +325,31 @@ def test_the_export_job_is_checked_as_the_api_server_would():
     assert "unknown fields ['volumeMount']" in found
     assert "resources.requests.cpu: 'eight' is not a quantity" in found
     assert "memory limit below its request" in found
+
+
+def test_goodput_recording_renders_maxtexts_recorder_with_this_runs_job_name_and_is_off_by_default():
+    """``goodput_recording`` turns on MaxText's Cloud Logging recorder (``enable_goodput_recording``) under a job
+    name of this run's (MaxText's default, ``run_name``, is the stage's name in every run); off unless asked."""
+    plain = make_plan(config.load_profile("gke-v6e-16x2"))
+    [container] = jobset.render_jobset(plain, plain.stages[0], hardware="tpu", pipeline_run_id="r")["spec"][
+        "replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]  # fmt: skip
+    assert not [a for a in container["args"] if "goodput" in a]
+    plan = make_plan(config.load_profile("gke-v6e-16x2", {"stages.0.goodput_recording": True}))
+    obj = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
+    schema.validate(obj)
+    [container] = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+    assert "enable_goodput_recording=true" in container["args"]
+    assert "goodput_job_name=llama3-multislice-llama3-8b" in container["args"]
+    # The hostNetwork TPU pods write as the nodes' service account: it gets Cloud Logging's writer role.
+    from multislice.backends.gke.nodepool import DEFAULT_NODE_ACCOUNT, iam_bindings
+
+    writer = f"--member=serviceAccount:{DEFAULT_NODE_ACCOUNT} --role=roles/logging.logWriter"
+    assert [line for line in iam_bindings(plan) if "logging" in line] == [
+        f"gcloud projects add-iam-policy-binding your-project {writer}"
+    ]
+    assert not [line for line in iam_bindings(plain) if "logging" in line]
+
+
+def test_goodput_recording_is_refused_on_the_local_backend():
+    with pytest.raises(config.ConfigError, match=r"stages\[0\] \(tiny-8b-recipe\).goodput_recording: .*Cloud Logging"):
+        config.load_profile("local", {"stages.0.goodput_recording": True})

@@ -43,6 +43,9 @@ def test_namespaced_role_grants_exactly_what_the_steps_use():
         ("kueue.x-k8s.io", "workloads"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "localqueues"): (["create", "get", "patch"], ["multislice-queue"]),
         ("coordination.k8s.io", "leases"): (["create", "delete", "get", "list", "patch"], None),
+        # launcher is a run parameter of the compiled pipeline: a run may pick ray on a jobset profile.
+        ("ray.io", "rayjobs"): (["create", "delete", "get", "list", "watch"], None),
+        ("resource.k8s.io", "resourceclaimtemplates"): (["create", "delete", "get", "list"], None),
     }
 
 
@@ -54,6 +57,11 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
         ("apiextensions.k8s.io", "customresourcedefinitions"): (["get", "list"], None),
         ("", "nodes"): (["get", "list", "watch"], None),
         ("kueue.x-k8s.io", "clusterqueues"): (["get"], ["multislice-cluster-queue"]),  # elastic: what Kueue admits
+        # provision, a Ray run: the KubeRay TPU webhook is installed (launcher is a run parameter).
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): (
+            ["get"],
+            ["kuberay-tpu-mutating-webhook-cfg"],
+        ),  # fmt: skip
     }
     binding = objs[("ClusterRoleBinding", "multislice-pipeline-cluster-read-default")]
     assert binding["roleRef"] == {
@@ -62,6 +70,26 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
         "name": "multislice-pipeline-cluster-read",
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "default"}]
+
+
+def test_required_access_is_the_plans_own_launchers_rules_one_review_each():
+    """provision's SelfSubjectAccessReviews (rbac.required_access) come from the rules the Role is rendered from."""
+    jobset_plan = make_plan(config.load_profile("gke-v6e-16x2", {}))
+    ray_plan = make_plan(config.load_profile("gke-v6e-16x2", {"launcher": "ray"}))
+    jobset_only, with_ray = rbac.required_access(jobset_plan), rbac.required_access(ray_plan)
+    log = {"namespace": "default", "verb": "get", "group": "", "resource": "pods", "subresource": "log", "name": ""}
+    create = {"namespace": "default", "verb": "create", "group": "ray.io", "resource": "rayjobs", "subresource": "",
+              "name": ""}  # fmt: skip
+    webhook = {"namespace": "", "verb": "get", "group": "admissionregistration.k8s.io",
+               "resource": "mutatingwebhookconfigurations", "subresource": "",
+               "name": "kuberay-tpu-mutating-webhook-cfg"}  # fmt: skip
+    assert log in jobset_only and create not in jobset_only and webhook not in jobset_only
+    assert create in with_ray and webhook in with_ray
+    # One review per verb, resource and name: the Role's rules expanded, nothing else.
+    role = objects()[("Role", "multislice-pipeline")]
+    namespaced = [a for a in with_ray if a["namespace"] == "default"]
+    expected = sum(len(r["verbs"]) * len(r["resources"]) * len(r.get("resourceNames") or [""]) for r in role["rules"])
+    assert len(namespaced) == expected
 
 
 def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
@@ -73,6 +101,25 @@ def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
         ("kueue.x-k8s.io", "workloadpriorityclasses"): (["create", "get", "patch"], ["default-priority"]),
     }
     assert ("ClusterRoleBinding", "multislice-pipeline-kueue-multislice-cluster-queue-default") in objs
+
+
+DRANET = {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]}
+
+
+def test_a_ray_run_may_apply_its_cpu_flavor_and_with_dranet_read_kueues_configuration_only():
+    objs = objects(**{"service_accounts.kueue_cluster_objects": True, **DRANET})
+    role = objs[("ClusterRole", "multislice-pipeline-kueue-multislice-cluster-queue")]
+    assert rules_table(role)[("kueue.x-k8s.io", "resourceflavors")] == (
+        ["create", "get", "patch"], ["v6e-4x4", "multislice-cpu"]
+    )  # fmt: skip
+    config_role = objs[("Role", "multislice-pipeline-kueue-config")]
+    assert config_role["metadata"]["namespace"] == "kueue-system"
+    assert rules_table(config_role) == {("", "configmaps"): (["get"], ["kueue-manager-config"])}
+    binding = objs[("RoleBinding", "multislice-pipeline-kueue-config-default")]
+    assert binding["metadata"]["namespace"] == "kueue-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "default"}]
+    # Without DRANET (or without Ray) the pipeline gets nothing in Kueue's namespace.
+    assert not [k for k in objects(launcher="ray") if k[1] == "multislice-pipeline-kueue-config"]
 
 
 def test_trainer_has_workload_identity_and_no_api_rights():
@@ -121,6 +168,39 @@ def test_pipeline_account_in_another_namespace_and_vertex_identity():
     assert ("ClusterRoleBinding", "multislice-pipeline-cluster-read-kubeflow") in objs
 
 
+def test_kfp_runner_role_grants_what_kfp_and_argo_ask_in_the_pipeline_namespace_only():
+    """KFP runs the Argo Workflow as the run's ServiceAccount: its driver, launcher and Argo's executor get exactly
+    their requests (rbac.KFP_RUNNER_REQUESTS), where KFP's pods run, bound to the ServiceAccount and no User."""
+    objs = objects(
+        **{
+            "service_accounts.pipeline_namespace": "kubeflow",
+            "service_accounts.pipeline_gcp_service_account": "pipelines@my-project.iam.gserviceaccount.com",
+        }
+    )
+    role = objs[("Role", "multislice-pipeline-kfp-runner")]
+    assert role["metadata"]["namespace"] == "kubeflow"
+    assert rules_table(role) == {
+        ("", "configmaps"): (["get"], ["kfp-launcher"]),
+        ("", "secrets"): (["get"], ["mlpipeline-minio-artifact"]),
+        ("argoproj.io", "workflowtaskresults"): (["create", "patch"], None),
+    }
+    binding = objs[("RoleBinding", "multislice-pipeline-kfp-runner")]
+    assert binding["metadata"]["namespace"] == "kubeflow"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "multislice-pipeline", "namespace": "kubeflow"}]
+    custom = objects(**{"service_accounts.kfp_artifact_secrets": ["s3-creds"]})
+    assert rules_table(custom[("Role", "multislice-pipeline-kfp-runner")])[("", "secrets")] == (["get"], ["s3-creds"])
+    none = objects(**{"service_accounts.kfp_artifact_secrets": []})
+    assert ("", "secrets") not in rules_table(none[("Role", "multislice-pipeline-kfp-runner")])
+    # Every granted request is one of KFP's or Argo's, from their source.
+    granted = {(group, resource, verb) for (group, resource), (verbs, _) in rules_table(role).items() for verb in verbs}
+    assert granted == {(r[2], r[3], r[1]) for r in rbac.KFP_RUNNER_REQUESTS}
+
+
 def test_every_rbac_object_validates_and_problems_are_found():
     for obj in objects(**{"service_accounts.kueue_cluster_objects": True}).values():
         assert rbac.problems(obj) == [], obj["metadata"]["name"]
@@ -155,6 +235,7 @@ def test_every_rbac_object_validates_and_problems_are_found():
         ({"service_accounts.trainer": "multislice-pipeline"}, "service_accounts"),
         ({"service_accounts.trainer_gcp_service_account": "someone@gmail.com"}, "trainer_gcp_service_account"),
         ({"service_accounts.pipeline": "Pipeline"}, "service_accounts.pipeline"),
+        ({"service_accounts.kfp_artifact_secrets": ["Bad_Secret"]}, "service_accounts.kfp_artifact_secrets"),
     ],
 )
 def test_service_account_errors_name_the_field(overrides, field):

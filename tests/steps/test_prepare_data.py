@@ -10,6 +10,7 @@ import pytest
 from multislice import config, metrics
 from multislice.config.data import TextData, TokenizerSpec, recipe_key
 from multislice.delivery import artifacts
+from multislice.errors import InputError
 from multislice.plan import make_plan
 from multislice.reports import TrainReport
 from multislice.steps import plan as plan_step
@@ -94,15 +95,30 @@ def test_each_data_kind_maps_onto_maxtexts_own_arguments(tmp_path):
     assert (hf["dataset_type"], hf["hf_path"], hf["hf_data_dir"], hf["hf_eval_split"]) == (
         "hf", "allenai/c4", "en", "validation"
     )  # fmt: skip
+    # MaxText's hf pipeline loads tokenizers with AutoTokenizer only: the default tiktoken file's HF form, shipped
+    assert (hf["tokenizer_type"], hf["tokenizer_path"]) == ("huggingface", "multislice:data/tokenizers/llama3-hf")
+    assert "hf_access_token" not in hf
     tfds = args_of(
         profile_with(
             tmp_path,
             {"kind": "tfds", "dataset_path": "gs://b/tfds", "dataset_name": "c4/en:3.1.0", "eval_split": "validation"},
         )
     )
-    assert (tfds["dataset_type"], tfds["dataset_name"], tfds["eval_dataset_name"], tfds["eval_split"]) == (
-        "tfds", "c4/en:3.1.0", "c4/en:3.1.0", "validation"
+    # on grain over TFRecord, as MaxText's construct_tfds_tfrecord_path builds the glob: no TensorFlow needed
+    assert (tfds["dataset_type"], tfds["grain_file_type"]) == ("grain", "tfrecord")
+    assert tfds["train_data_columns"] == "[text]"
+    assert (tfds["grain_train_files"], tfds["grain_eval_files"]) == (
+        "gs://b/tfds/c4/en/3.1.0/*-train.tfrecord-*", "gs://b/tfds/c4/en/3.1.0/*-validation.tfrecord-*"
     )  # fmt: skip
+    assert "dataset_name" not in tfds and tfds["tokenize_train_data"] == "true"
+    mixture = args_of(
+        profile_with(
+            tmp_path,
+            {"kind": "grain", "train_files": "gs://b/web-*.array_record,0.7;gs://b/code-*,0.3"},
+            eval_interval=-1,
+        )
+    )
+    assert mixture["grain_train_files"] == "gs://b/web-*.array_record,0.7;gs://b/code-*,0.3"  # MaxText's own syntax
 
 
 def test_vocab_size_must_match_the_tokenizer(tmp_path):
@@ -140,7 +156,7 @@ def test_eval_interval_needs_an_eval_split(tmp_path):
         (
             {"kind": "tfds", "dataset_path": "{tmp}/tfds", "dataset_name": "c4/en:3.1.0", "eval_split": "validation"},
             "data.eval_split",
-            "has no 'validation' split files",
+            "no tfrecord files of split 'validation'",
         ),
     ],
     ids=[
@@ -161,7 +177,7 @@ def test_bad_data_specs_fail_in_the_plan_step_naming_the_field(tmp_path, data, f
     (tmp_path / "hf" / "data").mkdir(parents=True)
     (tmp_path / "hf" / "data" / "train-00000-of-00001.parquet").write_bytes(b"")
     (tmp_path / "tfds" / "c4" / "en" / "3.1.0").mkdir(parents=True)
-    (tmp_path / "tfds" / "c4" / "en" / "3.1.0" / "c4-train.array_record-00000-of-00001").write_bytes(b"")
+    (tmp_path / "tfds" / "c4" / "en" / "3.1.0" / "c4-train.tfrecord-00000-of-00001").write_bytes(b"")
     data = json.loads(json.dumps(data).replace("{tmp}", str(tmp_path)))
     message = refused(profile_with(tmp_path, data, eval_interval=-1))
     assert f"stages[0] (tiny-8b-recipe).{field}: " in message and says in message
@@ -170,7 +186,8 @@ def test_bad_data_specs_fail_in_the_plan_step_naming_the_field(tmp_path, data, f
 
 
 def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, capsys, trainer_python):
-    profile = profile_with(tmp_path, {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2})
+    data = {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2}
+    profile = profile_with(tmp_path, data, steps=4, checkpoint_period=4)  # 4 x 16 sequences: within the data
     plan = plan_step.run(profile, {})
     first = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
     manifest = first.manifest
@@ -197,6 +214,13 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     done = run_in_trainer(trainer_python, script, *shards)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [str(train["sequences"]), "int32", "128", "128000"]  # begins with Llama 3's BOS
+    # the data must last: 20 steps x 16 sequences run past the prepared sequences, refused with both figures
+    longer = plan_step.run(profile_with(tmp_path, data, steps=20, checkpoint_period=10), {})
+    with pytest.raises(InputError) as caught:
+        prepare_data.run(longer, longer.stage("tiny-8b-recipe"))
+    said = str(caught.value) + " " + caught.value.fix
+    assert f"20 steps x 16 sequences per step = 320 sequences, but the data holds {train['sequences']}" in said
+    assert f"Lower steps to at most {train['sequences'] // 16}" in said and "num_epoch" in said
     # a changed source file: tokenized again
     (corpus / "doc00.txt").write_text("Something else entirely. " * 50)
     third = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
@@ -207,7 +231,7 @@ def test_prepare_data_tokenizes_with_maxtexts_sentencepiece_tokenizer(tmp_path, 
     # MaxText's SentencePieceTokenizer has no n_words: its vocabulary is its processor's piece count
     data = {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2}
     sentencepiece = {"type": "sentencepiece", "path": "maxtext:assets/tokenizers/tokenizer.llama2"}
-    profile = profile_with(tmp_path, data, tokenizer=sentencepiece)
+    profile = profile_with(tmp_path, data, tokenizer=sentencepiece, steps=4, checkpoint_period=4)
     for entry in profile["stages"]:
         entry["model"]["vocab_size"] = 32000  # Llama 2's, as the tokenizer's
         entry.pop("export", None)  # the exporter reads a sentencepiece file named .model only
@@ -229,7 +253,7 @@ def test_prepare_data_reads_json_lines_and_parquet_without_packing(tmp_path, tra
     manifests = {}
     for fmt, name in (("jsonl", "a.jsonl"), ("parquet", "b.parquet")):
         data = {"kind": "text", "files": [str(tmp_path / name)], "format": fmt, "packing": False, "eval_fraction": 0.3}
-        plan = plan_step.run(profile_with(tmp_path, data), {})
+        plan = plan_step.run(profile_with(tmp_path, data, steps=2, checkpoint_period=2), {})
         manifests[fmt] = prepare_data.run(plan, plan.stage("tiny-8b-recipe")).manifest
     for manifest in manifests.values():
         splits = manifest["splits"]

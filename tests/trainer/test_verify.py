@@ -660,3 +660,12 @@ def test_checkpoint_directory_of_the_maxtext_arguments():
     assert digests.checkpoint_dir_of(args) == "gs://b/runs/r1/stage-1/checkpoints"
     assert digests.checkpoint_dir_of([*args, "enable_checkpointing=false"]) is None
     assert digests.checkpoint_dir_of(["run_name=x"]) is None
+
+
+@pytest.mark.parametrize(("present", "expected"), [(["items"], "items"), (["default"], "default"), ([], "items")])
+def test_the_item_directory_is_items_or_the_emergency_managers_default(tmp_path, present, expected):
+    """MaxText's standard checkpointer writes <step>/items; with emergency checkpoints the persistent tier is an Orbax
+    CheckpointManager with one unnamed item, <step>/default. Verify, export and the digests read either."""
+    for name in present:
+        (tmp_path / "50" / name).mkdir(parents=True)
+    assert digests.item_dir(tmp_path / "50") == tmp_path / "50" / expected

@@ -5,12 +5,12 @@
   the same GKE cluster (``kubernetes.config.load_incluster_config``).
 - ``kubeconfig``: a context of the kubeconfig file (``$KUBECONFIG`` or
   ``~/.kube/config``; ``cluster.kubeconfig_context``, default the current one).
-- ``gke``: the cluster's endpoint and CA certificate from the GKE API
-  (google-cloud-container ``ClusterManagerClient.get_cluster``, fields
-  ``endpoint`` and ``master_auth.cluster_ca_certificate``) and an OAuth access
+- ``gke``: the cluster's control-plane endpoint from the GKE API
+  (google-cloud-container ``ClusterManagerClient.get_cluster``) and an OAuth access
   token from google-auth Application Default Credentials, refreshed before it
   expires; as ``gcloud container clusters get-credentials`` does, for Vertex AI
-  Pipelines, whose components run outside the cluster.
+  Pipelines, whose components run outside the cluster's VPC. Which endpoint:
+  :func:`control_plane`.
 
 Nothing here is written into the compiled pipeline: a component resolves its
 access when it runs, from the pod's own identity.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
@@ -76,6 +77,74 @@ def _bearer(credentials: Any) -> str:
     return f"Bearer {credentials.token}"
 
 
+@dataclass(frozen=True)
+class ControlPlane:
+    """The endpoint the ``gke`` mode reaches a cluster's Kubernetes API through.
+
+    Attributes:
+        host: ``https://HOST``.
+        ca_pem: The cluster's root CA (PEM bytes) to verify the IP endpoint with; None for the DNS-based
+            endpoint, whose certificate is publicly trusted and verified against the default roots.
+        kind: ``dns`` or ``ip``.
+    """
+
+    host: str
+    ca_pem: bytes | None
+    kind: str
+
+
+def control_plane(found: Any, name: str) -> ControlPlane:
+    """Which control-plane endpoint of ``found`` (a ``container_v1.Cluster``) a caller outside its VPC can reach.
+
+    1. The DNS-based endpoint (``control_plane_endpoints_config.dns_endpoint_config.endpoint``) when
+       ``allow_external_traffic`` is true: reachable from any network that reaches Google Cloud APIs, Vertex
+       AI's included, whatever the IP endpoints' private endpoint or authorized networks, with IAM
+       ``container.clusters.connect`` checked in front of RBAC
+       (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation). Its TLS certificate is
+       issued by a public CA (Google Trust Services), not by the cluster's CA, so no CA is pinned: the client
+       verifies it against its default roots (certifi), as ``kubectl`` does after
+       ``gcloud container clusters get-credentials --dns-endpoint``.
+    2. Else the public IP endpoint (``endpoint``), verified with ``master_auth.cluster_ca_certificate``.
+    3. Else none: the cluster has only a private IP endpoint (``ip_endpoints_config.enable_public_endpoint``
+       false, or the older ``private_cluster_config.enable_private_endpoint``), or no IP endpoint at all.
+
+    Raises:
+        ClusterAccessError: case 3 (the fix: allow external traffic on the DNS-based endpoint, or use
+            ``cluster.access kubeconfig`` from inside the VPC), or the cluster has no endpoint yet.
+    """
+    endpoints = found.control_plane_endpoints_config
+    dns = endpoints.dns_endpoint_config
+    if dns.endpoint and dns.allow_external_traffic:
+        return ControlPlane(f"https://{dns.endpoint}", None, "dns")
+    ip = endpoints.ip_endpoints_config
+    ip_enabled = ip.enabled if "enabled" in ip else True
+    if "enable_public_endpoint" in ip:
+        public = ip.enable_public_endpoint
+    else:  # clusters described before control_plane_endpoints_config: the private cluster settings
+        public = not found.private_cluster_config.enable_private_endpoint
+    if ip_enabled and public and found.endpoint:
+        ca = found.master_auth.cluster_ca_certificate
+        return ControlPlane(f"https://{found.endpoint}", base64.b64decode(ca) if ca else None, "ip")
+    if not found.endpoint and not dns.endpoint:
+        raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name})", "retry later")
+    private = ip.private_endpoint or found.private_cluster_config.private_endpoint
+    reachable = f"only a private IP endpoint ({private})" if ip_enabled else "no IP endpoint"
+    dns_state = (
+        f"its DNS-based endpoint {dns.endpoint} does not allow external traffic" if dns.endpoint
+        else "no DNS-based endpoint"
+    )  # fmt: skip
+    short = name.rsplit("/", 1)[-1]
+    location = name.split("/")[3]
+    raise ClusterAccessError(
+        f"GKE cluster {name} has {reachable} and {dns_state}: a caller outside the cluster's VPC, as Vertex AI "
+        "Pipelines' components are, cannot reach its Kubernetes API",
+        f"allow external traffic on the DNS-based endpoint (`gcloud container clusters update {short} --location "
+        f"{location} --enable-dns-access`; the pipeline's Google service account then needs "
+        "container.clusters.connect), or run from inside the VPC with cluster.access kubeconfig "
+        f"(`gcloud container clusters get-credentials {short} --location {location} --internal-ip`)",
+    )
+
+
 def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, credentials: Any | None = None):
     """A ``kubernetes.client.Configuration`` for a GKE cluster, resolved through the GKE API.
 
@@ -85,7 +154,8 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
         credentials: google-auth credentials; default Application Default Credentials.
 
     Raises:
-        ClusterAccessError: the reference is incomplete, the cluster is not found, or it has no endpoint.
+        ClusterAccessError: the reference is incomplete, the cluster is not found, or it has no endpoint
+            this process can reach (:func:`control_plane`).
     """
     from google.api_core import exceptions as gexc
     from google.cloud import container_v1
@@ -105,14 +175,12 @@ def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, cre
             f"not allowed to read GKE cluster {name} ({error.message})",
             "grant the caller's service account container.clusters.get (roles/container.clusterViewer) on the project",
         ) from error
-    if not found.endpoint:
-        raise ClusterAccessError(f"GKE cluster {name} has no endpoint yet (status {found.status.name})", "retry later")
+    endpoint = control_plane(found, name)
     configuration = k8s.Configuration()
-    configuration.host = f"https://{found.endpoint}"
-    ca = found.master_auth.cluster_ca_certificate
-    if ca:
+    configuration.host = endpoint.host
+    if endpoint.ca_pem:
         with tempfile.NamedTemporaryFile("wb", prefix="gke-ca-", suffix=".pem", delete=False) as handle:
-            handle.write(base64.b64decode(ca))
+            handle.write(endpoint.ca_pem)
         # Configuration's attributes are inferred from their None defaults in __init__ (the client has no stubs).
         configuration.ssl_ca_cert = handle.name  # pyright: ignore[reportAttributeAccessIssue]
     configuration.api_key = {"authorization": _bearer(google_credentials)}

@@ -37,6 +37,7 @@ from multislice.backends.gke import (
     logs,
     nodepool,
     pods,
+    prerequisites,
     rayjob,
     verifier,
     workload,
@@ -107,24 +108,43 @@ class GkeBackend(Backend):
     def provision(
         self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell, pipeline_run_id: str = ""
     ) -> ProvisionReport:
-        """TPU node pools (:func:`.nodepool.ensure_node_pools`), the CRDs served, the Kueue objects applied.
+        """The prerequisites checked, then TPU node pools (:func:`.nodepool.ensure_node_pools`, those created
+        labelled with ``pipeline_run_id``), the Kueue objects applied.
 
-        The LocalQueue is always applied (server-side apply, fixed field manager); the
-        cluster-scoped objects only with ``service_accounts.kueue_cluster_objects``, else
-        RBAC leaves them to a cluster admin (:mod:`multislice.render.rbac`).
+        Before any node pool is asked for: the pipeline's rights for every request the run's steps make
+        (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
+        needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, the KubeRay TPU webhook or GKE's
+        Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping). The LocalQueue is always applied
+        (server-side apply, fixed field manager); the cluster-scoped objects only with
+        ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin
+        (:mod:`multislice.render.rbac`).
 
         Raises:
+            prerequisites.AccessMissing: the pipeline may not make a request the run's steps make.
             cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
                 needed versions.
+            prerequisites.PrerequisiteMissing: for a stage launched by Ray, neither the KubeRay TPU webhook nor the
+                Ray Operator add-on.
+            cluster.KueueMisconfigured: with DRANET, Kueue's Configuration does not map its DeviceClass to the
+                resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
+        reviewed = prerequisites.check_access(self.kube, plan)
+        tell(f"RBAC: the pipeline may make all {reviewed} requests of this run's steps (SelfSubjectAccessReview)")
+        checked = cluster.check_kueue_configuration(self.kube, plan)  # before any node pool is created
+        if checked:
+            tell(checked)
+        runs_with = {type(launcher): launcher for launcher in map(self.launcher_for, plan.stages)}.values()
+        crds = cluster.check_crds(self.kube, {k: v for launcher in runs_with for k, v in launcher.crds.items()})
+        tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
+        for launcher in runs_with:
+            for line in launcher.check_prerequisites(plan):
+                tell(line)
         self.cluster = self.cluster or plan.spec.cluster
         pools = nodepool.ensure_node_pools(
             plan, self.node_pool_client, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout,
             pipeline_run_id=pipeline_run_id,
         )  # fmt: skip
-        crds = cluster.check_crds(self.kube, {k: v for s in plan.stages for k, v in self.launcher_for(s).crds.items()})
-        tell("CRDs served: " + ", ".join(f"{name} {'/'.join(versions)}" for name, versions in crds.items()))
         applied, left = [], []
         for obj in kueue_objects:
             name = f"{obj['kind']}/{obj['metadata']['name']}"

@@ -12,6 +12,11 @@ with ``Content-Type: application/apply-patch+yaml``, ``fieldManager`` fixed
 to :data:`.client.FIELD_MANAGER` and ``force=true``, so re-applying the same
 objects is a no-op and a field another manager set is taken over rather than
 failing the run.
+
+With DRANET under Kueue (:func:`multislice.render.kueue.dra_mappings`), Kueue's own Configuration must map
+DRANET's DeviceClass to the resource the ClusterQueue has quota for: :func:`check_kueue_configuration` reads it
+from Kueue's ConfigMap (``kueue-system/kueue-manager-config``, by name:
+:func:`multislice.render.rbac.kueue_config_rules`).
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from multislice.backends.gke.client import FIELD_MANAGER, JOBSET_GROUP, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION, Kube
 from multislice.errors import InputError
+from multislice.plan import Plan
+from multislice.render import kueue
 
 #: CRD name -> the version this project needs served.
 REQUIRED_CRDS: dict[str, str] = {
@@ -53,6 +61,85 @@ KUEUE_RESOURCES: dict[str, tuple[str, bool]] = {
 
 class CrdsMissing(InputError):
     """A CRD the run needs is not installed or does not serve the needed version; the message says what to install."""
+
+
+class KueueMisconfigured(InputError):
+    """Kueue's Configuration lacks what the run's workloads need (a DRA device class mapping): Kueue would never
+    admit them; the message says what to merge."""
+
+
+def check_kueue_configuration(kube: Kube, plan: Plan) -> str | None:
+    """Check that Kueue's Configuration maps each DeviceClass the plan claims (:func:`.kueue.dra_mappings`) to the
+    resource the rendered ClusterQueue has quota for, and that its ``featureGates`` do not turn Kueue's DRA
+    integration off; returns a line saying what was checked (None when the plan claims no DRA devices).
+
+    Source: Kueue v0.19.2 ``pkg/dra/claims.go`` (an unmapped DeviceClass makes the Workload inadmissible),
+    ``pkg/controller/core/workload_controller.go`` (with ``KueueDRAIntegration`` off, a Workload with DRA claims
+    is rejected), ``apis/config/v1beta2/configuration_types.go`` (``resources.deviceClassMappings``,
+    ``featureGates``). Not seen: feature gates given on the manager's command line (``--feature-gates``) and a
+    ConfigMap changed since Kueue's manager started (it reads the file at start).
+
+    Raises:
+        KueueMisconfigured: the mapping is missing or names another resource, or ``KueueDRAIntegration`` is off.
+        multislice.errors.InputError: the pipeline may not read the ConfigMap (403).
+    """
+    mappings = kueue.dra_mappings(plan, offered=False)  # this run's launchers: a JobSet run needs no mapping
+    if not mappings:
+        return None
+    where = f"ConfigMap {kueue.KUEUE_CONFIG_NAMESPACE}/{kueue.KUEUE_CONFIG_MAP}"
+    merge = (
+        f"merge kueue-config/{kueue.KUEUE_CONFIG_KEY} from `multislice render` into {where} (key "
+        f"{kueue.KUEUE_CONFIG_KEY}, resources.deviceClassMappings), restart Kueue (kubectl -n "
+        f"{kueue.KUEUE_CONFIG_NAMESPACE} rollout restart deployment kueue-controller-manager) and apply the rendered "
+        "ClusterQueue; or drop node_pools.additional_node_networks"
+    )
+    try:
+        found = kube.call(
+            kube.core.read_namespaced_config_map, kueue.KUEUE_CONFIG_MAP, kueue.KUEUE_CONFIG_NAMESPACE,
+            what=f"get {where}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status == 404:
+            return (
+                f"{where} not found (Kueue installed under another name?): its DRA device class mappings are not "
+                f"checked; Kueue needs {', '.join(f'{c} -> {r}' for c, r in mappings.items())} ({merge})"
+            )
+        if error.status == 403:
+            raise InputError(
+                f"the pipeline may not read Kueue's Configuration ({where}) to check its DRA device class mappings",
+                "apply the RBAC `multislice render` writes (rbac-role-*-kueue-config.yaml and its RoleBinding)",
+            ) from None
+        raise
+    text = (found.data or {}).get(kueue.KUEUE_CONFIG_KEY) or ""
+    try:
+        configuration = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise KueueMisconfigured(f"{where} key {kueue.KUEUE_CONFIG_KEY} is not YAML: {error}", merge) from None
+    if (configuration.get("featureGates") or {}).get(kueue.DRA_FEATURE_GATE) is False:
+        raise KueueMisconfigured(
+            f"Kueue's Configuration ({where}) sets featureGates.{kueue.DRA_FEATURE_GATE}: false: Kueue rejects the "
+            "RayJob's Workload (Workload uses DRA resources but the KueueDRAIntegration feature gate is not enabled)",
+            "remove that feature gate override and restart Kueue; or drop node_pools.additional_node_networks",
+        )
+    entries = ((configuration.get("resources") or {}).get("deviceClassMappings")) or []
+    for device_class, resource in mappings.items():
+        mapped = [e.get("name") for e in entries if device_class in (e.get("deviceClassNames") or [])]
+        if not mapped:
+            raise KueueMisconfigured(
+                f"Kueue's Configuration ({where}) maps no resource to DeviceClass {device_class}, which the Ray "
+                f"workers' DRANET claims use: Kueue would mark the RayJob's Workload inadmissible (DeviceClass "
+                f"{device_class} is not mapped in DRA configuration)",
+                merge,
+            )
+        if resource not in mapped:
+            raise KueueMisconfigured(
+                f"Kueue's Configuration ({where}) maps DeviceClass {device_class} to {', '.join(map(str, mapped))}; "
+                f"the rendered ClusterQueue has quota for {resource}: Kueue would leave the RayJob pending "
+                f"(resource {mapped[0]} unavailable in ClusterQueue)",
+                f"map {device_class} to {resource} in {where} and restart Kueue, or give ClusterQueue "
+                f"{plan.spec.cluster_queue} quota for {mapped[0]}",
+            )
+    return f"Kueue maps {', '.join(f'DeviceClass {c} to {r}' for c, r in mappings.items())} ({where})"
 
 
 def served_versions(kube: Kube, required: dict[str, str] | None = None) -> dict[str, list[str]]:

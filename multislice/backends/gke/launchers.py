@@ -26,7 +26,7 @@ from multislice.backends.base import (
     TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.gke import jobset, logs, pods, rayjob, watch, workload
+from multislice.backends.gke import jobset, logs, nodepool, pods, prerequisites, rayjob, watch, workload
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.backends.launcher import Launcher
 from multislice.plan import Plan, StagePlan
@@ -81,6 +81,16 @@ class GkeLauncher(Launcher):
     @abc.abstractmethod
     def get(self, name: str) -> dict[str, Any] | None:
         """The workload object as stored, or None when it does not exist."""
+
+    def check_prerequisites(self, plan: Plan) -> list[str]:
+        """Check what this launcher needs on the cluster besides its CRDs, before provision creates node pools;
+        one line per finding (none by default).
+
+        Raises:
+            multislice.backends.gke.prerequisites.PrerequisiteMissing: something is missing; the fix says how to
+                install it.
+        """
+        return []
 
     def phase(self, name: str) -> str | None:
         """The workload's phase, or None when it does not exist."""
@@ -370,6 +380,15 @@ class RayJobLauncher(GkeLauncher):
     workload_kind = "RayJob"
     #: KubeRay's RayJob (``ray.io/v1``, KubeRay v1.7.0).
     crds = {f"{rayjob.RAYJOB_PLURAL}.{rayjob.RAY_GROUP}": rayjob.RAY_VERSION}
+
+    def check_prerequisites(self, plan: Plan) -> list[str]:
+        """The KubeRay TPU webhook, or GKE's Ray Operator add-on (:func:`.prerequisites.check_tpu_webhook`).
+
+        Raises:
+            multislice.backends.gke.prerequisites.PrerequisiteMissing: neither is installed.
+            multislice.backends.gke.nodepool.NodePoolError: the GKE API refused to read the cluster.
+        """
+        return [prerequisites.check_tpu_webhook(self.kube, plan, lambda p: nodepool.ray_operator_enabled(p))]
 
     def __init__(self, backend: GkeBackend):
         super().__init__(backend)

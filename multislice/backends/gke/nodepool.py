@@ -514,6 +514,31 @@ def ensure_node_pools(
     }
 
 
+def ray_operator_enabled(plan: Plan, client: container_v1.ClusterManagerClient | None = None) -> bool:
+    """Whether GKE's Ray Operator add-on is enabled on the plan's cluster: the ``Cluster``'s
+    ``addonsConfig.rayOperatorConfig.enabled`` (google-cloud-container ``container_v1.RayOperatorConfig``), read
+    with one ``get_cluster`` (``container.clusters.get``, as listing node pools needs).
+
+    Args:
+        client: A ``ClusterManagerClient``; default one with Application Default Credentials.
+
+    Raises:
+        multislice.config.ConfigError: incomplete cluster reference; nothing was called.
+        NodePoolError: the GKE API refused the call (the message says which permission it needs).
+    """
+    from google.api_core import exceptions  # the GKE API client: only when provisioning on GKE
+    from google.cloud import container_v1  # idem
+
+    parent = cluster_path(plan)
+    if client is None:
+        client = container_v1.ClusterManagerClient()
+    try:
+        found = client.get_cluster(name=parent)
+    except exceptions.GoogleAPICallError as error:
+        raise _api_error(error, "reading the cluster (its Ray Operator add-on)", parent) from error
+    return bool(found.addons_config.ray_operator_config.enabled)
+
+
 def read_pools(client: container_v1.ClusterManagerClient, parent: str) -> dict[str, container_v1.NodePool]:
     """The cluster's node pools by name (one ``list_node_pools``). Raises :class:`NodePoolError` for an API error."""
     from google.api_core import exceptions  # the GKE API client's errors: only when provisioning on GKE
@@ -806,7 +831,9 @@ def iam_bindings(plan: Plan) -> list[str]:
     https://cloud.google.com/kubernetes-engine/docs/how-to/service-accounts), ``roles/artifactregistry.reader``
     (pull the trainer image) and ``roles/storage.objectUser`` on the output bucket (checkpoints, metrics,
     the JAX cache). With ``service_accounts.tpu_workload_identity`` the bucket role goes to the
-    trainer's Google service account instead.
+    trainer's Google service account instead, as does ``roles/logging.logWriter`` when a stage records
+    goodput (``goodput_recording``: MaxText's recorder writes its events to Cloud Logging,
+    ``ml_goodput_measurement/src/goodput.py``, ``_CloudLogger``).
 
     Returns:
         One line per binding (a ``gcloud`` command), then none for a local ``output_dir``.
@@ -826,5 +853,10 @@ def iam_bindings(plan: Plan) -> list[str]:
         lines.append(
             f"gcloud storage buckets add-iam-policy-binding {bucket} --member=serviceAccount:{writer} "
             "--role=roles/storage.objectUser"
+        )
+    if any(stage.goodput_recording for stage in spec.stages):
+        lines.append(
+            f"gcloud projects add-iam-policy-binding {project} --member=serviceAccount:{writer} "
+            "--role=roles/logging.logWriter"
         )
     return lines

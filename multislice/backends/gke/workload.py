@@ -19,7 +19,13 @@ Some waits never end by themselves; admit fails at once on them
   reason ``Inadmissible``, ``Misconfigured`` in later releases);
 - ``couldn't assign flavors to pod set P: resource R unavailable in
   ClusterQueue`` (``pkg/scheduler/flavorassigner/flavorassigner.go``: no
-  resource group covers R);
+  resource group covers R; e.g. a RayJob's head and submitter request cpu and
+  memory, a queue rendered for JobSets covers only ``google.com/tpu``);
+- reason ``Inadmissible``, ``spec.podSets[i]...: Not found: "DeviceClass D is
+  not mapped in DRA configuration for podset P"`` (``pkg/dra/claims.go``: a
+  DRANET claim whose DeviceClass Kueue's Configuration does not map), and
+  ``Workload uses DRA resources but the KueueDRAIntegration feature gate is
+  not enabled`` (``pkg/controller/core/workload_controller.go``);
 - no Workload at all and a Warning event ``WorkloadPriorityClassNotFound``
   (``WorkloadPriorityClass "p" not found``) on the JobSet: Kueue creates no
   Workload for a JobSet whose ``kueue.x-k8s.io/priority-class`` does not exist
@@ -56,6 +62,7 @@ from kubernetes.client.exceptions import ApiException
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, WorkloadDeleted
 from multislice.backends.gke import jobset
 from multislice.backends.gke.client import Kube
+from multislice.render import kueue
 
 
 def owned_by(workload: dict[str, Any], js: dict[str, Any]) -> bool:
@@ -139,8 +146,23 @@ _BLOCKING_MESSAGES: list[tuple[re.Pattern[str], str]] = [
     ),
     (
         re.compile(r"resource (\S+) unavailable in ClusterQueue"),
-        "the ClusterQueue covers no flavor of {0}: apply the ClusterQueue `multislice render` writes (its "
-        "resourceGroups cover the TPU resource), or set `cluster_queue` to one that covers it",
+        "a pod set requests {0} and no resource group of the ClusterQueue covers it: apply the ClusterQueue and "
+        "ResourceFlavors `multislice render` writes for this run's launcher (kueue-*.yaml; with `--set "
+        f"launcher=ray` a second resource group, flavor {kueue.CPU_FLAVOR}, covers the RayJob head's and "
+        "submitter's cpu and memory), or set `cluster_queue` to one that covers {0}",
+    ),
+    (
+        re.compile(r"DeviceClass (\S+) is not mapped in DRA configuration"),
+        "Kueue's Configuration maps no quota resource to DeviceClass {0}: merge "
+        f"kueue-config/{kueue.KUEUE_CONFIG_KEY} from `multislice render` into ConfigMap "
+        f"{kueue.KUEUE_CONFIG_NAMESPACE}/{kueue.KUEUE_CONFIG_MAP}, restart Kueue (kubectl -n "
+        f"{kueue.KUEUE_CONFIG_NAMESPACE} rollout restart deployment kueue-controller-manager) and apply the rendered "
+        f"ClusterQueue (its quota covers {kueue.DRANET_RESOURCE}); or drop node_pools.additional_node_networks",
+    ),
+    (
+        re.compile(r"Workload uses DRA resources but the (\S+) feature gate is not enabled"),
+        "enable Kueue's {0} feature gate (beta, on by default; remove the override from Kueue's Configuration "
+        "featureGates or its --feature-gates flag) and restart Kueue; or drop node_pools.additional_node_networks",
     ),
 ]
 #: The fix for a Rejected admission check (queued provisioning: the ProvisioningRequest failed past Kueue's retries).

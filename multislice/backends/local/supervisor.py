@@ -142,6 +142,10 @@ class Supervisor:
         }
         if os.environ.get("PYTHONPATH"):  # a source checkout run with PYTHONPATH: pods run the same code
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        # A Hugging Face token for a private or gated dataset: as a cluster pod gets it from a Secret, a local pod
+        # gets this machine's (huggingface_hub reads $HF_TOKEN when MaxText's hf_access_token is unset).
+        if os.environ.get("HF_TOKEN"):
+            env["HF_TOKEN"] = os.environ["HF_TOKEN"]
         # The Ray driver's test hook (multislice.trainer.ray_driver.KILL_HOOK_ENV), set by the end-to-end test.
         if os.environ.get("MULTISLICE_RAY_KILL_WORKER"):
             env["MULTISLICE_RAY_KILL_WORKER"] = os.environ["MULTISLICE_RAY_KILL_WORKER"]

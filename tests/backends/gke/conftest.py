@@ -15,7 +15,7 @@ from multislice import steps as step_lines
 from multislice.backends.gke import GkeBackend, nodepool
 from multislice.plan import make_plan
 from multislice.render import jobset as render_jobset
-from multislice.render import rbac, schema
+from multislice.render import kueue, rbac, schema
 from multislice.steps import provision
 from tests.backends.gke.harness import POOLS, RUN_ID, Told
 from tests.kube_cluster import Served
@@ -47,11 +47,20 @@ def served():
 
 
 @pytest.fixture
-def play(served):
+def bare_play(served):
+    """The emulated cluster's controllers, with the CRDs and the node pools' nodes; no Kueue objects yet."""
     player = Play(served)
     player.install_crds()
     player.nodes({pool: 4 for pool in POOLS})
     return player
+
+
+@pytest.fixture
+def play(bare_play, plan):
+    """:func:`bare_play` with the Kueue objects and Kueue Configuration fragment ``multislice render`` writes for the
+    module's ``plan``, as a cluster admin applied them (the Kueue model admits against them, tests/kueue_model.py)."""
+    bare_play.install_kueue(provision.kueue_objects(plan), kueue.kueue_configuration(plan))
+    return bare_play
 
 
 @pytest.fixture

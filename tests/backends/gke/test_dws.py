@@ -18,7 +18,7 @@ import pytest
 
 from multislice import config
 from multislice.backends.base import AdmissionBlocked, LaunchFailed
-from multislice.backends.gke import GkeBackend
+from multislice.backends.gke import GkeBackend, prerequisites
 from multislice.config.models import FLEX_START_MAX_WAIT_SECONDS
 from multislice.errors import ConfigError
 from multislice.plan import make_plan
@@ -152,18 +152,18 @@ def test_provision_applies_the_dws_objects_under_enforced_rbac(served, play, pla
     assert least_privilege.denied == []
 
 
-def test_provision_without_the_dws_rules_is_forbidden(served, play, plan):
-    # The RBAC of a plan without queued provisioning does not let the pipeline apply the AdmissionCheck.
+def test_provision_without_the_dws_rules_is_refused_before_any_node_pool(served, play, plan, node_pools):
+    # The RBAC of a plan without queued provisioning does not let the pipeline apply the AdmissionCheck: provision's
+    # SelfSubjectAccessReviews find it before a node pool is asked for, and no request is tried.
     plain = make_plan(plan.spec.model_copy(update={"node_pools": config.NodePoolSpec()}))
     served.as_user(served.user, rbac.render_rbac_objects(plain))
-    with pytest.raises(Exception, match="403"):
+    with pytest.raises(prerequisites.AccessMissing) as refused:
         provision.run(plan, backend=GkeBackend(served.kube()))
-    [denied] = served.cluster.authorizer.denied
-    assert denied == (
-        f'provisioningrequestconfigs.kueue.x-k8s.io "{CONFIG}" is forbidden: User '
-        '"system:serviceaccount:default:multislice-pipeline" cannot patch resource "provisioningrequestconfigs" in '
-        'API group "kueue.x-k8s.io" at the cluster scope'
+    assert refused.value.message.endswith(
+        f'Missing: get, patch, create provisioningrequestconfigs.kueue.x-k8s.io "{CONFIG}" cluster-wide; '
+        f'get, patch, create admissionchecks.kueue.x-k8s.io "{CHECK}" cluster-wide'
     )
+    assert node_pools == [] and served.cluster.authorizer.denied == []
 
 
 def test_admit_shows_the_provisioning_request_state_then_is_admitted(served, play, plan, told, capsys):

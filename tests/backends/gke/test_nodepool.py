@@ -405,3 +405,16 @@ def test_a_machine_type_the_topology_is_not_offered_on_is_refused_by_plan():
         make(machine_type="ct6e-standard-8t")  # the profile's v6e-16 (4x4) runs on ct6e-standard-4t only
     [(field, message)] = caught.value.issues
     assert field == "machine_type" and "cannot host v6e-16" in message and "ct6e-standard-8t hosts v6e-8" in message
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_ray_operator_enabled_reads_the_clusters_addons_config(gke, enabled):
+    gke.ray_operator = enabled
+    assert nodepool.ray_operator_enabled(make(), gke.client()) is enabled
+    assert [path for path, _ in gke.calls("GET")] == [f"/v1/{PARENT}"]
+
+
+def test_ray_operator_enabled_names_the_cluster_when_the_gke_api_refuses(gke):
+    with pytest.raises(nodepool.NodePoolError, match=r"reading the cluster \(its Ray Operator add-on\) on "
+                       r"projects/my-project/locations/us-east5/clusters/other.*check cluster.project"):  # fmt: skip
+        nodepool.ray_operator_enabled(make(**{"cluster.name": "other"}), gke.client())

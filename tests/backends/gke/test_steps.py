@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from multislice import config, metrics, names, reports, storage
+from multislice import config, goodput, metrics, names, reports, storage
 from multislice import steps as step_lines
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, LaunchFailed, TrainingFailed
-from multislice.backends.gke import GkeBackend, exporter, jobs, retry
+from multislice.backends.gke import GkeBackend, exporter, jobs, prerequisites, retry
 from multislice.backends.gke import cluster as gke_cluster
 from multislice.backends.gke import jobs as gke_jobs
 from multislice.backends.gke import jobset as jobsets
@@ -161,6 +161,9 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     assert (trained.steps_trained, trained.first_loss, trained.final_loss) == (4, 8.0, 5.0)
     assert trained.tokens_per_second_per_device == pytest.approx(2000.0)
     assert trained.restarts == 0 and trained.leader_logs == [pods[0]]
+    # Goodput for every stage, not only elastic ones: the four steps' time over the job's, badput by cause.
+    assert set(trained.badput_seconds) == set(goodput.CATEGORIES) and trained.steps_lost == 0
+    assert 0 < (trained.goodput or 0) <= 1 and trained.job_seconds == pytest.approx(trained.wall_seconds, abs=0.1)
 
     with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log())):
         verified = verify_checkpoint.run(plan, stage_of(plan), backend=GkeBackend(kube))
@@ -384,7 +387,7 @@ def test_api_500s_are_retried_then_recover_and_a_deadline_ends_them(served, play
     served.cluster.faults.clear()
 
 
-def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
+def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan, node_pools):
     player = Play(served)
     player.install_crds(skip=("workloads.kueue.x-k8s.io",))
     with pytest.raises(
@@ -398,6 +401,7 @@ def test_missing_crds_name_the_versions_found_and_what_to_install(served, plan):
         provision.run(plan, backend=GkeBackend(served.kube()))
     assert "clusterqueues.kueue.x-k8s.io needs v1beta2, the cluster serves v1beta1" in str(failure.value)
     assert "install Kueue v0.19 or later" in str(failure.value) and "jobsets" not in str(failure.value)
+    assert node_pools == []  # checked before any node pool is asked for
 
 
 def test_cancel_mid_train_deletes_the_jobset_and_cleanup_spares_other_runs(served, play, plan, told):
@@ -507,7 +511,8 @@ def test_train_reattaches_to_the_new_leader_after_a_jobset_restart(served, play,
     assert trained.restart_causes == [f"pod {first[0]} (slice 0, host 0) Failed"]  # no container status: the phase
 
 
-def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, play, plan, capsys):
+def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, bare_play, plan, capsys):
+    play = bare_play  # no Kueue objects applied yet
     plan = make_plan(plan.spec.model_copy(update={"service_accounts": config.ServiceAccountsSpec()}))
     report = provision.run(plan, backend=GkeBackend(served.kube()))
     assert report.kueue_objects == ["LocalQueue/multislice-queue"]
@@ -560,15 +565,23 @@ def test_provision_on_an_empty_cluster_creates_the_local_queue_under_enforced_rb
     assert served.cluster.authorizer.denied == []
 
 
-def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, play, plan):
+def test_a_verb_rbac_does_not_grant_is_forbidden_as_the_api_server_says(served, bare_play, plan):
     objects = rbac.render_rbac_objects(plan)
     for obj in objects:
         for rule in obj.get("rules", []):
             if rule["resources"] == ["localqueues"]:
                 rule["verbs"] = ["get", "patch"]  # what the Role granted before: apply cannot create
     served.as_user(served.user, objects)
-    with pytest.raises(Exception, match="403") as refused:
+    # provision's SelfSubjectAccessReviews see it first: refused before any node pool, nothing tried.
+    with pytest.raises(prerequisites.AccessMissing, match=r'Missing: create localqueues\.kueue\.x-k8s\.io '
+                       r'"multislice-queue" in namespace "default"'):  # fmt: skip
         provision.run(plan, backend=GkeBackend(served.kube()))
+    assert served.cluster.authorizer.denied == []
+    # The apply itself, tried anyway, is refused as the API server refuses it (patch.go: an apply that creates is
+    # authorized as create too).
+    local_queue = next(o for o in provision.kueue_objects(plan) if o["kind"] == "LocalQueue")
+    with pytest.raises(Exception, match="403") as refused:
+        gke_cluster.server_side_apply(served.kube(), local_queue)
     assert served.cluster.authorizer.denied == [
         'localqueues.kueue.x-k8s.io "multislice-queue" is forbidden: User '
         '"system:serviceaccount:default:multislice-pipeline" cannot create resource "localqueues" in API group '
@@ -591,7 +604,8 @@ BLOCKED = [
     pytest.param(
         "Pending", "couldn't assign flavors to pod set slice: resource google.com/tpu unavailable in ClusterQueue",
         "resource google.com/tpu unavailable in ClusterQueue",
-        "the ClusterQueue covers no flavor of google.com/tpu", id="inadmissible-flavor",
+        "a pod set requests google.com/tpu and no resource group of the ClusterQueue covers it",
+        id="inadmissible-flavor",
     ),
 ]  # fmt: skip
 

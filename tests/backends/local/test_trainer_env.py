@@ -20,6 +20,8 @@ print(json.dumps({
     "model_names": list(typing.get_args(types.ModelName)),
     "remat": [p.value for p in types.RematPolicy],
     "base": {k: v for k, v in base.items() if k.endswith("_parallelism")},
+    "mesh_axes": base["mesh_axes"],
+    "emergency_fields": list(types.EmergencyCheckpointing.model_fields),
     "models": {
         name: yaml.safe_load((Path(configs.__file__).parent / "models" / f"{name}.yml").read_text())
         for name in MODEL_DIMS
@@ -38,6 +40,9 @@ def test_maxtext_facts_match_the_installed_maxtext(trainer_python):
     for net, defaults in (("ici", maxtext.ICI_DEFAULTS), ("dcn", maxtext.DCN_DEFAULTS)):
         for axis in maxtext.PARALLELISM_AXES:
             assert facts["base"][f"{net}_{axis}_parallelism"] == defaults.get(axis, 1), (net, axis)
+    assert tuple(facts["mesh_axes"]) == maxtext.MESH_AXES
+    emergency = {*maxtext.EMERGENCY_CHECKPOINT_KEYS, *maxtext.MULTI_TIER_CHECKPOINT_KEYS}
+    assert emergency == set(facts["emergency_fields"])
     for name, dims in maxtext.MODEL_DIMS.items():
         yml = facts["models"][name]
         for key, value in dims.items():

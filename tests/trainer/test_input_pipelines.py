@@ -1,0 +1,77 @@
+"""Every data kind the plan accepts reaches a first batch through MaxText's own input pipeline (issue 25).
+
+The stage's MaxText arguments are the ones the plan renders (:func:`multislice.plan.make_plan`); one trainer
+process (:mod:`tests.trainer.first_batch`) builds MaxText 0.2.5's config from them and calls its
+``create_data_iterator`` for one batch per kind: synthetic, ``text`` (shards prepare_data wrote), user ArrayRecord,
+a weighted ArrayRecord mixture, Parquet, ``hf`` on a local Parquet dataset with the default tokenizer (its Hugging
+Face form shipped in the package, the Hub unreachable: ``HF_HUB_OFFLINE``), and ``tfds`` mapped onto grain over
+TFRecord. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+from multislice import config
+from multislice.backends.local import trainer_process_env
+from multislice.plan import make_plan
+from multislice.steps import prepare_data
+
+
+def _args(tmp_path: Path, data: dict) -> list[str]:
+    profile = copy.deepcopy(config.read_profile("local"))
+    profile.update(output_dir=str(tmp_path / "out"), num_slices=1)
+    stage = profile["stages"][0]
+    profile["stages"] = [stage]
+    stage.update(data=data, eval_interval=-1, steps=4, checkpoint_period=4)
+    stage["dcn"] = {axis: 1 for axis in stage.get("dcn", {})}
+    stage.pop("export", None)
+    plan = make_plan(config.load_spec(profile))
+    if data["kind"] == "text":
+        prepare_data.run(plan, plan.stages[0])
+    return list(plan.stages[0].maxtext_args)
+
+
+def test_every_data_kind_reaches_a_first_batch_through_maxtexts_pipeline(tmp_path, trainer_python):
+    files = tmp_path / "files"
+    corpus = tmp_path / "corpus"
+    files.mkdir()
+    corpus.mkdir()
+    for i in range(24):
+        (corpus / f"doc{i}.txt").write_text(f"Document {i}. " + "The quick brown fox jumps over the lazy dog. " * 20)
+    kinds = {
+        "synthetic": {"kind": "synthetic"},
+        "text": {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.1},
+        "grain-arrayrecord": {"kind": "grain", "train_files": f"{files}/web-*.array_record"},
+        "grain-mixture": {
+            "kind": "grain",
+            "train_files": f"{files}/web-*.array_record,0.7;{files}/code-*.array_record,0.3",
+        },  # fmt: skip
+        "grain-parquet": {"kind": "grain", "file_type": "parquet", "train_files": f"{files}/rows.parquet"},
+        "hf-default-tokenizer": {"kind": "hf", "path": str(files / "hub-dataset")},
+        "tfds-on-grain": {"kind": "tfds", "dataset_path": str(files / "tfds"), "dataset_name": "c4/en:3.1.0"},
+    }
+    cases = {name: _args(tmp_path / name, data) for name, data in kinds.items()}
+    assert any(a == "tokenizer_type=huggingface" for a in cases["hf-default-tokenizer"])
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    script = Path(__file__).with_name("first_batch.py")
+    env = trainer_process_env(trainer_python.parent.parent)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's multislice (a worktree's too)
+    done = subprocess.run(
+        [str(trainer_python), str(script), str(tmp_path / "cases.json"), str(files)],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    found = {
+        (row := json.loads(line.removeprefix("CASE ")))["case"]: row
+        for line in done.stdout.splitlines()
+        if line.startswith("CASE ")
+    }
+    assert set(found) == set(kinds), done.stderr[-3000:]
+    for name, row in found.items():
+        assert "error" not in row, f"{name}: {row.get('error')}\n{row.get('trace')}"
+        assert row["shape"] == [8, 128], (name, row)  # 1 sequence x 8 devices, max_target_length 128
+        if name != "synthetic":  # Llama 3 tokens: each document begins with BOS; packed, so most rows are full
+            assert row["bos"] >= 1 and row["max"] < 128256 and row["nonpad"] > 4 * 128, (name, row)

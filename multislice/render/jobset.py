@@ -336,15 +336,23 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     }
 
 
+#: The local Ray driver pod's program: a Ray head and the Jobs API submitter, as KubeRay runs a RayJob.
+LOCAL_RAYJOB_MODULE = "multislice.trainer.ray_job"
+
+
 def render_ray_driver_jobset(
     plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_run_id: str
 ) -> dict[str, Any]:
-    """The local backend's workload for a stage with ``launcher: ray``: one pod, the Ray driver.
+    """The local backend's workload for a stage with ``launcher: ray``: one pod, the Ray driver's RayJob.
 
-    The driver (:mod:`multislice.trainer.ray_driver`) starts a local Ray instance whose
-    ``JaxTrainer`` runs one CPU worker per emulated host; Ray Train, not the JobSet, retries
-    failed workers (``FailureConfig(max_failures=max_restarts)``), so the JobSet itself never
-    restarts. On GKE a Ray stage is a RayJob instead (:func:`multislice.render.ray.render_rayjob`).
+    The pod runs :data:`LOCAL_RAYJOB_MODULE` (:mod:`multislice.trainer.ray_job`), which plays what
+    KubeRay does for a RayJob: a Ray head with the dashboard (``ray start --head --block``), ready once
+    its dashboard agent's ``/api/healthz`` answers 200, and the driver
+    (:mod:`multislice.trainer.ray_driver`, the same entrypoint as the RayJob's on GKE) submitted and
+    followed through Ray's Jobs API. The driver's ``JaxTrainer`` runs one CPU worker per emulated host;
+    Ray Train, not the JobSet, retries failed workers (``FailureConfig(max_failures=max_restarts)``),
+    so the JobSet itself never restarts. On GKE a Ray stage is a RayJob instead
+    (:func:`multislice.render.ray.render_rayjob`).
 
     Raises:
         ValueError: ``hardware`` is ``tpu`` (a TPU Ray stage is a RayJob), or a bad ``pipeline_run_id``.
@@ -355,13 +363,15 @@ def render_ray_driver_jobset(
         raise ValueError(f"stage {stage.name} has launcher ray: on TPU it is a RayJob (multislice.render.ray)")
     spec = plan.spec
     labels = run_labels(plan, pipeline_run_id, stage)
-    command = ray.driver_command(plan, stage, "cpu")
+    entrypoint = ray.driver_command(plan, stage, "cpu")
+    # the head's logical CPUs: one per Ray worker (one per emulated host), one for the driver's own actors
+    head_cpus = spec.num_slices * plan.slice.hosts + 1
     container = {
         "name": names.TRAINER_CONTAINER,
         "image": spec.images.trainer,
         "imagePullPolicy": "IfNotPresent",
-        "command": command[:3],
-        "args": command[3:],
+        "command": ["python", "-m", LOCAL_RAYJOB_MODULE],
+        "args": [f"--name={stage.workload}", f"--num-cpus={head_cpus}", "--", *entrypoint],
         "env": [{"name": "JAX_PLATFORMS", "value": "cpu"}, unbuffered_env()],
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }

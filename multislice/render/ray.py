@@ -61,7 +61,8 @@ from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
 
 API_VERSION = "ray.io/v1"
-#: The Ray version of the trainer image (``ray[train]`` in the trainer extra); KubeRay's ``rayVersion``.
+#: The Ray version of the trainer image (``ray[default,train]`` in the trainer extra: the dashboard, its agent
+#: and the Jobs API, which KubeRay's probes and submitter use); KubeRay's ``rayVersion``.
 RAY_VERSION = "2.60.0"
 #: The driver module, run by the RayJob's entrypoint on the head.
 DRIVER_MODULE = "multislice.trainer.ray_driver"

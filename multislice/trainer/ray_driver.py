@@ -1,6 +1,7 @@
 """The Ray launcher's driver: Ray Train's ``JaxTrainer`` runs MaxText's train in every Ray worker.
 
-Usage (the RayJob's entrypoint on GKE, the driver pod's command on the local backend)::
+Usage (the RayJob's entrypoint, submitted through Ray's Jobs API: by KubeRay's submitter on GKE, by
+:mod:`multislice.trainer.ray_job` in the local backend's driver pod)::
 
     python -m multislice.trainer.ray_driver --slices=S --hosts-per-slice=H --chips-per-host=C \\
         --max-failures=M --storage-path=DIR --name=NAME [--min-slices=m] \\
@@ -14,7 +15,8 @@ writes its Orbax checkpoints too (Ray Train keeps its own run state under
 
 On TPU (``--tpu``) Ray Train's JAX backend initialises ``jax.distributed`` and sets
 ``MEGASCALE_*`` itself (ray 2.60.0 ``ray/train/v2/jax/config.py``), and MaxText runs
-as in a JobSet pod. On CPU (the local backend: a local Ray instance) Ray Train does
+as in a JobSet pod. The driver connects to the cluster it was submitted to (``RAY_ADDRESS``, set by the Jobs
+API) and never starts a Ray instance itself. On CPU (the local backend's head on this machine) Ray Train does
 not initialise ``jax.distributed`` (``_JaxBackend.on_start`` returns early without
 ``use_tpu``/``use_gpu``), so each worker does it, as the JobSet path's worker does:
 from its world rank it sets MaxText's multi-process CPU variables
@@ -41,6 +43,7 @@ exercise ``FailureConfig`` through an event of the run rather than a timer.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -259,42 +262,18 @@ class _Relay:
         self.thread.join(timeout=30)
 
 
-#: How long the local Ray instance's processes may take to start, seconds (RayConfig waits, below).
-LOCAL_START_PATIENCE = 600.0
-#: Tries at starting the local Ray instance. Ray gives its raylet a fixed 30 s to register
-#: (``ray/_private/node.py``, ``raylet_start_wait_time_s``), and the raylet gives its dashboard agent about
-#: 15 s to write its port file (``node_manager.cc``, "Timed out waiting for file .../metrics_agent_port_*"):
-#: on two cores under a load average above 15 the agent, a Python process importing Ray, misses both.
-LOCAL_START_TRIES = 3
+def submission_id() -> str | None:
+    """This driver's Jobs API submission id; None when it was not submitted through the Jobs API.
 
-
-def _start_local_ray(workers: int, env_vars: dict[str, str]) -> None:
-    """``ray.init`` a local instance, up to :data:`LOCAL_START_TRIES` times.
-
-    Raises:
-        Exception: Ray's own, when the last try did not start a node.
+    The job's supervisor passes it in the job config's metadata (``RAY_JOB_CONFIG_JSON_ENV_VAR``, key
+    ``job_submission_id``: ray 2.60.0 ``job_supervisor.py``, ``JobSupervisor.__init__`` and
+    ``_get_driver_env_vars``).
     """
-    import ray
-
-    # Ray's memory monitor kills workers when the whole node passes 95% memory, whoever uses it; on a shared
-    # machine that is another run's or a compile's memory, and each kill costs a FailureConfig retry. The local
-    # backend checks memory before a stage starts instead; the monitor is off for this local instance (Ray's
-    # "Out-Of-Memory Prevention" page: RAY_memory_monitor_refresh_ms=0 disables it). Not set on TPU (GKE).
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    for attempt in range(1, LOCAL_START_TRIES + 1):
-        try:
-            ray.init(
-                num_cpus=workers + 1,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": env_vars},
-            )
-            return
-        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start
-            ray.shutdown()
-            if attempt == LOCAL_START_TRIES:
-                raise
-            print(f"multislice ray driver: local Ray did not start ({error}); trying again", flush=True)
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
+    except ValueError:
+        return None
+    return (config.get("metadata") or {}).get("job_submission_id")
 
 
 def build_trainer(options: argparse.Namespace, maxtext_args: list[str], queue: Any) -> Any:
@@ -337,27 +316,29 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray.util.queue import Queue
 
-    workers = options.slices * options.hosts_per_slice
-    if os.environ.get("RAY_ADDRESS") or options.tpu:
-        ray.init(log_to_driver=False)  # the RayJob's cluster (KubeRay sets RAY_ADDRESS for the entrypoint)
-    else:
-        # A local Ray instance: one logical CPU per worker (the workers are MaxText processes, not CPU-bound
-        # Ray tasks), and one CPU device per emulated chip in every worker. On a busy machine the raylet's
-        # waits for its dashboard agent (RayConfig raylet_start_wait_time_s: the agent's port files, and
-        # agent_register_timeout_ms) run out; give them 10 minutes.
-        os.environ.setdefault("RAY_raylet_start_wait_time_s", f"{LOCAL_START_PATIENCE:.0f}")
-        os.environ.setdefault("RAY_agent_register_timeout_ms", f"{LOCAL_START_PATIENCE * 1000:.0f}")
-        _start_local_ray(
-            workers,
-            {
+    # The running cluster this driver was submitted to: KubeRay's RayJob on GKE, the local backend's head
+    # (multislice.trainer.ray_job) here. Its Jobs API supervisor sets RAY_ADDRESS to the cluster's GCS address
+    # (ray 2.60.0 job_supervisor.py, _get_driver_env_vars); without it, "auto" finds a cluster of this machine
+    # or fails: the driver never starts a Ray instance of its own.
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    runtime_env = None
+    if not options.tpu:
+        # The local backend: one CPU device per emulated chip in every worker, and the workers' timeouts.
+        runtime_env = {
+            "env_vars": {
                 "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": f"--xla_force_host_platform_device_count={options.chips_per_host}",
                 "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
                 # Ray Train gives a worker group 60 s to start (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S); four
                 # processes importing Ray and JAX on two loaded cores take longer. Same bound as collectives.
                 "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": f"{options.distributed_timeout:g}",
-            },
-        )
+            }
+        }
+    ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+    print(
+        f"multislice ray driver: connected to the Ray cluster at {address} (Jobs API submission {submission_id()})",
+        flush=True,
+    )
     print(
         f"multislice ray driver: JaxTrainer with {worker_counts(options)} workers ({options.slices} slices x "
         f"{options.hosts_per_slice} hosts, {'TPU' if options.tpu else 'CPU'}), max_failures {options.max_failures}, "

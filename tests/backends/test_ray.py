@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -10,7 +11,7 @@ from multislice import config, tpu
 from multislice.config import ConfigError
 from multislice.plan import make_plan
 from multislice.render import jobset, launchers, manifests, ray
-from multislice.trainer import ray_driver
+from multislice.trainer import ray_driver, ray_job
 
 NETWORKS = [{"network": "dcn-net", "subnetwork": "dcn-sub"}, {"network": "dcn-net-2", "subnetwork": "dcn-sub-2"}]
 
@@ -153,7 +154,15 @@ def test_local_ray_stage_is_one_driver_pod_with_the_cpu_arguments():
     assert rjob["replicas"] == 1 and rjob["template"]["spec"]["parallelism"] == 1
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 0  # Ray Train retries, not the JobSet
     container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
-    options, maxtext_args = ray_driver.parse_args(container["args"])
+    # the pod: a Ray head and the Jobs API submitter (KubeRay's part), whose entrypoint is the driver, as on GKE
+    assert container["command"] == ["python", "-m", jobset.LOCAL_RAYJOB_MODULE]
+    pod_options, entrypoint = ray_job.parse_args(container["args"])
+    assert pod_options.name == stage.workload and pod_options.num_cpus == 2 * plan.slice.hosts + 1
+    assert entrypoint == ray.driver_command(plan, stage, "cpu")
+    rayjob = ray.render_rayjob(_plan(launcher="ray"), _plan(launcher="ray").stages[1], pipeline_run_id="r")
+    assert shlex.split(rayjob["spec"]["entrypoint"])[:3] == entrypoint[:3]  # the same driver module
+    assert entrypoint[:3] == ["python", "-m", ray.DRIVER_MODULE]
+    options, maxtext_args = ray_driver.parse_args(entrypoint[3:])
     assert not options.tpu and options.slices == 2
     assert {"hardware=cpu", "num_slices=2", "dcn_fsdp_parallelism=2"} <= set(maxtext_args)
     assert [a for a in maxtext_args if a.startswith("jax_cache_dir=")] == [f"jax_cache_dir={plan.jax_cache_dir}"]
@@ -223,3 +232,20 @@ def test_the_kill_hook_from_the_environment_applies_to_its_driver_only(monkeypat
     assert (options.kill_rank, options.kill_after_step) == (1, 6)
     options, _ = ray_driver.parse_args([*base, "--name=run-stage-b"])
     assert options.kill_rank is None
+
+
+def test_the_driver_reads_its_submission_id_from_the_jobs_api_job_config(monkeypatch):
+    # what Ray's JobSupervisor passes its driver (ray 2.60.0 job_supervisor.py, _get_driver_env_vars)
+    config = {"runtime_env": {}, "metadata": {"job_submission_id": "run-stage-ab1c2", "job_name": "run-stage-ab1c2"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(config))
+    assert ray_driver.submission_id() == "run-stage-ab1c2"
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert ray_driver.submission_id() is None  # not submitted through the Jobs API
+
+
+def test_each_submission_id_is_the_name_and_five_characters_as_kuberays():
+    ids = {ray_job.submission_id("run-stage") for _ in range(20)}
+    assert len(ids) > 1
+    for job_id in ids:
+        prefix, suffix = job_id.rsplit("-", 1)
+        assert prefix == "run-stage" and len(suffix) == 5 and set(suffix) <= set("abcdefghijklmnopqrstuvwxyz0123456789")

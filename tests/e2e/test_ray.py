@@ -25,7 +25,7 @@ from multislice import config, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.plan import make_plan
 from multislice.storage import committed_steps, latest_committed_step
-from multislice.trainer import digests
+from multislice.trainer import digests, ray_job
 from multislice.trainer.ray_driver import KILL_HOOK_ENV
 from tests.conftest import ROOT, LocalRun
 
@@ -89,9 +89,27 @@ def test_stage_two_shards_fsdp_over_dcn_across_ray_workers(ray_run):
     assert reports.read(reports.VerificationReport, ray_run.plan, stage).written_mesh == {"fsdp": 8, "tensor": 2}
 
 
+def test_each_stage_ran_on_a_ray_head_through_the_jobs_api(ray_run):
+    """The pod did what KubeRay does: a head that answered its probe, the driver submitted through the Jobs API,
+    and the driver joined that head's cluster (multislice.trainer.ray_job)."""
+    for stage in ray_run.plan.stages:
+        log = LocalJobSets(ray_run.plan.run_dir).pod_log(stage.jobset, 0, 0).read_text()
+        assert "--include-dashboard=true" in log and "/api/healthz -> 200" in log
+        submitted = log.split(f"multislice ray job: submitted {stage.jobset}-", 1)[1].split()[0]
+        job_id = f"{stage.jobset}-{submitted}"
+        assert "through the Jobs API at http://127.0.0.1:" in log
+        gcs_port = log.split("--port=", 1)[1].split()[0]
+        assert "multislice ray driver: connected to the Ray cluster at " in log
+        assert f":{gcs_port} (Jobs API submission {job_id})" in log
+        assert f"multislice ray job: {job_id} SUCCEEDED (driver exit code 0)" in log
+
+
 def test_the_ray_run_leaves_no_process_behind(ray_run):
     for state in LocalJobSets(ray_run.plan.run_dir).list_jobsets():
         assert state.phase == "Completed"
         assert not pid_alive(state.supervisor_pid)
         assert not any(pid_alive(p.pid) for p in state.pods)
+        log = Path(state.pods[0].log).read_text()
+        temp_dir = log.split("--temp-dir=", 1)[1].split()[0]
+        assert ray_job.head_processes(temp_dir) == [] and not Path(temp_dir).exists()  # the head and its job
     assert Path(ray_run.plan.run_dir).is_dir()

@@ -44,20 +44,20 @@ def test_every_rendered_object_validates(profile, crds_dir):
 
 
 def test_cel_rules_are_evaluated_not_skipped():
-    cluster_queue = all_objects("gke-v6e-16x2")[1]
+    cluster_queue = next(o for o in all_objects("gke-v6e-16x2") if o["kind"] == "ClusterQueue")
     report = schema.check_cel(cluster_queue)
     assert any("coveredResources" in rule for rule in report.evaluated)
 
 
 def test_validation_catches_typos_wrong_types_and_cel_violations():
     objects = all_objects("gke-v6e-16x2")
-    js = objects[4]
+    js = next(o for o in objects if o["kind"] == "JobSet")
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod["nodeSelctor"] = pod.pop("nodeSelector")
     js["spec"]["replicatedJobs"][0]["replicas"] = "two"
     found = schema.problems(js)
     assert any("nodeSelctor" in p for p in found) and any("'two' is not of type 'integer'" in p for p in found)
-    cluster_queue = objects[1]
+    cluster_queue = next(o for o in objects if o["kind"] == "ClusterQueue")
     cluster_queue["spec"]["resourceGroups"][0]["coveredResources"].append("cpu")
     assert schema.problems(cluster_queue) == [
         "spec.resourceGroups[0]: flavors must have the same number of resources as the coveredResources"
@@ -185,9 +185,12 @@ def test_every_trainer_image_container_runs_python_unbuffered():
 
 def test_cluster_queue_quota_is_slices_times_chips():
     plan = make_plan(config.load_profile("gke-v6e-16x2", {"num_slices": 4, "stages.1.dcn": {"fsdp": 4, "data": 1}}))
-    flavor, cluster_queue, priority, local_queue = kueue.render_kueue_objects(plan)
-    [group] = cluster_queue["spec"]["resourceGroups"]
+    flavor, cpu_flavor, cluster_queue, priority, local_queue = kueue.render_kueue_objects(plan)
+    group, cpu_group = cluster_queue["spec"]["resourceGroups"]
     assert group["flavors"][0]["resources"] == [{"name": "google.com/tpu", "nominalQuota": 64}]
+    # the run form offers launcher=ray: its RayJob's head and submitter on a CPU flavor with no node labels
+    assert cpu_group["flavors"][0]["name"] == cpu_flavor["metadata"]["name"] == kueue.CPU_FLAVOR
+    assert cpu_group["coveredResources"] == ["cpu", "memory"] and "spec" not in cpu_flavor
     assert group["flavors"][0]["name"] == flavor["metadata"]["name"] == "v6e-4x4"
     assert local_queue["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
     assert priority["value"] == 100

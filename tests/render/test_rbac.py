@@ -96,7 +96,7 @@ def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
     objs = objects(**{"service_accounts.kueue_cluster_objects": True})
     role = objs[("ClusterRole", "multislice-pipeline-kueue-multislice-cluster-queue")]
     assert rules_table(role) == {
-        ("kueue.x-k8s.io", "resourceflavors"): (["create", "get", "patch"], ["v6e-4x4"]),
+        ("kueue.x-k8s.io", "resourceflavors"): (["create", "get", "patch"], ["v6e-4x4", "multislice-cpu"]),
         ("kueue.x-k8s.io", "clusterqueues"): (["create", "get", "patch"], ["multislice-cluster-queue"]),
         ("kueue.x-k8s.io", "workloadpriorityclasses"): (["create", "get", "patch"], ["default-priority"]),
     }

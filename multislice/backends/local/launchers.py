@@ -1,10 +1,12 @@
 """The local backend's launchers (:mod:`multislice.backends.launcher`): a stage's CPU JobSet, each pod a process.
 
 :class:`JobSetLauncher` runs a stage's multislice JobSet as processes of this machine (:mod:`.jobsets`, its
-supervisor restarts it as JobSet's failure policy says). :class:`RayLauncher` runs a stage with ``launcher: ray`` as
-the one-pod JobSet of its Ray driver (:func:`multislice.render.jobset.render_ray_driver_jobset`): the driver starts
-a local Ray instance whose ``JaxTrainer`` runs one CPU worker per emulated host, and Ray Train, not the JobSet,
-retries failed workers.
+supervisor restarts it as JobSet's failure policy says). :class:`RayLauncher` runs a stage with ``launcher: ray``
+as the one-pod JobSet of its RayJob (:func:`multislice.render.jobset.render_ray_driver_jobset`): the pod
+(:mod:`multislice.trainer.ray_job`) starts a Ray head with the dashboard, waits for KubeRay's probe
+(``/api/healthz`` on the dashboard agent) and submits the driver through Ray's Jobs API, as KubeRay does; the
+driver's ``JaxTrainer`` runs one CPU worker per emulated host, and Ray Train, not the JobSet, retries failed
+workers.
 """
 
 from __future__ import annotations
@@ -235,9 +237,11 @@ class JobSetLauncher(Launcher):
 
 
 class RayLauncher(JobSetLauncher):
-    """A stage with ``launcher: ray``: the one-pod JobSet of its Ray driver, which starts a local Ray instance whose
-    ``JaxTrainer`` runs one CPU worker per emulated host. The driver pod never restarts; Ray Train retries the worker
-    group inside it (``FailureConfig(max_failures=max_restarts)``)."""
+    """A stage with ``launcher: ray``: the one-pod JobSet of its RayJob. The pod runs a Ray head with the
+    dashboard and submits the driver through Ray's Jobs API (:mod:`multislice.trainer.ray_job`); the pod's log
+    is the job's log, followed through the Jobs API, and its exit the job's status. The driver's ``JaxTrainer``
+    runs one CPU worker per emulated host. The pod never restarts; Ray Train retries the worker group inside it
+    (``FailureConfig(max_failures=max_restarts)``)."""
 
     kind = launchers.KINDS["ray"]
     what = "Ray driver"
@@ -274,7 +278,8 @@ class RayLauncher(JobSetLauncher):
     def running_note(self, plan: Plan) -> str:
         """The Ray workers and how their ranks map to emulated hosts."""
         return (
-            "local backend, launcher ray: the driver pod runs a local Ray instance whose JaxTrainer starts "
+            "local backend, launcher ray: the driver pod runs a Ray head and submits the driver through the Jobs "
+            "API; its JaxTrainer starts "
             f"{plan.spec.num_slices * plan.slice.hosts} CPU workers, one per emulated host; worker rank r is "
             f"host r % {plan.slice.hosts} of slice r // {plan.slice.hosts}"
         )

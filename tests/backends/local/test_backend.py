@@ -241,6 +241,7 @@ def test_a_ray_stage_is_the_ray_launchers_and_its_errors_name_the_ray_driver(tmp
     (a failure report, a delete), and what it says names the Ray driver, not a JobSet."""
     from multislice.backends.local import launchers
     from multislice.backends.local.backend import LocalBackend
+    from multislice.render.jobset import LOCAL_RAYJOB_MODULE
     from multislice.render.ray import DRIVER_MODULE
 
     spec = config.load_profile("local", {"run_name": "r", "output_dir": str(tmp_path), "launcher": "ray"})
@@ -250,7 +251,7 @@ def test_a_ray_stage_is_the_ray_launchers_and_its_errors_name_the_ray_driver(tmp
     assert isinstance(local.launcher_for(stage), launchers.RayLauncher)
     obj = local.workload_manifest(plan, stage, "run-a")
     container = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    assert DRIVER_MODULE in container["command"]
+    assert container["command"] == ["python", "-m", LOCAL_RAYJOB_MODULE] and DRIVER_MODULE in container["args"]
     container["command"], container["args"] = ["python", "-c", "import sys; sys.exit(3)"], [DRIVER_MODULE]
     assert local.submit(obj).adopted is False
     assert finish(local.jobsets, stage.workload).phase == "Failed"  # its one pod exited 3: no pod will run

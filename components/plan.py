@@ -52,7 +52,7 @@ def plan(
     # The signature above is the table's (tests/config/test_parameters.py checks it): KFP reads its parameters from it.
     parameters = {p.name: arguments[p.name] for p in RUN_PARAMETERS}
     parameters |= {f"stages.{stage}.{field}": arguments[field] for field, _, _ in STAGE_FIELDS}
-    return step.run(profile, parameters, stage, pipeline_run_id, release=release).to_json()
+    return step.run(profile, parameters, stage, pipeline_run_id, release=release, hold=True).to_json()
 
 
 def component(base_image: str):

@@ -5,7 +5,7 @@ from kfp.dsl import Dataset, Output
 from components import make
 
 
-def prepare_data(plan: str, stage: str, dataset: Output[Dataset]) -> dict:
+def prepare_data(plan: str, stage: str, dataset: Output[Dataset], pipeline_run_id: str = "") -> dict:
     """Returns the prepare_data report; ``dataset`` is the stage's shards.
 
     ``dataset``'s URI is the shards' directory (local or ``gs://``) and its metadata the shards' manifest
@@ -20,7 +20,7 @@ def prepare_data(plan: str, stage: str, dataset: Output[Dataset]) -> dict:
     from multislice.steps import prepare_data as step
 
     parsed = Plan.from_json(plan)
-    report = step.run(parsed, parsed.stage(stage))
+    report = step.run(parsed, parsed.stage(stage), pipeline_run_id)
     if report.skipped:
         data = parsed.spec.stage(stage).data
         dataset.metadata["kind"] = data.kind

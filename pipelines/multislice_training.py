@@ -199,7 +199,9 @@ def build_pipeline(
                 ).set_display_name(f"plan {stage.name}")
                 plans.append(task)
             prepared = [
-                prepare_op(plan=plan_task.output, stage=stage.name).set_display_name(f"prepare_data {stage.name}")
+                prepare_op(
+                    plan=plan_task.output, stage=stage.name, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+                ).set_display_name(f"prepare_data {stage.name}")
                 for stage, plan_task in zip(spec.stages, plans, strict=True)
             ]
             for earlier, later in zip(prepared, prepared[1:], strict=False):
@@ -210,7 +212,11 @@ def build_pipeline(
                 .after(prepare)
                 for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True)
             ]
-            previous = provision_op(plan=plans[0].output).set_display_name("provision").after(*checks)
+            previous = (
+                provision_op(plan=plans[0].output, pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                .set_display_name("provision")
+                .after(*checks)
+            )
             tasks = [*prepared, *checks, previous]
             for stage, plan_task, prepare in zip(spec.stages, plans, prepared, strict=True):
                 admit = admit_op(

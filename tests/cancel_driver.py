@@ -118,7 +118,7 @@ def main(output_dir: str, target: str, mode: str) -> None:
         if step == "preflight":
             preflight(plan_json, stage, RUN_ID, Artifact(f"{work}/hbm.html"))
         elif step == "provision":
-            provision(plan_json)
+            provision(plan_json, RUN_ID)
         elif step == "admit":
             admitted = admit(plan_json, stage, RUN_ID)
         elif step == "launch":

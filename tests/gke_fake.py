@@ -9,6 +9,7 @@ https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locat
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools``       list
 - ``GET  /v1/projects/P/locations/L/clusters/C/nodePools/NAME``  get
 - ``POST /v1/projects/P/locations/L/clusters/C/nodePools``       create: a CREATE_NODE_POOL operation
+- ``DELETE /v1/projects/P/locations/L/clusters/C/nodePools/NAME`` delete: a DELETE_NODE_POOL operation
 - ``GET  /v1/projects/P/locations/L/operations/OP``              get operation
 
 Errors come back as Google's JSON error body (``{"error": {"code", "message", "status"}}``),
@@ -19,7 +20,10 @@ What it models: one cluster, described as :attr:`FakeGke.cluster_info` says (its
 endpoints: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters,
 ``controlPlaneEndpointsConfig``); a created pool is PROVISIONING until its
 operation has been polled ``polls_until_done`` times, then RUNNING (or ERROR
-with the operation's error when ``fail_operations`` names the pool).
+with the operation's error when ``fail_operations`` names the pool); a deleted
+pool is STOPPING (GKE's ``NodePool.Status`` while it is deleted) until its
+operation has been polled as often, then gone; ``config.resourceLabels`` are
+kept as sent.
 What it does not: authentication, other clusters' or zonal (``/zones/``) URLs,
 field validation the real API does (quotas, machine types per zone,
 topology support), node counts changing after creation; the concurrent-operation
@@ -158,6 +162,9 @@ class FakeGke:
             def do_POST(self) -> None:  # noqa: N802
                 self._handle("POST")
 
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._handle("DELETE")
+
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -192,6 +199,8 @@ class FakeGke:
                 return 200, self.pools[name]
             if method == "POST" and name is None:
                 return self._create(body)
+            if method == "DELETE" and name is not None:
+                return self._delete(name)
         if (match := _OPERATION.match(path)) and method == "GET":
             return self._poll(match.group(3))
         return self._error(404, "NOT_FOUND", f"fake GKE does not serve {method} {path}")
@@ -226,11 +235,46 @@ class FakeGke:
         self._polls[op_name] = 0
         return 200, self.operations[op_name]
 
+    def _delete(self, name: str) -> tuple[int, dict[str, Any]]:
+        if name not in self.pools:
+            return self._error(404, "NOT_FOUND", f"Not found: node pool {name!r}.")
+        if self.pools[name]["status"] == "STOPPING":
+            return self._error(400, "FAILED_PRECONDITION", f"Node pool {name!r} is being deleted.")
+        self.pools[name]["status"] = "STOPPING"
+        return 200, self._operation("DELETE_NODE_POOL", name)
+
+    def _operation(self, kind: str, name: str) -> dict[str, Any]:
+        op_name = f"operation-{len(self.operations) + 1}"
+        target = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}/nodePools/{name}"
+        self.operations[op_name] = {
+            "name": op_name,
+            "operationType": kind,
+            "status": "RUNNING",
+            "location": self.location,
+            "targetLink": f"https://container.googleapis.com/v1/{target}",
+            "selfLink": f"https://container.googleapis.com/v1/projects/{self.project}/locations/{self.location}/operations/{op_name}",
+        }
+        self._polls[op_name] = 0
+        return self.operations[op_name]
+
+    def finish_deletes(self) -> None:
+        """Every DELETE_NODE_POOL operation done: its pool is gone (as GKE's would be, once drained)."""
+        with self._lock:
+            for op in self.operations.values():
+                if op["operationType"] == "DELETE_NODE_POOL" and op["status"] != "DONE":
+                    op["status"] = "DONE"
+                    self.pools.pop(op["targetLink"].rsplit("/", 1)[1], None)
+
     def _poll(self, op_name: str) -> tuple[int, dict[str, Any]]:
         if op_name not in self.operations:
             return self._error(404, "NOT_FOUND", f"Not found: operation {op_name}.")
         op = self.operations[op_name]
         self._polls[op_name] += 1
+        if op["status"] != "DONE" and op["operationType"] == "DELETE_NODE_POOL":
+            if self._polls[op_name] >= self.polls_until_done:
+                op["status"] = "DONE"
+                self.pools.pop(op["targetLink"].rsplit("/", 1)[1], None)
+            return 200, op
         if op["status"] != "DONE" and self._polls[op_name] >= self.polls_until_done:
             pool = self.pools[op["targetLink"].rsplit("/", 1)[1]]
             op["status"] = "DONE"

@@ -71,7 +71,9 @@ def _get_path(obj: dict[str, Any], path: str) -> Any:
 
 
 def selected(obj: dict[str, Any], params: dict[str, str]) -> bool:
-    """Equality-based ``labelSelector`` and ``fieldSelector`` (``k=v``, ``k==v``, ``k!=v``, comma-joined)."""
+    """Equality-based ``labelSelector`` and ``fieldSelector`` (``k=v``, ``k==v``, ``k!=v``, comma-joined), and a
+    label selector's existence terms (``k``, ``!k``: apimachinery ``pkg/labels/selector.go``, ``Exists`` and
+    ``DoesNotExist``)."""
     for param, lookup in (
         ("labelSelector", lambda k: (obj.get("metadata", {}).get("labels") or {}).get(k)),
         ("fieldSelector", lambda k: _get_path(obj, k)),
@@ -80,6 +82,10 @@ def selected(obj: dict[str, Any], params: dict[str, str]) -> bool:
             if "!=" in term:
                 key, value = term.split("!=", 1)
                 if str(lookup(key)) == value:
+                    return False
+            elif "=" not in term and param == "labelSelector":
+                exists = not term.startswith("!")
+                if (lookup(term.lstrip("!").strip()) is not None) != exists:
                     return False
             else:
                 key, value = term.replace("==", "=").split("=", 1)

@@ -193,8 +193,13 @@ class Backend(abc.ABC):
     # -- capacity ---------------------------------------------------------
 
     @abc.abstractmethod
-    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
+    def provision(
+        self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell, pipeline_run_id: str = ""
+    ) -> ProvisionReport:
         """Make sure capacity (node pools) and the queueing objects (validated ``kueue_objects``) exist.
+
+        ``pipeline_run_id``: the pipeline run node pools created now are for (GKE: labelled with it, so a
+        terminated run's are deleted, :meth:`release_node_pools`).
 
         Raises:
             multislice.errors.UserError: capacity is missing or mismatched (the message says what to change).
@@ -449,6 +454,39 @@ class Backend(abc.ABC):
         Here (the local backend): nothing to hold; its pods stop with the run's processes.
         """
         yield None
+
+    @contextlib.contextmanager
+    def holding_run(self, run_name: str, run_dir: str, pipeline_run_id: str, step: str, tell: Tell) -> Iterator[Any]:
+        """While this context runs, a step of pipeline run ``pipeline_run_id`` is alive: a run no step holds (and
+        whose exit handler did not end it) is ended by the cluster's safety net once its hold expires (GKE: the
+        run Lease, :func:`.gke.lease.hold_run`, and :func:`multislice.steps.cleanup.reap_runs`).
+
+        Here (the local backend): nothing to hold; a cancelled local run ends with its processes.
+        """
+        yield None
+
+    def expired_runs(self, now: Any = None) -> list[dict[str, str]]:
+        """Pipeline runs whose hold expired before ``now`` (a ``datetime``; default now) with no exit handler
+        to end them: ``[{"pipeline_run_id", "run_name", "run_dir", "step" (that renewed it last), "expired_at"}]``.
+
+        Here (the local backend): none.
+        """
+        return []
+
+    def end_run(self, pipeline_run_id: str, tell: Tell) -> None:  # noqa: B027 - optional, a no-op here
+        """The exit handler ran for ``pipeline_run_id``: drop its hold (GKE: delete the run Lease). Here: nothing."""
+
+    def release_node_pools(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
+        """Delete the node pools created for ``pipeline_run_id`` (a cancelled run's); ``(deleted, kept)``.
+
+        Here (the local backend): there are none.
+        """
+        return [], []
+
+    def claim_notification(self, pipeline_run_id: str, state: str, by: str) -> bool:
+        """True for the one caller that posts the run's final notification (GKE: a tombstone Lease created once,
+        :func:`.gke.lease.claim_notification`). Here: always True (the exit handler is the only sender)."""
+        return True
 
     @contextlib.contextmanager
     def deleting_on_cancel(self, name: str, tell: Tell, labels: dict[str, str] | None = None) -> Iterator[None]:

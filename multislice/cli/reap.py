@@ -1,4 +1,4 @@
-"""``multislice reap``: delete unfinished JobSets whose Lease expired (a cancelled run's orphans)."""
+"""``multislice reap``: end runs whose hold expired (a terminated run's workloads, node pools, notification)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ EXAMPLES: dict[str, str] = {
 
 def add_parser(sub: Any, argv: list[str] | None) -> None:
     """Register ``multislice reap`` with its handler (``argv``: the command line)."""
-    reaper = sub.add_parser("reap", help="delete unfinished JobSets whose Lease expired (a cancelled run's orphans)")
+    reaper = sub.add_parser(
+        "reap", help="end terminated runs: their unfinished workloads, node pools and notification (Lease expired)"
+    )
     with_profile(reaper)
     reaper.add_argument("--namespace", help="namespace of the JobSets (default the profile's)")
     reaper.add_argument("--in-cluster", action="store_true", help="use the pod's service account (the CronJob)")
@@ -24,13 +26,17 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
-    """Delete the unfinished JobSets of pipeline runs whose Lease expired (:func:`multislice.backends.gke.lease.reap`).
+    """End the pipeline runs whose hold expired, then delete any unfinished JobSet or RayJob whose own Lease did.
 
-    The cluster's safety net for a cancelled run whose steps were killed before their handlers ran; the
+    The cluster's safety net for a run terminated on KFP (no exit handler) or whose steps were killed
+    before their handlers ran: :func:`multislice.steps.cleanup.reap_runs` (workloads, node pools created for
+    the run, the ``CANCELLED`` notification once, to ``$MULTISLICE_NOTIFY_WEBHOOK_URL`` when set), then
+    :func:`multislice.backends.gke.lease.reap`, and notification tombstones older than 7 days are deleted. The
     CronJob of :func:`multislice.backends.gke.lease.reaper_cronjob` runs it every minute. The cluster and
     namespace come from ``--profile`` (and ``--set``); ``--in-cluster`` uses the pod's service account.
     """
     from multislice.backends.gke import GkeBackend, lease  # the GKE clients (2-3 s): only for reap
+    from multislice.steps import cleanup  # imports the backends: only for reap
 
     profile, overrides = profile_and_overrides(args)
     if args.in_cluster:
@@ -39,6 +45,11 @@ def cmd_reap(args: argparse.Namespace) -> int:
         overrides["namespace"] = args.namespace
     spec = config.load_spec(profile, {**overrides, "backend": "gke"})
     backend = GkeBackend.connect(spec.cluster, spec.namespace, say=print)
+    ended = cleanup.reap_runs(backend, tell=print)
     deleted = lease.reap(backend.kube, tell=print)
+    for name in lease.old_tombstones(backend.kube):
+        lease.delete(backend.kube, name)
+    for run in ended:
+        print(f"pipeline run {run['pipeline_run_id']} ended: deleted {', '.join(run['deleted']) or 'nothing'}")
     print(f"namespace {spec.namespace}: deleted {', '.join(deleted) if deleted else 'nothing (no expired Lease)'}")
     return 0

@@ -40,6 +40,12 @@ comes from the user's environment.
 
 A post that fails never fails the exit handler: the error is returned and
 printed, and cleanup goes on.
+
+Once per run: on GKE the exit handler and ``multislice reap`` (which ends a
+run whose exit handler never came, e.g. KFP Terminate) both claim the message
+before posting (:meth:`multislice.backends.base.Backend.claim_notification`,
+a tombstone Lease created once), so a terminated run gets one ``CANCELLED``
+message whichever of them runs, or both.
 """
 
 from __future__ import annotations

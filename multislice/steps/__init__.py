@@ -19,6 +19,11 @@ inside :func:`cancellable`, and a cancelled step removes what it may have
 created, found by the run's and stage's labels (a JobSet, a trainer-image
 Job), before it ends; its child processes (AOT compile, verifier) are stopped
 on the way out and die with it if it is SIGKILLed.
+
+On GKE every step of a pipeline run also holds the run (the run Lease,
+:meth:`multislice.backends.base.Backend.holding_run`) while it runs, so that a
+run terminated without its exit handler is ended by ``multislice reap``
+(:func:`multislice.steps.cleanup.reap_runs`).
 """
 
 from __future__ import annotations
@@ -62,13 +67,30 @@ class Removal:
 
     The step sets ``backend`` once it has one; before that it has created nothing.
     With ``labels`` None the step creates nothing a signal could leak (its child
-    processes are stopped by the ``with`` blocks they run in).
+    processes are stopped by the ``with`` blocks they run in). Setting ``backend``
+    also starts holding the pipeline run (:meth:`multislice.backends.base.Backend.holding_run`:
+    on GKE the run Lease is renewed until the step ends), when the step runs for one.
     """
 
     def __init__(self, labels: dict[str, str] | None):
         self.labels = labels
-        self.backend: Backend | None = None
+        self._backend: Backend | None = None
         self.remove: Callable[[], list[str]] | None = None  # instead of labels (cleanup: the whole run)
+        self.holds = contextlib.ExitStack()
+        self.hold_for: tuple[Plan, str, str, Callable[[str], None]] | None = None  # (plan, run id, step, tell)
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the step acts through (None until it has one)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend | None) -> None:
+        first = self._backend is None
+        self._backend = backend
+        if first and backend is not None and self.hold_for is not None:
+            plan, run_id, step, tell = self.hold_for
+            self.holds.enter_context(backend.holding_run(plan.spec.run_name, plan.run_dir, run_id, step, tell))
 
 
 def stage_labels(plan: Plan, stage: StagePlan, pipeline_run_id: str | None = None) -> dict[str, str]:
@@ -86,6 +108,7 @@ def cancellable(
     labels: dict[str, str] | None = None,
     plan: Plan | None = None,
     remove: Callable[[], list[str]] | None = None,
+    run_id: str | None = None,
 ) -> Iterator[Removal]:
     """Run a step's body so that SIGTERM or SIGINT at any instant leaves nothing behind.
 
@@ -97,7 +120,10 @@ def cancellable(
     or ``remove`` (the cleanup step: the whole run) is called instead; further
     signals are ignored meanwhile, and the ``Cancelled`` goes on (a KFP task
     ends failed; the CLI exits 130). While the step runs it renews its pipeline
-    run's lease on the run directory, when the run holds one (:mod:`multislice.ownership`).
+    run's lease on the run directory, when the run holds one (:mod:`multislice.ownership`),
+    and, once it sets ``removal.backend``, the run's hold on the cluster
+    (:meth:`multislice.backends.base.Backend.holding_run`); ``run_id`` names the
+    pipeline run for a step whose ``labels`` do not (plan, preflight, provision).
 
     Raises:
         multislice.cancel.Cancelled: the step was cancelled (after the removal).
@@ -105,6 +131,9 @@ def cancellable(
     removal = Removal(labels)
     removal.remove = remove
     tell = teller(step, stage)
+    held_run = (labels or {}).get(names.LABEL_PIPELINE_RUN_ID) or run_id
+    if plan is not None and held_run:
+        removal.hold_for = (plan, held_run, step, tell)
     run_id = (labels or {}).get(names.LABEL_PIPELINE_RUN_ID)
     renewal = None
     if plan is not None and run_id:
@@ -135,5 +164,6 @@ def cancellable(
             tell(f"cancelled ({why.signame}): removed {', '.join(removed) if removed else 'nothing left running'}")
             raise
         finally:
+            removal.holds.close()  # the run's hold stays as last renewed: the next step or the exit handler takes it
             if renewal is not None:
                 renewal.stop()

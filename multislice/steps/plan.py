@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from multislice import cancel, config, ownership
-from multislice.backends import manifests
+from multislice.backends import Backend, manifests
 from multislice.config import data
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.release import check as release_check
 from multislice.reports import PlanReport
-from multislice.steps import cancellable, say, write_report
+from multislice.steps import backend_of, cancellable, say, teller, write_report
 
 
 def _trainer_site_packages() -> str | None:
@@ -36,6 +36,9 @@ def run(
     stage: str | None = None,
     pipeline_run_id: str = "",
     release: dict[str, str] | None = None,
+    *,
+    hold: bool = False,
+    backend: Backend | None = None,
 ) -> Plan:
     """Validate ``profile`` with ``parameters`` applied (names from :mod:`multislice.config.parameters`).
 
@@ -47,6 +50,10 @@ def run(
 
     ``release``: :func:`multislice.release.current` of the machine that compiled the pipeline;
     checked against this image's first (None or ``{}``: no check, e.g. ``multislice run``).
+
+    ``hold`` (the pipeline's plan task) or ``backend`` (tests): on GKE, with ``pipeline_run_id``, take the
+    run's hold on the cluster (the run Lease, :meth:`multislice.backends.base.Backend.holding_run`) once the
+    plan is valid, so a run terminated from here on is ended by the reaper if no exit handler runs.
 
     Returns:
         The plan.
@@ -65,7 +72,7 @@ def run(
         multislice.render.schema.ManifestInvalid: a rendered manifest (JobSet, Kueue, RBAC) would be refused
             by the API server; checked here, before preflight and provision.
     """
-    with cancellable("plan"):
+    with cancellable("plan") as removal:
         release_check(release)
         parameters = dict(parameters)
         unique = parameters.get("unique_run_name", profile.get("unique_run_name"))
@@ -82,6 +89,9 @@ def run(
         plan = make_plan(spec)
         if pipeline_run_id:  # before this pipeline run writes anything: refused if another live run owns the directory
             ownership.join(plan.run_dir, pipeline_run_id)
+        if pipeline_run_id and spec.backend == "gke" and (hold or backend is not None):
+            removal.hold_for = (plan, pipeline_run_id, "plan", teller("plan"))
+            removal.backend = backend_of(plan, backend, "plan")
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
         issues = data.data_issues(spec, _trainer_site_packages() if spec.backend == "local" else None)
         # Each export's tokenizer files, destination and (locally) Hub token, before anything is created.

@@ -86,8 +86,8 @@ def run(
     if plan.spec.preflight.skip:
         say("preflight", "skipped (skip_preflight=true): no AOT check of HBM use before provision")
         return {s.name: write_report(plan, PreflightReport(stage=s.name, verdict="skipped"), s) for s in stages}
-    with cancellable("preflight"):
-        backend = backend_of(plan, backend, "preflight")
+    with cancellable("preflight", plan=plan, run_id=pipeline_run_id) as removal:
+        removal.backend = backend = backend_of(plan, backend, "preflight")
         cache = cache_dir or default_cache_dir(plan)
         timings = backend.timings
         say(

@@ -18,13 +18,14 @@ import subprocess
 from pathlib import Path
 
 from multislice import cancel
+from multislice.backends import Backend
 from multislice.config import Stage
 from multislice.config.data import TextData
 from multislice.config.models import data_lasts_issue
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.reports import PrepareDataReport
-from multislice.steps import cancellable, teller, write_report
+from multislice.steps import backend_of, cancellable, teller, write_report
 
 
 class PrepareDataFailed(RunFailed):
@@ -82,16 +83,24 @@ def _run_in_trainer_env(request: dict, tell) -> dict:
     return manifest
 
 
-def run(plan: Plan, stage: StagePlan) -> PrepareDataReport:
+def run(
+    plan: Plan, stage: StagePlan, pipeline_run_id: str = "", *, backend: Backend | None = None
+) -> PrepareDataReport:
     """Prepare the data of ``stage`` (one of ``plan.stages``; ``text``: tokenize into shards, or reuse them);
     returns the report.
+
+    With ``pipeline_run_id`` on GKE the step holds the run meanwhile (the run Lease, through ``backend`` or the
+    plan's: :func:`multislice.steps.cancellable`), as every step does: tokenizing may outlast the Lease.
 
     Raises:
         PrepareDataFailed: tokenizing failed (unreadable file, no document in a split, ...).
         multislice.backends.local.environment.TrainerEnvMissing: neither this process nor a local
             trainer environment has MaxText.
     """
-    with cancellable("prepare_data", stage):
+    with cancellable("prepare_data", stage, plan=plan, run_id=pipeline_run_id) as removal:
+        if pipeline_run_id and plan.spec.backend == "gke":
+            removal.backend = backend_of(plan, backend, "prepare_data", stage)
+            cancel.point("prepare_data:holding")
         spec = plan.spec.stage(stage.name)
         tell = teller("prepare_data", stage)
         if not isinstance(spec.data, TextData) or stage.data_dir is None:

@@ -39,19 +39,22 @@ def kueue_objects(plan: Plan) -> list[dict[str, Any]]:
     return objects
 
 
-def run(plan: Plan, *, backend: Backend | None = None) -> ProvisionReport:
+def run(plan: Plan, pipeline_run_id: str = "", *, backend: Backend | None = None) -> ProvisionReport:
     """Check or create capacity and queueing objects for the plan; returns the provision report.
+
+    ``pipeline_run_id``: the pipeline run this is for: node pools created now are labelled with it (deleted if
+    the run is terminated), and the step holds the run meanwhile (:func:`multislice.steps.cancellable`).
 
     Raises:
         multislice.errors.UserError: capacity is missing or mismatched, or the CRDs are not installed (the
             message says what to change).
     """
-    with cancellable("provision"):
-        backend = backend_of(plan, backend, "provision")
+    with cancellable("provision", plan=plan, run_id=pipeline_run_id) as removal:
+        removal.backend = backend = backend_of(plan, backend, "provision")
         objects = kueue_objects(plan)
         manifest = storage.join(plan.run_dir, "manifests", "kueue.yaml")
         storage.write_text(manifest, yaml.safe_dump_all(objects, sort_keys=False))
         cancel.point("provision:checking")
-        report = backend.provision(plan, objects, teller("provision"))
+        report = backend.provision(plan, objects, teller("provision"), pipeline_run_id=pipeline_run_id)
         cancel.point("provision:report")
         return write_report(plan, report.model_copy(update={"kueue_manifest": manifest}))

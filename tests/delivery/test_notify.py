@@ -1,5 +1,6 @@
 """Failure notification: the exit handler posts the final status, failed step and error to a loopback webhook."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -99,12 +100,20 @@ def test_no_webhook_no_post(tmp_path):
 
 
 class _ApiDown:
-    """A backend whose API keeps failing while cleanup lists what the run left."""
+    """A backend whose API keeps failing while cleanup lists what the run left (and claims the notification,
+    and ends the run's hold: the run Lease's renewals fail and are told, as ``lease.RunHolder`` does)."""
 
-    def cleanup(self, pipeline_run_id, tell):
+    def _down(self, *args, **kwargs):
         from multislice.backends.gke.retry import ApiUnavailable
 
         raise ApiUnavailable("list JobSets kept failing for 300 s, last with HTTP 503", "check the API server")
+
+    cleanup = claim_notification = end_run = release_node_pools = _down
+
+    @contextlib.contextmanager
+    def holding_run(self, run_name, run_dir, pipeline_run_id, step, tell):
+        tell("could not renew Lease multislice-run-x: HTTP 503")
+        yield None
 
 
 def test_cleanup_notifies_even_when_the_api_is_down_then_fails(tmp_path):

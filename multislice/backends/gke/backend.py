@@ -69,8 +69,11 @@ class GkeBackend(Backend):
         self.kube = kube
         self.lease_seconds = lease_seconds
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
+        self.run_holders: list[lease.Holder] = []  # their holders of the run Lease (lease.RunHolder)
         self.following: str | None = None  # the workload last submitted or followed
         self.run_ids: dict[str, str] = {}  # JobSet -> its pipeline run label, kept across an elastic relaunch
+        self.cluster: ClusterSpec | None = None  # set by connect(): where node pools are (release_node_pools)
+        self.node_pool_client: Any = None  # a container_v1.ClusterManagerClient (None: one with ADC; tests: a fake)
 
     @classmethod
     def connect(
@@ -88,7 +91,9 @@ class GkeBackend(Backend):
         Raises:
             access.ClusterAccessError: the cluster cannot be reached as configured.
         """
-        return cls(Kube(access.api_client(cluster), namespace, timings or DEFAULTS["gke"], say))
+        backend = cls(Kube(access.api_client(cluster), namespace, timings or DEFAULTS["gke"], say))
+        backend.cluster = cluster
+        return backend
 
     @classmethod
     def where_logs_are(cls, plan: Plan) -> str:
@@ -100,9 +105,11 @@ class GkeBackend(Backend):
 
     # -- capacity ---------------------------------------------------------
 
-    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
-        """The prerequisites checked, then TPU node pools (:func:`.nodepool.ensure_node_pools`), the Kueue objects
-        applied.
+    def provision(
+        self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell, pipeline_run_id: str = ""
+    ) -> ProvisionReport:
+        """The prerequisites checked, then TPU node pools (:func:`.nodepool.ensure_node_pools`, those created
+        labelled with ``pipeline_run_id``), the Kueue objects applied.
 
         Before any node pool is asked for: the pipeline's rights for every request the run's steps make
         (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
@@ -133,9 +140,11 @@ class GkeBackend(Backend):
         for launcher in runs_with:
             for line in launcher.check_prerequisites(plan):
                 tell(line)
+        self.cluster = self.cluster or plan.spec.cluster
         pools = nodepool.ensure_node_pools(
-            plan, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout
-        )
+            plan, self.node_pool_client, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout,
+            pipeline_run_id=pipeline_run_id,
+        )  # fmt: skip
         applied, left = [], []
         for obj in kueue_objects:
             name = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -296,6 +305,83 @@ class GkeBackend(Backend):
         with lease.Holder(self.kube, name, f"{step}/{socket.gethostname()}", self.lease_seconds, tell) as held:
             self.holders.append(held)
             yield held
+
+    @contextlib.contextmanager
+    def holding_run(self, run_name: str, run_dir: str, pipeline_run_id: str, step: str, tell: Tell) -> Iterator[Any]:
+        """Renew the run Lease while the step runs (:class:`.lease.RunHolder`); no run id ('', ``manual``):
+        nothing is held (a run outside a pipeline has no exit handler to miss)."""
+        if not pipeline_run_id or pipeline_run_id == "manual":
+            yield None
+            return
+        holder = f"{step}/{socket.gethostname()}"
+        with lease.RunHolder(self.kube, pipeline_run_id, run_name, run_dir, holder, self.lease_seconds, tell) as held:
+            self.run_holders.append(held)
+            yield held
+
+    def expired_runs(self, now: Any = None) -> list[dict[str, str]]:
+        """The run Leases that expired before ``now`` (:func:`.lease.expired_runs`), as the base class describes."""
+        runs = []
+        for found in lease.expired_runs(self.kube, now):
+            notes = found["metadata"].get("annotations") or {}
+            spec = found.get("spec") or {}
+            runs.append({
+                "pipeline_run_id": notes.get(names.LABEL_PIPELINE_RUN_ID, ""),
+                "run_name": notes.get(names.LABEL_RUN_NAME, ""),
+                "run_dir": notes.get(lease.ANNOTATION_RUN_DIR, ""),
+                "step": str(spec.get("holderIdentity", "")).split("/", 1)[0],
+                "expired_at": lease._micro_time(lease.expires({"metadata": {}}, found)),
+            })  # fmt: skip
+        return [run for run in runs if run["pipeline_run_id"]]
+
+    def end_run(self, pipeline_run_id: str, tell: Tell) -> None:
+        """Delete the run Lease (:func:`.lease.run_lease_name`): the exit handler ended the run."""
+        lease.delete(self.kube, lease.run_lease_name(pipeline_run_id))
+
+    def claim_notification(self, pipeline_run_id: str, state: str, by: str) -> bool:
+        """Create the run's notification tombstone once (:func:`.lease.claim_notification`)."""
+        return lease.claim_notification(self.kube, pipeline_run_id, state, by)
+
+    def pool_user(self, pool: str, pipeline_run_id: str) -> str | None:
+        """Who other than ``pipeline_run_id`` may use node pool ``pool``: a pod on its nodes of another (or no)
+        pipeline run, or, for a pod not yet placed (flex-start capacity pending), any unfinished JobSet or
+        RayJob of another pipeline run in the namespace; None when nobody."""
+        nodes = self.kube.call(
+            self.kube.core.list_node, label_selector=f"cloud.google.com/gke-nodepool={pool}", what="list nodes"
+        ).items
+        on_pool = {node.metadata.name for node in nodes}
+        for pod in self.kube.call(self.kube.core.list_namespaced_pod, self.kube.namespace, what="list pods").items:
+            owner = (pod.metadata.labels or {}).get(names.LABEL_PIPELINE_RUN_ID, "")
+            done = pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
+            node = pod.spec.node_name if pod.spec is not None else None
+            if node in on_pool and owner != pipeline_run_id and not done:
+                whose = f"pipeline run {owner}" if owner else "no pipeline run"
+                return f"pod {pod.metadata.name} of {whose} runs on it"
+        workloads = [("JobSet", f, jobset.phase) for f in self.kube.list_jobsets(names.LABEL_PIPELINE_RUN_ID)]
+        workloads += [("RayJob", f, rayjob.phase) for f in rayjob.list_rayjobs(self.kube, names.LABEL_PIPELINE_RUN_ID)]
+        for kind, found, phase_of in workloads:
+            owner = found["metadata"]["labels"][names.LABEL_PIPELINE_RUN_ID]
+            if owner != pipeline_run_id and phase_of(found) not in ("Completed", "Failed"):
+                return f"{kind} {found['metadata']['name']} of pipeline run {owner} is unfinished and may need it"
+        return None
+
+    def release_node_pools(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
+        """Delete the node pools provision created for ``pipeline_run_id`` that nobody else uses
+        (:func:`.nodepool.delete_run_pools`, :meth:`pool_user`); ``(deleted, kept)``.
+
+        Without a complete cluster reference (project, location, name) there is no GKE API to ask: nothing.
+        """
+        cluster = self.cluster
+        if cluster is None or not (cluster.project and cluster.location and cluster.name):
+            return [], []
+        parent = f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}"
+        client = self.node_pool_client
+        if client is None:
+            from google.cloud import container_v1  # the GKE API client (2 s to import): only when releasing pools
+
+            client = self.node_pool_client = container_v1.ClusterManagerClient()
+        return nodepool.delete_run_pools(
+            client, parent, pipeline_run_id, lambda pool: self.pool_user(pool, pipeline_run_id), tell
+        )
 
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
         """Delete the JobSets (not Completed) and unfinished Jobs carrying ``labels``, as cleanup does for a run.

@@ -25,6 +25,21 @@ The gaps between steps (a step's pod ends, the next one's starts; a retried
 step's backoff) are covered by the lease duration (:data:`LEASE_SECONDS`,
 10 min: longer than the retry policy's longest backoff plus a pod start).
 Finished JobSets (Completed, Failed) hold no TPUs and are never reaped.
+
+The run's own Lease (:func:`hold_run`, ``multislice-run-<pipeline run id>``,
+labelled with the run id and name): every step of a pipeline run on GKE renews
+it while it runs (:class:`RunHolder`, through
+:meth:`multislice.backends.gke.GkeBackend.holding_run`), from the plan step to
+export. Only the exit handler deletes it. So a run whose Lease expired is a run
+no step and no exit handler is alive for: terminated on KFP (Argo stops the
+step pods and, depending on its version, runs no exit handler), or killed.
+The reaper then ends it as the exit handler would for a cancelled run
+(:func:`multislice.steps.cleanup.reap_runs`): its unfinished workloads, the node
+pools created for it, and the "cancelled" notification. That notification goes
+out once: whoever sends it first creates the run's tombstone Lease
+(:func:`claim_notification`; ``create`` is atomic at the API server, a second
+create is 409 AlreadyExists), and the exit handler and the reaper both claim
+before they post.
 """
 
 from __future__ import annotations
@@ -50,6 +65,32 @@ LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL = "coordination.k8s.io", "v1", "leases"
 def orphan_bound(lease_seconds: int = LEASE_SECONDS, period: int = REAP_PERIOD_SECONDS) -> int:
     """The longest an orphaned JobSet outlives its last Lease renewal, seconds: the lease plus one reaper period."""
     return lease_seconds + period
+
+
+#: The run Lease's name prefix (``multislice-run-<pipeline run id>``) and the notification tombstone's.
+RUN_LEASE_PREFIX, NOTIFIED_PREFIX = "multislice-run-", "multislice-notified-"
+#: Label on a run Lease (and a tombstone): which of the two it is.
+LABEL_KIND = "multislice-pipelines/lease"
+#: Annotations on a run Lease: the run's directory (where its reports are).
+ANNOTATION_RUN_DIR = "multislice-pipelines/run-dir"
+#: How long a notification tombstone is kept, seconds (the reaper deletes older ones): 7 days, longer than any
+#: exit handler can come after its run's last step (KFP's and Vertex AI's run timeouts are shorter).
+TOMBSTONE_SECONDS = 7 * 24 * 3600
+
+
+def _dns_label(text: str) -> str:
+    """``text`` as a DNS-1123 name part: lower-case, other characters as ``-``."""
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in text.lower()).strip("-")
+
+
+def run_lease_name(pipeline_run_id: str) -> str:
+    """``multislice-run-<id>``: the run Lease of a pipeline run (a KFP run id is a 36-character UUID)."""
+    return RUN_LEASE_PREFIX + _dns_label(pipeline_run_id)[:200]
+
+
+def tombstone_name(pipeline_run_id: str) -> str:
+    """``multislice-notified-<id>``: exists once the run's final notification was claimed."""
+    return NOTIFIED_PREFIX + _dns_label(pipeline_run_id)[:200]
 
 
 def _micro_time(when: datetime.datetime) -> str:
@@ -104,6 +145,111 @@ def renew(kube: Kube, name: str, holder: str, seconds: int = LEASE_SECONDS, now:
         kube.custom.create_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
         body, what=f"create Lease {name}",
     )  # fmt: skip
+
+
+def hold_run(
+    kube: Kube,
+    pipeline_run_id: str,
+    run_name: str,
+    run_dir: str,
+    holder: str,
+    seconds: int = LEASE_SECONDS,
+    now: datetime.datetime | None = None,
+) -> dict[str, Any]:
+    """Create or renew the run Lease of ``pipeline_run_id`` (:func:`run_lease_name`); the Lease.
+
+    ``holder`` is ``<step>/<pod>``: the reaper's message and notification name the step that renewed it last.
+    """
+    now = now or datetime.datetime.now(datetime.UTC)
+    name = run_lease_name(pipeline_run_id)
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": int(seconds), "renewTime": _micro_time(now)}
+    try:
+        return kube.call(
+            kube.custom.patch_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+            name, {"spec": spec}, what=f"renew Lease {name}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status != 404:
+            raise
+    labels = {LABEL_KIND: "run", names.LABEL_PIPELINE_RUN_ID: pipeline_run_id}
+    if names.LABEL_VALUE.fullmatch(run_name) and len(run_name) <= names.MAX_LABEL_LENGTH:
+        labels[names.LABEL_RUN_NAME] = run_name
+    body = {
+        "apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}",
+        "kind": "Lease",
+        "metadata": {
+            "name": name, "namespace": kube.namespace, "labels": labels,
+            "annotations": {ANNOTATION_RUN_DIR: run_dir, names.LABEL_RUN_NAME: run_name,
+                            names.LABEL_PIPELINE_RUN_ID: pipeline_run_id},
+        },
+        "spec": spec,
+    }  # fmt: skip
+    try:
+        return kube.call(
+            kube.custom.create_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+            body, what=f"create Lease {name}",
+        )  # fmt: skip
+    except ApiException as error:  # another step of the run created it meanwhile: renew that one
+        if error.status != 409:
+            raise
+    return kube.call(
+        kube.custom.patch_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+        name, {"spec": spec}, what=f"renew Lease {name}",
+    )  # fmt: skip
+
+
+def expired_runs(kube: Kube, now: datetime.datetime | None = None) -> list[dict[str, Any]]:
+    """The run Leases whose ``renewTime + leaseDurationSeconds`` is before ``now``: runs no step renews."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    found = kube.call(
+        kube.custom.list_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+        label_selector=f"{LABEL_KIND}=run", what="list run Leases",
+    )  # fmt: skip
+    return [item for item in found.get("items", []) if now > expires({"metadata": {}}, item)]
+
+
+def claim_notification(kube: Kube, pipeline_run_id: str, state: str, by: str) -> bool:
+    """Claim the right to post the run's final notification; True for the one caller that gets it.
+
+    Creates the tombstone Lease :func:`tombstone_name` (``spec.holderIdentity``: ``by``; annotation: ``state``);
+    a second create of the same name is 409 AlreadyExists at the API server, so of the exit handler and the
+    reaper (or two reapers) exactly one posts.
+    """
+    body = {
+        "apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}",
+        "kind": "Lease",
+        "metadata": {
+            "name": tombstone_name(pipeline_run_id), "namespace": kube.namespace,
+            "labels": {LABEL_KIND: "notified", names.LABEL_PIPELINE_RUN_ID: pipeline_run_id},
+            "annotations": {"multislice-pipelines/state": state},
+        },
+        "spec": {"holderIdentity": by, "renewTime": _micro_time(datetime.datetime.now(datetime.UTC))},
+    }  # fmt: skip
+    try:
+        kube.call(
+            kube.custom.create_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+            body, what=f"create Lease {body['metadata']['name']}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status == 409:
+            return False
+        raise
+    return True
+
+
+def old_tombstones(kube: Kube, now: datetime.datetime | None = None) -> list[str]:
+    """Names of notification tombstones older than :data:`TOMBSTONE_SECONDS` (the reaper deletes them)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    found = kube.call(
+        kube.custom.list_namespaced_custom_object, LEASE_GROUP, LEASE_VERSION, kube.namespace, LEASE_PLURAL,
+        label_selector=f"{LABEL_KIND}=notified", what="list notification tombstones",
+    )  # fmt: skip
+    old = []
+    for item in found.get("items", []):
+        renewed = (item.get("spec") or {}).get("renewTime")
+        if renewed and now - _parse_time(renewed) > datetime.timedelta(seconds=TOMBSTONE_SECONDS):
+            old.append(item["metadata"]["name"])
+    return old
 
 
 def get(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -202,14 +348,43 @@ class Holder:
         self.stop()
 
 
+class RunHolder(Holder):
+    """Renews the run Lease (:func:`hold_run`) every ``seconds / 3`` while a step of the run runs.
+
+    Stopping it (the step ended, was cancelled or killed) leaves the Lease as it is: the next step renews
+    it, the exit handler deletes it, or it expires and the reaper ends the run.
+    """
+
+    def __init__(self, kube: Kube, pipeline_run_id: str, run_name: str, run_dir: str, holder: str,
+                 seconds: int = LEASE_SECONDS, tell=None):  # fmt: skip
+        super().__init__(kube, run_lease_name(pipeline_run_id), holder, seconds, tell)
+        self.pipeline_run_id, self.run_name, self.run_dir = pipeline_run_id, run_name, run_dir
+
+    def _renew(self) -> None:
+        try:
+            hold_run(self.kube, self.pipeline_run_id, self.run_name, self.run_dir, self.holder, self.seconds)
+            self.renewals += 1
+        except Exception as error:  # noqa: BLE001 - told; the step's own calls report the cluster's state
+            if self.tell:
+                self.tell(f"could not renew Lease {self.name}: {error}")
+
+
 def reaper_cronjob(
-    namespace: str, image: str, service_account: str, profile: str = "gke-v6e-16x2", schedule: str = "* * * * *"
+    namespace: str,
+    image: str,
+    service_account: str,
+    profile: str = "gke-v6e-16x2",
+    schedule: str = "* * * * *",
+    webhook_secret: str = "multislice-notify-webhook",
 ) -> dict[str, Any]:
     """The CronJob that runs ``multislice reap`` in ``namespace`` every minute (the cluster-owned safety net).
 
     Its service account needs ``list``/``delete`` on ``jobsets`` (and on ``rayjobs`` when a stage is launched by
     Ray) and ``get`` on ``leases`` in the namespace (the pipeline runner's Role has them).
-    ``concurrencyPolicy: Forbid``: one reaper at a time.
+    ``concurrencyPolicy: Forbid``: one reaper at a time. The webhook URL comes, as the exit handler's on KFP,
+    from key ``url`` of Secret ``webhook_secret`` (optional: without it no notification is posted). Deleting
+    a terminated run's node pools needs the GKE API as the pipeline (Workload Identity: the same Google
+    service account as provision, ``roles/container.clusterAdmin``).
     """
     return {
         "apiVersion": "batch/v1",
@@ -224,7 +399,9 @@ def reaper_cronjob(
                 "serviceAccountName": service_account,
                 "restartPolicy": "Never",
                 "containers": [{"name": "reaper", "image": image, "command": [
-                    "multislice", "reap", "--profile", profile, "--in-cluster", "--namespace", namespace]}],
+                    "multislice", "reap", "--profile", profile, "--in-cluster", "--namespace", namespace],
+                    "env": [{"name": "MULTISLICE_NOTIFY_WEBHOOK_URL", "valueFrom": {"secretKeyRef": {
+                        "name": webhook_secret, "key": "url", "optional": True}}}]}],
             }}}},
         },
     }  # fmt: skip

@@ -23,9 +23,13 @@ child Job on its own pool. Sources:
 - https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods
   and the Ray multislice guide (``--additional-node-network network=,subnetwork=`` for DCN NICs).
 
-This module never modifies or deletes a node pool. A pool that exists with the
+This module never modifies a node pool. A pool that exists with the
 run's name but another shape is an error with a field-by-field diff, raised
-before anything is created.
+before anything is created. A pool it creates for a pipeline run carries that
+run's id as the GCE resource label :data:`RUN_LABEL` (``config.resourceLabels``);
+the only pools ever deleted are those, when that run was terminated
+(:func:`delete_run_pools`, called by the exit handler and the reaper for a
+cancelled run), and not while another run's pod or workload may use them.
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 CLUSTER_BUSY = re.compile(r"please wait and try again|concurrent operations", re.IGNORECASE)
 #: Node pool statuses a pool can be adopted in (``NodePool.Status``).
 USABLE = ("RUNNING", "RUNNING_WITH_ERROR", "RECONCILING")
+#: GCE resource label (``NodeConfig.resourceLabels``) naming the pipeline run a created pool was created for.
+#: Resource label values: lower-case letters, digits, ``-`` and ``_``, at most 63 characters.
+RUN_LABEL = "multislice-pipeline-run"
+
+
+def run_label_value(pipeline_run_id: str) -> str:
+    """``pipeline_run_id`` as a GCE resource label value: lower-cased, other characters as ``-``, 63 at most."""
+    return re.sub(r"[^a-z0-9_-]", "-", pipeline_run_id.lower())[:63]
 
 
 class NodePoolError(InputError):
@@ -242,7 +254,7 @@ def cluster_path(plan: Plan) -> str:
     return f"projects/{c.project}/locations/{c.location}/clusters/{c.name}"
 
 
-def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
+def node_pool_body(name: str, shape: PoolShape, pipeline_run_id: str = "") -> container_v1.NodePool:
     """The ``NodePool`` to create for one slice (the ``nodePool`` of a ``nodePools.create`` request).
 
     Standard: ``initialNodeCount`` = hosts. Spot: ``config.spot``. Reservation:
@@ -255,6 +267,8 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
     Flex-start: ``config.flexStart``, 0 initial nodes, autoscaling 0..hosts with
     location policy ANY, reservation affinity NO_RESERVATION, auto-repair off
     (as xpk's ``--flex``); with ``queued_provisioning`` also ``queuedProvisioning.enabled``.
+    With ``pipeline_run_id``, ``config.resourceLabels`` {:data:`RUN_LABEL`: the run id}: the pool is that run's
+    until it ends (:func:`delete_run_pools`).
     """
     from google.cloud import container_v1
 
@@ -265,6 +279,8 @@ def node_pool_body(name: str, shape: PoolShape) -> container_v1.NodePool:
         oauth_scopes=list(shape.oauth_scopes),
         service_account=shape.service_account or "",
     )
+    if pipeline_run_id:
+        node_config.resource_labels = {RUN_LABEL: run_label_value(pipeline_run_id)}
     if shape.dranet:
         node_config.labels = {DRANET_NODE_LABEL[0]: DRANET_NODE_LABEL[1]}
     if flex:
@@ -421,6 +437,7 @@ def ensure_node_pools(
     on_progress: Callable[[str], None] = print,
     poll_seconds: float = 10.0,
     deadline: float | None = None,
+    pipeline_run_id: str = "",
 ) -> dict[str, Any]:
     """Make sure the plan's TPU node pools exist on its GKE cluster: one per slice.
 
@@ -446,6 +463,8 @@ def ensure_node_pools(
         poll_seconds: Seconds between ``get_operation`` polls.
         deadline: ``time.monotonic()`` past which no operation is waited for any longer (the
             provision step's ``timeouts.provision``); None for only the per-operation timeout.
+        pipeline_run_id: Label the pools it creates with this run (:data:`RUN_LABEL`); adopted pools are
+            never labelled (nothing is modified).
 
     Returns:
         ``{"cluster": "projects/P/locations/L/clusters/C", "manage": bool,
@@ -477,6 +496,7 @@ def ensure_node_pools(
     existing = read_pools(client, parent)
     refuse_unusable(plan, parent, shape, names, existing)
     creation = PoolCreation(plan, client, parent, shape, on_progress, poll_seconds, deadline)
+    creation.pipeline_run_id = pipeline_run_id
     for name in names:
         if name in existing:
             creation.adopt(name, existing[name])
@@ -527,6 +547,54 @@ def read_pools(client: container_v1.ClusterManagerClient, parent: str) -> dict[s
         return {p.name: p for p in client.list_node_pools(parent=parent).node_pools}
     except exceptions.GoogleAPICallError as error:
         raise _api_error(error, "listing node pools", parent) from error
+
+
+def delete_run_pools(
+    client: container_v1.ClusterManagerClient,
+    parent: str,
+    pipeline_run_id: str,
+    in_use: Callable[[str], str | None],
+    tell: Callable[[str], None] = print,
+) -> tuple[list[str], list[str]]:
+    """Delete the node pools created for ``pipeline_run_id`` (resource label :data:`RUN_LABEL`): a terminated run's.
+
+    Only pools carrying this run's label are considered (a pool it adopted, or another run created, never is).
+    A pool ``in_use`` names a user of (another run's pod on its nodes or unfinished workload: the caller's
+    check) is kept: it serves that run now, as an adopted pool would. Each delete is sent and not waited for
+    (``nodePools.delete`` returns a DELETE_NODE_POOL operation; GKE drains and removes the nodes); a pool already
+    being deleted (STOPPING) or gone counts as deleted.
+
+    Returns:
+        ``(deleted, kept)``: pool names, and ``"<pool>: <why>"`` for each kept one.
+
+    Raises:
+        NodePoolError: the GKE API refused the list or a delete (not found excepted).
+    """
+    from google.api_core import exceptions  # the GKE API client's errors: only on GKE
+
+    wanted = run_label_value(pipeline_run_id)
+    deleted, kept = [], []
+    for name, pool in read_pools(client, parent).items():
+        if not pipeline_run_id or dict(pool.config.resource_labels).get(RUN_LABEL) != wanted:
+            continue
+        if pool.status.name == "STOPPING":
+            deleted.append(name)
+            continue
+        user = in_use(name)
+        if user:
+            kept.append(f"{name}: {user}")
+            tell(f"node pool {name} (created for pipeline run {pipeline_run_id}) kept: {user}")
+            continue
+        try:
+            op = client.delete_node_pool(name=f"{parent}/nodePools/{name}")
+        except exceptions.NotFound:
+            deleted.append(name)
+            continue
+        except exceptions.GoogleAPICallError as error:
+            raise _api_error(error, f"deleting node pool {name}", parent) from error
+        tell(f"node pool {name} (created for pipeline run {pipeline_run_id}): deleting ({op.name})")
+        deleted.append(name)
+    return deleted, kept
 
 
 def refuse_unusable(
@@ -597,6 +665,7 @@ class PoolCreation:
         self.operation_timeout_seconds = plan.spec.node_pools.operation_timeout_seconds
         self.on_progress, self.poll_seconds, self.deadline = on_progress, poll_seconds, deadline
         self.report: list[dict[str, Any]] = []
+        self.pipeline_run_id = ""  # labels the pools this call creates (node_pool_body)
 
     def operation_timeout(self) -> float:
         """Seconds an operation may still be waited for: its own timeout, or what the deadline leaves."""
@@ -624,7 +693,9 @@ class PoolCreation:
         busy_since = time.monotonic()
         while True:
             try:
-                op = self.client.create_node_pool(parent=self.parent, node_pool=node_pool_body(name, self.shape))
+                op = self.client.create_node_pool(
+                    parent=self.parent, node_pool=node_pool_body(name, self.shape, self.pipeline_run_id)
+                )
             except exceptions.AlreadyExists:
                 self.report.append(_adopt_raced(self.client, self.parent, name, self.shape))
                 return

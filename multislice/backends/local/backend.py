@@ -65,7 +65,9 @@ class LocalBackend(Backend):
 
     # -- capacity ---------------------------------------------------------
 
-    def provision(self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell) -> ProvisionReport:
+    def provision(
+        self, plan: Plan, kueue_objects: list[dict[str, Any]], tell: Tell, pipeline_run_id: str = ""
+    ) -> ProvisionReport:
         """Check this machine can host the emulated slices; write (not apply) the Kueue objects.
 
         Raises:

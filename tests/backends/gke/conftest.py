@@ -96,7 +96,7 @@ def node_pools(monkeypatch):
     """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded."""
     calls = []
 
-    def ensure_node_pools(plan, client=None, *, on_progress=print, deadline=None):
+    def ensure_node_pools(plan, client=None, *, on_progress=print, deadline=None, pipeline_run_id=""):
         calls.append(plan.spec.run_name)
         on_progress(f"node pools {POOLS} adopted")
         return {"node_pools": [{"name": pool, "action": "adopted"} for pool in POOLS]}

@@ -64,10 +64,13 @@ class GkeBackend(Backend):
     elastic = True
     launcher_classes = (launchers.JobSetLauncher, launchers.RayJobLauncher)
 
-    def __init__(self, kube: Kube, lease_seconds: int = lease.LEASE_SECONDS):
+    def __init__(
+        self, kube: Kube, lease_seconds: int = lease.LEASE_SECONDS, run_lease_seconds: int = lease.RUN_LEASE_SECONDS
+    ):
         super().__init__(kube.timings)
         self.kube = kube
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = lease_seconds  # a JobSet's or RayJob's Lease
+        self.run_lease_seconds = run_lease_seconds  # the run Lease (lease.RUN_LEASE_SECONDS)
         self.holders: list[lease.Holder] = []  # the Lease holders of the steps run through this backend
         self.run_holders: list[lease.Holder] = []  # their holders of the run Lease (lease.RunHolder)
         self.following: str | None = None  # the workload last submitted or followed
@@ -314,7 +317,9 @@ class GkeBackend(Backend):
             yield None
             return
         holder = f"{step}/{socket.gethostname()}"
-        with lease.RunHolder(self.kube, pipeline_run_id, run_name, run_dir, holder, self.lease_seconds, tell) as held:
+        with lease.RunHolder(
+            self.kube, pipeline_run_id, run_name, run_dir, holder, self.run_lease_seconds, tell
+        ) as held:
             self.run_holders.append(held)
             yield held
 

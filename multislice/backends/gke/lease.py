@@ -27,7 +27,7 @@ step's backoff) are covered by the lease duration (:data:`LEASE_SECONDS`,
 Finished JobSets (Completed, Failed) hold no TPUs and are never reaped.
 
 The run's own Lease (:func:`hold_run`, ``multislice-run-<pipeline run id>``,
-labelled with the run id and name): every step of a pipeline run on GKE renews
+labelled with the run id and name, :data:`RUN_LEASE_SECONDS` long): every step of a pipeline run on GKE renews
 it while it runs (:class:`RunHolder`, through
 :meth:`multislice.backends.gke.GkeBackend.holding_run`), from the plan step to
 export. Only the exit handler deletes it. So a run whose Lease expired is a run
@@ -57,6 +57,12 @@ from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_VERSION, Kube
 
 #: How long a Lease holds its JobSet without a renewal, seconds.
 LEASE_SECONDS = 600
+#: How long the run Lease (:func:`hold_run`) holds a pipeline run without a renewal, seconds (30 min). Longer than
+#: a JobSet's: between two steps no step renews it, and on Vertex AI the next task's start (its scheduling, a CPU
+#: node scaled up for it: minutes) must never look like a dead run, whose node pools the reaper would delete and
+#: whose user it would tell "cancelled". A terminated run's workloads go sooner: its step's SIGTERM handler deletes
+#: them, and each JobSet's own Lease (:data:`LEASE_SECONDS`) reaps them if the step was killed.
+RUN_LEASE_SECONDS = 1800
 #: How often the reaper CronJob runs (its schedule), seconds.
 REAP_PERIOD_SECONDS = 60
 LEASE_GROUP, LEASE_VERSION, LEASE_PLURAL = "coordination.k8s.io", "v1", "leases"
@@ -153,10 +159,10 @@ def hold_run(
     run_name: str,
     run_dir: str,
     holder: str,
-    seconds: int = LEASE_SECONDS,
+    seconds: int = RUN_LEASE_SECONDS,
     now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-    """Create or renew the run Lease of ``pipeline_run_id`` (:func:`run_lease_name`); the Lease.
+    """Create or renew the run Lease of ``pipeline_run_id`` (:func:`run_lease_name`), ``seconds`` long; the Lease.
 
     ``holder`` is ``<step>/<pod>``: the reaper's message and notification name the step that renewed it last.
     """
@@ -356,7 +362,7 @@ class RunHolder(Holder):
     """
 
     def __init__(self, kube: Kube, pipeline_run_id: str, run_name: str, run_dir: str, holder: str,
-                 seconds: int = LEASE_SECONDS, tell=None):  # fmt: skip
+                 seconds: int = RUN_LEASE_SECONDS, tell=None):  # fmt: skip
         super().__init__(kube, run_lease_name(pipeline_run_id), holder, seconds, tell)
         self.pipeline_run_id, self.run_name, self.run_dir = pipeline_run_id, run_name, run_dir
 

@@ -125,8 +125,8 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     report = provision.run(plan, backend=GkeBackend(kube))
     assert node_pools == ["r1"] and [p["name"] for p in report.node_pools] == POOLS
     assert report.crds[f"jobsets.{jobsets.JOBSET_GROUP}"] == ["v1alpha2"]
-    assert report.kueue_objects == [
-        "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue",
+    assert report.kueue_objects == [  # the CPU flavor: a run picking launcher=ray needs it for its head
+        "ResourceFlavor/v6e-4x4", "ResourceFlavor/multislice-cpu", "ClusterQueue/multislice-cluster-queue",
         "WorkloadPriorityClass/default-priority", "LocalQueue/multislice-queue",
     ]  # fmt: skip
     queue = play.custom.get_cluster_custom_object(
@@ -517,7 +517,8 @@ def test_cluster_scoped_kueue_objects_are_left_to_an_admin_by_default(served, ba
     report = provision.run(plan, backend=GkeBackend(served.kube()))
     assert report.kueue_objects == ["LocalQueue/multislice-queue"]
     assert report.kueue_objects_left_to_admin == [
-        "ResourceFlavor/v6e-4x4", "ClusterQueue/multislice-cluster-queue", "WorkloadPriorityClass/default-priority",
+        "ResourceFlavor/v6e-4x4", "ResourceFlavor/multislice-cpu", "ClusterQueue/multislice-cluster-queue",
+        "WorkloadPriorityClass/default-priority",
     ]  # fmt: skip
     assert "service_accounts.kueue_cluster_objects is false" in capsys.readouterr().out
     found = play.custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues")

@@ -60,16 +60,22 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     Raises:
         multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
     """
-    out: dict[str, dict[str, Any]] = {}
-    for obj in kueue.render_kueue_objects(plan):
-        out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+    workloads: dict[str, dict[str, Any]] = {}
     for stage in plan.stages:
         launcher = launchers.kind_of(stage)
         tpu = launcher.render(plan, stage, "tpu", pipeline_run_id)
-        out[f"{tpu['kind'].lower()}-{stage.name}.tpu.yaml"] = tpu
+        workloads[f"{tpu['kind'].lower()}-{stage.name}.tpu.yaml"] = tpu
         for obj in launcher.companions(plan, stage, pipeline_run_id):
-            out[f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
-        out[f"jobset-{stage.name}.cpu.yaml"] = launcher.render(plan, stage, "cpu", pipeline_run_id)
+            workloads[f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        workloads[f"jobset-{stage.name}.cpu.yaml"] = launcher.render(plan, stage, "cpu", pipeline_run_id)
+    for obj in workloads.values():  # first: the Kueue quota is computed from these workloads' pod sets
+        found = object_problems(obj)
+        if found:
+            raise schema.ManifestInvalid(obj, found)
+    out: dict[str, dict[str, Any]] = {}
+    for obj in kueue.render_kueue_objects(plan):
+        out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+    out.update(workloads)
     if plan.spec.backend == "gke":
         from multislice.backends.gke import exporter, lease  # the kubernetes client: only for a gke plan
 
@@ -82,8 +88,8 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
         for stage in plan.stages:
             if stage.export:
                 out[f"job-{stage.name}-export.yaml"] = exporter.render_job(plan, stage, pipeline_run_id)
-    for obj in out.values():
-        found = object_problems(obj)
+    for name, obj in out.items():
+        found = [] if name in workloads else object_problems(obj)
         if found:
             raise schema.ManifestInvalid(obj, found)
     return out

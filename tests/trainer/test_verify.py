@@ -361,7 +361,8 @@ def rename_a_stale_step_to_the_final_one(trainer_python, final):
 
 
 def an_unexpected_layout(trainer_python, final):
-    (final / "items").rename(final / "default")  # e.g. a checkpoint whose item is not named "items"
+    # a checkpoint whose item is neither "items" nor the emergency manager's "default"
+    (final / "items").rename(final / "state")
 
 
 #: The array the finite bit flip changes: Adam's second moment, which no loss replay reads.

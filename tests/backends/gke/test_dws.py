@@ -61,9 +61,9 @@ def least_privilege(served, plan):
 def test_queued_provisioning_renders_a_provisioning_request_config_and_admission_check_on_the_cluster_queue():
     objects = provision.kueue_objects(make_plan(spec_of(QUEUED)))  # validated against the Kueue v0.19.2 CRDs
     by_kind = {obj["kind"]: obj for obj in objects}
-    assert [obj["kind"] for obj in objects] == [
-        "ResourceFlavor", "ProvisioningRequestConfig", "AdmissionCheck", "ClusterQueue", "WorkloadPriorityClass",
-        "LocalQueue",
+    assert [obj["kind"] for obj in objects] == [  # the CPU flavor: a run picking launcher=ray needs it
+        "ResourceFlavor", "ResourceFlavor", "ProvisioningRequestConfig", "AdmissionCheck", "ClusterQueue",
+        "WorkloadPriorityClass", "LocalQueue",
     ]  # fmt: skip
     prc = by_kind["ProvisioningRequestConfig"]
     assert prc["apiVersion"] == "kueue.x-k8s.io/v1beta2"  # the storage version of Kueue v0.19.2's CRD
@@ -87,9 +87,9 @@ def test_a_profile_without_queued_provisioning_renders_no_admission_check():
         plan = make_plan(spec_of(overrides))
         objects = provision.kueue_objects(plan)
         assert [obj["kind"] for obj in objects] == [
-            "ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass", "LocalQueue",
+            "ResourceFlavor", "ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass", "LocalQueue",
         ]  # fmt: skip
-        assert "admissionChecksStrategy" not in objects[1]["spec"]
+        assert "admissionChecksStrategy" not in objects[2]["spec"]
         resources = {r for obj in rbac.render_rbac_objects(plan) for rule in obj.get("rules", [])
                      for r in rule["resources"]}  # fmt: skip
         assert not resources & {"admissionchecks", "provisioningrequestconfigs"}
@@ -138,8 +138,8 @@ def test_a_capacity_wait_without_flex_start_is_refused_naming_the_field():
 def test_provision_applies_the_dws_objects_under_enforced_rbac(served, play, plan, least_privilege):
     report = provision.run(plan, backend=GkeBackend(served.kube()))
     assert report.kueue_objects == [
-        "ResourceFlavor/v6e-4x4", f"ProvisioningRequestConfig/{CONFIG}", f"AdmissionCheck/{CHECK}",
-        "ClusterQueue/multislice-cluster-queue", "WorkloadPriorityClass/default-priority",
+        "ResourceFlavor/v6e-4x4", "ResourceFlavor/multislice-cpu", f"ProvisioningRequestConfig/{CONFIG}",
+        f"AdmissionCheck/{CHECK}", "ClusterQueue/multislice-cluster-queue", "WorkloadPriorityClass/default-priority",
         "LocalQueue/multislice-queue",
     ]  # fmt: skip
     get = play.custom.get_cluster_custom_object

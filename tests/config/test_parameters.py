@@ -19,9 +19,11 @@ import pytest
 import multislice
 from components import plan as plan_component
 from multislice import cancel, release
+from multislice.backends.base import Backend
 from multislice.backends.gke import nodepool
 from multislice.delivery import submission
 from multislice.plan import Plan
+from multislice.steps import plan as run_plan
 from tests.fakes import FakeServer
 from tests.gke_fake import FakeGke
 
@@ -55,8 +57,18 @@ def kfp_fake():
         yield server
 
 
+class HoldsNothing:
+    """The plan component's backend where there is no cluster: its hold on the run is the base class's, which holds
+    nothing (on GKE the run Lease, :func:`multislice.backends.gke.lease.hold_run`)."""
+
+    holding_run = Backend.holding_run
+
+
 def test_one_compiled_yaml_runs_against_two_clusters_by_run_parameters_only(kfp_fake, gcs, monkeypatch):
     monkeypatch.setattr(cancel, "install", lambda: None)  # the plan component runs in pytest's process here
+    # No cluster here: the plan component's hold on the run (its Lease, tests/backends/gke/test_terminate.py) is
+    # held by a backend that holds nothing.
+    monkeypatch.setattr(run_plan, "backend_of", lambda *args, **kwargs: HoldsNothing())
     where = submission.KfpTarget(host=kfp_fake.url)
     runs = [
         multislice.submit(
@@ -130,8 +142,8 @@ def test_the_plan_component_takes_the_parameter_table_and_hands_each_value_to_th
 
     handed = {}
 
-    def plan_run(profile, values, stage, pipeline_run_id, release):
-        handed.update(values, stage=stage, pipeline_run_id=pipeline_run_id)
+    def plan_run(profile, values, stage, pipeline_run_id, release, hold=False):
+        handed.update(values, stage=stage, pipeline_run_id=pipeline_run_id, hold=hold)
         return types.SimpleNamespace(to_json=lambda: "{}")
 
     monkeypatch.setattr(cancel, "install", lambda: None)  # the plan component runs in pytest's process here
@@ -139,4 +151,4 @@ def test_the_plan_component_takes_the_parameter_table_and_hands_each_value_to_th
     plan_component.plan(profile={}, stage="s", pipeline_run_id="r", **{name: f"<{name}>" for name in table})
     assert handed == {p.name: f"<{p.name}>" for p in parameters.RUN_PARAMETERS} | {
         f"stages.s.{field}": f"<{field}>" for field, _, _ in parameters.STAGE_FIELDS
-    } | {"stage": "s", "pipeline_run_id": "r"}
+    } | {"stage": "s", "pipeline_run_id": "r", "hold": True}  # the component holds the run (its Lease on GKE)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multislice import config, elastic, preflight
+from multislice.backends.base import Backend
 from multislice.config.elastic import describe
 from multislice.errors import ConfigError
 from multislice.plan import make_plan
@@ -145,6 +146,7 @@ class RecordingSession:
 class FakeBackend:
     name = "fake"
     timings = SimpleNamespace(compile_timeout=60, alternative_budget=60)
+    holding_run = Backend.holding_run  # a step holds its run through its backend: nothing to hold here
 
     def __init__(self, session):
         self.session = session

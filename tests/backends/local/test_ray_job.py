@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ from multislice.backends.local import trainer_process_env
 from multislice.render import jobset
 from multislice.trainer import ray_job
 from tests.conftest import ROOT
+from tests.processes import wait_gone
 
 #: Bound on one test's trainer process, seconds (a head under a load average of 10 takes about 90 s).
 LIMIT = 900
@@ -49,10 +49,8 @@ try:
               "temp_dir": str(head.temp_dir)}
 finally:
     head.stop()
-deadline = time.monotonic() + 60
-while ray_job.head_processes(result["temp_dir"]) and time.monotonic() < deadline:
-    time.sleep(0.5)
-result["left"] = ray_job.head_processes(result["temp_dir"])
+from tests.processes import wait_gone
+result["left"] = wait_gone(lambda: ray_job.head_processes(result["temp_dir"]), 60)
 result["temp_dir_left"] = os.path.exists(result["temp_dir"])
 print(json.dumps(result))
 """
@@ -64,11 +62,8 @@ def _env(trainer_python) -> dict[str, str]:
 
 
 def _gone(temp_dir: str, timeout: float = 60) -> list[int]:
-    """The head's processes still alive after up to ``timeout`` s (polled: processes end asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while (left := ray_job.head_processes(temp_dir)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
+    """The head's processes still alive after up to ``timeout`` s (waited on their exit events)."""
+    return wait_gone(lambda: ray_job.head_processes(temp_dir), timeout)
 
 
 def test_a_real_head_answers_kuberays_probe_and_runs_a_job_through_the_jobs_api(trainer_python):
@@ -90,7 +85,7 @@ def test_the_driver_pod_stops_its_job_and_head_on_sigterm(trainer_python):
     """What a delete or a cancel does to the local Ray driver pod: SIGTERM to its process group
     (multislice/backends/local/supervisor.py, ``stop_all``), with the job running."""
     command = [str(trainer_python), "-m", jobset.LOCAL_RAYJOB_MODULE, "--name=cancelme", "--num-cpus=1", "--",
-               "python", "-c", "import time; print('the job runs', flush=True); time.sleep(3600)"]  # fmt: skip
+               "python", "-c", "import signal; print('the job runs', flush=True); signal.pause()"]  # fmt: skip
     pod = subprocess.Popen(command, env=_env(trainer_python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)  # fmt: skip
     watchdog = threading.Timer(LIMIT, os.killpg, (pod.pid, signal.SIGKILL))

@@ -11,6 +11,18 @@ The environment's ``MULTISLICE_CANCEL_AT`` / ``MULTISLICE_CANCEL_FIFO``
 The JobSets are the real CPU JobSets with the container command replaced by
 a tiny Python pod (no MaxText): it prints MaxText-style step lines, then
 sleeps (POD_MODE ``sleep``) or exits 0 (``done``).
+
+``python -m tests.cancel_driver --serve`` is the same driver pre-imported (a
+zygote): importing the components (kfp, the Kubernetes client) takes about
+5 s of CPU, which every case would otherwise pay again. For each request it
+reads on stdin (:func:`serve`) it forks a child that becomes what
+``python -m tests.cancel_driver ...`` would have been at its first statement:
+its own session, the request's environment and working directory, stdout and
+stderr to the request's log file, the signal dispositions of a fresh
+interpreter, and the same ending (the child returns from :func:`main` to the
+interpreter's top level: an exception is printed and exits 1,
+``KeyboardInterrupt`` ends it by SIGINT, atexit handlers run). The zygote
+reports the child's pid, then its exit status.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from components.admit import admit
@@ -136,5 +149,51 @@ def main(output_dir: str, target: str, mode: str) -> None:
     print(json.dumps({"finished": target}))
 
 
+def _become_driver(request: dict[str, Any], zygote: int) -> None:
+    """In the forked child: become a fresh ``python -m tests.cancel_driver ARGV`` process (see the module
+    docstring) and run :func:`main`. The caller returns to the interpreter's top level after it: an exception
+    is printed and ends the process as it would with ``-m`` (1; SIGINT for ``KeyboardInterrupt``)."""
+    os.setsid()  # as Popen(start_new_session=True): the test's signals reach it alone
+    if cancel._prctl(cancel.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != zygote:
+        os._exit(127)  # the zygote (so the test) is gone: nobody waits for this case
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    # A fresh CPython's dispositions: SIGINT raises KeyboardInterrupt, SIGPIPE ignored, the rest default.
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    main(*request["argv"])  # what follows (exit status, a traceback, atexit) is the interpreter's, as with -m
+
+
+def serve() -> None:
+    """The zygote: for each JSON request line on stdin (``argv``: :func:`main`'s arguments, ``env``, ``cwd``,
+    ``log``: a file for the child's stdout and stderr), fork a driver, write its pid, wait for it, write its exit
+    status (negative: the signal that ended it, as ``Popen.returncode``); one case at a time, until stdin ends."""
+    zygote = os.getpid()
+    for line in sys.stdin:
+        request = json.loads(line)
+        assert Path(request["cwd"]).is_dir(), request
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            _become_driver(request, zygote)
+            return  # the child: to the interpreter's exit, never to the next request
+        print(pid, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main(*sys.argv[1:4])

@@ -9,10 +9,17 @@ directory and /proc: every JobSet is terminal and no process of the run (a
 supervisor, a pod, an AOT compile, the verifier) is alive. No sleeps: the
 step is stopped at the state by the hook, and process ends are awaited through
 pidfds.
+
+The driver is imported once per module (:class:`Driver`, a zygote: the
+components' imports cost about 5 s of CPU) and each case is a fresh process
+forked from it, in its own session, with a fresh interpreter's signal
+dispositions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import signal
@@ -108,32 +115,88 @@ def run_processes(root: Path) -> set[int]:
     return {pid for pid in found if pid and pid_alive(pid)}
 
 
-def cancel_at(tmp_path: Path, point: str, step: str, mode: str, sig: int = signal.SIGTERM) -> tuple[int, str]:
+class Driver:
+    """``python -m tests.cancel_driver --serve`` (the driver, imported once: a zygote) and the case it runs.
+
+    Each :meth:`start` forks one fresh driver process from it (:func:`tests.cancel_driver.serve`); the test
+    signals it through a pidfd and gets its exit status (``Popen.returncode``'s convention) from the zygote.
+    """
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.zygote = subprocess.Popen(
+            [sys.executable, "-m", "tests.cancel_driver", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=env, cwd=ROOT, preexec_fn=cancel.die_with_parent(),  # it dies with the suite
+        )  # fmt: skip
+        self.pid = 0
+        self.pidfd = -1
+        self.returncode: int | None = None
+
+    def start(self, argv: list[str], env: dict[str, str], log: Path) -> int:
+        """Fork a driver running ``main(*argv)`` with this environment, its output to ``log``; its pid fd."""
+        assert self.zygote.stdin and self.zygote.stdout and self.zygote.poll() is None
+        request = {"argv": argv, "env": env, "cwd": str(ROOT), "log": str(log)}
+        self.zygote.stdin.write(json.dumps(request) + "\n")
+        self.zygote.stdin.flush()
+        self.pid = int(self.zygote.stdout.readline())
+        self.pidfd = os.pidfd_open(self.pid)  # the zygote reaps it only after reporting: the pid is still its
+        self.returncode = None
+        return self.pidfd
+
+    def send_signal(self, sig: int) -> None:
+        signal.pidfd_send_signal(self.pidfd, sig)
+
+    def wait(self, timeout: float) -> int:
+        """The driver's exit status once it has ended; raises TimeoutError after ``timeout`` seconds."""
+        if self.returncode is None:
+            ready, _, _ = select.select([self.pidfd], [], [], timeout)
+            if not ready:
+                raise TimeoutError(f"the cancel driver {self.pid} still runs after {timeout} s")
+            assert self.zygote.stdout
+            self.returncode = int(self.zygote.stdout.readline())
+        return self.returncode
+
+    def finish(self) -> None:
+        """End the case: SIGKILL the driver if it still runs, take its status, close its pid fd."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            self.wait(LIMIT)
+        os.close(self.pidfd)
+
+    def close(self) -> None:
+        assert self.zygote.stdin
+        self.zygote.stdin.close()
+        self.zygote.wait(timeout=LIMIT)
+
+
+@pytest.fixture(scope="module")
+def driver():
+    started = Driver()
+    yield started
+    started.close()
+
+
+def cancel_at(
+    driver: Driver, tmp_path: Path, point: str, step: str, mode: str, sig: int = signal.SIGTERM
+) -> tuple[int, str]:
     """Run the driver up to ``step``, stop it at ``point``, send ``sig``; its exit status and output."""
     fifo = tmp_path / "cancel.fifo"
     os.mkfifo(fifo)
     output = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), cancel.ENV_POINT: point, cancel.ENV_FIFO: str(fifo)}
-    with open(output, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.cancel_driver", str(tmp_path / "runs"), step, mode],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
-            preexec_fn=cancel.die_with_parent(),  # an interrupted suite leaves no driver waiting at its FIFO
-        )  # fmt: skip
+    pidfd = driver.start([str(tmp_path / "runs"), step, mode], env, output)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    pidfd = os.pidfd_open(proc.pid)
     try:
         ready, _, _ = select.select([reader, pidfd], [], [], LIMIT)
         assert reader in ready, f"{point} not reached:\n{output.read_text()}"
         assert os.read(reader, 200).decode().strip() == point
-        proc.send_signal(sig)
-        proc.wait(timeout=LIMIT)
+        driver.send_signal(sig)
+        code = driver.wait(timeout=LIMIT)
     finally:
         os.close(reader)
-        os.close(pidfd)
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, output.read_text()
+        driver.finish()
+    return code, output.read_text()
 
 
 def cleanup_command(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -157,8 +220,8 @@ def jobset_states(tmp_path: Path) -> list:
 
 
 @pytest.mark.parametrize(("point", "step", "mode", "exists"), POINTS, ids=[p[0] for p in POINTS])
-def test_a_step_cancelled_at_any_point_leaves_nothing_running(tmp_path, point, step, mode, exists):
-    code, output = cancel_at(tmp_path, point, step, mode)
+def test_a_step_cancelled_at_any_point_leaves_nothing_running(driver, tmp_path, point, step, mode, exists):
+    code, output = cancel_at(driver, tmp_path, point, step, mode)
     assert code != 0, output
     if point.endswith(":entry"):  # before the handler: SIGTERM's default action ends the step at once
         assert code == -signal.SIGTERM, output
@@ -184,9 +247,9 @@ def test_a_step_cancelled_at_any_point_leaves_nothing_running(tmp_path, point, s
     assert not left, f"processes of the run still alive: {left}\n{output}"
 
 
-def test_sigint_cancels_like_sigterm(tmp_path):
+def test_sigint_cancels_like_sigterm(driver, tmp_path):
     """Ctrl-C (SIGINT to the foreground process group) in the middle of training: the JobSet goes as well."""
-    code, output = cancel_at(tmp_path, "train:following", "train", "sleep", signal.SIGINT)
+    code, output = cancel_at(driver, tmp_path, "train:following", "train", "sleep", signal.SIGINT)
     assert code != 0 and "cancelled (SIGINT): deleting" in output, output
     assert "TrainingFailed: cancelled;" in output
     assert [s.phase for s in jobset_states(tmp_path)] == ["Deleted"]
@@ -194,9 +257,9 @@ def test_sigint_cancels_like_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize("point", ["launch:entry", "train:entry"])
-def test_a_step_killed_before_its_handler_leaves_the_jobset_to_cleanup(tmp_path, point):
+def test_a_step_killed_before_its_handler_leaves_the_jobset_to_cleanup(driver, tmp_path, point):
     """The one window no handler covers: a process signalled before its first statement ran."""
-    code, output = cancel_at(tmp_path, point, point.split(":")[0], "sleep")
+    code, output = cancel_at(driver, tmp_path, point, point.split(":")[0], "sleep")
     assert code == -signal.SIGTERM, output
     states = jobset_states(tmp_path)
     assert [s.phase for s in states] == ["Running"]

@@ -24,7 +24,9 @@ DEFERRED = {
     "kfp": "kfp and kfp.kubernetes: 9 s to import; only compiling and submitting need it",
     "kubernetes": "the Kubernetes client: 7 s to import; only GKE code paths need it",
     "matplotlib": "matplotlib.pyplot: 6 s to import; only drawing a run's charts needs it",
-    "jsonschema": "0.4 s to import; only validating a MaxText config needs it",
+    "jsonschema": "0.4 s to import; only validating a MaxText config or a manifest needs it",
+    "celpy": "CEL (lark, pendulum): 0.6 s to import; only evaluating a CRD's CEL rules needs it, not the local "
+    "backend's supervisors and CLI commands that import multislice.render.schema",
     "croniter": "only schedules need it",
     "urllib3": "imported beside the Google clients' exceptions it classifies (errors.py)",
 }

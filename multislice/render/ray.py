@@ -54,8 +54,6 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-import jsonschema
-
 from multislice import libtpu_flags, names, tpu
 from multislice.plan import Plan, StagePlan
 from multislice.render import jobset
@@ -329,6 +327,8 @@ CLAIM_TEMPLATE_SCHEMA: dict[str, Any] = {
 
 def claim_template_problems(obj: dict[str, Any]) -> list[str]:
     """Why the API server would reject a rendered ResourceClaimTemplate: its fields and its ObjectMeta."""
+    import jsonschema  # 0.3 s: only when a claim template is checked, not in every importer (supervisors)
+
     from multislice.render import schema  # celpy and the CRDs: only when a claim template is checked
 
     found = [

@@ -26,15 +26,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import celpy
-import jsonschema
 import yaml
-from celpy.adapter import json_to_cel
 
 from multislice import names
 from multislice.errors import InputError
+
+if TYPE_CHECKING:
+    import celpy
+    import jsonschema
 
 CRDS_DIR = Path(__file__).resolve().parents[1] / "crds"
 
@@ -121,6 +122,8 @@ def _structural(schema: Any) -> Any:
 
 @functools.cache
 def _validator(api_version: str, kind: str, crds_dir: Path = CRDS_DIR) -> jsonschema.Draft4Validator:
+    import jsonschema  # 0.3 s: only validating loads it, not every process that imports this module (supervisors)
+
     crd = crd_index(crds_dir)[(api_version, kind)]
     schema = _structural(copy.deepcopy(crd.schema))
     # ObjectMeta is checked by _metadata_problems, as the API server does it.
@@ -152,6 +155,8 @@ def _cel_rules(schema: dict[str, Any], obj: Any, path: str) -> Iterator[tuple[st
 
 @functools.cache
 def _cel_program(rule: str) -> celpy.Runner:
+    import celpy  # 0.6 s (lark, pendulum): only evaluating a CEL rule loads it, not every importer of this module
+
     env = celpy.Environment()
     return env.program(env.compile(rule))
 
@@ -173,6 +178,8 @@ class CelReport:
 
 def check_cel(obj: dict[str, Any], crds_dir: Path = CRDS_DIR) -> CelReport:
     """Evaluate the CRD's CEL rules on ``obj`` as a create request would."""
+    from celpy.adapter import json_to_cel  # with celpy (see _cel_program): loaded where CEL is evaluated
+
     crd = crd_index(crds_dir)[(obj["apiVersion"], obj["kind"])]
     report = CelReport([], [], [])
     for path, rule, value in _cel_rules(crd.schema, obj, ""):

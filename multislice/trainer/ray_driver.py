@@ -53,7 +53,7 @@ import threading
 from typing import Any, cast
 
 from multislice import maxtext
-from multislice.trainer import compile_cache, digests, worker
+from multislice.trainer import compile_cache, digests, lean_imports, worker
 
 #: Test hook from the environment (the local backend passes its environment to pods): ``NAME:RANK:STEP``
 #: applies ``--kill-rank=RANK --kill-after-step=STEP`` to the driver whose ``--name`` is NAME.
@@ -186,10 +186,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None, leader: bool = False) -> None:
-    """MaxText's train in this Ray worker; the leader (rank 0) records checkpoint digests as a JobSet's does."""
+    """MaxText's train in this Ray worker; the leader (rank 0) records checkpoint digests as a JobSet's does.
+
+    It starts as a JobSet's worker does (:func:`multislice.trainer.worker.main`): only what the step loop uses is
+    imported (:mod:`multislice.trainer.lean_imports`: no torch or transformers), and it says which heavy packages
+    were imported.
+    """
+    lean_imports.install(maxtext_args)  # before MaxText is imported: no torch, transformers... for the step loop
     import yaml
     from absl import app
     from maxtext.trainers.pre_train import train
+
+    print(
+        f"multislice ray worker: MaxText imported; heavy packages imported: "
+        f"{', '.join(lean_imports.loaded()) or 'none'} (of {', '.join(lean_imports.HEAVY)})",
+        flush=True,
+    )
 
     base_yml, argv = worker.maxtext_argv(maxtext_args)  # the tokenizer's maxtext: path resolved, as on a JobSet
     compile_cache.report_compiles()

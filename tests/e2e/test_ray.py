@@ -65,6 +65,13 @@ def test_both_stages_train_through_ray_and_verify(ray_run):
         trained = reports.read(reports.TrainReport, ray_run.plan, stage)
         assert trained.launcher == "ray" and trained.last_step == stage.final_step
         assert reports.read(reports.VerificationReport, ray_run.plan, stage).verdict == "PASS"
+        # each worker group's rank 0 started as a JobSet's worker does: no torch or transformers for the step loop
+        log = LocalJobSets(ray_run.plan.run_dir).pod_log(stage.jobset, 0, 0).read_text()
+        imported = log.split("multislice ray worker: MaxText imported; heavy packages imported: ")[1:]
+        assert imported, log[-3000:]
+        for line in imported:
+            heavy = line.split(" (of ")[0].split(", ")
+            assert not {"torch", "transformers", "ml_goodput_measurement"} & set(heavy), heavy
         # rank 0 recorded each committed step's digests, as a JobSet's leader does (the verifier checked them)
         for step in committed_steps(stage.checkpoint_dir):
             assert Path(stage.checkpoint_dir, str(step), digests.DIGEST_FILE).is_file(), step

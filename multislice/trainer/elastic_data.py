@@ -46,7 +46,8 @@ def install(maxtext_args: list[str]) -> bool:
     if not getattr(build_eval, "_without_elastic_iterator", False):
 
         def make_grain_eval_iterator(config: Any, global_mesh: Any, process_indices: Any) -> Any:
-            return build_eval(_WithoutElasticIterator(config), global_mesh, process_indices)
+            view: Any = _WithoutElasticIterator(config)  # duck-typed: MaxText reads the config's attributes only
+            return build_eval(view, global_mesh, process_indices)
 
         make_grain_eval_iterator._without_elastic_iterator = True  # pyright: ignore[reportFunctionMemberAccess]
         input_pipeline_interface.make_grain_eval_iterator = make_grain_eval_iterator

@@ -89,7 +89,6 @@ def one_batch(args: list[str]) -> dict:
                 "skip_jax_distributed_system=true"]  # fmt: skip
     _, argv = maxtext_argv([*kept, *one_host])
     config = pyconfig.initialize(argv)
-    evaluating = pyconfig.initialize([a for a in argv if not a.startswith("eval_interval=")] + ["eval_interval=1"])
     mesh = get_mesh_from_config(config, jax.devices())
     train, _ = create_data_iterator(config, mesh)
     batch = next(train)
@@ -107,9 +106,10 @@ def one_batch(args: list[str]) -> dict:
         "segments_per_row": [len(set(row[row != 0].tolist())) for row in segments],
         "positions_restart_at_segment_starts": bool(((positions == 0) == starts)[segments != 0].all()),
         "bos_only_at_segment_starts": bool(((inputs == 128000) & ~starts).sum() == 0),
-        "iterator": type(train.local_iterator).__name__,
+        "iterator": type(getattr(train, "local_iterator", train)).__name__,
     }
     if config.grain_use_elastic_iterator:
+        evaluating = pyconfig.initialize([a for a in argv if not a.startswith("eval_interval=")] + ["eval_interval=1"])
         result["eval_shape_unpatched"] = eval_shape(evaluating, mesh)  # MaxText 0.2.5 as it is
         result["restore"] = elastic_restore(config, mesh, train)  # installs multislice.trainer.elastic_data
         result["eval_shape"] = eval_shape(evaluating, mesh)

@@ -84,8 +84,9 @@ def test_every_data_kind_reaches_a_first_batch_through_maxtexts_pipeline(tmp_pat
         if line.startswith("CASE ")
     }
     assert set(found) == set(cases), done.stderr[-3000:]
+    errors = {name: f"{row['error']}\n{row.get('trace')}" for name, row in found.items() if "error" in row}
+    assert not errors, "\n".join(f"{name}: {error}" for name, error in errors.items())
     for name, row in found.items():
-        assert "error" not in row, f"{name}: {row.get('error')}\n{row.get('trace')}"
         assert row["shape"] == [8, 128], (name, row)  # 1 sequence x 8 devices, max_target_length 128
         if name not in ("synthetic", "text-elastic"):  # Llama 3 tokens: documents begin with BOS; packed: rows full
             assert row["bos"] >= 1 and row["max"] < 128256 and row["nonpad"] > 4 * 128, (name, row)

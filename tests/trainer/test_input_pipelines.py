@@ -93,7 +93,8 @@ def test_every_data_kind_reaches_a_first_batch_through_maxtexts_pipeline(tmp_pat
     # text: several documents a row, each its own segment; positions restart at 0 exactly where one begins, and
     # every BOS begins one (a document never continues into another's attention)
     packed = found["text"]
-    assert min(packed["segments_per_row"]) > 1, packed
+    # first-fit over 8 bins: most rows hold several documents (a row closes with one when none of the next fits)
+    assert sum(packed["segments_per_row"]) >= 12 and max(packed["segments_per_row"]) >= 3, packed
     assert packed["positions_restart_at_segment_starts"] and packed["bos_only_at_segment_starts"], packed
     assert packed["bos"] >= 2 * 8 and packed["iterator"] != "_ElasticMapDatasetIterator", packed
     # the elastic stage: grain's elastic iterator, one document a row, padded

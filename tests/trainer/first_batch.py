@@ -95,16 +95,20 @@ def one_batch(args: list[str]) -> dict:
     inputs = np.asarray(batch["inputs"])
     segments = np.asarray(batch["inputs_segmentation"])
     positions = np.asarray(batch["inputs_position"])
+    # Real tokens: unpacked, MaxText pads a row's segment ids, positions and tokens with the tokenizer's pad id,
+    # -1 for tiktoken (input_pipeline_utils.PadOrTrimToMaxLength); packed, segment id 0 is padding.
+    real = (segments > 0) & (inputs >= 0)
     # where a segment begins: a row's first token, or a token whose segment id differs from the one before it
-    starts = (segments != 0) & ((np.arange(inputs.shape[1]) == 0) | (segments != np.roll(segments, 1, axis=1)))
+    starts = real & ((np.arange(inputs.shape[1]) == 0) | (segments != np.roll(segments, 1, axis=1)))
     result = {
         "shape": list(inputs.shape),
         "first": [int(t) for t in inputs[0][:4]],
         "nonpad": int((segments != 0).sum()),
         "bos": int((inputs == 128000).sum()),
         "max": int(inputs.max()),
-        "segments_per_row": [len(set(row[row != 0].tolist())) for row in segments],
-        "positions_restart_at_segment_starts": bool(((positions == 0) == starts)[segments != 0].all()),
+        "real": int(real.sum()),
+        "segments_per_row": [len(set(row[mask].tolist())) for row, mask in zip(segments, real, strict=True)],
+        "positions_restart_at_segment_starts": bool(((positions == 0) == starts)[real].all()),
         "bos_only_at_segment_starts": bool(((inputs == 128000) & ~starts).sum() == 0),
         "iterator": type(getattr(train, "local_iterator", train)).__name__,
     }

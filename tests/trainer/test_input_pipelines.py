@@ -100,7 +100,7 @@ def test_every_data_kind_reaches_a_first_batch_through_maxtexts_pipeline(tmp_pat
     # the elastic stage: grain's elastic iterator, one document a row, padded
     elastic = found["text-elastic"]
     assert elastic["iterator"] == "_ElasticMapDatasetIterator", elastic
-    assert elastic["segments_per_row"] == [1] * 8 and elastic["bos"] == 8 and elastic["nonpad"] < 8 * 128, elastic
+    assert elastic["segments_per_row"] == [1] * 8 and elastic["bos"] == 8 and elastic["real"] < 8 * 128, elastic
     assert elastic["positions_restart_at_segment_starts"], elastic
     # its position after 4 batches of 8 records, saved once for all processes, continues in a fresh iterator
     restore = elastic["restore"]

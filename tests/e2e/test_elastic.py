@@ -106,7 +106,7 @@ def test_the_loss_continues_the_curve_after_each_resize(elastic_run):
         assert resize.last_loss_before is not None and resize.first_loss_after is not None
     records = [json.loads(line) for line in Path(elastic_run["stage"].metrics_file).read_text().splitlines()]
     by_step: dict[int, list[float]] = {}
-    for record in records:
+    for record in (r for r in records if "step" in r):  # eval records (eval_after_step) are not steps
         by_step.setdefault(int(record["step"]), []).append(record["learning/loss"])
     for step, losses in by_step.items():  # a step trained again after a restore gives (nearly) the same loss
         assert max(losses) - min(losses) <= LOSS_TOLERANCE * max(losses), (step, losses)
@@ -131,7 +131,7 @@ def test_the_data_position_survives_the_shrink_and_the_grow(elastic_run):
     assert steps and steps[-1] == STEPS - 1 and set(restored) <= set(steps), (steps, restored)
     for step in steps:
         files = sorted(p.name for p in Path(stage.checkpoint_dir, str(step), "iter").iterdir())
-        assert files == ["process_0.json"], (step, files)
+        assert [f for f in files if f.startswith("process_")] == ["process_0.json"], (step, files)  # + Orbax's marker
         state = json.loads(Path(stage.checkpoint_dir, str(step), "iter", "process_0.json").read_text())
         assert state == {"global_next_index": (step + 1) * round(stage.global_batch_size)}, (step, state)
     # every leader that trained, in every JobSet (2 slices, 1, 2 again; the deleted ones' logs are kept), ran with

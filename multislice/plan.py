@@ -310,7 +310,10 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
             "grain_eval_files": storage.join(folder, "eval-*.array_record"),
             "tokenize_train_data": False,
             "tokenize_eval_data": False,
+            "packing": reads_packed(stage),
         }
+        if reads_packed(stage):
+            args["grain_packing_type"] = "first_fit"  # one segment id per record: documents keep their boundaries
     elif isinstance(source, data.GrainData):
         args = {
             "dataset_type": "grain",
@@ -348,9 +351,38 @@ def data_args(spec: RunSpec, stage: Stage) -> dict[str, Any]:
                 tokenize_eval_data=True,
             )
     args.update(tokenizer)
+    if stage.elastic is not None and args.get("dataset_type") == "grain":
+        args.update(elastic_iterator_args())
     if stage.eval_interval > 0:
         args.update(eval_interval=stage.eval_interval, eval_steps=stage.eval_steps)
     return args
+
+
+def reads_packed(stage: Stage) -> bool:
+    """Whether MaxText packs a ``text`` stage's records into rows (``packing: true``, first-fit, a segment id per
+    record): the data's ``packing``, except on an elastic stage, whose elastic iterator reads unpacked
+    (:func:`elastic_iterator_args`), and with ``concatenate``, whose records are full rows already."""
+    source = stage.data
+    return isinstance(source, data.TextData) and source.packing and not source.concatenate and stage.elastic is None
+
+
+def elastic_iterator_args() -> dict[str, Any]:
+    """MaxText's keys that let an elastic stage on grain data restore its data position after a resize.
+
+    MaxText 0.2.5 saves a grain iterator with its checkpoint, one file per data-loading process
+    (``iter/process_{i}-of-{N}.json``, ``common/grain_utility.py`` ``GrainCheckpointable``), and restores only
+    when the stored ``N`` is the run's process count, or a set ``expansion_factor_real_data`` accounts for the
+    difference (``for_restore``: raises "The number of stored checkpoint files ... is incompatible with the
+    number of JAX processes" otherwise). A shrink or a grow changes the process count. The expansion factor would
+    have to be rendered anew from the previous attempt's count at every relaunch, and above 1 it makes only some
+    hosts load data. Grain's ``ElasticIterator`` (``grain_use_elastic_iterator``) keeps one global position instead
+    (``global_next_index``, the records read across all hosts, in ``iter/process_0.json``): every host reads
+    ``global batch / hosts`` records from it, and any host count restores it, so the data continues where it
+    stopped on any slice count. MaxText requires with it ``packing: false``, ``use_truncation: true``, ArrayRecord
+    and no mixture (``configs/types.py``; :func:`multislice.config.elastic.elastic_data_issue` refuses the rest at
+    plan): rows are padded, not packed (the prepare report's ``padding_fraction_unpacked`` is the cost).
+    """
+    return {"grain_use_elastic_iterator": True, "packing": False, "use_truncation": True}
 
 
 def make_plan(spec: RunSpec) -> Plan:

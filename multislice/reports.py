@@ -344,6 +344,10 @@ class TrainReport(StepReport):
             ``attempt``, ``step`` (None: no checkpoint, a fresh start) and, with emergency checkpoints, ``tier``
             (``local``: the newest step was on a slice's checkpoint ramdisk; ``persistent``: read from the
             stage's checkpoint directory) and ``slice`` (the replica that held the local one).
+        data_reread: Stages on streamed data (``hf``, which keeps no position in the checkpoint): for each attempt
+            that restored a checkpoint, how many of its steps trained again on data already trained on, as the
+            stream started again from its start (:func:`multislice.steps.train.data_reread`): ``attempt``,
+            ``restored_step``, ``steps``.
     """
 
     step: ClassVar[str] = "train"
@@ -353,6 +357,7 @@ class TrainReport(StepReport):
     skipped: bool = False
     compiles: list[dict[str, Any]] = Field(default_factory=list)
     restores: list[dict[str, Any]] = Field(default_factory=list)
+    data_reread: list[dict[str, Any]] = Field(default_factory=list)
     steps_trained: int | None = None
     restarts: int | None = None
     restart_causes: list[str] = Field(default_factory=list)

@@ -91,6 +91,11 @@ def test_the_elastic_example_profile_plans_its_stage_on_two_slices_and_on_one_wi
     assert (one.runnable, one.gradient_accumulation_steps, one.dcn["data"]) == (True, 2, 1)
     assert one.global_batch_size == two.global_batch_size == stage.global_batch_size
     assert "gradient_accumulation_steps=2" in one.maxtext_args
+    # On the local corpus: grain's elastic iterator on every slice count (its position restores on any host
+    # count), which MaxText allows unpacked only
+    for count in (two, one):
+        assert {"grain_use_elastic_iterator=true", "packing=false", "use_truncation=true"} <= set(count.maxtext_args)
+    assert not any(a.startswith("grain_packing_type=") for a in stage.maxtext_args)
     # Every manifest validates, and the JobSet a shrink submits has one slice of the same hosts.
     assert manifests.render_all(made, "elastic-example")
     smaller_plan, smaller_stage = made.on_slices(stage, 1)

@@ -204,9 +204,16 @@ class TextData(_Strict):
     ``files``: globs, each a local path, ``gs://`` or ``site-packages:<glob>`` (inside the trainer
     environment's site-packages). ``format``: ``text`` (a file is one document), ``jsonl`` (one JSON object a
     line, its ``text_field``) or ``parquet`` (column ``text_field``). Documents whose SHA-256 falls in the
-    first ``eval_fraction`` of the hash space form the eval split. ``packing``: documents are concatenated
-    (each with BOS/EOS as the tokenizer says) and cut into ``max_target_length`` + 1 token sequences;
-    otherwise each document is cut alone and its last piece kept short.
+    first ``eval_fraction`` of the hash space form the eval split.
+
+    Records keep document boundaries: each document (with BOS/EOS as the tokenizer says) is cut alone into
+    records of at most ``max_target_length`` tokens. ``packing`` is MaxText's own key: true, its grain pipeline
+    packs the records into rows first-fit (``grain_packing_type: first_fit``) with a segment id per record and
+    positions restarting at each, so a document never attends to another; false, one record a row, padded.
+    Elastic stages always read unpacked (MaxText's elastic iterator requires ``packing: false``,
+    ``configs/types.py``): the prepare report gives the padding that costs. ``concatenate``: instead concatenate
+    the documents and cut them into full ``max_target_length`` records (no padding on any stage, but documents
+    attend to the ones before them in a row: no segment ids), for elastic stages on short documents.
     """
 
     kind: Literal["text"] = "text"
@@ -215,6 +222,7 @@ class TextData(_Strict):
     format: Literal["text", "jsonl", "parquet"] = "text"
     text_field: str = Field(default="text", min_length=1)
     packing: bool = True
+    concatenate: bool = False
     eval_fraction: float = Field(default=0.05, gt=0, lt=1)
     shard_sequences: int = Field(default=4096, gt=0, description="Sequences per ArrayRecord shard.")
     cache_dir: str | None = Field(
@@ -429,10 +437,11 @@ def recipe_key(data: TextData, tokenizer: TokenizerSpec, max_target_length: int)
     The files' content is checked against the manifest inside (:mod:`multislice.trainer.prepare_data`).
     """
     recipe = {
-        "data": data.model_dump(exclude={"cache_dir"}),
+        # packing is MaxText's, applied when it reads the records: the same records serve both
+        "data": data.model_dump(exclude={"cache_dir", "packing"}),
         "tokenizer": tokenizer.model_dump(),
         "max_target_length": max_target_length,
-        "format_version": 1,
+        "format_version": 2,  # 2: one record per document (piece); 1 concatenated the documents
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 

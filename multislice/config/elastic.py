@@ -135,6 +135,31 @@ def slice_counts(spec: RunSpec, stage: Stage) -> list[SliceCount]:
     return [slice_count(spec, stage, k) for k in range(spec.num_slices, low - 1, -1)]
 
 
+def elastic_data_issue(stage: Stage) -> str | None:
+    """Why an elastic stage's grain data could not restore its position after a resize, or None.
+
+    An elastic stage on grain data reads through grain's ``ElasticIterator`` (:func:`multislice.plan.
+    elastic_iterator_args`), which MaxText 0.2.5 allows on ArrayRecord files only (Parquet and TFRecord are read
+    through ``InterleaveIterDataset``, which the iterator forbids) and without a mixture (``configs/types.py``,
+    the ``grain_use_elastic_iterator`` checks). ``tfds`` data is read as grain over TFRecord here.
+    """
+    source = stage.data
+    kind = getattr(source, "kind", None)
+    if kind == "tfds" or (kind == "grain" and getattr(source, "file_type", "arrayrecord") != "arrayrecord"):
+        shown = "tfds (grain over TFRecord)" if kind == "tfds" else f"grain {getattr(source, 'file_type', '')}"
+        return (
+            f"an elastic stage restores its data position after a resize with grain's ElasticIterator, which "
+            f"MaxText 0.2.5 allows on ArrayRecord files only, not {shown}; convert the data to ArrayRecord "
+            "(or give kind: text, which prepare_data writes as ArrayRecord), or drop elastic"
+        )
+    if kind == "grain" and ";" in getattr(source, "train_files", ""):
+        return (
+            "an elastic stage restores its data position after a resize with grain's ElasticIterator, which "
+            "MaxText 0.2.5 does not allow on a mixture (';' in train_files); give one glob, or drop elastic"
+        )
+    return None
+
+
 def elastic_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, str]]:
     """Cross-field checks of a stage's ``elastic``: ``(field, message)`` pairs, empty when fine.
 
@@ -146,6 +171,8 @@ def elastic_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, s
     if elastic is None:
         return []
     issues = []
+    if problem := elastic_data_issue(stage):
+        issues.append((f"{where}.data", problem))
     if elastic.max_slices is not None and elastic.max_slices != spec.num_slices:
         issues.append(
             (

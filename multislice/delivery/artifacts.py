@@ -290,6 +290,15 @@ def train_markdown(stage: str, report: TrainReport) -> str:
             if any("tier" in restore for restore in report.restores)
             else ""
         )
+        + (
+            "\n## data read again\n\nThe stage streams its data (hf), which keeps no position in the checkpoint: "
+            "after each restart the stream began again at its start, so these steps trained again on data the stage "
+            "had already trained on.\n\n"
+            + markdown_table(report.data_reread, ["attempt", "restored_step", "steps"])
+            + "\n"
+            if report.data_reread
+            else ""
+        )
     )
 
 

@@ -23,7 +23,7 @@ from multislice.config import Stage
 from multislice.config.data import TextData
 from multislice.config.models import data_lasts_issue
 from multislice.errors import InputError, RunFailed
-from multislice.plan import Plan, StagePlan
+from multislice.plan import Plan, StagePlan, reads_packed
 from multislice.reports import PrepareDataReport
 from multislice.steps import backend_of, cancellable, teller, write_report
 
@@ -125,7 +125,10 @@ def run(
                 f"{manifest['tokenizer']['vocab_size']} tokens",
                 f"set model.vocab_size: {manifest['tokenizer']['vocab_size']}",
             )
-        train_sequences = manifest.get("splits", {}).get("train", {}).get("sequences")
+        # The rows MaxText makes of the records: packed first-fit, at least ceil(tokens / max_target_length);
+        # unpacked (elastic stages, packing: false, concatenated records), one a record.
+        train = manifest.get("splits", {}).get("train", {})
+        train_sequences = train.get("rows_packed_at_least") if reads_packed(spec) else train.get("sequences")
         lasts = train_sequences is not None and data_lasts_issue(spec, train_sequences, stage.global_batch_size)
         if lasts:
             raise InputError(

@@ -117,13 +117,40 @@ def run(
         storage.write_text(stage.metrics_file, "".join(json.dumps(r) + "\n" for r in records))
         wall = time.monotonic() - started
         report, line = _report(stage, records, finished, resizes, wall, compiles, timeline.measure(wall))
-        report = report.model_copy(update={"restores": restores})
+        reread = data_reread(stage, restores)
+        report = report.model_copy(update={"restores": restores, "data_reread": reread})
         tiers = [
             f"attempt {r['attempt']} from the {r['tier']} tier at step {r['step']}" for r in restores if "tier" in r
         ]
         line += "; restored " + ", ".join(tiers) if tiers else ""
+        if reread:
+            line += "; the hf stream started again from its start after each restart: " + ", ".join(
+                f"attempt {r['attempt']} (from step {r['restored_step']}) re-read {r['steps']} steps' data"
+                for r in reread
+            )
         tell(line)
         return write_report(plan, report, stage)
+
+
+def data_reread(stage: StagePlan, restores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a stage on streamed data (``hf``), how many steps of each restarted attempt trained again on data the
+    stage had already trained on: ``[{"attempt", "restored_step", "steps"}]``; ``[]`` for other data.
+
+    MaxText 0.2.5 saves a data iterator with the checkpoint only for ``dataset_type: grain``
+    (``common/checkpointing.py``, ``save_checkpoint`` and ``load_state_if_possible``); its ``hf`` pipeline streams
+    the dataset (``datasets.load_dataset(..., streaming=True)``, ``input_pipeline/hf_data_processing.py``), so an
+    attempt that restores step ``s`` trains step ``s + 1`` on the stream's first batch again: the batches of steps
+    ``0..s`` come again, for ``min(s + 1, steps - s - 1)`` steps (to the stage's end). An attempt that restored no
+    checkpoint starts the model again too: nothing is re-read. Grain data keeps its position (an elastic stage's
+    through the elastic iterator, :func:`multislice.plan.elastic_iterator_args`).
+    """
+    if "dataset_type=hf" not in stage.maxtext_args:
+        return []
+    return [
+        {"attempt": r["attempt"], "restored_step": r["step"], "steps": min(r["step"] + 1, stage.steps - r["step"] - 1)}
+        for r in restores
+        if r.get("attempt", 0) > 0 and r.get("step") is not None
+    ]
 
 
 def note_restore(restores: list[dict[str, Any]], attempt: int, restored: dict[str, Any]) -> str:

@@ -16,7 +16,18 @@ Parquet; local, ``gs://`` or ``site-packages:``), tokenizes it with MaxText's ow
   (``input_pipeline_utils.ParseFeatures``); written with ``array_record`` (``group_size:1``, for grain's
   random access);
 - ``<out_dir>/manifest.json`` last: the source files with their SHA-256 and size, the tokenizer and its
-  vocabulary, token, sequence and shard counts per split, the corpus' unigram entropy.
+  vocabulary, token, record (``sequences``) and shard counts per split, what the records become in MaxText's
+  rows (:func:`row_counts`), the corpus' unigram entropy.
+
+Records keep document boundaries (``data.concatenate: false``, the default): a record is one document, or one
+piece of at most ``max_target_length`` tokens of a longer one (its first piece starts with BOS, its last ends with
+EOS), never two documents. MaxText then packs them itself: with ``packing: true`` its grain pipeline's
+``FirstFitPackIterDataset`` (``grain_packing_type: first_fit``, ``data_processing_utils.format_and_batch``) fills
+each row with whole records and gives each its own segment id, positions restarting at 0, so attention never
+crosses a document boundary. Where MaxText cannot pack (``packing: false``, which its elastic iterator requires,
+``configs/types.py``), each record is one row padded to ``max_target_length``. ``data.concatenate: true`` writes
+the former layout instead: every document concatenated and cut into full ``max_target_length`` records, no
+padding anywhere, one segment a row (documents attend to the ones before them).
 
 Idempotent: ``out_dir`` is named by the recipe (:func:`multislice.config.data.recipe_key`), and when its
 manifest's ``fingerprint`` (recipe + every source file's SHA-256) matches the inputs, nothing is tokenized
@@ -55,7 +66,7 @@ PARQUET_BATCH_ROWS = 256
 #: Bytes hashed at a time.
 HASH_BYTES = 1 << 20
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one record per document (piece); 1 concatenated them
 
 
 def _open(path: str, mode: str = "rb"):
@@ -221,7 +232,9 @@ def prepare(
             writers[split].add(buffer[start : start + length])
         del buffer[:whole]
         if final and buffer:
-            writers[split].add(list(buffer))
+            # A 1-token piece (a lone EOS after a full piece) predicts nothing once MaxText shifts the targets.
+            if len(buffer) > 1:
+                writers[split].add(list(buffer))
             buffer.clear()
 
     for source in sources:
@@ -238,7 +251,7 @@ def prepare(
                 flush(split, final=False)
             if tokenizer.add_eos:
                 buffer.append(model.eos_id)
-            flush(split, final=not data.packing)
+            flush(split, final=not data.concatenate)  # a document's last piece is its own record
     for split in writers:
         flush(split, final=True)
         writers[split].close()
@@ -261,6 +274,7 @@ def prepare(
         "tokenizer": {**tokenizer.model_dump(), "vocab_size": vocab},
         "max_target_length": max_target_length,
         "packing": data.packing,
+        "concatenate": data.concatenate,
         "sources": print_sources,
         "source_bytes": sum(s["bytes"] for s in sources),
         "splits": {
@@ -268,6 +282,7 @@ def prepare(
                 "documents": documents_seen[split],
                 "sequences": w.sequences,
                 "tokens": w.tokens,
+                **row_counts(w.sequences, w.tokens, max_target_length),
                 "shards": w.shards,
             }
             for split, w in writers.items()
@@ -283,10 +298,36 @@ def prepare(
     manifest = _publish(local, out_dir, shards, manifest)
     say(
         f"wrote {len(shards)} shards to {out_dir}: {manifest['token_count']:,} tokens "
-        f"(train {writers['train'].sequences} sequences, eval {writers['eval'].sequences}) in {manifest['seconds']} s; "
+        f"(train {writers['train'].sequences} records, eval {writers['eval'].sequences}; "
+        + (
+            "documents concatenated, no padding"
+            if data.concatenate
+            else f"one document a record: {manifest['splits']['train']['padding_fraction_unpacked']:.1%} padding "
+            "where MaxText cannot pack"
+        )
+        + f") in {manifest['seconds']} s; "
         f"unigram entropy {manifest['unigram_entropy_nats']} nats (ln vocab {math.log(vocab):.2f})"
     )
     return manifest
+
+
+def row_counts(records: int, tokens: int, max_target_length: int) -> dict[str, Any]:
+    """What ``records`` records of ``tokens`` tokens in all become in MaxText's rows of ``max_target_length`` tokens.
+
+    Returns:
+        ``rows_unpacked``: rows with MaxText's ``packing: false`` (one record a row, padded; its elastic
+        iterator's case); ``padding_tokens_unpacked`` and ``padding_fraction_unpacked``: the pad tokens those rows
+        hold, and their share of all the rows' tokens; ``rows_packed_at_least``: rows with ``packing: true``, at
+        least (``ceil(tokens / max_target_length)``: first-fit packing leaves a row's tail empty when no record
+        left in its bins fits).
+    """
+    capacity = records * max_target_length
+    return {
+        "rows_unpacked": records,
+        "padding_tokens_unpacked": capacity - tokens,
+        "padding_fraction_unpacked": round((capacity - tokens) / capacity, 4) if capacity else 0.0,
+        "rows_packed_at_least": -(-tokens // max_target_length),
+    }
 
 
 def _publish(local: str, out_dir: str, shards: list[str], manifest: dict[str, Any]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ import threading
 from typing import Any, cast
 
 from multislice import maxtext
-from multislice.trainer import compile_cache, digests, lean_imports, worker
+from multislice.trainer import compile_cache, digests, elastic_data, lean_imports, worker
 
 #: Test hook from the environment (the local backend passes its environment to pods): ``NAME:RANK:STEP``
 #: applies ``--kill-rank=RANK --kill-after-step=STEP`` to the driver whose ``--name`` is NAME.
@@ -204,6 +204,7 @@ def _run_maxtext(maxtext_args: list[str], emulate_slices: int | None, leader: bo
     )
 
     base_yml, argv = worker.maxtext_argv(maxtext_args)  # the tokenizer's maxtext: path resolved, as on a JobSet
+    elastic_data.install(maxtext_args)  # an elastic stage's grain iterator restores on any process count
     compile_cache.report_compiles()
     if emulate_slices:  # CPU: each process writes its own cache entries, as a JobSet's workers do
         compile_cache.write_from_every_process()

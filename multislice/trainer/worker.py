@@ -49,7 +49,7 @@ from multislice.maxtext import (
     ENV_PROCESSES_IN_JOB,
     TRAIN_MODULE,
 )
-from multislice.trainer import compile_cache, digests, lean_imports
+from multislice.trainer import compile_cache, digests, elastic_data, lean_imports
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         f"heavy packages imported: {', '.join(lean_imports.loaded()) or 'none'} (of {', '.join(lean_imports.HEAVY)})",
         flush=True,
     )
+    elastic_data.install(maxtext_args)  # an elastic stage's grain iterator restores on any process count
     base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
     # The leader records each committed checkpoint step's digests (the verifier checks them).
     with digests.recording(maxtext_args, leader=process_index == 0):

@@ -216,6 +216,15 @@ HOSTILE = {
         {"kind": "tfds", "dataset_path": "{t}/tfds", "dataset_name": "c4/en"}, {}, "data.tfds.dataset_name",
         "has no version",
     ),
+    # elastic stages: grain's elastic iterator (their data position across resizes) reads one ArrayRecord glob only
+    "elastic-on-tfrecord": (
+        {"kind": "tfds", "dataset_path": "{t}/tfds", "dataset_name": "c4/en:3.1.0"}, {"elastic": {"min_slices": 1}},
+        "data", "ArrayRecord files only, not tfds (grain over TFRecord)",
+    ),
+    "elastic-on-a-mixture": (
+        {"kind": "grain", "train_files": "{t}/web-*,0.7;{t}/code-*,0.3"}, {"elastic": {"min_slices": 1}}, "data",
+        "does not allow on a mixture",
+    ),
 }  # fmt: skip
 
 

@@ -197,7 +197,10 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
     assert train["documents"] + held["documents"] == 40 and held["documents"] > 0
     assert manifest["token_count"] == train["tokens"] + held["tokens"]
-    assert train["sequences"] * 128 >= train["tokens"] > (train["sequences"] - 1) * 128  # packed: all full but the last
+    # one record per document piece: a document never shares a record; MaxText packs them (first_fit)
+    assert train["sequences"] >= train["documents"] and train["sequences"] * 128 >= train["tokens"]
+    assert train["rows_packed_at_least"] == -(-train["tokens"] // 128) and train["rows_unpacked"] == train["sequences"]
+    assert train["padding_tokens_unpacked"] == train["sequences"] * 128 - train["tokens"]
     # the same inputs and tokenizer: the second stage (same recipe) reuses the shards, and says so
     second = prepare_data.run(plan, plan.stage("tiny-70b-recipe"))
     assert second.reused and second.manifest["fingerprint"] == manifest["fingerprint"]
@@ -213,14 +216,17 @@ def test_prepare_data_tokenizes_once_and_reuses_the_shards(tmp_path, corpus, cap
     shards = [f"{first.uri}/{name}" for name in manifest["splits"]["train"]["shards"]]
     done = run_in_trainer(trainer_python, script, *shards)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [str(train["sequences"]), "int32", "128", "128000"]  # begins with Llama 3's BOS
-    # the data must last: 20 steps x 16 sequences run past the prepared sequences, refused with both figures
+    length, dtype, first_length, bos = done.stdout.split()
+    assert (length, dtype, bos) == (str(train["sequences"]), "int32", "128000")  # begins with Llama 3's BOS
+    # the data must last: 20 steps x 16 sequences run past the rows MaxText packs the records into (at least
+    # ceil(tokens / 128)), refused with both figures
+    rows = train["rows_packed_at_least"]
     longer = plan_step.run(profile_with(tmp_path, data, steps=20, checkpoint_period=10), {})
     with pytest.raises(InputError) as caught:
         prepare_data.run(longer, longer.stage("tiny-8b-recipe"))
     said = str(caught.value) + " " + caught.value.fix
-    assert f"20 steps x 16 sequences per step = 320 sequences, but the data holds {train['sequences']}" in said
-    assert f"Lower steps to at most {train['sequences'] // 16}" in said and "num_epoch" in said
+    assert f"20 steps x 16 sequences per step = 320 sequences, but the data holds {rows}" in said
+    assert f"Lower steps to at most {rows // 16}" in said and "num_epoch" in said
     # a changed source file: tokenized again
     (corpus / "doc00.txt").write_text("Something else entirely. " * 50)
     third = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
@@ -258,8 +264,9 @@ def test_prepare_data_reads_json_lines_and_parquet_without_packing(tmp_path, tra
     for manifest in manifests.values():
         splits = manifest["splits"]
         assert splits["train"]["documents"] + splits["eval"]["documents"] == 60
-        # not packed: every document (at most ~105 tokens with BOS and EOS) is a sequence of its own
+        # every document (at most ~105 tokens with BOS and EOS) is a record of its own
         assert splits["train"]["sequences"] + splits["eval"]["sequences"] == 60
+        assert 0 < splits["train"]["padding_fraction_unpacked"] < 1
     assert manifests["jsonl"]["token_count"] == manifests["parquet"]["token_count"]
 
 
@@ -270,8 +277,10 @@ def test_the_shards_directory_is_named_by_the_recipe():
     assert (
         key
         != recipe_key(data, TokenizerSpec(), 256)
-        != recipe_key(TextData(files=("a/*.txt",), packing=False), TokenizerSpec(), 128)
+        != recipe_key(TextData(files=("a/*.txt",), concatenate=True), TokenizerSpec(), 128)
     )
+    # MaxText's packing is applied as it reads the records: the same records serve a packed and an unpacked stage
+    assert key == recipe_key(TextData(files=("a/*.txt",), packing=False), TokenizerSpec(), 128)
 
 
 def test_eval_lines_become_records_the_report_and_the_plot_read():

@@ -7,7 +7,10 @@ pyarrow, a Hugging Face dataset directory of Parquet), then, for each case, buil
 ``base.yml`` and the arguments (``maxtext_argv``: the ``maxtext:`` and ``multislice:`` paths resolved as in a
 pod), on one CPU host with 8 devices and one slice, calls ``create_data_iterator`` and takes one batch. Prints one
 JSON line per case: the batch's ``inputs`` shape, its first tokens, how many are non-padding and how many
-are Llama 3's BOS, its largest id, or the error.
+are Llama 3's BOS, its largest id, the segments in each row and whether positions restart at 0 exactly where a
+segment (a document) begins, the kind of iterator; or the error. With MaxText's elastic iterator
+(``grain_use_elastic_iterator``), also its save and restore through MaxText's ``common/grain_utility.py`` as a
+checkpoint does it (:func:`elastic_restore`).
 """
 
 from __future__ import annotations
@@ -90,12 +93,92 @@ def one_batch(args: list[str]) -> dict:
     train, _ = create_data_iterator(config, mesh)
     batch = next(train)
     inputs = np.asarray(batch["inputs"])
-    return {
+    segments = np.asarray(batch["inputs_segmentation"])
+    positions = np.asarray(batch["inputs_position"])
+    # Real tokens: unpacked, MaxText pads a row's segment ids, positions and tokens with the tokenizer's pad id,
+    # -1 for tiktoken (input_pipeline_utils.PadOrTrimToMaxLength); packed, segment id 0 is padding.
+    real = (segments > 0) & (inputs >= 0)
+    # where a segment begins: a row's first token, or a token whose segment id differs from the one before it
+    starts = real & ((np.arange(inputs.shape[1]) == 0) | (segments != np.roll(segments, 1, axis=1)))
+    result = {
         "shape": list(inputs.shape),
         "first": [int(t) for t in inputs[0][:4]],
-        "nonpad": int((np.asarray(batch["inputs_segmentation"]) != 0).sum()),
+        "nonpad": int((segments != 0).sum()),
         "bos": int((inputs == 128000).sum()),
         "max": int(inputs.max()),
+        "real": int(real.sum()),
+        "segments_per_row": [len(set(row[mask].tolist())) for row, mask in zip(segments, real, strict=True)],
+        "positions_restart_at_segment_starts": bool(((positions == 0) == starts)[real].all()),
+        "bos_only_at_segment_starts": bool(((inputs == 128000) & ~starts).sum() == 0),
+        "iterator": type(getattr(train, "local_iterator", train)).__name__,
+    }
+    if config.grain_use_elastic_iterator:
+        evaluating = pyconfig.initialize([a for a in argv if not a.startswith("eval_interval=")] + ["eval_interval=1"])
+        result["eval_shape_unpatched"] = eval_shape(evaluating, mesh)  # MaxText 0.2.5 as it is
+        result["restore"] = elastic_restore(config, mesh, train)  # installs multislice.trainer.elastic_data
+        result["eval_shape"] = eval_shape(evaluating, mesh)
+    return result
+
+
+def eval_shape(config, mesh) -> list[int] | str:
+    """The shape of the eval iterator's first batch's ``inputs``, or the error."""
+    import numpy as np
+    from maxtext.input_pipeline.input_pipeline_interface import create_data_iterator
+
+    try:
+        _, evaluation = create_data_iterator(config, mesh)
+        return list(np.asarray(next(evaluation)["inputs"]).shape)
+    except Exception as error:  # noqa: BLE001 - reported, the test names it
+        return f"{type(error).__name__}: {error}"[:300]
+
+
+def elastic_restore(config, mesh, train) -> dict:
+    """Save the elastic iterator's position through MaxText's checkpointing code after 4 batches (step 3), restore
+    it into a fresh iterator beside stale per-process files of a 4-process run (as a shrink from 4 processes
+    leaves), and compare the next batches: MaxText's ``grain_utility.for_save`` and ``for_restore`` with
+    :func:`multislice.trainer.elastic_data.install`, as the worker runs them."""
+    import asyncio
+    import tempfile
+    from types import SimpleNamespace
+
+    import numpy as np
+    from etils import epath
+    from maxtext.common import grain_utility
+    from maxtext.input_pipeline.input_pipeline_interface import create_data_iterator
+
+    from multislice.trainer import elastic_data
+
+    installed = elastic_data.install(["grain_use_elastic_iterator=true"])
+    root = Path(tempfile.mkdtemp(prefix="elastic-iter-"))
+    saved = root / "3" / "iter"
+
+    class Awaiting:  # Orbax's PathAwaitingCreation, as far as GrainCheckpointable.save uses it
+        async def await_creation(self):
+            saved.mkdir(parents=True, exist_ok=True)
+            return epath.Path(saved)
+
+    async def save():
+        await (await grain_utility.for_save(3, train, config.expansion_factor_real_data).save(Awaiting()))
+
+    for _ in range(3):  # batches of steps 1-3
+        next(train)
+    asyncio.run(save())
+    expected = np.asarray(next(train)["inputs"])
+    for index in range(4):  # what a 4-process run's per-process save left: must not decide the restore
+        (saved / f"process_{index}-of-4.json").write_text("{}")
+    fresh, _ = create_data_iterator(config, mesh)
+
+    async def load():
+        manager = SimpleNamespace(directory=epath.Path(root))
+        checkpointable = grain_utility.for_restore(manager, 3, fresh, config.expansion_factor_real_data)
+        await (await checkpointable.load(epath.Path(saved)))
+
+    asyncio.run(load())
+    return {
+        "installed": installed,
+        "files": sorted(p.name for p in saved.iterdir()),
+        "state": json.loads((saved / "process_0.json").read_text()),
+        "next_batch_continues": bool(np.array_equal(np.asarray(next(fresh)["inputs"]), expected)),
     }
 
 

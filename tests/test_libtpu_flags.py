@@ -138,7 +138,7 @@ def test_a_profile_adds_and_removes_flags_and_a_stage_changes_them_after_it():
     data = spec.model_dump(mode="json")
     data["libtpu_flags"] = {"add": {"xla_tpu_scoped_vmem_limit_kib": 81920, "xla_new_flag": True},
                             "remove": ["xla_enable_async_all_gather"]}  # fmt: skip
-    data["stages"][1]["libtpu_flags"] = {"remove": ["xla_new_flag", "xla_tpu_host_transfer_overlap_limit"]}
+    data["stages"][1]["libtpu_flags"]["remove"] = ["xla_new_flag", "xla_tpu_host_transfer_overlap_limit"]
     plan = make_plan(config.load_spec(data))
     eight, seventy = plan.stages
     assert eight.libtpu_flags["xla_tpu_scoped_vmem_limit_kib"] == "81920"
@@ -172,7 +172,7 @@ def test_bad_flag_changes_are_refused_naming_the_field(flags, where, says):
 
 def test_a_stage_removing_a_flag_it_does_not_have_is_refused_naming_the_stage():
     data = gke_spec().model_dump(mode="json")
-    data["stages"][0]["libtpu_flags"] = {"remove": ["xla_tpu_host_transfer_overlap_limit"]}  # a 70B-only flag
+    data["stages"][0]["libtpu_flags"]["remove"] = ["xla_tpu_host_transfer_overlap_limit"]  # a 70B-only flag here
     with pytest.raises(ConfigError, match=r"stages\[0\] \(llama3-8b\)\.libtpu_flags\.remove: "
                                           r"xla_tpu_host_transfer_overlap_limit is not among"):  # fmt: skip
         config.load_spec(data)

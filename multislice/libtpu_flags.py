@@ -293,12 +293,15 @@ CONTINUATION_FUSION = (
     "xla_tpu_enable_async_collective_fusion_fuse_all_gather",
     "xla_tpu_enable_async_collective_fusion_multiple_steps",
 )
+#: The same refusal on v5p ("platform viperfish", libtpu's name for v5p), measured by
+#: ``tests/test_libtpu_flags.py``'s compile of the v5p row (``llama2_70b_v5p_128``) for v5p-8. v5e takes them.
 REFUSED: dict[str, dict[str, str]] = {
-    "v6e": {
-        name: f"libtpu {LIBTPU_VERSION} refuses continuation fusion on v6e (FAILED_PRECONDITION: not "
-        "supported/recommended on platforms other than TPU v5e)"
+    generation: {
+        name: f"libtpu {LIBTPU_VERSION} refuses continuation fusion on {generation} (FAILED_PRECONDITION: "
+        "not supported/recommended on platforms other than TPU v5e)"
         for name in CONTINUATION_FUSION
-    },
+    }
+    for generation in ("v6e", "v5p")
 }
 
 

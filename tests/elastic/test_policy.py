@@ -127,7 +127,7 @@ def test_gradient_accumulation_keeps_the_global_batch_on_every_runnable_count(sl
 
 # --- preflight: a verdict for every slice count -------------------------------------------------------------------
 
-#: The 8B stage of gke-v6e-16x2-seed on 2 x v6e-16 as XLA reported it on this machine (benchmarks/results/preflight.json).
+#: The seed profile's 8B stage on 2 x v6e-16 as XLA reported it here (benchmarks/results/preflight.json).
 RECORDED_8B_BYTES = 24_063_695_104  # 22.41 GiB per chip
 
 

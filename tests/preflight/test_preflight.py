@@ -161,12 +161,12 @@ def test_cli_names_a_stage_that_is_not_there():
 
 @pytest.mark.aot
 def test_the_readme_example_compiles_here_without_credentials_and_a_rerun_is_cached(tmp_path):
-    """``multislice preflight --profile gke-v6e-16x2-seed --stage seed-llama3-70b``: a real AOT compile on this machine."""
+    """``multislice preflight --profile gke-v6e-16x2-seed --stage seed-llama3-70b``: a real AOT compile here."""
     home, cache, report = tmp_path / "home", tmp_path / "cache", tmp_path / "report.json"
     home.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2-seed", "--stage", "seed-llama3-70b",
-         "--no-alternative", "--cache-dir", str(cache), "--report", str(report)],
+        [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2-seed", "--stage",
+         "seed-llama3-70b", "--no-alternative", "--cache-dir", str(cache), "--report", str(report)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=no_cloud_env(home), timeout=1500,
     )  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stdout, done.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""Predicted goodput of the seed stages (``gke-v6e-16x2``: Llama 3 8B and 70B on 2 x v6e-16) against MTBI.
+"""Predicted goodput of the seed stages (``gke-v6e-16x2-seed``: Llama 3 8B and 70B on 2 x v6e-16) against MTBI.
 
 Usage::
 
@@ -21,7 +21,7 @@ from multislice import config, memory
 from multislice.goodput_model import Restart, Stage, expected_goodput
 from multislice.plan import make_plan
 
-PROFILE = "gke-v6e-16x2"
+PROFILE = "gke-v6e-16x2-seed"
 HOURS = (4, 24, 168)
 GB = 1e9
 

@@ -6,9 +6,9 @@ Run from the project root in the pipeline environment (the trainer environment m
 
 Measures, each with an empty verdict cache:
 
-1. the seed 70B command (example stage ``seed-llama3-70b`` of ``gke-v6e-16x2``):
+1. the seed 70B command (example stage ``seed-llama3-70b`` of ``gke-v6e-16x2-seed``):
    seconds until preflight says "does not fit" (trainer process start included);
-2. the two default stages of ``gke-v6e-16x2`` (8B and 70B): seconds until each verdict;
+2. the two default stages of ``gke-v6e-16x2-seed`` (8B and 70B): seconds until each verdict;
 3. the same two stages again with the cache now filled: seconds for both verdicts;
 4. the planner for llama3-70b on 2 x v6e-16: seconds until it returns AOT-verified configs.
 
@@ -108,7 +108,7 @@ def main() -> None:
         print(f"{record(options.record, options.collect)} results added to {options.record}")
         return
     start_machine = machine()
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     results: dict = json.loads(RESULTS.read_text()) if options.only_planner and RESULTS.exists() else {}
     if not options.only_planner:
         results["machine"] = start_machine

@@ -6,7 +6,7 @@ Run from the project root in the pipeline environment (the trainer environment m
 
 Runs the README's seed 70B check through the CLI, as a user does::
 
-    multislice preflight --profile gke-v6e-16x2 --stage seed-llama3-70b --no-alternative --cache-dir DIR
+    multislice preflight --profile gke-v6e-16x2-seed --stage seed-llama3-70b --no-alternative --cache-dir DIR
 
 first with an empty verdict cache (cold: one AOT compile for 2 x v6e-16), then with the cache it filled
 (cached), ``--repeats`` times each. Every stdout/stderr line is timestamped as it arrives; the verdict line is the
@@ -36,7 +36,7 @@ VERDICT = re.compile(r"does not fit|\bfits\b")
 
 def timed_run(cache: Path) -> dict:
     """One ``multislice preflight`` of the seed 70B: seconds to the verdict line and from it to exit."""
-    command = [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2",
+    command = [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2-seed",
                "--stage", "seed-llama3-70b", "--no-alternative", "--cache-dir", str(cache)]  # fmt: skip
     started = time.monotonic()
     lines: list[tuple[float, str]] = []

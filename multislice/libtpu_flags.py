@@ -10,16 +10,24 @@ Unknown command line flag '<name>'``) and the HBM figure is the one the run
 sees. The local backend trains on CPU, where libtpu is not used: no flag applies
 there.
 
-The table (:data:`RECIPES`) is MaxText's, at commit
+The table is MaxText's, at commit
 ``e591f30cbbf217ed67ef71263ec0538239f9c3b8`` of github.com/AI-Hypercomputer/maxtext:
-flag groups from ``benchmarks/xla_flags_library.py``, combined per model in
-``benchmarks/maxtext_trillium_model_configs.py`` (v6e, "Trillium") and
-``benchmarks/maxtext_v5p_model_configs.py`` (v5p). Each :class:`Recipe` names
-the recipe (the ``MaxTextModel`` variable) and the groups it takes. A model
-without its own recipe gets the generation's ``*`` entry: the groups every
-dense-model recipe of that generation shares. Generations with no recipe here
-(v5litepod, v4) get no flags. Recipe flags that the trainer image's libtpu
-refuses on a generation (:data:`REFUSED`, measured by preflight) are left out.
+flag groups from ``benchmarks/xla_flags_library.py``, combined per recipe in
+``benchmarks/maxtext_trillium_model_configs.py`` (v6e, "Trillium"),
+``benchmarks/maxtext_v5p_model_configs.py`` (v5p) and
+``benchmarks/maxtext_v5e_model_configs.py`` (v5e). Each :class:`Recipe` of
+:data:`NAMED` is one ``MaxTextModel`` variable and the groups it takes;
+:data:`DEFAULTS` gives each (generation, model) its row: for v6e Llama 3 8B and
+70B the recipes AI-Hypercomputer/tpu-recipes measured (``Recipe.measured``).
+A model without its own row gets the generation's ``*`` row, if any. Generations
+and models with no row (v5litepod custom models, v4) get no flags. A stage (or
+profile) may pin any row by name (``libtpu_flags.recipe``), as the seed
+profile ``gke-v6e-16x2-seed`` does to keep the flags it had. A stage that
+offloads to host gets ``HOST_OFFLOAD_FLAGS`` where its row lacks them
+(:func:`offloads_to_host`). Recipe flags that the trainer image's libtpu
+refuses on a generation (:data:`REFUSED`, measured by preflight and by
+``tests/test_libtpu_flags.py``'s compile of each generation's widest row) are
+left out.
 
 A profile (``libtpu_flags``) or a stage (``libtpu_flags``) adds flags or removes
 table flags by name (:func:`resolve`); the stage's changes apply after the profile's.
@@ -28,6 +36,7 @@ table flags by name (:func:`resolve`); the stage's changes apply after the profi
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: The environment variable libtpu reads its flags from.
@@ -40,6 +49,7 @@ _MAXTEXT = "AI-Hypercomputer/maxtext@e591f30 benchmarks/"
 LIBRARY = _MAXTEXT + "xla_flags_library.py"
 TRILLIUM = _MAXTEXT + "maxtext_trillium_model_configs.py"
 V5P = _MAXTEXT + "maxtext_v5p_model_configs.py"
+V5E = _MAXTEXT + "maxtext_v5e_model_configs.py"
 
 #: Flag groups of ``benchmarks/xla_flags_library.py`` (the constant's name -> its flags, in its order).
 GROUPS: dict[str, dict[str, str]] = {
@@ -65,6 +75,20 @@ GROUPS: dict[str, dict[str, str]] = {
         "xla_tpu_enable_data_parallel_all_reduce_opt": "true",
         "xla_tpu_data_parallel_opt_different_sized_ops": "true",
     },
+    # "Enable SparseCore All Reduce (SC AR) ... useful for reducing the gradient reduction all-reduce time with
+    # overlapping with compute", followed by ENABLE_SPARSECORE_OFFLOADING_BASE_FLAGS (its last four).
+    "ENABLE_SPARSECORE_OFFLOADING_FOR_ALL_REDUCE": {
+        "xla_tpu_enable_async_collective_fusion_fuse_all_reduce": "false",
+        "xla_tpu_enable_sparse_core_collective_offload_all_reduce": "true",
+        "xla_tpu_enable_all_reduce_offload_tracing": "true",
+        "xla_tpu_use_tc_device_shape_on_sc": "true",
+        "xla_sc_enable_instruction_fusion": "false",
+        "xla_sc_disjoint_spmem": "false",
+        "xla_sc_disable_megacore_partitioning": "true",
+    },
+    # DISABLE_COLLECTIVE_MATMUL: a windowed-einsum threshold no tensor reaches (10^6 MiB), so XLA does not
+    # decompose an all-gather + matmul into a collective matmul.
+    "DISABLE_COLLECTIVE_MATMUL": {"xla_jf_spmd_threshold_for_windowed_einsum_mib": "1000000"},
     # "optimizations recommended when using host offloading".
     "HOST_OFFLOAD_FLAGS": {
         "xla_tpu_enable_all_experimental_scheduler_features": "true",
@@ -88,10 +112,13 @@ class Recipe:
 
     Attributes:
         source: The MaxText file (repository@commit path).
-        recipe: The ``MaxTextModel`` variable in it (``llama3_70b_8192``).
+        recipe: The ``MaxTextModel`` variable in it (``llama3_70b_8192``); a stage pins a row by this name
+            (``libtpu_flags.recipe``).
         groups: The :data:`GROUPS` it concatenates, in its order.
         extra: Flags it appends after the groups (a later value of a flag wins, as in absl).
         note: Why this recipe is the row (shown in docs and ``render``).
+        generation: The TPU generation it was measured on (:mod:`multislice.tpu`'s name: v6e, v5p, v5litepod).
+        measured: The published measurement of this recipe, if any (tpu-recipes README: step time, topology).
     """
 
     source: str
@@ -99,6 +126,8 @@ class Recipe:
     groups: tuple[str, ...]
     extra: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    generation: str = "v6e"
+    measured: str = ""
 
     def flags(self) -> dict[str, str]:
         """Flag name -> value, in the recipe's order (a repeated flag keeps its first place, last value)."""
@@ -109,47 +138,144 @@ class Recipe:
         return out
 
 
-#: (TPU generation, MaxText model_name or ``*``) -> recipe. Generation names are :mod:`multislice.tpu`'s.
-RECIPES: dict[tuple[str, str], Recipe] = {
-    ("v6e", "llama3-8b"): Recipe(
-        TRILLIUM,
-        "llama3_8b_8192",
-        ("DENSE_VMEM_LIMIT_FLAG", "CF_FOR_ALL_GATHER"),
-        note="Llama 3 8B on v6e (model_type llama3-8b)",
-    ),
-    ("v6e", "llama3-70b"): Recipe(
-        TRILLIUM,
-        "llama3_70b_8192",
-        ("DENSE_VMEM_LIMIT_FLAG", "CF_FOR_ALL_GATHER", "HOST_OFFLOAD_FLAGS"),
-        extra=(("xla_tpu_scheduler_percent_shared_memory_limit", "90"),),
-        note="Llama 3 70B on v6e (model_type llama3-70b, optimizer_memory_host_offload: true, as our 70B stage)",
-    ),
-    ("v6e", "llama3.1-70b"): Recipe(
-        TRILLIUM,
-        "llama3_1_70b_8192",
-        (
-            "DENSE_VMEM_LIMIT_FLAG",
-            "LAYOUT_FOR_ALL_REDUCE_SCATTER",
-            "DATA_PARALLEL_OVERLAP",
-            "CF_FOR_ALL_GATHER",
-            "HOST_OFFLOAD_FLAGS",
+_TPU_RECIPES = "AI-Hypercomputer/tpu-recipes@c8cfe2f training/trillium/"
+
+#: Every recipe of the table by its MaxText name (``MaxTextModel`` variable); :data:`RECIPES` picks the default
+#: row of each (generation, model) from these, and a stage may pin any of them (``libtpu_flags.recipe``).
+NAMED: dict[str, Recipe] = {
+    recipe.recipe: recipe
+    for recipe in (
+        Recipe(
+            TRILLIUM,
+            "llama3_8b_8192",
+            ("DENSE_VMEM_LIMIT_FLAG", "CF_FOR_ALL_GATHER"),
+            note="Llama 3 8B on v6e (model_type llama3-8b, full remat; no published step time); the seed "
+            "reproduction's 8B stage pins it",
         ),
-        note="Llama 3.1 70B on v6e (model_type llama3.1-70b): adds the reduce-scatter layout and DCN data-parallel "
-        "all-reduce optimisation",
-    ),  # fmt: skip
-    ("v6e", "*"): Recipe(
-        TRILLIUM,
-        "llama3_8b_8192",
-        ("DENSE_VMEM_LIMIT_FLAG", "CF_FOR_ALL_GATHER"),
-        note="any other model on v6e: the groups every dense Llama recipe of the file sets",
-    ),
-    ("v5p", "*"): Recipe(
-        V5P,
-        "llama2_70b_v5p_128",
-        ("DATA_PARALLEL_OVERLAP", "CF_FOR_ALL_GATHER"),
-        note="any model on v5p: the dense Llama 2 7B / 70B and GPT-3 175B recipes of the file all set these",
-    ),
+        Recipe(
+            TRILLIUM,
+            "llama3_70b_8192",
+            ("DENSE_VMEM_LIMIT_FLAG", "CF_FOR_ALL_GATHER", "HOST_OFFLOAD_FLAGS"),
+            extra=(("xla_tpu_scheduler_percent_shared_memory_limit", "90"),),
+            note="Llama 3 70B on v6e (model_type llama3-70b, optimizer_memory_host_offload: true; no published step "
+            "time); the seed reproduction's 70B stage pins it",
+        ),
+        Recipe(
+            TRILLIUM,
+            "llama3_1_70b_8192",
+            (
+                "DENSE_VMEM_LIMIT_FLAG",
+                "LAYOUT_FOR_ALL_REDUCE_SCATTER",
+                "DATA_PARALLEL_OVERLAP",
+                "CF_FOR_ALL_GATHER",
+                "HOST_OFFLOAD_FLAGS",
+            ),
+            note="Llama 3.1 70B on v6e-256 (per-device batch 5): adds the reduce-scatter layout and DCN "
+            "data-parallel all-reduce optimisation",
+        ),
+        Recipe(
+            TRILLIUM,
+            "llama3_1_8b_8192_no_collective_matmul",
+            (
+                "DENSE_VMEM_LIMIT_FLAG",
+                "LAYOUT_FOR_ALL_REDUCE_SCATTER",
+                "DATA_PARALLEL_OVERLAP",
+                "CF_FOR_ALL_GATHER",
+                "ENABLE_SPARSECORE_OFFLOADING_FOR_ALL_REDUCE",
+                "HOST_OFFLOAD_FLAGS",
+                "DISABLE_COLLECTIVE_MATMUL",
+            ),
+            note="Llama 3.1 8B on v6e-16, the measured run: FSDP over the slice, per-device batch 3 x 8192, "
+            "decoder_layer_input and q/k/v/out projections offloaded to host",
+            measured=_TPU_RECIPES + "Llama3.1-8B-MaxText/v6e-16/README.md: 3.393 s/step, 419.5 TFLOP/s/device, "
+            "7,243 tokens/s/device",
+        ),
+        Recipe(
+            TRILLIUM,
+            "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul",
+            (
+                "DENSE_VMEM_LIMIT_FLAG",
+                "LAYOUT_FOR_ALL_REDUCE_SCATTER",
+                "DATA_PARALLEL_OVERLAP",
+                "CF_FOR_ALL_GATHER",
+                "HOST_OFFLOAD_FLAGS",
+                "DISABLE_COLLECTIVE_MATMUL",
+            ),
+            note="Llama 3.1 70B on v6e-32, the measured run: FSDP over the 32 chips, per-device batch 2 x 8192, "
+            "bfloat16 weights, decoder_layer_input and q/k/v projections offloaded to host",
+            measured=_TPU_RECIPES + "Llama3.1-70B-MaxText/v6e-32/README.md: 17.790 s/step, 443.4 TFLOP/s/device, "
+            "921 tokens/s/device",
+        ),
+        Recipe(
+            V5P,
+            "llama2_70b_v5p_128",
+            ("DATA_PARALLEL_OVERLAP", "CF_FOR_ALL_GATHER"),
+            note="any model on v5p: the dense Llama 2 7B / 70B and GPT-3 175B recipes of the file all set these",
+            generation="v5p",
+        ),
+        Recipe(
+            V5E,
+            "llama3_1_8b_8192_v5e_256",
+            (
+                "DENSE_VMEM_LIMIT_FLAG",
+                "LAYOUT_FOR_ALL_REDUCE_SCATTER",
+                "DATA_PARALLEL_OVERLAP",
+                "CF_FOR_ALL_GATHER",
+                "ENABLE_SPARSECORE_OFFLOADING_FOR_ALL_REDUCE",
+                "HOST_OFFLOAD_FLAGS",
+            ),
+            note="Llama 3.1 8B on v5e-256 (per-device batch 2 x 8192, the 8B v6e offload policy)",
+            generation="v5litepod",
+        ),
+        Recipe(
+            V5E,
+            "llama2_70b_v5e_256",
+            ("DATA_PARALLEL_OVERLAP", "CF_FOR_ALL_GATHER"),
+            note="Llama 2 70B on v5e-256 (qkv_proj_offloaded); the groups every dense v5e recipe of the file sets",
+            generation="v5litepod",
+        ),
+    )
 }
+
+#: (TPU generation, MaxText model_name or ``*``) -> the default row's :data:`NAMED` name. Generation names are
+#: :mod:`multislice.tpu`'s. The Llama 3 and 3.1 names share a row: same architecture (3.1 adds RoPE scaling).
+DEFAULTS: dict[tuple[str, str], str] = {
+    ("v6e", "llama3-8b"): "llama3_1_8b_8192_no_collective_matmul",
+    ("v6e", "llama3.1-8b"): "llama3_1_8b_8192_no_collective_matmul",
+    ("v6e", "llama3-70b"): "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul",
+    ("v6e", "llama3.1-70b"): "llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul",
+    # Any other model on v6e: the groups every dense Llama recipe of the file sets (llama3_8b_8192's).
+    ("v6e", "*"): "llama3_8b_8192",
+    ("v5p", "*"): "llama2_70b_v5p_128",
+    ("v5litepod", "llama3-8b"): "llama3_1_8b_8192_v5e_256",
+    ("v5litepod", "llama3.1-8b"): "llama3_1_8b_8192_v5e_256",
+    ("v5litepod", "llama2-70b"): "llama2_70b_v5e_256",
+    ("v5litepod", "llama3-70b"): "llama2_70b_v5e_256",
+    ("v5litepod", "llama3.1-70b"): "llama2_70b_v5e_256",
+}
+
+#: (TPU generation, MaxText model_name or ``*``) -> recipe: :data:`DEFAULTS` resolved.
+RECIPES: dict[tuple[str, str], Recipe] = {key: NAMED[name] for key, name in DEFAULTS.items()}
+
+#: MaxText keys whose value ``offload`` moves that activation to host memory (``remat_policy: custom``;
+#: MaxText base.yml), and the remat policies that offload by themselves.
+OFFLOAD_KEYS = ("decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo", "query_proj",
+                "key_proj", "value_proj", "out_proj", "qkv_proj")  # fmt: skip
+OFFLOAD_POLICIES = ("qkv_proj_offloaded", "minimal_offloaded")
+#: ``maxtext_overrides`` keys that keep optimizer state or parameters in host memory (MaxText base.yml).
+HOST_MEMORY_KEYS = ("optimizer_memory_host_offload", "parameter_memory_host_offload")
+
+
+def offloads_to_host(remat_policy: str, overrides: Mapping[str, object]) -> bool:
+    """Whether a stage moves anything to host memory: optimizer state, parameters or activations.
+
+    ``remat_policy`` and ``overrides`` are the stage's (``Stage.remat_policy``, ``Stage.maxtext_overrides``).
+    Such a stage gets MaxText's ``HOST_OFFLOAD_FLAGS`` ("optimizations recommended when using host offloading")
+    where its recipe row lacks them (:func:`table_flags`).
+    """
+    if remat_policy in OFFLOAD_POLICIES or any(overrides.get(k) is True for k in HOST_MEMORY_KEYS):
+        return True
+    return remat_policy == "custom" and any(overrides.get(k) == "offload" for k in OFFLOAD_KEYS)
 
 
 #: The libtpu version of the trainer image (``requirements``) these refusals were measured with.
@@ -167,17 +293,26 @@ CONTINUATION_FUSION = (
     "xla_tpu_enable_async_collective_fusion_fuse_all_gather",
     "xla_tpu_enable_async_collective_fusion_multiple_steps",
 )
+#: The same refusal on v5p ("platform viperfish", libtpu's name for v5p), measured by
+#: ``tests/test_libtpu_flags.py``'s compile of the v5p row (``llama2_70b_v5p_128``) for v5p-8. v5e takes them.
 REFUSED: dict[str, dict[str, str]] = {
-    "v6e": {
-        name: f"libtpu {LIBTPU_VERSION} refuses continuation fusion on v6e (FAILED_PRECONDITION: not "
-        "supported/recommended on platforms other than TPU v5e)"
+    generation: {
+        name: f"libtpu {LIBTPU_VERSION} refuses continuation fusion on {generation} (FAILED_PRECONDITION: "
+        "not supported/recommended on platforms other than TPU v5e)"
         for name in CONTINUATION_FUSION
-    },
+    }
+    for generation in ("v6e", "v5p")
 }
 
 
-def recipe_for(generation: str, model_name: str | None) -> Recipe | None:
-    """The table row for a generation (``v6e``) and MaxText ``model_name`` (None: a custom model), or None."""
+def recipe_for(generation: str, model_name: str | None, recipe: str | None = None) -> Recipe | None:
+    """The table row for a generation (``v6e``) and MaxText ``model_name`` (None: a custom model), or None.
+
+    ``recipe``, a :data:`NAMED` name, pins that row instead (``libtpu_flags.recipe`` of a stage or profile);
+    KeyError if it is not one (the config refuses such a name first).
+    """
+    if recipe is not None:
+        return NAMED[recipe]
     return RECIPES.get((generation, model_name or "")) or RECIPES.get((generation, "*"))
 
 
@@ -203,17 +338,33 @@ def name_problem(name: str) -> str | None:
     return f"{name!r} is not a libtpu flag name (letters, digits and '_', e.g. xla_tpu_scoped_vmem_limit_kib)"
 
 
-def table_flags(generation: str, model_name: str | None) -> dict[str, str]:
-    """The table's flags for a generation and model: the recipe's, less those :data:`REFUSED` there."""
-    row = recipe_for(generation, model_name)
+def table_flags(
+    generation: str, model_name: str | None, recipe: str | None = None, host_offload: bool = False
+) -> dict[str, str]:
+    """The table's flags for a generation and model: the recipe row's, less those :data:`REFUSED` there.
+
+    Args:
+        generation: TPU generation name (:attr:`multislice.tpu.TpuGeneration.name`).
+        model_name: The stage's MaxText ``model_name`` (None for a custom model).
+        recipe: A :data:`NAMED` row to use instead of the generation's default (None: the default).
+        host_offload: The stage moves state or activations to host memory (:func:`offloads_to_host`): a row
+            without ``HOST_OFFLOAD_FLAGS`` gets them after its own (e.g. v5p's, whose recipes offload nothing).
+            A generation without a row gets none.
+    """
+    row = recipe_for(generation, model_name, recipe)
+    flags = row.flags() if row else {}
+    if row and host_offload and "HOST_OFFLOAD_FLAGS" not in row.groups:
+        flags = {**GROUPS["HOST_OFFLOAD_FLAGS"], **flags}
     refused = REFUSED.get(generation, {})
-    return {k: v for k, v in (row.flags() if row else {}).items() if k not in refused}
+    return {k: v for k, v in flags.items() if k not in refused}
 
 
 def resolve(
     generation: str,
     model_name: str | None,
     changes: list[tuple[dict[str, str | int | float | bool], tuple[str, ...]]],
+    recipe: str | None = None,
+    host_offload: bool = False,
 ) -> dict[str, str]:
     """The flags of a stage: the table's (:func:`table_flags`), then each ``(add, remove)`` change in order.
 
@@ -221,11 +372,13 @@ def resolve(
         generation: TPU generation name (:attr:`multislice.tpu.TpuGeneration.name`).
         model_name: The stage's MaxText ``model_name`` (None for a custom model).
         changes: ``(add, remove)`` pairs: ``remove`` drops flags by name, then ``add`` sets (or overrides) them.
+        recipe: A pinned :data:`NAMED` row (None: the generation's default for the model).
+        host_offload: Whether the stage offloads to host (:func:`table_flags`).
 
     Returns:
         Flag name -> value (strings), in order; empty for a generation without a recipe.
     """
-    flags = table_flags(generation, model_name)
+    flags = table_flags(generation, model_name, recipe, host_offload)
     for add, remove in changes:
         for name in remove:
             flags.pop(name, None)
@@ -239,9 +392,13 @@ def init_args(flags: dict[str, str]) -> str:
 
 
 def table_markdown() -> str:
-    """The table as Markdown rows (generation, model, recipe, source, flags), for docs/preflight.md."""
-    rows = ["| generation | model | MaxText recipe (file) | flags |", "|---|---|---|---|"]
-    for (generation, model), recipe in RECIPES.items():
+    """The table as Markdown rows (generation, models it is the default for, recipe, measurement, flags)."""
+    rows = ["| generation | default for | MaxText recipe (file) | measured | flags |", "|---|---|---|---|---|"]
+    for recipe in NAMED.values():
+        models = ", ".join(m for (g, m), name in DEFAULTS.items() if name == recipe.recipe) or "(pinned only)"
         flags = "<br>".join(f"`--{k}={v}`" for k, v in recipe.flags().items())
-        rows.append(f"| {generation} | {model} | `{recipe.recipe}` ({recipe.source.rsplit('/', 1)[-1]}) | {flags} |")
+        source = recipe.source.rsplit("/", 1)[-1]
+        rows.append(
+            f"| {recipe.generation} | {models} | `{recipe.recipe}` ({source}) | {recipe.measured or '-'} | {flags} |"
+        )
     return "\n".join(rows)

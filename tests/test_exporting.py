@@ -57,7 +57,7 @@ def test_a_model_the_exporter_cannot_export_is_refused_at_plan(tmp_path, model, 
 
 
 def test_a_named_model_of_another_family_and_a_rope_override_are_refused():
-    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2"))
+    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2-seed"))
     profile["stages"][0]["model"] = {"name": "llama3.1-8b"}
     profile["stages"][1]["maxtext_overrides"] = {"rope_type": "yarn", "optimizer_memory_host_offload": True}
     with pytest.raises(config.ConfigError) as caught:
@@ -111,7 +111,7 @@ def test_a_hub_repository_without_a_token_here_is_refused_at_plan(tmp_path, monk
 
 
 def test_a_hub_repository_on_gke_needs_a_named_token_and_never_takes_the_token_itself():
-    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2"))
+    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2-seed"))
     profile["stages"][0]["export_hub_repo"] = "my-org/llama3-8b"
     with pytest.raises(config.ConfigError) as caught:
         config.load_spec(profile)
@@ -135,18 +135,18 @@ def test_export_options_without_an_export_are_refused():
 
 
 def test_export_dtype_defaults_to_bfloat16_from_a_billion_parameters():
-    gke = make_plan(config.load_profile("gke-v6e-16x2"))
+    gke = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     assert [s.export_dtype for s in gke.stages] == ["bfloat16", "bfloat16"]
     local = make_plan(config.load_profile("local"))
     assert local.stages[EXPORTING].export_dtype == "float32"  # 16.7M parameters
-    forced = make_plan(config.load_profile("gke-v6e-16x2", {"stages.0.export_dtype": "float32"}))
+    forced = make_plan(config.load_profile("gke-v6e-16x2-seed", {"stages.0.export_dtype": "float32"}))
     assert forced.stages[0].export_dtype == "float32"
 
 
 def test_export_memory_and_scratch_follow_the_arithmetic_in_the_docs():
     """docs/delivery.md: the largest phase, MaxText's side of the check (three float32 copies in bfloat16, two in
     float32), + 4 GiB; scratch: the exported weights + 10 % + 1 GiB."""
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     eight, seventy = (exporting.sizing(stage, "bfloat16") for stage in spec.stages)
     assert eight.parameters == 8_030_261_248 and seventy.parameters == 70_553_706_496
     assert eight.memory_bytes == 12 * 8_030_261_248 + 4 * 2**30

@@ -30,7 +30,7 @@ V6E_8B = {k: v for k, v in RECIPE_8B.items() if "async_collective_fusion" not in
 
 
 def gke_spec(**overrides):
-    return config.load_profile("gke-v6e-16x2", {"output_dir": "gs://bucket/runs", **overrides})
+    return config.load_profile("gke-v6e-16x2-seed", {"output_dir": "gs://bucket/runs", **overrides})
 
 
 def env_of(container) -> dict[str, str]:
@@ -71,21 +71,52 @@ def test_cpu_jobsets_and_generations_without_a_recipe_get_no_flags():
 
 
 def test_v5p_gets_the_dense_v5p_recipe_and_any_other_v6e_model_the_shared_groups():
-    plan = make_plan(gke_spec(tpu_type="v5p-32"))  # 16 chips, as v6e-16
-    assert plan.stages[0].libtpu_flags == {
+    plan = make_plan(
+        gke_spec(tpu_type="v5p-32", **{"stages.0.libtpu_flags.recipe": None, "stages.1.libtpu_flags.recipe": None})
+    )  # 16 chips, as v6e-16
+    v5p = {  # less continuation fusion, which libtpu 0.0.52 refuses on v5p as on v6e
         "xla_tpu_enable_data_parallel_all_reduce_opt": "true",
         "xla_tpu_data_parallel_opt_different_sized_ops": "true",
-        **{k: v for k, v in RECIPE_8B.items() if k != "xla_tpu_scoped_vmem_limit_kib"},
+        **{k: v for k, v in V6E_8B.items() if k != "xla_tpu_scoped_vmem_limit_kib"},
     }
+    assert plan.stages[0].libtpu_flags == v5p
+    # The 70B stage keeps its AdamW moments in host memory: v5p's recipes offload nothing, so the stage gets
+    # MaxText's HOST_OFFLOAD_FLAGS before the row's.
+    assert plan.stages[1].libtpu_flags == {**libtpu_flags.GROUPS["HOST_OFFLOAD_FLAGS"], **v5p}
     assert libtpu_flags.recipe_for("v6e", None).flags() == RECIPE_8B  # a custom model on v6e
-    assert libtpu_flags.recipe_for("v5litepod", "llama3-8b") is None
+    assert libtpu_flags.recipe_for("v5litepod", None) is None  # a custom model on v5e: no recipe
     assert libtpu_flags.recipe_for("v6e", "llama3.1-70b").flags()["xla_tpu_assign_all_reduce_scatter_layout"] == "true"
+
+
+def test_a_pinned_recipe_of_another_generation_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(llama3-8b\)\.libtpu_flags\.recipe: llama3_8b_8192 is "
+                                          r"MaxText's recipe for v6e, and this run's tpu_type is v5p"):  # fmt: skip
+        gke_spec(tpu_type="v5p-32")
+    with pytest.raises(ConfigError, match="recipe: 'llama9' is not a recipe of the table"):
+        gke_spec(**{"stages.0.libtpu_flags.recipe": "llama9"})
+
+
+def test_the_production_stages_get_the_measured_v6e_rows():
+    plan = make_plan(config.load_profile("gke-v6e-16x2", {"output_dir": "gs://bucket/runs"}))
+    eight, seventy = plan.stages
+    measured_8b = libtpu_flags.NAMED["llama3_1_8b_8192_no_collective_matmul"].flags()
+    measured_70b = libtpu_flags.NAMED["llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul"].flags()
+    assert eight.libtpu_flags == {k: v for k, v in measured_8b.items() if k not in libtpu_flags.REFUSED["v6e"]}
+    assert seventy.libtpu_flags == {k: v for k, v in measured_70b.items() if k not in libtpu_flags.REFUSED["v6e"]}
+    for flags in (eight.libtpu_flags, seventy.libtpu_flags):  # what the measured runs added to the seed's rows
+        assert flags["xla_tpu_assign_all_reduce_scatter_layout"] == "true"
+        assert flags["xla_tpu_enable_data_parallel_all_reduce_opt"] == "true"
+        assert flags["xla_jf_spmd_threshold_for_windowed_einsum_mib"] == "1000000"  # no collective matmul
+    assert eight.libtpu_flags["xla_tpu_enable_sparse_core_collective_offload_all_reduce"] == "true"
+    assert "xla_tpu_enable_sparse_core_collective_offload_all_reduce" not in seventy.libtpu_flags
 
 
 def test_flags_libtpu_refuses_on_v6e_are_left_out_but_a_profile_may_set_them():
     assert set(libtpu_flags.REFUSED["v6e"]) == set(RECIPE_8B) - set(V6E_8B)
-    assert libtpu_flags.table_flags("v6e", "llama3-8b") == V6E_8B
-    assert libtpu_flags.table_flags("v5p", "llama3-8b")["xla_tpu_enable_async_collective_fusion"] == "true"
+    assert libtpu_flags.table_flags("v6e", "llama3-8b", "llama3_8b_8192") == V6E_8B
+    assert set(libtpu_flags.REFUSED["v5p"]) == set(libtpu_flags.REFUSED["v6e"])
+    assert "xla_tpu_enable_async_collective_fusion" not in libtpu_flags.table_flags("v5p", "llama3-8b")
+    assert libtpu_flags.table_flags("v5litepod", "llama3-8b")["xla_tpu_enable_async_collective_fusion"] == "true"
     plan = make_plan(gke_spec(**{"libtpu_flags.add.xla_tpu_enable_async_collective_fusion": "true"}))
     assert plan.stages[0].libtpu_flags["xla_tpu_enable_async_collective_fusion"] == "true"
     data = gke_spec().model_dump(mode="json")
@@ -108,7 +139,7 @@ def test_a_profile_adds_and_removes_flags_and_a_stage_changes_them_after_it():
     data = spec.model_dump(mode="json")
     data["libtpu_flags"] = {"add": {"xla_tpu_scoped_vmem_limit_kib": 81920, "xla_new_flag": True},
                             "remove": ["xla_enable_async_all_gather"]}  # fmt: skip
-    data["stages"][1]["libtpu_flags"] = {"remove": ["xla_new_flag", "xla_tpu_host_transfer_overlap_limit"]}
+    data["stages"][1]["libtpu_flags"]["remove"] = ["xla_new_flag", "xla_tpu_host_transfer_overlap_limit"]
     plan = make_plan(config.load_spec(data))
     eight, seventy = plan.stages
     assert eight.libtpu_flags["xla_tpu_scoped_vmem_limit_kib"] == "81920"
@@ -142,7 +173,7 @@ def test_bad_flag_changes_are_refused_naming_the_field(flags, where, says):
 
 def test_a_stage_removing_a_flag_it_does_not_have_is_refused_naming_the_stage():
     data = gke_spec().model_dump(mode="json")
-    data["stages"][0]["libtpu_flags"] = {"remove": ["xla_tpu_host_transfer_overlap_limit"]}  # a 70B-only flag
+    data["stages"][0]["libtpu_flags"]["remove"] = ["xla_tpu_host_transfer_overlap_limit"]  # a 70B-only flag here
     with pytest.raises(ConfigError, match=r"stages\[0\] \(llama3-8b\)\.libtpu_flags\.remove: "
                                           r"xla_tpu_host_transfer_overlap_limit is not among"):  # fmt: skip
         config.load_spec(data)
@@ -246,3 +277,52 @@ def test_libtpu_refuses_an_unknown_flag_in_a_real_aot_compile(tmp_path):
             session.compile(request, timeout=600)
     assert "Unknown command line flag 'xla_no_such_flag_here'" in raised.value.message
     assert "--xla_no_such_flag_here" in raised.value.fix
+
+
+#: One tiny compile per generation of the table: (tpu_type, the row pinned). Each row is the generation's widest:
+#: v6e's measured 8B row holds every flag of its 70B row (and of the seed rows, less the refused); v5p's row is
+#: compiled with the optimizer in host memory, so with the HOST_OFFLOAD_FLAGS an offloading v5p stage gets; v5e's
+#: 8B row holds its 70B row's.
+GENERATION_ROWS = [
+    ("v6e-4", "llama3_1_8b_8192_no_collective_matmul"),
+    ("v5p-8", "llama2_70b_v5p_128"),
+    ("v5litepod-4", "llama3_1_8b_8192_v5e_256"),
+]
+
+
+def tiny_request(tpu_type: str, recipe: str, output_dir) -> dict:
+    """The local-synthetic 2-layer stage on one slice of ``tpu_type`` with recipe ``recipe``'s flags pinned."""
+    data = {**config.read_profile("local-synthetic"), "tpu_type": tpu_type, "num_slices": 1, "output_dir": output_dir}
+    stage = {**data["stages"][0], "ici": {"fsdp": -1}, "dcn": {"data": -1}, "libtpu_flags": {"recipe": recipe},
+             "maxtext_overrides": {"optimizer_memory_host_offload": True}}  # fmt: skip
+    plan = make_plan(config.load_spec({**data, "stages": [stage]}))
+    return preflight.request_for(plan, plan.stages[0])
+
+
+def test_each_generation_row_is_what_its_stages_get():
+    for tpu_type, recipe in GENERATION_ROWS:
+        flags = tiny_request(tpu_type, recipe, "out")["libtpu_flags"]
+        generation = libtpu_flags.NAMED[recipe].generation
+        assert flags == libtpu_flags.table_flags(generation, None, recipe, host_offload=True)
+        assert set(libtpu_flags.GROUPS["HOST_OFFLOAD_FLAGS"]) <= set(flags)
+        assert not set(libtpu_flags.REFUSED.get(generation, {})) & set(flags)
+    # The production v6e stages get the measured rows by default; every other v6e row's flags are among the 8B's.
+    v6e = set(libtpu_flags.table_flags("v6e", "llama3-8b"))
+    assert all(set(libtpu_flags.table_flags("v6e", None, r.recipe)) <= v6e
+               for r in libtpu_flags.NAMED.values() if r.generation == "v6e")  # fmt: skip
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize(("tpu_type", "recipe"), GENERATION_ROWS)
+def test_each_generations_flags_compile_with_the_installed_libtpu(tpu_type, recipe, tmp_path):
+    """A 2-layer model for one slice of each generation, AOT-compiled with that generation's table flags.
+
+    libtpu reads ``LIBTPU_INIT_ARGS`` when it initialises: a flag it does not know ends the compile process, one it
+    refuses for the platform ends the compile with an error; either fails this test, naming the flag
+    (libtpu_flags.REFUSED records those the table leaves out).
+    """
+    request = tiny_request(tpu_type, recipe, str(tmp_path / "out"))
+    with AotSession(None, tmp_path / "work") as session:
+        result = session.compile(request, timeout=600)
+    assert result["verdict"] == "fits", result.get("error")
+    assert result["libtpu_init_args"].startswith(libtpu_flags.init_args(request["libtpu_flags"]))

@@ -67,7 +67,7 @@ def test_lower_bound_never_prunes_a_config_aot_says_fits(entry):
 
 
 def _candidate(knobs, estimate):
-    stage = config.load_profile("gke-v6e-16x2").stages[1]
+    stage = config.load_profile("gke-v6e-16x2-seed").stages[1]
     return planner.Candidate(stage, 2, knobs, estimate, 0.3, 4096.0)
 
 
@@ -93,7 +93,7 @@ class RuleCompiler:
 
 
 def test_search_verifies_up_to_want_fits_and_ranks_them_by_estimated_mfu():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     compiler = RuleCompiler(spec)
     found = planner.search(spec, spec.stage("llama3-70b"), compiler, want=2, on_progress=lambda _: None)
     assert len(found.fitting) == 2 and found.fewest_slices == 2
@@ -104,7 +104,7 @@ def test_search_verifies_up_to_want_fits_and_ranks_them_by_estimated_mfu():
 
 
 def test_nearest_alternative_to_the_seed_70b_is_batch_1_with_optimizer_offload():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     seed = spec.stage("seed-llama3-70b")
     usable = spec.slice_type.usable_hbm_bytes_per_chip
     kept, pruned = planner.prune(planner.candidates(spec, seed, 2), usable)
@@ -114,8 +114,24 @@ def test_nearest_alternative_to_the_seed_70b_is_batch_1_with_optimizer_offload()
     assert pruned > 0  # e.g. every float32 config without offload: its state alone exceeds 31.24 GiB per chip
 
 
-def test_search_tries_more_slices_and_reports_the_fewest_that_fit():
+def test_the_planner_offers_dcn_data_parallelism_for_the_production_70b_where_it_may_fit():
+    """DCN data 2 instead of the stage's DCN FSDP 2 (docs/preflight.md): kept only with the moments offloaded."""
     spec = config.load_profile("gke-v6e-16x2")
+    stage = spec.stage("llama3-70b")
+    usable = spec.slice_type.usable_hbm_bytes_per_chip
+    fixed = {"per_device_batch_size": 2, "weight_dtype": "bfloat16", "parameter_offload": False}
+    kept, _ = planner.prune(planner.candidates(spec, stage, 2, fixed=fixed), usable)
+    data = [c for c in kept if c.knobs.dcn["data"] == 2 and c.knobs.ici["fsdp"] == 16]
+    assert data and all(c.knobs.optimizer_offload for c in data)  # its state alone is 35.3 GB per chip without
+    assert all("dcn {'fsdp': 2} -> {'data': 2}" in c.changes for c in data)
+    fsdp = {(c.knobs.remat_policy, c.knobs.optimizer_offload): c for c in kept if c.knobs.dcn["fsdp"] == 2}
+    for c in data:  # the same knobs over DCN FSDP rank below (fewer DCN bytes, one overlapped all-reduce)
+        twin = fsdp.get((c.knobs.remat_policy, True))
+        assert twin is None or c.estimated_mfu > twin.estimated_mfu
+
+
+def test_search_tries_more_slices_and_reports_the_fewest_that_fit():
+    spec = config.load_profile("gke-v6e-16x2-seed")
     fixed = {"optimizer_offload": False, "parameter_offload": False, "weight_dtype": "float32"}
     compiler = RuleCompiler(spec)
     found = planner.search(
@@ -132,7 +148,8 @@ class NoCompiler:
 
 def test_a_model_no_slice_count_can_hold_is_reported_without_compiling():
     spec = config.load_profile("gke-v6e-16x2", {"tpu_type": "v5e-4", "num_slices": 1, "stages.1.ici": {},
-                                                  "stages.1.dcn": {}, "stages.0.ici": {}})  # fmt: skip
+                                                "stages.1.dcn": {}, "stages.0.ici": {}, "stages.0.dcn": {},
+                                                "stages.0.elastic": None})  # fmt: skip
     stage = spec.stage("llama3-70b").model_copy(update={"model": config.ModelSpec(name="llama3.1-405b")})
     found = planner.search(spec, stage, NoCompiler(), max_slices=8, on_progress=lambda _: None)
     assert found.fitting == [] and found.fewest_slices is None and found.exhausted
@@ -140,7 +157,7 @@ def test_a_model_no_slice_count_can_hold_is_reported_without_compiling():
 
 
 def test_a_global_batch_that_does_not_divide_is_refused():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     with pytest.raises(ValueError, match="does not divide over 32 chips"):
         planner.candidates(spec, spec.stage("llama3-70b"), 2, global_batch=48)
     [pdb] = {
@@ -160,7 +177,7 @@ class SlowAfterFirst(RuleCompiler):
 
 
 def test_search_compiles_the_stages_own_config_first_and_stops_a_compile_that_outruns_the_budget():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     stage = spec.stage("llama3-70b")  # per-device batch 1, ICI tensor 4 x FSDP 4, DCN FSDP 2, optimizer offload
     compiler = SlowAfterFirst(spec)
     lines = []
@@ -181,6 +198,6 @@ def test_ici_splits_follow_whole_physical_axes():
     assert planner.ici_degrees("4x4") == {1, 4, 16}  # no tensor 2 or 8 on a v6e-16 without splitting an axis
     assert planner.ici_degrees("2x4") == {1, 2, 4, 8}
     assert planner.ici_degrees("2x2x2") == {1, 2, 4, 8}
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     tensors = {c.knobs.ici["tensor"] for c in planner.candidates(spec, spec.stage("llama3-70b"), 2)}
     assert tensors == {1, 4}

@@ -56,7 +56,7 @@ def test_cpu_and_tpu_pods_use_the_runs_compilation_cache():
 
 
 def test_named_model_uses_model_name():
-    p = plan.make_plan(config.load_profile("gke-v6e-16x2"))
+    p = plan.make_plan(config.load_profile("gke-v6e-16x2-seed"))
     args = dict(a.split("=", 1) for a in p.stages[0].maxtext_args)
     assert args["model_name"] == "llama3-8b" and "base_emb_dim" not in args
 

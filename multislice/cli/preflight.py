@@ -12,7 +12,7 @@ from multislice.steps import preflight as preflight_step
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
 EXAMPLES: dict[str, str] = {
     "preflight": "multislice preflight --profile gke-v6e-16x2\n"
-    "multislice preflight --profile gke-v6e-16x2 --stage seed-llama3-70b --no-alternative",
+    "multislice preflight --profile gke-v6e-16x2-seed --stage seed-llama3-70b --no-alternative",
 }
 
 

@@ -339,7 +339,27 @@ def _libtpu_flag_issues(spec: RunSpec) -> list[tuple[str, str]]:
     stages = (*spec.stages, *spec.example_stages)
 
     def table(stage) -> dict[str, str]:
-        return libtpu_flags.table_flags(generation, stage.model.name)
+        return libtpu_flags.table_flags(
+            generation,
+            stage.model.name,
+            spec.libtpu_recipe_for(stage),
+            libtpu_flags.offloads_to_host(stage.remat_policy, stage.maxtext_overrides),
+        )
+
+    for where, flags in [("libtpu_flags", spec.libtpu_flags)] + [
+        (f"stages[{i}] ({s.name}).libtpu_flags", s.libtpu_flags) for i, s in enumerate(spec.stages)
+    ]:
+        pinned = libtpu_flags.NAMED.get(flags.recipe or "")
+        if pinned is not None and pinned.generation != generation:
+            issues.append(
+                (
+                    f"{where}.recipe",
+                    f"{pinned.recipe} is MaxText's recipe for {pinned.generation}, and this run's tpu_type is "
+                    f"{generation}: pin a {generation} recipe ("
+                    + (", ".join(n for n, r in libtpu_flags.NAMED.items() if r.generation == generation) or "none")
+                    + ") or remove libtpu_flags.recipe",
+                )
+            )
 
     known = set().union(*(table(stage) for stage in stages))
     for name in spec.libtpu_flags.remove:

@@ -234,6 +234,21 @@ class LibtpuFlagsSpec(_Strict):
         default_factory=dict, description="Flags to set, name -> value (true/false, a number or a word)."
     )
     remove: tuple[str, ...] = Field(default=(), description="Table flags to leave out, by name.")
+    recipe: str | None = Field(
+        default=None,
+        description="Pin this MaxText recipe's flags (its MaxTextModel name in multislice.libtpu_flags.NAMED, e.g. "
+        "llama3_8b_8192) instead of the generation's default row for the model; a stage's pin wins over the "
+        "profile's. None: the default row.",
+    )
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, value: str | None) -> str | None:
+        if value is not None and value not in libtpu_flags.NAMED:
+            raise ValueError(
+                f"recipe: {value!r} is not a recipe of the table; use one of {', '.join(libtpu_flags.NAMED)}"
+            )
+        return value
 
     @field_validator("add")
     @classmethod
@@ -1260,8 +1275,9 @@ class RunSpec(_Strict):
     def libtpu_flags_for(self, stage: Stage) -> dict[str, str]:
         """The libtpu/XLA flags of ``stage`` on this run's TPU generation, name -> value, in order.
 
-        :func:`multislice.libtpu_flags.resolve`: MaxText's recipe row for (generation, ``model.name``),
-        then the profile's ``libtpu_flags`` changes, then the stage's.
+        :func:`multislice.libtpu_flags.resolve`: MaxText's recipe row for (generation, ``model.name``), or the
+        row the stage (else the profile) pins by ``libtpu_flags.recipe``, with ``HOST_OFFLOAD_FLAGS`` when the
+        stage offloads to host and the row lacks them; then the profile's ``libtpu_flags`` changes, then the stage's.
         """
         return libtpu_flags.resolve(
             self.slice_type.generation.name,
@@ -1270,7 +1286,13 @@ class RunSpec(_Strict):
                 (self.libtpu_flags.add, self.libtpu_flags.remove),
                 (stage.libtpu_flags.add, stage.libtpu_flags.remove),
             ],
+            recipe=self.libtpu_recipe_for(stage),
+            host_offload=libtpu_flags.offloads_to_host(stage.remat_policy, stage.maxtext_overrides),
         )
+
+    def libtpu_recipe_for(self, stage: Stage) -> str | None:
+        """The :data:`multislice.libtpu_flags.NAMED` row ``stage`` pins (its own, else the profile's), or None."""
+        return stage.libtpu_flags.recipe or self.libtpu_flags.recipe
 
     def launcher_for(self, stage: Stage) -> str:
         """The launcher of ``stage``: its own ``launcher``, else the run's."""

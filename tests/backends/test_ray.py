@@ -16,7 +16,7 @@ from multislice.trainer import ray_driver, ray_job
 NETWORKS = [{"network": "dcn-net", "subnetwork": "dcn-sub"}, {"network": "dcn-net-2", "subnetwork": "dcn-sub-2"}]
 
 
-def _plan(profile: str = "gke-v6e-16x2", **changes):
+def _plan(profile: str = "gke-v6e-16x2-seed", **changes):
     data = config.spec_to_data(config.load_profile(profile))
     data.update(changes)
     return make_plan(config.load_spec(data))
@@ -93,7 +93,7 @@ def test_ray_workers_use_the_host_network_as_the_jobset_and_the_head_its_cpu_nod
     jobset_pod = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
     jobset_pod = jobset_pod["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert (jobset_pod["hostNetwork"], jobset_pod["dnsPolicy"]) == (worker["hostNetwork"], worker["dnsPolicy"])
-    data = config.spec_to_data(config.load_profile("gke-v6e-16x2"))
+    data = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))
     accounts = {**data["service_accounts"], "tpu_host_network": False, "tpu_workload_identity": True}
     identity = _plan(launcher="ray", service_accounts=accounts)
     job = ray.render_rayjob(identity, identity.stages[0], pipeline_run_id="r")
@@ -105,8 +105,8 @@ def test_ray_workers_use_the_host_network_as_the_jobset_and_the_head_its_cpu_nod
 def test_additional_networks_give_dranet_claims_and_the_node_label():
     from multislice.backends.gke import nodepool
 
-    plan = _plan(launcher="ray", node_pools={**config.spec_to_data(config.load_profile("gke-v6e-16x2"))["node_pools"],
-                                             "additional_node_networks": NETWORKS})  # fmt: skip
+    pools = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))["node_pools"]
+    plan = _plan(launcher="ray", node_pools={**pools, "additional_node_networks": NETWORKS})
     stage = plan.stages[0]
     (claim,) = ray.render_claim_templates(plan, stage, pipeline_run_id="run-1")
     assert manifests.object_problems(claim) == []
@@ -124,8 +124,8 @@ def test_additional_networks_give_dranet_claims_and_the_node_label():
 
 
 def test_a_bad_claim_template_is_refused():
-    plan = _plan(launcher="ray", node_pools={**config.spec_to_data(config.load_profile("gke-v6e-16x2"))["node_pools"],
-                                             "additional_node_networks": NETWORKS[:1]})  # fmt: skip
+    pools = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))["node_pools"]
+    plan = _plan(launcher="ray", node_pools={**pools, "additional_node_networks": NETWORKS[:1]})
     (claim,) = ray.render_claim_templates(plan, plan.stages[0], pipeline_run_id="run-1")
     claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 0
     claim["spec"]["spec"]["devices"]["requests"][0]["deviceclass"] = "x"

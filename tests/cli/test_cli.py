@@ -60,11 +60,11 @@ def test_run_help_lists_every_parameter_with_the_profiles_value_and_how_to_set_i
     from multislice.config import parameters
 
     with pytest.raises(SystemExit) as done:
-        cli.main(["run", "--profile", "gke-v6e-16x2", "--help"])
+        cli.main(["run", "--profile", "gke-v6e-16x2-seed", "--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0
-    assert "run parameters: --set NAME=VALUE (repeatable); profile gke-v6e-16x2's values" in out
-    spec = config.load_profile("gke-v6e-16x2")
+    assert "run parameters: --set NAME=VALUE (repeatable); profile gke-v6e-16x2-seed's values" in out
+    spec = config.load_profile("gke-v6e-16x2-seed")
     listed = [line.split("=")[0].strip() for line in out.splitlines() if line.startswith("  ") and "=" in line
               and line[2] != " " and not line.lstrip().startswith(("--set", "multislice"))]  # fmt: skip
     assert listed == list(parameters.parameter_values(spec))  # every parameter, in the pipeline's order

@@ -405,7 +405,7 @@ def test_verify_checkpoint_refuses_hostile_paths(tmp_path):
 def test_a_schedule_checks_the_run_name_with_each_run_suffix():
     from multislice.delivery import schedule
 
-    gke = config.read_profile("gke-v6e-16x2")
+    gke = config.read_profile("gke-v6e-16x2-seed")
     longest = names.max_jobset_name_length(2, 4) - max(len(s["name"]) for s in gke["stages"]) - 1
     fits_alone = "r" * (longest - 3)  # fits without the suffix, not with "-" + 8 characters
     config.load_spec(gke, {"run_name": fits_alone})
@@ -608,7 +608,7 @@ def test_any_submit_or_schedule_option_is_refused_before_anything_is_sent(
                                                                      "--location": "us-east5"}}[target]  # fmt: skip
     flags = {**defaults, **({"--cron": "0 3 * * *"} if command == "schedule" else {}), **dict(given_options)}
     head = ["schedule", "create"] if command == "schedule" else ["submit"]
-    argv = [*head, "--profile", "gke-v6e-16x2", "--set", "output_dir=gs://team-bucket/runs", "--target", target,
+    argv = [*head, "--profile", "gke-v6e-16x2-seed", "--set", "output_dir=gs://team-bucket/runs", "--target", target,
             *(x for pair in flags.items() for x in pair)]  # fmt: skip
     if _cli_refused_or_reached(argv, cwd):
         for option, value in given_options:

@@ -16,7 +16,7 @@ def issues(overrides, profile="local"):
     return caught.value.issues
 
 
-@pytest.mark.parametrize("profile", ["local", "local-synthetic", "gke-v6e-16x2"])
+@pytest.mark.parametrize("profile", ["local", "local-synthetic", "gke-v6e-16x2-seed"])
 def test_profiles_are_valid(profile):
     spec = config.load_profile(profile)
     assert len(spec.stages) == 2
@@ -24,7 +24,7 @@ def test_profiles_are_valid(profile):
 
 
 def test_gke_profile_holds_the_seed_8b_stage_a_70b_stage_that_fits_and_the_seed_70b_as_an_example():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     eight, seventy = spec.stages
     assert (eight.model.name, eight.per_device_batch_size, eight.max_target_length) == ("llama3-8b", 4, 4096)
     assert eight.ici == {"fsdp": 4, "tensor": 4}
@@ -107,7 +107,7 @@ def test_misspelled_field_and_nonpositive_steps():
 
 
 def test_gke_needs_cloud_storage_and_local_needs_a_path():
-    [(field, message)] = issues({"output_dir": "/tmp/out"}, profile="gke-v6e-16x2")
+    [(field, message)] = issues({"output_dir": "/tmp/out"}, profile="gke-v6e-16x2-seed")
     assert field == "output_dir" and "gs://" in message
     [(field, _)] = issues({"output_dir": "gs://bucket/x"})
     assert field == "output_dir"
@@ -150,7 +150,7 @@ def test_set_arguments_parse_yaml_scalars():
 
 
 def test_spec_round_trips_through_plain_data():
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     assert config.load_spec(config.spec_to_data(spec)) == spec
 
 
@@ -213,7 +213,7 @@ def test_fewer_steps_than_the_checkpoint_period_lower_the_period_unless_it_was_s
     assert chosen.stages[0].checkpoint_period == 2
 
 
-@pytest.mark.parametrize("profile, output_dir", [("local", "/data/out"), ("gke-v6e-16x2", "gs://bucket/runs")])
+@pytest.mark.parametrize("profile, output_dir", [("local", "/data/out"), ("gke-v6e-16x2-seed", "gs://bucket/runs")])
 def test_a_profile_that_went_through_kfp_plans_as_the_cli_plans_it(profile, output_dir):
     """The plan task's ``profile`` is a dict parameter, which KFP stores as a protobuf Struct
     (``to_protobuf_value``, the compiler's own): every number comes back a float, ``grain_worker_count: 0.0`` in the
@@ -253,7 +253,7 @@ def emergency(**more):
 def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unchanged():
     from multislice.plan import make_plan
 
-    spec = config.load_profile("gke-v6e-16x2", emergency())
+    spec = config.load_profile("gke-v6e-16x2-seed", emergency())
     stage = make_plan(spec).stages[0]
     periods = (stage.local_checkpoint_period, stage.checkpoint_period)
     assert (stage.local_checkpoint_directory, periods) == ("/local", (10, 50))
@@ -266,7 +266,7 @@ def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unc
     assert args["mesh_axes"].startswith("[data,diloco,")  # Orbax's replica axis (the first) is the data axis
     other = make_plan(spec).stages[1]  # the 70B stage without them
     assert other.local_checkpoint_directory is None and not any("emergency" in a for a in other.maxtext_args)
-    off = config.load_profile("gke-v6e-16x2", emergency(**{"stages.0.emergency_checkpoint.enabled": False}))
+    off = config.load_profile("gke-v6e-16x2-seed", emergency(**{"stages.0.emergency_checkpoint.enabled": False}))
     assert not any("emergency" in a for a in make_plan(off).stages[0].maxtext_args)
 
 
@@ -289,21 +289,21 @@ def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unc
     ],
 )
 def test_emergency_checkpoints_refused_where_they_cannot_run(overrides, field, words):
-    found = issues(emergency(**overrides), profile="gke-v6e-16x2")
+    found = issues(emergency(**overrides), profile="gke-v6e-16x2-seed")
     assert any(f.endswith(field) or field in f for f, _ in found), found
     assert any(words in message for _, message in found), found
 
 
 def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
-    found = issues({"launcher": "ray", "ray.head_node_selector": {}}, profile="gke-v6e-16x2")
+    found = issues({"launcher": "ray", "ray.head_node_selector": {}}, profile="gke-v6e-16x2-seed")
     [(field, message)] = [issue for issue in found if issue[0] == "ray.head_node_selector"]
     assert "stage(s) llama3-8b, llama3-70b are launched by Ray" in message
     assert "cloud.google.com/gke-nodepool: cpu-pool" in message
     # A jobset run needs none; the profile names one, so launcher=ray from the run form is valid.
-    config.load_profile("gke-v6e-16x2", {"ray.head_node_selector": {}})
-    assert config.load_profile("gke-v6e-16x2", {"launcher": "ray"}).ray.head_node_selector == {
+    config.load_profile("gke-v6e-16x2-seed", {"ray.head_node_selector": {}})
+    assert config.load_profile("gke-v6e-16x2-seed", {"launcher": "ray"}).ray.head_node_selector == {
         "cloud.google.com/gke-nodepool": "cpu-pool"
     }
     [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
-                                profile="gke-v6e-16x2")  # fmt: skip
+                                profile="gke-v6e-16x2-seed")  # fmt: skip
     assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message

@@ -28,7 +28,7 @@ TOKEN = "hf_" + "aB3" * 12  # the shape of a Hugging Face user access token (not
 
 def profile_with(tmp_path, data, *, backend_gke=False, **stage):
     """The local profile (or the GKE one), output in ``tmp_path``, every stage on ``data`` (and ``stage``'s keys)."""
-    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2" if backend_gke else "local"))
+    profile = copy.deepcopy(config.read_profile("gke-v6e-16x2-seed" if backend_gke else "local"))
     profile["output_dir"] = "gs://bucket/out" if backend_gke else str(tmp_path / "out")
     profile.pop("example_stages", None)
     for entry in profile["stages"]:

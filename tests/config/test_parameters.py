@@ -1,6 +1,6 @@
 """One compiled YAML, any cluster: the deployment's values are run parameters that reach the steps.
 
-Compiled once for gke-v6e-16x2 and submitted twice through the real ``kfp.Client`` (to the KFP
+Compiled once for gke-v6e-16x2-seed and submitted twice through the real ``kfp.Client`` (to the KFP
 fake, tests/fakes.py) with two clusters as run parameters; each run's plan task is then
 executed as the KFP driver would feed it (inputs resolved from the uploaded IR and the run's
 parameters), and provision's GKE node-pool calls (google-cloud-container, REST, against
@@ -72,7 +72,10 @@ def test_one_compiled_yaml_runs_against_two_clusters_by_run_parameters_only(kfp_
     where = submission.KfpTarget(host=kfp_fake.url)
     runs = [
         multislice.submit(
-            "gke-v6e-16x2", {"output_dir": "gs://bucket/runs", "run_name": f"r{n}", **cluster}, target="kfp", kfp=where
+            "gke-v6e-16x2-seed",
+            {"output_dir": "gs://bucket/runs", "run_name": f"r{n}", **cluster},
+            target="kfp",
+            kfp=where,
         )  # fmt: skip
         for n, cluster in enumerate(CLUSTERS)
     ]

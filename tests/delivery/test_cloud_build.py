@@ -141,7 +141,7 @@ def test_compile_writes_the_built_images_by_digest(services, tmp_path):
     output = tmp_path / "p.yaml"
     assert (
         cli.main(
-            ["compile", "--profile", "gke-v6e-16x2", "--images", str(tmp_path / "images"), "--output", str(output)]
+            ["compile", "--profile", "gke-v6e-16x2-seed", "--images", str(tmp_path / "images"), "--output", str(output)]
         )
         == 0
     )

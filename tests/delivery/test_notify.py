@@ -189,7 +189,7 @@ def test_no_secret_value_in_either_compiled_target(tmp_path, monkeypatch):
     from pipelines.multislice_training import compile_pipeline
 
     monkeypatch.setenv(notify.WEBHOOK_ENV, SECRET_URL)
-    profile = {**config.read_profile("gke-v6e-16x2"), "notify_webhook_secret": SECRET_NAME}
+    profile = {**config.read_profile("gke-v6e-16x2-seed"), "notify_webhook_secret": SECRET_NAME}
     texts = {}
     for target in ("kfp", "vertex"):
         path = compile_pipeline(profile, str(tmp_path / f"{target}.yaml"), target=target)
@@ -203,7 +203,7 @@ def test_no_secret_value_in_either_compiled_target(tmp_path, monkeypatch):
     ]  # fmt: skip
     assert not any("secretAsEnv" in e for name, e in platform.items() if name != "exec-cleanup")
     with pytest.raises(config.ConfigError, match="notify_webhook_url"):  # the old plain parameter is gone
-        config.load_spec({**config.read_profile("gke-v6e-16x2"), "notify_webhook_url": SECRET_URL})
+        config.load_spec({**config.read_profile("gke-v6e-16x2-seed"), "notify_webhook_url": SECRET_URL})
     with pytest.raises(config.ConfigError) as refused:  # a URL where the reference goes is refused, not echoed
         config.load_spec(profile, {"notify_webhook_secret": SECRET_URL})
     assert "store it in Secret Manager" in str(refused.value) and "s3cr3t" not in str(refused.value)

@@ -20,7 +20,7 @@ from multislice.steps import plan as plan_step
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-PROFILE = "gke-v6e-16x2"
+PROFILE = "gke-v6e-16x2-seed"
 VALUES = {"output_dir": "gs://team-bucket/runs", "stage1_steps": 100}
 
 

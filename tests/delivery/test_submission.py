@@ -17,7 +17,7 @@ from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-PROFILE = "gke-v6e-16x2"
+PROFILE = "gke-v6e-16x2-seed"
 EXPECTED = {
     "run_name": "nightly-1", "tpu_type": "v6e-16", "machine_type": "", "num_slices": 2,
     "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",

@@ -23,7 +23,7 @@ from tests.cli.test_hostile_input import _tree, assert_refused, run_cli
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-PROFILE = "gke-v6e-16x2"
+PROFILE = "gke-v6e-16x2-seed"
 OUTPUT = "output_dir=gs://team-bucket/runs"
 
 

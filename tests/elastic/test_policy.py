@@ -16,7 +16,7 @@ from multislice.steps import preflight as step
 
 
 def gke_data() -> dict:
-    return config.spec_to_data(config.load_profile("gke-v6e-16x2"))
+    return config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))
 
 
 def args_of(count) -> dict[str, str]:
@@ -24,7 +24,7 @@ def args_of(count) -> dict[str, str]:
 
 
 def test_the_gke_8b_stage_trains_on_one_slice_with_gradient_accumulation_two():
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     stage = plan.stage("llama3-8b")
     assert stage.runnable_counts() == [2, 1]
     full, one = stage.on_slices(2), stage.on_slices(1)
@@ -127,7 +127,7 @@ def test_gradient_accumulation_keeps_the_global_batch_on_every_runnable_count(sl
 
 # --- preflight: a verdict for every slice count -------------------------------------------------------------------
 
-#: The 8B stage of gke-v6e-16x2 on 2 x v6e-16 as XLA reported it on this machine (benchmarks/results/preflight.json).
+#: The seed profile's 8B stage on 2 x v6e-16 as XLA reported it here (benchmarks/results/preflight.json).
 RECORDED_8B_BYTES = 24_063_695_104  # 22.41 GiB per chip
 
 

@@ -17,19 +17,22 @@ from multislice.backends import manifests
 from multislice.plan import make_plan
 
 GOLDEN_DIR = Path(__file__).resolve().parent
-PROFILES = ("local", "gke-v6e-16x2")
+#: ``gke-v6e-16x2``: the production stages (MaxText's measured v6e recipes); ``gke-v6e-16x2-seed``: the seed's
+#: commands, whose files are those ``gke-v6e-16x2`` rendered before the production stages took that name.
+PROFILES = ("local", "gke-v6e-16x2", "gke-v6e-16x2-seed")
 #: Manifest-only goldens of a profile with changes: name -> (profile, top-level spec fields replaced).
-#: ``gke-v6e-16x2-ray``: every stage launched by Ray (RayJobs) on node pools with an extra network for
+#: ``gke-v6e-16x2-seed-ray``: every stage launched by Ray (RayJobs) on node pools with an extra network for
 #: DCN traffic (DRANET ResourceClaimTemplates), as ``multislice render --set launcher=ray`` writes them.
+#: The variants keep the seed's stages (and their files of before, as ``gke-v6e-16x2-ray`` and ``-emergency``).
 MANIFEST_VARIANTS: dict[str, tuple[str, dict]] = {
-    "gke-v6e-16x2-ray": (
-        "gke-v6e-16x2",
+    "gke-v6e-16x2-seed-ray": (
+        "gke-v6e-16x2-seed",
         {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]},
     ),
-    # ``gke-v6e-16x2-emergency``: the 8B stage with emergency checkpoints (a local checkpoint every 10 steps on each
-    # node's checkpoint ramdisk, the persistent one every 50 as before) instead of elastic, which they exclude.
-    "gke-v6e-16x2-emergency": (
-        "gke-v6e-16x2",
+    # ``gke-v6e-16x2-seed-emergency``: the 8B stage with emergency checkpoints (a local checkpoint every 10 steps on
+    # each node's checkpoint ramdisk, the persistent one every 50 as before) instead of elastic, which they exclude.
+    "gke-v6e-16x2-seed-emergency": (
+        "gke-v6e-16x2-seed",
         {"stages.0.elastic": None, "stages.0.emergency_checkpoint": {"local_period": 10}},
     ),
 }
@@ -110,7 +113,7 @@ CLI_COMMANDS: dict[str, list[str]] = {
     "render": ["render", "--profile", "gke-v6e-16x2", "--output", "{out}/manifests"],
     "compile": ["compile", "--profile", "gke-v6e-16x2", "--target", "vertex", "--output", "{out}/pipeline.yaml"],
     "preflight-does-not-fit": [
-        "preflight", "--profile", "gke-v6e-16x2", "--stage", "seed-llama3-70b", "--no-alternative",
+        "preflight", "--profile", "gke-v6e-16x2-seed", "--stage", "seed-llama3-70b", "--no-alternative",
         "--cache-dir", "{cache}",
     ],
     "bad-config": ["render", "--profile", "local", "--output", "{out}", "--set", "stages.0.ici.fsdp=8"],
@@ -174,7 +177,7 @@ def seed_verdict_cache(cache: Path) -> None:
             env=trainer_process_env(env),
         ).stdout  # fmt: skip
     )
-    spec = config.load_profile("gke-v6e-16x2")
+    spec = config.load_profile("gke-v6e-16x2-seed")
     plan = make_plan(config.load_spec(config.spec_to_data(spec.with_stages(spec.stage("seed-llama3-70b")))))
     request = request_for(plan, plan.stages[0])
     messages = json.loads((GOLDEN_DIR.parent / "data" / "oom_messages.json").read_text())["messages"]

@@ -64,7 +64,7 @@ def test_usable_hbm_in_the_catalog_is_what_the_compiler_reported():
 
 
 def test_memory_stats_total_counts_code_and_subtracts_aliased_outputs():
-    # The 8B stage of gke-v6e-16x2 as XLA reported it here (CompiledMemoryStats, bytes per chip).
+    # The 8B stage of gke-v6e-16x2-seed as XLA reported it here (CompiledMemoryStats, bytes per chip).
     stats = SimpleNamespace(
         argument_size_in_bytes=6024617984, output_size_in_bytes=6023313152, alias_size_in_bytes=6023307264,
         temp_size_in_bytes=17945329664, generated_code_size_in_bytes=94042624, host_argument_size_in_bytes=0,
@@ -111,7 +111,7 @@ def test_a_cached_verdict_is_answered_without_compiling(tmp_path):
 
 
 def gke_plan(stage_name: str):
-    spec = config.load_profile("gke-v6e-16x2", {"output_dir": "gs://bucket/runs"})
+    spec = config.load_profile("gke-v6e-16x2-seed", {"output_dir": "gs://bucket/runs"})
     return make_plan(spec.with_stages(spec.stage(stage_name)))
 
 
@@ -156,17 +156,17 @@ def test_cli_names_a_stage_that_is_not_there():
 
     with pytest.raises(SystemExit):
         cli.main(["preflight"])
-    assert cli.main(["preflight", "--profile", "gke-v6e-16x2", "--stage", "nope"]) == 2
+    assert cli.main(["preflight", "--profile", "gke-v6e-16x2-seed", "--stage", "nope"]) == 2
 
 
 @pytest.mark.aot
 def test_the_readme_example_compiles_here_without_credentials_and_a_rerun_is_cached(tmp_path):
-    """``multislice preflight --profile gke-v6e-16x2 --stage seed-llama3-70b``: a real AOT compile on this machine."""
+    """``multislice preflight --profile gke-v6e-16x2-seed --stage seed-llama3-70b``: a real AOT compile here."""
     home, cache, report = tmp_path / "home", tmp_path / "cache", tmp_path / "report.json"
     home.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2", "--stage", "seed-llama3-70b",
-         "--no-alternative", "--cache-dir", str(cache), "--report", str(report)],
+        [sys.executable, "-m", "multislice.cli", "preflight", "--profile", "gke-v6e-16x2-seed", "--stage",
+         "seed-llama3-70b", "--no-alternative", "--cache-dir", str(cache), "--report", str(report)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=no_cloud_env(home), timeout=1500,
     )  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stdout, done.stdout[-3000:]

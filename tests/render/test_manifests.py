@@ -44,13 +44,13 @@ def test_every_rendered_object_validates(profile, crds_dir):
 
 
 def test_cel_rules_are_evaluated_not_skipped():
-    cluster_queue = next(o for o in all_objects("gke-v6e-16x2") if o["kind"] == "ClusterQueue")
+    cluster_queue = next(o for o in all_objects("gke-v6e-16x2-seed") if o["kind"] == "ClusterQueue")
     report = schema.check_cel(cluster_queue)
     assert any("coveredResources" in rule for rule in report.evaluated)
 
 
 def test_validation_catches_typos_wrong_types_and_cel_violations():
-    objects = all_objects("gke-v6e-16x2")
+    objects = all_objects("gke-v6e-16x2-seed")
     js = next(o for o in objects if o["kind"] == "JobSet")
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod["nodeSelctor"] = pod.pop("nodeSelector")
@@ -72,7 +72,7 @@ def test_validation_catches_typos_wrong_types_and_cel_violations():
 
 
 def test_tpu_jobset_is_a_gke_multislice_jobset():
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     obj = jobset.render_jobset(plan, plan.stages[1], hardware="tpu", pipeline_run_id="run-7")
     meta = obj["metadata"]
     assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
@@ -102,7 +102,7 @@ def test_tpu_jobset_is_a_gke_multislice_jobset():
 def test_v6e_8_on_one_vm_renders_one_pod_of_8_chips_per_slice():
     plan = make_plan(
         config.load_profile(
-            "gke-v6e-16x2",
+            "gke-v6e-16x2-seed",
             {
                 "tpu_type": "v6e-8",
                 "machine_type": "ct6e-standard-8t",
@@ -167,7 +167,7 @@ def test_every_trainer_image_container_runs_python_unbuffered():
             if name.endswith(".yaml") and "/" not in name:  # kueue-config/, gke-api/: not API objects
                 kind = name.split("-", 1)[0] + ("." + name.split(".")[-2] if name.startswith("jobset-") else "")
                 objects.append((kind, yaml.safe_load(text)))
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     objects.append(("job-verify", verifier.render_job(plan, plan.stages[1], "run-1")))
     objects.append(("job-aot", aot.render_job(plan, request_for(plan, plan.stages[1]), None, "run-1")))
     for kind, obj in objects:
@@ -184,7 +184,9 @@ def test_every_trainer_image_container_runs_python_unbuffered():
 
 
 def test_cluster_queue_quota_is_slices_times_chips():
-    plan = make_plan(config.load_profile("gke-v6e-16x2", {"num_slices": 4, "stages.1.dcn": {"fsdp": 4, "data": 1}}))
+    plan = make_plan(
+        config.load_profile("gke-v6e-16x2-seed", {"num_slices": 4, "stages.1.dcn": {"fsdp": 4, "data": 1}})
+    )
     flavor, cpu_flavor, cluster_queue, priority, local_queue = kueue.render_kueue_objects(plan)
     group, cpu_group = cluster_queue["spec"]["resourceGroups"]
     assert group["flavors"][0]["resources"] == [{"name": "google.com/tpu", "nominalQuota": 64}]
@@ -199,7 +201,7 @@ def test_cluster_queue_quota_is_slices_times_chips():
 def test_a_ray_run_with_dranet_writes_the_kueue_configuration_fragment_it_needs():
     from tests.golden import rendered_manifests
 
-    files = rendered_manifests("gke-v6e-16x2-ray")
+    files = rendered_manifests("gke-v6e-16x2-seed-ray")
     fragment = yaml.safe_load(files["kueue-config/controller_manager_config.yaml"])
     assert fragment == {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
@@ -207,7 +209,7 @@ def test_a_ray_run_with_dranet_writes_the_kueue_configuration_fragment_it_needs(
             {"name": "multislice-pipelines/netdev", "deviceClassNames": ["netdev.google.com"]}]},
     }  # fmt: skip
     assert "kueue-manager-config" in files["kueue-config/controller_manager_config.yaml"]  # where it goes
-    assert not any(name.startswith("kueue-config/") for name in rendered_manifests("gke-v6e-16x2"))
+    assert not any(name.startswith("kueue-config/") for name in rendered_manifests("gke-v6e-16x2-seed"))
 
 
 def test_bad_pipeline_run_id_is_refused():
@@ -228,9 +230,9 @@ def test_manifests_match_golden_files(profile):
 def test_render_cli_writes_every_manifest_validated(tmp_path):
     from multislice import cli
 
-    assert cli.main(["render", "--profile", "gke-v6e-16x2", "--output", str(tmp_path)]) == 0
+    assert cli.main(["render", "--profile", "gke-v6e-16x2-seed", "--output", str(tmp_path)]) == 0
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert written == sorted(rendered_manifests("gke-v6e-16x2"))
+    assert written == sorted(rendered_manifests("gke-v6e-16x2-seed"))
     kinds = set()
     for path in tmp_path.glob("*.yaml"):
         obj = yaml.safe_load(path.read_text())
@@ -276,7 +278,7 @@ def test_local_profile_renders_no_gke_objects():
 
 def test_finished_tpu_jobsets_have_a_ttl_from_the_profile():
     def ttl(**overrides):
-        plan = make_plan(config.load_profile("gke-v6e-16x2", overrides))
+        plan = make_plan(config.load_profile("gke-v6e-16x2-seed", overrides))
         rendered = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
         schema.validate(rendered)  # spec.ttlSecondsAfterFinished is a JobSet v0.12.0 field
         return rendered["spec"].get("ttlSecondsAfterFinished")
@@ -294,7 +296,7 @@ def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would()
     from multislice.backends import manifests
     from multislice.plan import make_plan
 
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     reaper = manifests.render_all(plan, "run-1")["cronjob-multislice-reaper.yaml"]
     container = reaper["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["multislice", "reap"] and container["image"] == plan.spec.images.pipeline
@@ -316,7 +318,7 @@ def test_the_export_job_is_checked_as_the_api_server_would():
     from multislice.backends.gke import exporter
     from multislice.plan import make_plan
 
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     job = exporter.render_job(plan, plan.stages[1], "run-1")
     assert manifests.object_problems(job) == []
     bad = copy.deepcopy(job)
@@ -333,11 +335,11 @@ def test_the_export_job_is_checked_as_the_api_server_would():
 def test_goodput_recording_renders_maxtexts_recorder_with_this_runs_job_name_and_is_off_by_default():
     """``goodput_recording`` turns on MaxText's Cloud Logging recorder (``enable_goodput_recording``) under a job
     name of this run's (MaxText's default, ``run_name``, is the stage's name in every run); off unless asked."""
-    plain = make_plan(config.load_profile("gke-v6e-16x2"))
+    plain = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     [container] = jobset.render_jobset(plain, plain.stages[0], hardware="tpu", pipeline_run_id="r")["spec"][
         "replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]  # fmt: skip
     assert not [a for a in container["args"] if "goodput" in a]
-    plan = make_plan(config.load_profile("gke-v6e-16x2", {"stages.0.goodput_recording": True}))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", {"stages.0.goodput_recording": True}))
     obj = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
     schema.validate(obj)
     [container] = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]

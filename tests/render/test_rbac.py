@@ -16,7 +16,7 @@ TRAINER_GSA = "multislice-trainer@your-project.iam.gserviceaccount.com"
 
 
 def objects(**overrides):
-    plan = make_plan(config.load_profile("gke-v6e-16x2", overrides))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", overrides))
     return {(o["kind"], o["metadata"]["name"]): o for o in rbac.render_rbac_objects(plan)}
 
 
@@ -74,8 +74,8 @@ def test_cluster_wide_rights_are_reads_of_crds_nodes_and_the_run_cluster_queue_o
 
 def test_required_access_is_the_plans_own_launchers_rules_one_review_each():
     """provision's SelfSubjectAccessReviews (rbac.required_access) come from the rules the Role is rendered from."""
-    jobset_plan = make_plan(config.load_profile("gke-v6e-16x2", {}))
-    ray_plan = make_plan(config.load_profile("gke-v6e-16x2", {"launcher": "ray"}))
+    jobset_plan = make_plan(config.load_profile("gke-v6e-16x2-seed", {}))
+    ray_plan = make_plan(config.load_profile("gke-v6e-16x2-seed", {"launcher": "ray"}))
     jobset_only, with_ray = rbac.required_access(jobset_plan), rbac.required_access(ray_plan)
     log = {"namespace": "default", "verb": "get", "group": "", "resource": "pods", "subresource": "log", "name": ""}
     create = {"namespace": "default", "verb": "create", "group": "ray.io", "resource": "rayjobs", "subresource": "",
@@ -135,7 +135,7 @@ def test_trainer_has_workload_identity_and_no_api_rights():
 
 
 def test_tpu_pods_run_as_the_trainer_service_account():
-    plan = make_plan(config.load_profile("gke-v6e-16x2", {"service_accounts.trainer": "llama-trainer"}))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", {"service_accounts.trainer": "llama-trainer"}))
     js = jobset.render_jobset(plan, plan.stages[0], hardware="tpu", pipeline_run_id="r")
     assert js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["serviceAccountName"] == (
         "llama-trainer"
@@ -240,7 +240,7 @@ def test_every_rbac_object_validates_and_problems_are_found():
 )
 def test_service_account_errors_name_the_field(overrides, field):
     with pytest.raises(config.ConfigError) as caught:
-        config.load_profile("gke-v6e-16x2", overrides)
+        config.load_profile("gke-v6e-16x2-seed", overrides)
     [(where, _)] = caught.value.issues
     assert field in where
 
@@ -271,7 +271,7 @@ def test_compiled_gke_pipeline_holds_no_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("CLOUDSDK_AUTH_ACCESS_TOKEN", access_token)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
 
-    text = compiled_pipeline("gke-v6e-16x2")
+    text = compiled_pipeline("gke-v6e-16x2-seed")
     for secret in (access_token, kube_token, key["private_key_id"], "MIIEvQIBADANBg", str(tmp_path)):
         assert secret not in text
     assert CREDENTIAL.findall(text) == []

@@ -31,7 +31,7 @@ def crd_schemas():
     machine at load 9. Inside a scenario it would delay admit's first change (the JobSet's creation)
     past a controller script's wait for it; the scenarios are about the cluster, not about this cost.
     """
-    plan = make_plan(config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"}))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", {"run_name": "r1", "output_dir": "gs://bucket/runs"}))
     schema.validate(
         render_jobset.render_jobset(plan, plan.stages[0], hardware=GkeBackend.hardware, pipeline_run_id=RUN_ID)
     )
@@ -66,7 +66,7 @@ def play(bare_play, plan):
 @pytest.fixture
 def plan():
     spec = config.load_profile(
-        "gke-v6e-16x2",
+        "gke-v6e-16x2-seed",
         {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True},
     )
     return make_plan(spec)

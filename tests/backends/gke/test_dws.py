@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("crd_schemas", "node_pools", "run_storage")
 
 
 def spec_of(overrides):
-    return config.load_profile("gke-v6e-16x2", overrides)
+    return config.load_profile("gke-v6e-16x2-seed", overrides)
 
 
 @pytest.fixture

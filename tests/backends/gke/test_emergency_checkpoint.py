@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "run_stor
 def plan():
     """The GKE profile's 8B stage on 2 x v6e-16 with a local checkpoint every 10 steps (persistent every 50)."""
     spec = config.load_profile(
-        "gke-v6e-16x2",
+        "gke-v6e-16x2-seed",
         {
             "run_name": "r1",
             "output_dir": "gs://bucket/runs",
@@ -151,7 +151,7 @@ def test_without_a_local_copy_the_restart_falls_back_to_the_persistent_tier(serv
 def test_every_tpu_workload_compiles_through_the_runs_cache_in_cloud_storage():
     """The persistent compilation cache on GKE: the TPU JobSet's pods and the RayJob's workers (through the driver's
     arguments) give MaxText ``jax_cache_dir=gs://<bucket>/<runs>/<run>/jax_cache``, the same for every stage."""
-    spec = config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"})
+    spec = config.load_profile("gke-v6e-16x2-seed", {"run_name": "r1", "output_dir": "gs://bucket/runs"})
     plan, ray_plan = make_plan(spec), make_plan(spec.model_copy(update={"launcher": "ray"}))
     wanted = "jax_cache_dir=gs://bucket/runs/r1/jax_cache"
     for stage, ray_stage in zip(plan.stages, ray_plan.stages, strict=True):

@@ -35,7 +35,7 @@ def served():
 
 def _plan(**overrides):
     return make_plan(
-        config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs", **overrides})
+        config.load_profile("gke-v6e-16x2-seed", {"run_name": "r1", "output_dir": "gs://bucket/runs", **overrides})
     )
 
 

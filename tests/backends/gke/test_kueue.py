@@ -39,7 +39,7 @@ KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 @pytest.fixture
 def plan():
     """Every stage launched by Ray, with DRANET claims (test_ray.py's plan)."""
-    return make_plan(config.load_profile("gke-v6e-16x2", OVERRIDES))
+    return make_plan(config.load_profile("gke-v6e-16x2-seed", OVERRIDES))
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +111,7 @@ def test_the_rayjobs_pod_sets_are_its_head_its_slices_and_kueues_default_submitt
 def test_a_jobsets_pods_request_only_tpu_chips_and_its_queue_covers_ray_from_the_run_form():
     """The JobSet path: one pod set per replicated job (replicas x parallelism pods), TPU chips only (limits as
     requests); so the queue of a JobSet-only plan keeps its one resource group."""
-    plan = make_plan(config.load_profile("gke-v6e-16x2"))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
     js = render_jobset.render_jobset(plan, stage_of(plan), hardware="tpu", pipeline_run_id=RUN_ID)
     sets = kueue_model.pod_sets(js)
     assert [(s["name"], s["count"]) for s in sets] == [("slice", 8)]
@@ -275,9 +275,9 @@ def test_provision_passes_with_the_rendered_kueue_configuration_merged(served, p
 
 
 def test_multislice_render_with_launcher_ray_writes_a_queue_that_admits_its_rayjob(bare_play, tmp_path):
-    """``multislice render --profile gke-v6e-16x2 --set launcher=ray`` (every file validated against the CRDs): its
+    """``multislice render --profile gke-v6e-16x2-seed --set launcher=ray`` (every file validated against the CRDs): its
     Kueue objects applied as written, its RayJob created from its file, and Kueue's model admits it."""
-    code = cli.main(["render", "--profile", "gke-v6e-16x2", "--set", "launcher=ray", "--output", str(tmp_path)])
+    code = cli.main(["render", "--profile", "gke-v6e-16x2-seed", "--set", "launcher=ray", "--output", str(tmp_path)])
     assert code == 0
     assert not (tmp_path / "kueue-config").exists()  # no DRANET: nothing for Kueue's Configuration
     read = lambda path: yaml.safe_load(path.read_text(encoding="utf-8"))  # noqa: E731

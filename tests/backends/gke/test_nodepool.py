@@ -17,9 +17,9 @@ SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 def make(**overrides):
-    """The gke-v6e-16x2 plan (2 x v6e-16: 4 hosts of ct6e-standard-4t, topology 4x4) on the fake's cluster."""
+    """The gke-v6e-16x2-seed plan (2 x v6e-16: 4 hosts of ct6e-standard-4t, topology 4x4) on the fake's cluster."""
     base = {"cluster.project": "my-project", "cluster.location": "us-east5", "cluster.name": "tpu-cluster"}
-    return make_plan(config.load_profile("gke-v6e-16x2", {**base, **overrides}))
+    return make_plan(config.load_profile("gke-v6e-16x2-seed", {**base, **overrides}))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ STEPS = ["plan", "preflight", "provision", "admit", "launch", "train", "verify_c
 
 
 def test_compiled_gke_pipeline_runs_the_gke_steps(tmp_path):
-    path = compile_pipeline(config.read_profile("gke-v6e-16x2"), str(tmp_path / "p.yaml"))
+    path = compile_pipeline(config.read_profile("gke-v6e-16x2-seed"), str(tmp_path / "p.yaml"))
     spec = next(yaml.safe_load_all(open(path)))  # the kfp target: the PipelineSpec, then its platform config
     parameters = spec["root"]["inputDefinitions"]["parameters"]
     assert "backend" not in parameters  # the profile's gke is compiled in: local cannot work remotely

@@ -67,7 +67,7 @@ TPU_WEBHOOK = {
 
 
 def make(**overrides):
-    return make_plan(config.load_profile("gke-v6e-16x2", {**BASE, **overrides}))
+    return make_plan(config.load_profile("gke-v6e-16x2-seed", {**BASE, **overrides}))
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ OVERRIDES = {
 @pytest.fixture(scope="module", autouse=True)
 def crd_schemas():
     """The CRD validators built before the first scenario (see test_steps.py's fixture of that name)."""
-    plan = make_plan(config.load_profile("gke-v6e-16x2", OVERRIDES))
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", OVERRIDES))
     schema.validate(render_ray.render_rayjob(plan, plan.stages[0], pipeline_run_id=RUN_ID))
     for obj in provision.kueue_objects(plan):
         schema.validate(obj)
@@ -50,7 +50,7 @@ def crd_schemas():
 
 @pytest.fixture
 def plan():
-    return make_plan(config.load_profile("gke-v6e-16x2", OVERRIDES))
+    return make_plan(config.load_profile("gke-v6e-16x2-seed", OVERRIDES))
 
 
 @pytest.fixture(autouse=True)

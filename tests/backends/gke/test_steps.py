@@ -115,7 +115,7 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     kube = served.kube()
     stage = stage_of(plan)
     overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True}
-    assert plan_step.run(config.read_profile("gke-v6e-16x2"), overrides, stage.name, RUN_ID) == plan
+    assert plan_step.run(config.read_profile("gke-v6e-16x2-seed"), overrides, stage.name, RUN_ID) == plan
 
     with Background(lambda: compile_job_finishes(play, plan, stage, FITS)):
         checked = preflight.run(plan, [stage], RUN_ID, backend=GkeBackend(kube))[stage.name]
@@ -752,7 +752,7 @@ def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served
     """``num_slices: 1`` (GKE's single-slice TPU shape: one Indexed child Job of 4 hosts, no DCN) through every step."""
     overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True,
                  "num_slices": 1, "stages.llama3-70b.dcn.fsdp": 1}  # fmt: skip
-    plan = plan_step.run(config.read_profile("gke-v6e-16x2"), overrides, "llama3-8b", RUN_ID)
+    plan = plan_step.run(config.read_profile("gke-v6e-16x2-seed"), overrides, "llama3-8b", RUN_ID)
     served.as_user(service_account_user(plan.spec.namespace, plan.spec.service_accounts.pipeline),
                    rbac.render_rbac_objects(plan))  # fmt: skip
     stage, kube = stage_of(plan), served.kube()
@@ -876,7 +876,7 @@ def hub_plan(**exporter_fields):
     overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True,
                  "stages.0.export_hub_repo": "my-org/llama3-8b-r1",
                  **{f"exporter.{k}": v for k, v in exporter_fields.items()}}  # fmt: skip
-    return make_plan(config.load_profile("gke-v6e-16x2", overrides))
+    return make_plan(config.load_profile("gke-v6e-16x2-seed", overrides))
 
 
 def test_export_to_the_hub_takes_its_token_from_a_kubernetes_secret_by_reference():

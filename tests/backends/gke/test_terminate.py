@@ -118,7 +118,7 @@ def run_until(step, served, play, plan, fake, told, monkeypatch):
         if current == step:
             monkeypatch.setenv(cancel.ENV_POINT, POINTS[step])
         if current == "plan":
-            plan_step.run(config.read_profile("gke-v6e-16x2"), OVERRIDES, stage.name, RUN_ID, backend=backend)
+            plan_step.run(config.read_profile("gke-v6e-16x2-seed"), OVERRIDES, stage.name, RUN_ID, backend=backend)
         elif current == "prepare_data":
             prepare_data.run(plan, stage, RUN_ID, backend=backend)
         elif current == "preflight":

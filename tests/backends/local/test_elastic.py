@@ -138,5 +138,5 @@ def test_the_inject_command_withdraws_and_gives_back_a_slice_and_refuses_bad_inp
     assert cli.main(["inject", "preempt-slice", *common, "--stage", "nope", "--slice", "0"]) == 2
     out = capsys.readouterr()
     assert "--slice 2 is not a slice of run demo" in out.err + out.out and "Traceback" not in out.err
-    gke = ["--run", "demo", "--profile", "gke-v6e-16x2", "--output-dir", str(tmp_path)]
+    gke = ["--run", "demo", "--profile", "gke-v6e-16x2-seed", "--output-dir", str(tmp_path)]
     assert cli.main(["inject", "restore-capacity", *gke]) == 2

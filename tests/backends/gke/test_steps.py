@@ -956,7 +956,7 @@ def test_export_to_the_hub_with_secret_manager_reads_the_token_in_the_pod():
     plan = hub_plan(hub_token_secret=version)
     container = exporter.render_job(plan, stage_of(plan), RUN_ID)["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:5] == ["python", "-m", "multislice.trainer.hub_token", "--secret-version", version]
-    assert container["command"][6:9] == ["python", "-m", "multislice.trainer.export"]
+    assert container["command"][6:9] == ["python", "-m", verify_export.MODULE]  # verifies, then exports
     assert not any(e["name"] == "HF_TOKEN" for e in container["env"])
 
 

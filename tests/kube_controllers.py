@@ -26,6 +26,7 @@ from kubernetes import client as k8s
 
 from multislice import names, tpu
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
+from multislice.trainer import verify_export
 from tests import kueue_model
 from tests.kube_cluster import Served, wait_until
 
@@ -601,7 +602,25 @@ def restore_lines(step: int | None, tier: str | None = None, slice_id: int = 1, 
     return text
 
 
+def verification_report(verdict: str = "PASS") -> dict[str, Any]:
+    """A checkpoint verifier's report (``multislice/trainer/verify.py``, ``verify``) with one check."""
+    return {"verdict": verdict, "latest_step": 199, "parameter_count": 8030261248, "written_mesh": "fsdp=4",
+            "checks": [{"name": "latest_step", "passed": verdict == "PASS", "detail": "step 199"}]}  # fmt: skip
+
+
 def verifier_log(verdict: str = "PASS") -> str:
-    report = {"verdict": verdict, "latest_step": 199, "parameter_count": 8030261248, "written_mesh": "fsdp=4",
-              "checks": [{"name": "latest_step", "passed": verdict == "PASS", "detail": "step 199"}]}  # fmt: skip
-    return "WARNING: jax on cpu\n" + json.dumps(report, indent=1) + "\n"
+    """The verifier Job's log (``python -m multislice.trainer.verify``): noise, then its report last."""
+    return "WARNING: jax on cpu\n" + json.dumps(verification_report(verdict), indent=1) + "\n"
+
+
+def verification_line(verdict: str = "PASS") -> str:
+    """What the verify-and-export Job's pod prints when its verification is done
+    (``multislice/trainer/verify_export.py``, ``main``): noise, then the marker line."""
+    return "WARNING: jax on cpu\n" + verify_export.MARKER + json.dumps(verification_report(verdict)) + "\n"
+
+
+def verify_export_end(verdict: str = "PASS", export: dict[str, Any] | None = None) -> str:
+    """The rest of the verify-and-export Job's log: the export's noise when it ran, then the last document with
+    both reports (``export`` None: the verdict was not PASS, nothing exported)."""
+    noise = "converting layer group 0\n" if export is not None else ""
+    return noise + json.dumps({"verification": verification_report(verdict), "export": export}, indent=1) + "\n"

@@ -407,6 +407,11 @@ class Backend(abc.ABC):
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """Run the checkpoint verifier on the stage's checkpoint directory; its report.
 
+        For a stage with ``export``, the verifier and then, on PASS, the exporter in one trainer process
+        (:mod:`multislice.trainer.verify_export`), so that the export step's :meth:`run_exporter` reads that
+        process's export instead of starting another: a trainer-environment process run to its end locally, a Job
+        left running once its log has the verification on GKE. A verdict other than PASS exports nothing.
+
         Raises:
             VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
             multislice.errors.RunFailed: the verifier left no report.
@@ -416,9 +421,10 @@ class Backend(abc.ABC):
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """Export the stage's final checkpoint (``stage.export``, to ``stage.export_dir``) and check it; its report.
 
-        With the stage's ``export_dtype`` and ``export_hub_repo`` (:func:`multislice.trainer.export.command`): a
-        trainer-environment process locally, a trainer-image Job on a CPU node pool on GKE
-        (:mod:`multislice.backends.gke.exporter`). An export that could not run is refused at plan
+        With the stage's ``export_dtype`` and ``export_hub_repo`` (:func:`multislice.trainer.export.command`): the
+        export of the process :meth:`run_verifier` started for this pipeline run (locally the report it left, on GKE
+        its trainer-image Job on a CPU node pool, :mod:`multislice.backends.gke.exporter`, read to its end), else
+        the exporter on its own. An export that could not run is refused at plan
         (:func:`multislice.config.checks.export_issues`), not here.
 
         Raises:

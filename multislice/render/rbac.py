@@ -9,10 +9,13 @@ API group          resources                              verbs (which step)
 jobset.x-k8s.io    jobsets                                create, get, list, watch (admit,
                                                           launch, train), delete (cleanup)
 batch              jobs                                   create, get, list, watch (verifier
-                                                          Job), delete (cleanup)
+                                                          and export Jobs, preflight's
+                                                          compiles), delete (cleanup)
 "" (core)          pods                                   get, list, watch (launch, train:
                                                           an elastic stage's lost slice)
-"" (core)          pods/log                               get (train: the leader's log)
+"" (core)          pods/log                               get (train: the leader's log;
+                                                          verify_checkpoint, export: their
+                                                          Job's, while it runs too)
 "" (core)          events                                 get, list, watch (launch: why a pod waits)
 kueue.x-k8s.io     workloads                              get, list, watch (admit)
 kueue.x-k8s.io     localqueues (the run's queue only)     get, patch, create (provision:

@@ -1,7 +1,9 @@
 """export: write a verified stage's final checkpoint in Hugging Face format and check it by its logits.
 
-Runs after verify_checkpoint for a stage whose ``export`` is set (``huggingface``). The backend runs the
-exporter (:mod:`multislice.trainer.export`, trainer image) on the stage's final checkpoint: it writes
+Runs after verify_checkpoint for a stage whose ``export`` is set (``huggingface``). The exporter
+(:mod:`multislice.trainer.export`, trainer image) runs on the stage's final checkpoint in the process the verify
+step started (:mod:`multislice.trainer.verify_export`), whose export report the backend returns
+(:meth:`.Backend.run_exporter`; run alone when that process is not this run's): it writes
 safetensors shards, ``config.json``, the stage's tokenizer and a model card to ``<stage_dir>/export/huggingface``
 (local or ``gs://``), loads them with ``transformers.LlamaForCausalLM`` 5.x and 4.57 and compares each one's
 logits with MaxText's on the same tokens. The report goes to ``<run_dir>/reports/<stage>/export.json``. A logits

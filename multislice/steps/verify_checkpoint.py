@@ -4,9 +4,13 @@ The backend runs the checkpoint verifier (:mod:`multislice.trainer.verify`,
 trainer image) against the stage's checkpoint directory with the stage's
 MaxText arguments, so the expected parameter tree comes from the model
 config: locally as a trainer-environment process, on GKE as a Job of the
-trainer image; both read its JSON report from its output. The report and its
-Markdown page go to the run directory (local or ``gs://``). A FAIL fails the
-step, so a later stage never starts from an unverified one.
+trainer image; both read its JSON report from its output. For a stage with
+``export`` the same process goes on, on a PASS, to export
+(:mod:`multislice.trainer.verify_export`): the export step then reads what it
+made instead of starting another (:meth:`.Backend.run_verifier`). The report
+and its Markdown page go to the run directory (local or ``gs://``). A FAIL
+fails the step, so a later stage never starts from an unverified one, and
+nothing is exported.
 """
 
 from __future__ import annotations

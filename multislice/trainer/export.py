@@ -912,18 +912,22 @@ def export(options: Any, maxtext_args: list[str]) -> dict[str, Any]:
 
 def _write_report(report: dict[str, Any], target: str | None) -> None:
     """Print the report and write it to ``target`` (local or ``gs://``) too."""
-    if target and _is_remote(target):
-        verify.emit_report(report, None)
-        path = verify.checkpoint_path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    else:
-        verify.emit_report(report, Path(target) if target else None)
+    verify.emit_report(report, None)
+    if target:
+        store_report(report, target)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The exporter's options (its MaxText arguments follow ``--``)."""
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=(__doc__ or "").split("\n")[0])
+def store_report(report: dict[str, Any], target: str) -> None:
+    """Write the report as JSON to ``target`` (local or ``gs://``, with ``etils.epath``), creating its directory."""
+    path = verify.checkpoint_path(target) if _is_remote(target) else Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+
+def parser(prog: str = f"python -m {MODULE}", description: str = "") -> argparse.ArgumentParser:
+    """The exporter's options (its MaxText arguments follow ``--``); ``prog`` and ``description`` for ``--help``
+    (default the exporter's own)."""
+    p = argparse.ArgumentParser(prog=prog, description=description or (__doc__ or "").split("\n")[0])
     p.add_argument("--checkpoint-dir", required=True, help="the stage's checkpoint directory (local or gs://)")
     p.add_argument("--step", required=True, type=int, help="the checkpoint step to export")
     p.add_argument("--output", required=True, help="the export directory (local or gs://)")
@@ -966,6 +970,14 @@ def main(argv: list[str] | None = None) -> int:
     own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     p = parser()
     options = p.parse_args(own)
+    check_options(p, options, maxtext_args)
+    report, status = run(options, maxtext_args)
+    _write_report(report, options.report)
+    return status
+
+
+def check_options(p: argparse.ArgumentParser, options: Any, maxtext_args: list[str]) -> None:
+    """Refuse bad options through ``p.error`` (exit 2 with usage), before anything is read or written."""
     if not maxtext_args:
         p.error("give the stage's MaxText arguments after --, so the model can be built")
     if not 0 < options.sample_fraction <= 1:
@@ -974,20 +986,25 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--layers-per-shard {options.layers_per_shard}: give 1 or more")
     if options.hub_repo and (options.hub_repo.count("/") != 1 or not all(options.hub_repo.split("/"))):
         p.error(f"--hub-repo {options.hub_repo}: give OWNER/NAME")
+
+
+def run(options: Any, maxtext_args: list[str]) -> tuple[dict[str, Any], int]:
+    """:func:`export` with its failures as reports: ``(report, exit status)``, 0 PASS, 1 FAIL, 2 ERROR.
+
+    ERROR: ``--hub-repo`` without a token in ``$HF_TOKEN`` (refused before anything is exported), or the
+    exception that stopped the export (its type and message in ``error``). Used by :func:`main` and by
+    :mod:`multislice.trainer.verify_export`, which exports in the verifier's process.
+    """
     if options.hub_repo and not os.environ.get(HF_TOKEN_ENV):
         report = {"verdict": "ERROR", "export_dir": options.output,
                   "error": f"--hub-repo {options.hub_repo} needs a Hugging Face token in ${HF_TOKEN_ENV} (a write "
                   "token of the repository's owner); nothing was exported"}  # fmt: skip
-        _write_report(report, options.report)
-        return 2
+        return report, 2
     try:
         report = export(options, maxtext_args)
-        status = 0 if report["verdict"] == "PASS" else 1
+        return report, 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the export could not be made
-        report = {"verdict": "ERROR", "error": f"{type(error).__name__}: {error}", "export_dir": options.output}
-        status = 2
-    _write_report(report, options.report)
-    return status
+        return {"verdict": "ERROR", "error": f"{type(error).__name__}: {error}", "export_dir": options.output}, 2
 
 
 if __name__ == "__main__":

@@ -806,22 +806,42 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(own)
     if not maxtext_args:
         parser.error("give the stage's MaxText arguments after --, so the expected model can be built")
-    try:
-        metrics_file = options.metrics_file or options.checkpoint_dir.parent / "metrics.jsonl"
-        report = verify(
-            options.checkpoint_dir, options.expected_step, maxtext_args, options.sample_bytes,
-            options.full_check_bytes, metrics_file, options.loss_rtol, options.loss_check_flops,
-        )  # fmt: skip
-        status = 0 if report["verdict"] == "PASS" else 1
-    except Exception as error:  # the report must say why the verifier could not run
-        report = {
-            "verdict": "ERROR",
-            "error": f"{type(error).__name__}: {error}",
-            "checkpoint_dir": str(options.checkpoint_dir),
-        }
-        status = 2
+    report, status = run(
+        options.checkpoint_dir, options.expected_step, maxtext_args, options.metrics_file, options.sample_bytes,
+        options.full_check_bytes, options.loss_rtol, options.loss_check_flops,
+    )  # fmt: skip
     emit_report(report, options.report)
     return status
+
+
+def run(
+    checkpoint_dir: Any,
+    expected_step: int,
+    maxtext_args: list[str],
+    metrics_file: Any = None,
+    sample_bytes: int = DEFAULT_SAMPLE_BYTES,
+    full_check_bytes: int = FULL_CHECK_BYTES,
+    loss_rtol: float = LOSS_RTOL,
+    loss_flops: float = LOSS_CHECK_FLOPS,
+) -> tuple[dict[str, Any], int]:
+    """:func:`verify` with its failure as a report: ``(report, exit status)``, 0 PASS, 1 FAIL, 2 ERROR.
+
+    ``checkpoint_dir``: an ``etils.epath.Path`` (:func:`checkpoint_path`); ``metrics_file`` (None: the
+    ``metrics.jsonl`` beside it). ERROR: the verifier itself could not run (the exception's type and message in
+    ``error``). Used by :func:`main` and by :mod:`multislice.trainer.verify_export`.
+    """
+    try:
+        report = verify(
+            checkpoint_dir, expected_step, maxtext_args, sample_bytes, full_check_bytes,
+            metrics_file or checkpoint_dir.parent / "metrics.jsonl", loss_rtol, loss_flops,
+        )  # fmt: skip
+        return report, 0 if report["verdict"] == "PASS" else 1
+    except Exception as error:  # the report must say why the verifier could not run
+        return {
+            "verdict": "ERROR",
+            "error": f"{type(error).__name__}: {error}",
+            "checkpoint_dir": str(checkpoint_dir),
+        }, 2
 
 
 def emit_report(report: dict[str, Any], path: Path | None) -> None:

@@ -60,6 +60,11 @@ def test_each_stage_checkpoint_and_the_export_are_model_artifacts(local_run):
     layers = json.load(open(f"{exported.export_dir}/config.json", encoding="utf-8"))["num_hidden_layers"]
     assert sum(name.endswith(".safetensors") for name in hf["files"]) == layers + 2
     assert f"[export {exported.name}] PASS: {hf['parameter_count']:,} parameters" in local_run.stdout
+    # one trainer process verified and exported the stage: the export step took the verify step's export
+    assert f"[verify_checkpoint {exported.name}] verifying, then exporting on PASS, in one trainer process" in (
+        local_run.stdout
+    )
+    assert f"[export {exported.name}] the export the verifier's process made: verdict PASS" in local_run.stdout
 
 
 LOAD = """

@@ -454,9 +454,9 @@ class GkeBackend(Backend):
         return JobAotSession(self.kube, plan, cache_dir, pipeline_run_id, tell)
 
     def _stage_job(self, run: Any, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell, fix: str) -> Any:
-        """``run`` (:func:`.verifier.run` or :func:`.exporter.run`) for the stage, bounded by the verify timeout, its
-        Job labelled with the pipeline run id on the stage's JobSet (the run that trained it; else
-        ``pipeline_run_id``), so that a cancel of that run, and only of that run, deletes it.
+        """``run`` (:func:`.verifier.run`, :func:`.exporter.run_verification` or :func:`.exporter.run`) for the stage,
+        bounded by the verify timeout, its Job labelled with the pipeline run id on the stage's JobSet (the run that
+        trained it; else ``pipeline_run_id``), so that a cancel of that run, and only of that run, deletes it.
 
         Raises:
             VerifierTimeout: not finished within ``timings.verify_timeout`` (the Job was deleted); ``fix`` says
@@ -470,12 +470,15 @@ class GkeBackend(Backend):
             raise VerifierTimeout(f"{error}; the Job was deleted", fix) from None
 
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
-        """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet."""
+        """The verifier as a Job of the trainer image, labelled with the run id of the stage's JobSet; for a stage
+        with ``export``, the Job that verifies and then exports (:func:`.exporter.run_verification`), left running
+        for the export step once its log has the verification."""
         fix = "raise timeouts.verify if the checkpoint is that large"
-        return VerificationReport.model_validate(self._stage_job(verifier.run, plan, stage, pipeline_run_id, tell, fix))
+        run = exporter.run_verification if stage.export else verifier.run
+        return VerificationReport.model_validate(self._stage_job(run, plan, stage, pipeline_run_id, tell, fix))
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
-        """The exporter as a Job of the trainer image on a CPU node pool (:mod:`.exporter`), labelled with the run id
-        of the stage's JobSet, bounded by the verify timeout."""
+        """The verify step's verify-and-export Job on a CPU node pool (:mod:`.exporter`), adopted and read to its end
+        (created when it is gone), labelled with the run id of the stage's JobSet, bounded by the verify timeout."""
         fix = "raise timeouts.verify if the export takes that long"
         return ExportReport.model_validate(self._stage_job(exporter.run, plan, stage, pipeline_run_id, tell, fix))

@@ -1,11 +1,21 @@
-"""The Hugging Face exporter as a Kubernetes Job of the trainer image on a CPU node pool, and its report.
+"""The verification and Hugging Face export of a stage with ``export``: one Kubernetes Job of the trainer image on a
+CPU node pool, which the verify step starts and reads first and the export step adopts and reads to its end.
 
-The Job runs ``python -m multislice.trainer.export`` (the same exporter the local backend runs,
-:func:`multislice.trainer.export.command`) on the stage's final checkpoint in Cloud Storage: it converts the
-checkpoint into a local scratch directory, checks the logits there, and copies the export to the stage's
-``gs://`` export directory (and, with ``stages[].export_hub_repo``, publishes it to the Hugging Face Hub). Its
-JSON report is read back from the pod's log (printed last, as the verifier's), or, when the log lost it, from
-the copy the exporter writes to ``<stage_dir>/export/report.json``.
+The Job runs ``python -m multislice.trainer.verify_export`` (:func:`multislice.trainer.verify_export.command`: the
+exporter's command line, the same one the local backend runs) on the stage's final checkpoint in Cloud Storage: the
+checkpoint verifier first, in the same process, and then, only on a PASS, the exporter, which converts the checkpoint
+into a local scratch directory, checks the logits there, and copies the export to the stage's ``gs://`` export
+directory (and, with ``stages[].export_hub_repo``, publishes it to the Hugging Face Hub). One process pays the
+interpreter's start and the imports of JAX, Orbax and MaxText once, where a verifier Job and an export Job paid
+them (and a pod's scheduling and image start) twice.
+
+The verify step (:func:`run_verification`) creates (or adopts) the Job and waits until the pod's log has the
+verifier's report (the ``multislice-verification:`` line, :func:`multislice.trainer.verify_export.reports_in`),
+then returns with the Job still exporting: the next stage is admitted while the export runs, as when the export
+was a Job of its own. The export step (:func:`run`) renders the same Job, so it adopts it by its spec hash
+(:func:`multislice.backends.gke.jobs.run_job`), waits for its end and reads the export's report from the log's
+last document, or, when the log lost it, from the copy the exporter writes to ``<stage_dir>/export/report.json``.
+A FAIL or ERROR verdict ends the Job before any export (the export step, after the failed verify step, never runs).
 
 Where it runs, and why not on the stage's TPU slice: the export is CPU work (the conversion, and the logits
 check, which compares float32 CPU forward passes of MaxText and ``transformers``). The stage's TPU JobSet has
@@ -34,7 +44,7 @@ from multislice.backends.gke.client import Kube
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.render.trainer_job import render_trainer_job
-from multislice.trainer import export, hub_token, verify
+from multislice.trainer import hub_token, verify, verify_export
 
 #: Where the scratch volume is mounted in the export pod (``TMPDIR``, ``HF_HOME``).
 SCRATCH = "/scratch"
@@ -43,12 +53,13 @@ SCRATCH_VOLUME = "export-scratch"
 
 
 class ExporterJobFailed(RunFailed):
-    """The export Job did not produce a report; the message has its state, events and log tail."""
+    """The verify-and-export Job did not produce a report; the message has its state, events and log tail."""
 
 
 def job_name(stage: StagePlan) -> str:
-    """``<jobset>-export`` (the JobSet name leaves room for it: pod names are longer)."""
-    return f"{stage.workload}-export"
+    """The stage's verifier Job's name, ``<jobset>-verify`` (:func:`.verifier.job_name`): the one Job verifies and
+    exports."""
+    return verifier.job_name(stage)
 
 
 def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:
 def render_job(
     plan: Plan, stage: StagePlan, pipeline_run_id: str, card: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The export Job (batch/v1): one pod, no retries, the trainer image, CPU only, a scratch ``emptyDir``.
+    """The verify-and-export Job (batch/v1): one pod, no retries, the trainer image, CPU only, a scratch ``emptyDir``.
 
     ``card``: the model card's facts (:func:`multislice.reports.model_card`); None: the run and stage only (what
     ``multislice render`` writes, before any training).
@@ -78,7 +89,7 @@ def render_job(
     """
     if not stage.export or not stage.export_dir:
         raise ValueError(f"stage {stage.name} has no export")
-    argv = export.command(
+    argv = verify_export.command(
         stage.checkpoint_dir, stage.final_step, stage.export_dir, list(stage.maxtext_args),
         dtype=stage.export_dtype, hub_repo=stage.export_hub_repo, report=stage.export_report,
         card=card if card is not None else {"run": plan.spec.run_name, "stage": stage.name},
@@ -116,6 +127,40 @@ def _stored_report(stage: StagePlan) -> dict[str, Any] | None:
     return verify.parse_report(text) if text else None
 
 
+def _render(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+    """The Job both steps render (the same spec, so the export step adopts the verify step's): with the model card
+    from the stage's train report (:func:`multislice.reports.model_card`)."""
+    return render_job(plan, stage, pipeline_run_id, reports.model_card(plan, stage))
+
+
+def run_verification(
+    kube: Kube,
+    plan: Plan,
+    stage: StagePlan,
+    pipeline_run_id: str,
+    *,
+    timeout: float,
+    on_progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Create (or adopt) the stage's verify-and-export Job and return the verifier's report as soon as its log has
+    it; the Job goes on to export on PASS (and ends on FAIL or ERROR).
+
+    Raises:
+        ExporterJobFailed: the Job ended without a verification report (the message quotes the pod's state, events
+            and log tail).
+        TimeoutError: no verification report within ``timeout`` seconds (the Job was deleted).
+        multislice.backends.gke.jobs.JobUnschedulable: no node fits its requests.
+        multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
+    """
+    return verifier.run_report_job(
+        kube, _render(plan, stage, pipeline_run_id), timeout=timeout, on_progress=on_progress,
+        what="verify-and-export Job", failure=ExporterJobFailed,
+        fix="read the events above; check the trainer image, that its ServiceAccount may read the checkpoints, and "
+        "that the node gave the pod the memory it asked for",
+        parse=lambda log: verify_export.reports_in(log)[0], early=True,
+    )  # fmt: skip
+
+
 def run(
     kube: Kube,
     plan: Plan,
@@ -125,10 +170,11 @@ def run(
     timeout: float,
     on_progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Create (or adopt) the export Job, wait for it to finish and return its report.
+    """Adopt (or create, when the verify step's is gone) the stage's verify-and-export Job, wait for it to finish
+    and return the export's report.
 
-    The report is the one the pod's log ends with; when the log has none (rotated away) and the Job completed
-    (the exporter exited 0, having written it), its copy at ``stage.export_report``.
+    The report is the export's in the last document of the pod's log; when the log has none (rotated away) and
+    the Job completed (the exporter exited 0, having written it), its copy at ``stage.export_report``.
 
     Raises:
         ExporterJobFailed: no report (the message quotes the pod's state, events and log tail).
@@ -137,9 +183,9 @@ def run(
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
     """
     return verifier.run_report_job(
-        kube, render_job(plan, stage, pipeline_run_id, reports.model_card(plan, stage)), timeout=timeout,
-        on_progress=on_progress, what="export Job", failure=ExporterJobFailed,
+        kube, _render(plan, stage, pipeline_run_id), timeout=timeout,
+        on_progress=on_progress, what="verify-and-export Job", failure=ExporterJobFailed,
         fix="read the events above; check the trainer image, that its ServiceAccount may read the checkpoints and "
         f"write {stage.export_dir}, and that the node gave the pod the memory it asked for",
-        stored=lambda: _stored_report(stage),
+        stored=lambda: _stored_report(stage), parse=lambda log: verify_export.reports_in(log)[1],
     )  # fmt: skip

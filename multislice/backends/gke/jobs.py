@@ -57,19 +57,29 @@ def job_state(job: dict[str, Any]) -> str | None:
 
 
 def run_job(
-    kube: Kube, body: dict[str, Any], *, timeout: float, on_progress: Callable[[str], None], what: str
+    kube: Kube,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    on_progress: Callable[[str], None],
+    what: str,
+    until: Callable[[str], Any] | None = None,
 ) -> tuple[str, str, str | None]:
-    """Create (or adopt) a Job, wait until it finishes, and read its pod's log.
+    """Create (or adopt) a Job, wait until it finishes (or, with ``until``, until its running pod's log has what
+    ``until`` looks for), and read its pod's log.
 
     Args:
         kube: The API client.
         body: The Job manifest (its container is named ``names.TRAINER_CONTAINER``).
-        timeout: Seconds to wait for ``Complete`` or ``Failed``.
+        timeout: Seconds to wait for ``Complete`` or ``Failed`` (or ``until``).
         on_progress: Called with progress lines.
         what: What the Job is, for messages (``verifier Job``).
+        until: Called with the log of the Job's pod once it runs, at each poll; a result other than None ends the
+            wait with the Job still running (state ``Running``): the verify step reads the verification of a
+            Job that goes on to export (:mod:`multislice.trainer.verify_export`).
 
     Returns:
-        ``(state, log, pod name)``: ``Complete`` or ``Failed``, the container's log ('' when
+        ``(state, log, pod name)``: ``Complete``, ``Failed`` or (``until``) ``Running``, the container's log ('' when
         no pod was found), and the pod's name or None.
 
     Raises:
@@ -83,7 +93,7 @@ def run_job(
     body = jobsets.with_spec_hash(body)
     name = body["metadata"]["name"]
     try:
-        return _run_job(kube, body, name, timeout, on_progress, what)
+        return _run_job(kube, body, name, timeout, on_progress, what, until)
     except KeyboardInterrupt:  # cancelled (multislice.cancel.Cancelled): the Job, created or not, goes too
         _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
         raise
@@ -120,8 +130,35 @@ def _pod_problems(kube: Kube, name: str) -> tuple[str | None, str | None]:
     return pod_state.unschedulable(found.items[-1]), pod_state.waiting_problem(found.items[-1])
 
 
+def _running_log(kube: Kube, name: str) -> tuple[str, str | None]:
+    """``(log, pod name)`` of Job ``name``'s newest pod once its container has started (phase ``Running``), else
+    ``('', None)``: the API server refuses the log of a container that has not started (HTTP 400)."""
+    found = kube.call(
+        kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
+    )
+    if not found.items or (found.items[-1].status is None or found.items[-1].status.phase != "Running"):
+        return "", None
+    pod = found.items[-1].metadata.name
+    try:
+        log = kube.call(
+            kube.core.read_namespaced_pod_log, pod, kube.namespace, container=names.TRAINER_CONTAINER,
+            what=f"read log of {pod}",
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status in (400, 404):  # not started after all, or gone since the list
+            return "", None
+        raise
+    return log, pod
+
+
 def _run_job(
-    kube: Kube, body: dict[str, Any], name: str, timeout: float, on_progress: Callable[[str], None], what: str
+    kube: Kube,
+    body: dict[str, Any],
+    name: str,
+    timeout: float,
+    on_progress: Callable[[str], None],
+    what: str,
+    until: Callable[[str], Any] | None = None,
 ) -> tuple[str, str, str | None]:
     try:
         kube.call(kube.batch.create_namespaced_job, kube.namespace, body, what=f"create Job {name}")
@@ -145,6 +182,10 @@ def _run_job(
         if now > deadline:
             _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
             raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
+        if until is not None:
+            log, pod = _running_log(kube, name)
+            if pod is not None and until(log) is not None:
+                return "Running", log, pod
         message, stuck = _pod_problems(kube, name)
         if stuck is not None:
             _delete(kube, name)

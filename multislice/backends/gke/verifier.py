@@ -72,20 +72,25 @@ def run_report_job(
     failure: type[RunFailed],
     fix: str,
     stored: Callable[[], dict[str, Any] | None] | None = None,
+    parse: Callable[[str], dict[str, Any] | None] = verify.parse_report,
+    early: bool = False,
 ) -> dict[str, Any]:
     """Run a trainer-image Job whose pod prints a JSON report last (:func:`multislice.trainer.verify.parse_report`,
     as the verifier and the exporter do) and return that report, with ``job`` set to the Job's name.
 
-    When the log has no report (rotated away) and the Job completed, ``stored`` (if given) reads the copy the pod
-    wrote.
+    ``parse`` finds the report in the log (default the last JSON document); with ``early``, the wait ends as soon
+    as ``parse`` finds it in the running pod's log (:func:`.jobs.run_job`'s ``until``), the Job going on. When the
+    log has no report (rotated away) and the Job completed, ``stored`` (if given) reads the copy the pod wrote.
 
     Raises:
         failure: no report (the message quotes the pod's events and log tail; ``fix`` is its fix).
         TimeoutError: not finished within ``timeout`` seconds (:func:`.jobs.run_job`).
     """
-    state, log, pod = jobs.run_job(kube, body, timeout=timeout, on_progress=on_progress, what=what)
+    state, log, pod = jobs.run_job(
+        kube, body, timeout=timeout, on_progress=on_progress, what=what, until=parse if early else None
+    )
     name = body["metadata"]["name"]
-    report = verify.parse_report(log)
+    report = parse(log)
     if report is None and state == "Complete" and stored is not None:
         report = stored()
     if report is None:

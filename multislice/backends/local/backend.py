@@ -259,11 +259,32 @@ class LocalBackend(Backend):
         return AotSession(cache_dir, work_dir_for(plan))
 
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
-        """The verifier as a trainer-environment process (:func:`.verifier.run`)."""
-        return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]  # raises VerifierTimeout
+        """The verifier as a trainer-environment process (:func:`.verifier.run`); for a stage with ``export``, the
+        verifier and then, on PASS, the exporter in one process (:func:`.exporter.verify_and_export`, bounded by
+        twice the verify timeout), whose export report is left for the export step (:func:`.exporter.hand_over`).
+
+        Raises:
+            VerifierTimeout: it ran past its timeout (it was stopped).
+            multislice.errors.RunFailed: it left no report.
+        """
+        if not stage.export:
+            return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]
+        tell("verifying, then exporting on PASS, in one trainer process")
+        _, verification, exported = exporter.verify_and_export(
+            stage, 2 * self.timings.verify_timeout, plan.spec.exporter.hub_token_secret,
+            reports.model_card(plan, stage),
+        )  # fmt: skip
+        if exported is not None:
+            exporter.hand_over(stage, pipeline_run_id, exported)
+        return verification
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
-        """The exporter as a trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout
-        (raises VerifierTimeout)."""
+        """The export report the verify step's process left for this pipeline run (:func:`.exporter.take_over`);
+        else (none left: the step run on its own, or the verifier ran without the export) the exporter as a
+        trainer-environment process (:func:`.exporter.run`), bounded by the verify timeout (raises VerifierTimeout)."""
+        handed = exporter.take_over(stage, pipeline_run_id)
+        if handed is not None:
+            tell(f"the export the verifier's process made: verdict {handed.verdict}")
+            return handed
         card = reports.model_card(plan, stage)
         return exporter.run(stage, self.timings.verify_timeout, plan.spec.exporter.hub_token_secret, card)[1]

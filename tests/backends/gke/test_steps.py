@@ -37,9 +37,10 @@ from multislice.steps import admit, cleanup, launch, preflight, provision, train
 from multislice.steps import export as export_step
 from multislice.steps import plan as plan_step
 from multislice.timings import DEFAULTS
+from multislice.trainer import verify_export
 from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_cluster import FAST, wait_until
-from tests.kube_controllers import Play, step_line, verifier_log
+from tests.kube_controllers import Play, step_line, verification_line, verify_export_end
 from tests.kube_rbac import service_account_user
 
 # What every scenario of this module had as autouse fixtures (tests/backends/gke/conftest.py).
@@ -165,7 +166,10 @@ def test_happy_path_every_step_with_its_reports_in_the_gs_run_directory(
     assert set(trained.badput_seconds) == set(goodput.CATEGORIES) and trained.steps_lost == 0
     assert 0 < (trained.goodput or 0) <= 1 and trained.job_seconds == pytest.approx(trained.wall_seconds, abs=0.1)
 
-    with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", verifier_log())):
+    # The stage exports: its verify-and-export Job (the export's report in the log too; the export step is below).
+    exported = {"verdict": "PASS", "format": "huggingface", "export_dir": stage.export_dir}
+    log = verification_line() + verify_export_end(export=exported)
+    with Background(lambda: job_finishes(play, f"{stage.jobset}-verify", log)):
         verified = verify_checkpoint.run(plan, stage_of(plan), backend=GkeBackend(kube))
     assert verified.verdict == "PASS" and verified.job == f"{stage_of(plan).jobset}-verify"
     job = play.batch.read_namespaced_job(f"{stage_of(plan).jobset}-verify", "default")
@@ -793,11 +797,18 @@ def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served
 # -- the Hugging Face export as a trainer-image Job ----------------------------------------------------------------
 
 
-def exporter_runs(play, stage, *, verdict="PASS", exit_code=0, report_in_log=True):
-    """Play the Job controller, the kubelet and the exporter for the stage's export Job: the pod writes the export
-    and its report to the ``gs://`` paths the Job's command names (a scripted exporter: these files, not a
-    conversion), prints the report last, and ends with ``exit_code``. Returns the report."""
-    job, pod = play.job_pod(exporter.job_name(stage))
+def exporter_runs(play, stage, *, verdict="PASS", exit_code=0, report_in_log=True, pod=None):
+    """Play the Job controller, the kubelet and the exporter for the stage's verify-and-export Job (its pod
+    ``pod`` when the verification already ran in it, else a new one): the pod writes the export and its report to
+    the ``gs://`` paths the Job's command names (a scripted exporter: these files, not a conversion), prints both
+    reports last (``multislice/trainer/verify_export.py``, ``main``), and ends with ``exit_code``. Returns the
+    export's report."""
+    if pod is None:
+        _, pod = play.job_pod(exporter.job_name(stage))
+        play.log(pod, verification_line())
+    job = play.batch.api_client.sanitize_for_serialization(
+        play.batch.read_namespaced_job(exporter.job_name(stage), "default")
+    )
     argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
     output, report_path = argv[argv.index("--output") + 1], argv[argv.index("--report") + 1]
     files = {"config.json": '{"architectures": ["LlamaForCausalLM"]}', "model.safetensors": "weights",
@@ -810,9 +821,59 @@ def exporter_runs(play, stage, *, verdict="PASS", exit_code=0, report_in_log=Tru
               "parameter_count": 8030261248, "architecture": "LlamaForCausalLM", "files": sorted(files),
               "logits_check": check}  # fmt: skip
     storage.write_text(report_path, json.dumps(report, indent=1))
-    log = "converting layer group 0\n" + (json.dumps(report, indent=1) + "\n" if report_in_log else "")
+    log = verify_export_end(export=report) if report_in_log else "converting layer group 0\n"
     play.job_pod_ends(exporter.job_name(stage), pod, log, exit_code)
     return report
+
+
+def test_the_verify_step_returns_at_the_verification_and_the_export_step_reads_the_same_job_to_its_end(
+    served, play, plan, gcs
+):
+    """One Job verifies and exports a stage with ``export``: the verify step returns once the pod's log has the
+    verification (the Job still running, so the next stage need not wait for the export), and the export step
+    renders the same Job, adopts it and reads the export's report when it ends."""
+    kube = served.kube()
+    stage = stage_of(plan)
+    name = f"{stage.jobset}-verify"
+    assert exporter.job_name(stage) == name
+    reports.write(plan, reports.TrainReport(jobset=stage.jobset, final_loss=5.0, final_eval_loss=5.25), stage)
+    started = {}
+
+    def pod_verifies():
+        _, started["pod"] = play.job_pod(name)
+        play.pod_status(started["pod"], {"phase": "Running"})
+        play.log(started["pod"], verification_line())
+
+    with Background(pod_verifies):
+        verified = verify_checkpoint.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
+    assert (verified.verdict, verified.job) == ("PASS", name)
+    job = play.batch.read_namespaced_job(name, "default")
+    assert jobs.job_state(play.batch.api_client.sanitize_for_serialization(job)) is None  # still exporting
+    command = job.spec.template.spec.containers[0].command
+    assert command[:3] == ["python", "-m", verify_export.MODULE] and "--output" in command
+    assert job.spec.template.spec.node_selector == {"cloud.google.com/gke-nodepool": "export-highmem"}
+
+    with Background(lambda: exporter_runs(play, stage, pod=started["pod"])):
+        report = export_step.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
+    assert (report.verdict, report.job) == ("PASS", name)
+    assert [j.metadata.name for j in play.batch.list_namespaced_job("default").items] == [name]  # adopted, one Job
+    written = reports.read(reports.VerificationReport, plan, stage)
+    assert written is not None and written.verdict == "PASS"
+
+
+def test_a_failed_verification_ends_the_job_before_any_export_and_fails_the_verify_step(served, play, plan, gcs):
+    kube = served.kube()
+    stage = stage_of(plan)
+
+    def pod_fails_verification():
+        _, pod = play.job_pod(exporter.job_name(stage))
+        play.job_pod_ends(exporter.job_name(stage), pod, verification_line("FAIL") + verify_export_end("FAIL"), 1)
+
+    with Background(pod_fails_verification):
+        with pytest.raises(verify_checkpoint.VerificationFailed, match="verdict FAIL: latest_step: step 199"):
+            verify_checkpoint.run(plan, stage, RUN_ID, backend=GkeBackend(kube))
+    written = reports.read(reports.VerificationReport, plan, stage)
+    assert written is not None and written.verdict == "FAIL"
 
 
 def test_export_runs_as_a_trainer_job_writes_the_bucket_and_the_model_artifact_names_it(served, play, plan, gcs):
@@ -895,7 +956,7 @@ def test_export_to_the_hub_with_secret_manager_reads_the_token_in_the_pod():
     plan = hub_plan(hub_token_secret=version)
     container = exporter.render_job(plan, stage_of(plan), RUN_ID)["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:5] == ["python", "-m", "multislice.trainer.hub_token", "--secret-version", version]
-    assert container["command"][6:9] == ["python", "-m", "multislice.trainer.export"]
+    assert container["command"][6:9] == ["python", "-m", verify_export.MODULE]  # verifies, then exports
     assert not any(e["name"] == "HF_TOKEN" for e in container["env"])
 
 

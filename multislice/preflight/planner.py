@@ -19,7 +19,8 @@ up to ``max_slices``, and reports the fewest that fit. Every verdict goes
 through the preflight cache, so a second search is fast.
 
 Before a candidate is compiled there is no program to estimate from: the
-compile order uses a heuristic MFU (:func:`estimated_mfu`), not a measurement: a base MFU times a factor per knob that costs compute or
+compile order uses a heuristic MFU (:func:`estimated_mfu`), not a
+measurement: a base MFU times a factor per knob that costs compute or
 communication (recomputation under remat, tensor-parallel collectives, FSDP
 all-gathers over DCN, host-offload transfers, small per-chip batches).
 """

@@ -4,7 +4,8 @@ Inputs, per device per step, from the compiled program itself
 (:mod:`multislice.trainer.hlo_cost`, in the AOT result's ``step_cost``):
 
 - ``flops``: XLA's cost analysis of the executable, with loop bodies counted
-  as often as they run (remat recomputation included, as compiled);
+  as often as they run (remat recomputation included, as compiled), plus
+  MaxText's attention FLOPs when the attention is a Pallas kernel XLA does not see;
 - ``bytes_accessed``: the same for bytes read and written (HBM traffic);
 - ``collectives``: bytes each chip sends per step, by network: ICI (a group
   within one slice) or DCN (a group over slices, or a MegaScale transfer).
@@ -110,16 +111,28 @@ def network_bytes(collectives: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def roofline(step_cost: dict[str, Any], peaks: Peaks) -> dict[str, float]:
+def compute_flops(result: dict[str, Any]) -> float:
+    """FLOPs per device per step the chip computes: the compiled program's, plus its Pallas kernels'.
+
+    XLA's cost analysis does not see inside a Pallas kernel (``step_cost["kernel_calls"]`` > 0: MaxText's
+    splash attention); their FLOPs are MaxText's attention FLOPs (``attention_tflops_per_step_per_device``).
+    """
+    cost = result["step_cost"]
+    kernels = float(result.get("attention_tflops_per_step_per_device") or 0.0) * 1e12 if cost.get("kernel_calls") else 0
+    return float(cost["flops"]) + kernels
+
+
+def roofline(result: dict[str, Any], peaks: Peaks) -> dict[str, float]:
     """The four terms of one step, seconds: ``compute``, ``hbm``, ``ici``, ``dcn``.
 
     Args:
-        step_cost: The AOT result's ``step_cost`` (:func:`multislice.trainer.hlo_cost.summarize`).
+        result: An AOT result with its ``step_cost`` (:func:`multislice.trainer.hlo_cost.summarize`).
         peaks: The generation's :class:`Peaks`.
     """
+    step_cost = result["step_cost"]
     moved = network_bytes(step_cost.get("collectives", []))
     return {
-        "compute": float(step_cost["flops"]) / peaks.bf16_flops_per_second,
+        "compute": compute_flops(result) / peaks.bf16_flops_per_second,
         "hbm": float(step_cost["bytes_accessed"]) / peaks.hbm_bytes_per_second,
         "ici": moved["ici"] / peaks.ici_bytes_per_second,
         "dcn": moved["dcn"] / peaks.dcn_bytes_per_second,
@@ -140,7 +153,7 @@ def estimate(
     peaks = PEAKS.get(shape.generation.name)
     if result.get("verdict") != "fits" or "flops" not in cost or peaks is None:
         return None
-    terms = roofline(cost, peaks)
+    terms = roofline(result, peaks)
     bound = max(terms, key=lambda k: terms[k])
     top = terms[bound]
     seconds = top / calibration.efficiency
@@ -156,7 +169,7 @@ def estimate(
         ici_seconds=round(terms["ici"], 4),
         dcn_seconds=round(terms["dcn"], 4),
         bound=bound,
-        flops_per_device=float(cost["flops"]),
+        flops_per_device=compute_flops(result),
         bytes_accessed_per_device=float(cost["bytes_accessed"]),
         ici_bytes_per_device=moved["ici"],
         dcn_bytes_per_device=moved["dcn"],

@@ -18,7 +18,14 @@ RECORDED = ROOT / "tests" / "data" / "hlo" / "scan_grad_v6e-16x2.hlo"
 def fits_result(flops: float, hbm_bytes: float, ici: float, dcn: float, model_tflops: float = 400.0) -> dict:
     return {
         "verdict": "fits",
-        "memory": {"argument": GIB, "output": GIB, "alias": GIB, "temp": 10 * GIB, "generated_code": 0, "total": 11 * GIB},
+        "memory": {
+            "argument": GIB,
+            "output": GIB,
+            "alias": GIB,
+            "temp": 10 * GIB,
+            "generated_code": 0,
+            "total": 11 * GIB,
+        },
         "model_tflops_per_step_per_device": model_tflops,
         "tokens_per_step_per_device": 8192.0,
         "compile_seconds": 30.0,

@@ -30,9 +30,7 @@ def main(out: str) -> None:
 
     from multislice.trainer import hlo_cost
 
-    topology = get_topology_desc(
-        platform="tpu", topology_name="v6e:4x4", chips_per_host_bounds=(2, 2, 1), num_slices=2
-    )
+    topology = get_topology_desc(platform="tpu", topology_name="v6e:4x4", chips_per_host_bounds=(2, 2, 1), num_slices=2)
     mesh = Mesh(np.array(topology.devices).reshape(2, 16), ("dcn", "ici"))
 
     def loss(w, x):

@@ -1,3 +1,4 @@
+# ruff: noqa: E501 - HLO lines are as XLA prints them
 """The compiled step's costs from its HLO: loop trip counts, matmul FLOPs, collectives and their networks."""
 
 import json
@@ -91,6 +92,32 @@ def test_loops_run_their_trip_count_and_collectives_take_their_slice_network():
     assert by["dcn", "all-gather"]["count"] == 6 + 1  # the loop's cross-slice gather and the MegaScale recv
     assert by["dcn", "all-gather"]["moved_bytes"] == 6 * gather / 2 + 32 * 64 * 2 / 2
     assert by["ici", "all-reduce"]["moved_bytes"] == 6 * 2 * (32 * 64 * 2) / 2
+
+
+def test_hbm_bytes_leave_out_vmem_and_host_memory_and_slices_move_only_the_slice():
+    assert hlo_cost.bytes_by_space("bf16[8,128]{1,0:T(8,128)(2,1)}") == {"0": 2048}
+    assert hlo_cost.bytes_by_space("(bf16[8,128]{1,0:T(8,128)(2,1)S(1)}, f32[4]{0:S(5)})") == {"1": 2048, "5": 16}
+    shapes = {"buffer": "bf16[32,1024]{1,0:S(5)}", "row": "bf16[1,1024]{1,0}", "i": "s32[]"}
+    update = hlo_cost.Instruction(
+        "u", "bf16[32,1024]{1,0:S(5)}", "dynamic-update-slice", ["buffer", "row", "i", "i"], ""
+    )
+    # the row is read from HBM and written to host memory
+    assert hlo_cost.instruction_bytes(update, shapes) == {"0": 2048, "5": 2048}
+    read = hlo_cost.Instruction("s", "bf16[1,1024]{1,0}", "dynamic-slice", ["buffer", "i", "i"], "")
+    assert hlo_cost.instruction_bytes(read, shapes) == {"5": 2048, "0": 2048}
+
+
+def test_batch_dimensions_as_padded_windows_count_one_kernel_position():
+    # A 32-head batched matmul written as a convolution whose head dimension slides over padding (as XLA:TPU
+    # writes it): one of the 32 kernel positions per output reads data.
+    assert hlo_cost.valid_pairs(length=32, kernel=32, out=32, lo=31) == 32
+    assert hlo_cost.valid_pairs(length=3, kernel=3, out=1, lo=0) == 3  # a real contraction over 3 positions
+    shapes = {"x": "bf16[3,8192,4096,1]{2,1,3,0}", "w": "bf16[32,128,4096,1]{2,1,0,3}"}
+    conv = hlo_cost.Instruction(
+        "c", "bf16[3,8192,32,128]{3,1,2,0}", "convolution", ["x", "w"],
+        "window={size=1x32 pad=0_0x31_31 rhs_reversal=0x1}, dim_labels=0bf1_1oi0->0b1f",
+    )  # fmt: skip
+    assert hlo_cost.matmul_flops(hlo_cost.Computation("f"), conv, shapes) == 2 * 3 * 8192 * 32 * 128 * 4096
 
 
 def test_not_an_hlo_module():

@@ -1,5 +1,6 @@
 """The step-time estimate: its roofline terms, calibration, report line and the planner's ranking by it."""
 
+import json
 import math
 
 import pytest
@@ -80,9 +81,12 @@ def test_fit_is_the_geometric_mean_and_leave_one_out_refits_without_the_row():
         step_time.fit([])
 
 
-def test_the_calibration_in_use_was_fitted_on_published_rows():
+def test_the_calibration_in_use_is_the_benchmarks_fit_on_published_rows():
     calibration = step_time.CALIBRATION
-    assert 0 < calibration.efficiency <= 1 and calibration.rows >= 4
+    results = json.loads((ROOT / "benchmarks" / "results" / "step_time.json").read_text())
+    assert calibration.rows == results["fit"]["rows"] >= 2
+    assert calibration.efficiency == pytest.approx(results["fit"]["efficiency"], abs=5e-4)
+    assert calibration.leave_one_out_error == pytest.approx(results["fit"]["max_abs_leave_one_out_error"], abs=5e-4)
     assert "benchmarks/step_time.py" in calibration.source
 
 

@@ -110,7 +110,9 @@ def test_hbm_bytes_leave_out_vmem_and_host_memory_and_slices_move_only_the_slice
 def test_batch_dimensions_as_padded_windows_count_one_kernel_position():
     # A 32-head batched matmul written as a convolution whose head dimension slides over padding (as XLA:TPU
     # writes it): one of the 32 kernel positions per output reads data.
-    assert hlo_cost.valid_pairs(length=32, kernel=32, out=32, lo=31) == 32
+    # (the head dimension of the input is 1 wide; the kernel of 32 slides over 31 padding positions either side)
+    assert hlo_cost.valid_pairs(length=1, kernel=32, out=32, lo=31) == 32
+    assert hlo_cost.valid_pairs(length=32, kernel=32, out=32, lo=31) == 528  # a 32-wide input: a real sliding window
     assert hlo_cost.valid_pairs(length=3, kernel=3, out=1, lo=0) == 3  # a real contraction over 3 positions
     shapes = {"x": "bf16[3,8192,4096,1]{2,1,3,0}", "w": "bf16[32,128,4096,1]{2,1,0,3}"}
     conv = hlo_cost.Instruction(

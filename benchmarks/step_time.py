@@ -8,9 +8,9 @@ the machine's heavy-job slot (each compile is 1-3 minutes of CPU)::
 Each row of :data:`ROWS` is a published run of a MaxText recipe: its config (MaxText arguments, the
 libtpu flags this libtpu accepts of the recipe's) is AOT-compiled here for its topology by MaxText's own
 ``train_compile`` path (:mod:`multislice.trainer.aot`), and the roofline of the compiled program
-(:func:`multislice.preflight.step_time.roofline`) is compared with the published step time. One efficiency
-is fitted on all rows (:func:`multislice.preflight.step_time.fit`); each row's leave-one-out error is
-the error of the estimate with the efficiency fitted on the other rows.
+(:func:`multislice.preflight.step_time.roofline`) is compared with the published step time. An efficiency
+is fitted per generation, and one over all rows (:func:`multislice.preflight.step_time.fit`); each row's
+leave-one-out error is the error of its estimate with its generation's efficiency fitted on the other rows.
 
 Writes ``benchmarks/results/step_time.json`` (the machine, each row's terms and errors, the fit) and
 prints a Markdown table for ``benchmarks/README.md``.
@@ -155,20 +155,44 @@ def run_row(name: str, row: dict, session: AotSession) -> dict:
     return out
 
 
+def generation(name: str) -> str:
+    """The TPU generation of a row (``v6e``)."""
+    return tpu.parse_tpu_type(ROWS[name]["tpu_type"]).generation.name
+
+
 def finish(rows: list[dict], before: dict) -> dict:
-    """Fit the efficiency on the rows that compiled, add each row's errors, write the results file."""
+    """Fit the efficiency per generation (and over all rows), add each row's errors, write the results file.
+
+    A row's estimate uses its generation's efficiency; its leave-one-out error refits that efficiency
+    without the row (none for a generation of one row).
+    """
     good = [r for r in rows if "ratio" in r]
+    by_generation: dict[str, list[dict]] = {}
+    for row in good:
+        by_generation.setdefault(generation(row["name"]), []).append(row)
+    fits = {}
+    for name, members in by_generation.items():
+        ratios = [r["ratio"] for r in members]
+        efficiency = step_time.fit(ratios)
+        errors = step_time.leave_one_out(ratios) if len(ratios) > 1 else [None] * len(ratios)
+        for row, loo in zip(members, errors, strict=True):
+            row["generation"] = name
+            row["efficiency"] = round(efficiency, 4)
+            row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
+            row["error"] = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
+            row["leave_one_out_error"] = None if loo is None else round(loo, 4)
+        known = [abs(e) for e in errors if e is not None]
+        fits[name] = {"efficiency": round(efficiency, 4), "rows": len(members),
+                      "max_abs_leave_one_out_error": round(max(known), 4) if known else None}  # fmt: skip
     ratios = [r["ratio"] for r in good]
-    efficiency = step_time.fit(ratios) if ratios else None
-    for row, loo in zip(good, step_time.leave_one_out(ratios) if ratios else [], strict=True):
-        row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
-        row["error"] = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
-        row["leave_one_out_error"] = round(loo, 4)
+    overall = step_time.fit(ratios) if ratios else None
+    everywhere = step_time.leave_one_out(ratios) if len(ratios) > 1 else []
     data = {
         "machine": {"before": before, "after": machine()},
         "versions": "MaxText 0.2.5, libtpu 0.0.52, JAX 0.12 (trainer environment)",
-        "fit": {"efficiency": efficiency, "rows": len(good),
-                "max_abs_leave_one_out_error": max((abs(r["leave_one_out_error"]) for r in good), default=None)},
+        "fit": {"efficiency": None if overall is None else round(overall, 4), "rows": len(good),
+                "max_abs_leave_one_out_error": round(max(map(abs, everywhere)), 4) if everywhere else None},
+        "fit_by_generation": fits,
         "rows": rows,
     }  # fmt: skip
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
@@ -178,7 +202,7 @@ def finish(rows: list[dict], before: dict) -> dict:
 def table(data: dict) -> str:
     """The README's Markdown table of a results file."""
     lines = [
-        "| published run | published s/step | roofline s (bound) | no-overlap s | estimate s | error | "
+        "| published run | published s/step | roofline s (bound) | no-overlap s | estimate s (efficiency) | error | "
         "leave-one-out error | compile s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -188,8 +212,10 @@ def table(data: dict) -> str:
             continue
         lines.append(
             f"| {r['name']} | {r['published_step_seconds']:.3f} | {r['roofline_seconds']:.3f} ({r['bound']}) | "
-            f"{r['no_overlap_seconds']:.3f} | {r['estimate_seconds']:.3f} | {r['error']:+.1%} | "
-            f"{r['leave_one_out_error']:+.1%} | {r['compile_seconds']} |"
+            f"{r['no_overlap_seconds']:.3f} | {r['estimate_seconds']:.3f} ({r['efficiency']:.3f}) | "
+            f"{r['error']:+.1%} | "
+            + ("n/a" if r["leave_one_out_error"] is None else f"{r['leave_one_out_error']:+.1%}")
+            + f" | {r['compile_seconds']} |"
         )
     fit = data["fit"]
     load = data["machine"]
@@ -206,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None, help="verdict cache (default: a new temporary one)")
     parser.add_argument("--rows", nargs="*", default=list(ROWS), help="rows to run (default all)")
     parser.add_argument("--table", action="store_true", help="print the table of the results file; compile nothing")
+    parser.add_argument("--refit", action="store_true", help="refit the results file's rows; compile nothing")
     options = parser.parse_args(argv)
+    if options.refit:
+        kept = json.loads(RESULTS.read_text())
+        print(table(finish(kept["rows"], kept["machine"]["before"])))
+        return 0
     if options.table:
         print(table(json.loads(RESULTS.read_text())))
         return 0

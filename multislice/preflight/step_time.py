@@ -21,8 +21,8 @@ and HBM transfers asynchronously beside the matrix units, so the roofline step
 time is the largest term (``max``: perfect overlap; ``bound`` names it); the
 sum of the terms (no overlap) is reported as an upper bound. What the roofline
 leaves out (kernel efficiency of the MXUs, exposed collectives, host offload,
-the step's fixed overheads) is one factor, :data:`CALIBRATION`, fitted on
-MaxText's published step times of its tpu-recipes configs compiled here
+the step's fixed overheads) is one factor per generation, :data:`CALIBRATIONS`,
+fitted on MaxText's published step times of its recipe configs compiled here
 (``benchmarks/step_time.py``): estimated step seconds = roofline / efficiency.
 
 MFU is MaxText's: model FLOPs per step per device (``calculate_tflops_training_per_device``,
@@ -99,15 +99,23 @@ class Calibration:
 
 #: Fitted by ``benchmarks/step_time.py`` on MaxText's published tpu-recipes rows (its results file holds
 #: each row's terms, estimate and error); rerun it after a MaxText or libtpu upgrade and copy its fit here.
-#: 2026-11-27: Llama 3.1 8B on v6e-16 (roofline / published 0.482) and 70B on v6e-32 (0.544), both compute-bound;
-#: the v5p and fourth rows of the benchmark were not compiled in time (benchmarks/README.md).
-CALIBRATION = Calibration(
-    efficiency=0.512,
-    rows=2,
-    leave_one_out_error=0.127,
-    source="benchmarks/step_time.py (benchmarks/results/step_time.json): MaxText's published Llama 3.1 8B v6e-16 "
-    "and 70B v6e-32 step times",
-)
+_FIT = "benchmarks/step_time.py (benchmarks/results/step_time.json)"
+
+#: Per generation, fitted by ``benchmarks/step_time.py`` on MaxText's published runs compiled here (2026-11-27).
+#: Every row is compute-bound; what differs is how close each generation's runs come to its peak FLOP/s.
+CALIBRATIONS: dict[str, Calibration] = {
+    # Llama 3.1 8B on v6e-16 (roofline / published 0.482) and 70B on v6e-32 (0.544).
+    "v6e": Calibration(0.512, 2, 0.127, _FIT + ": Llama 3.1 8B v6e-16 and 70B v6e-32"),
+    # MaxText's 32B v5p-128 config (32b.sh; 328 TFLOP/s/chip published): one row, no leave-one-out error.
+    "v5p": Calibration(0.8815, 1, float("nan"), _FIT + ": 32B v5p-128"),
+}
+#: For a generation without its own fit (v5e): the fit over every row (leave-one-out error 72%: use with care).
+CALIBRATION = Calibration(0.6137, 3, 0.7216, _FIT + ": every row, across generations")
+
+
+def calibration_for(generation: str) -> Calibration:
+    """The generation's fitted :class:`Calibration`, else the fit over every row (:data:`CALIBRATION`)."""
+    return CALIBRATIONS.get(generation, CALIBRATION)
 
 
 def network_bytes(collectives: list[dict[str, Any]]) -> dict[str, float]:
@@ -147,7 +155,7 @@ def roofline(result: dict[str, Any], peaks: Peaks) -> dict[str, float]:
 
 
 def estimate(
-    result: dict[str, Any], shape: SliceType, calibration: Calibration = CALIBRATION
+    result: dict[str, Any], shape: SliceType, calibration: Calibration | None = None
 ) -> StepTimeEstimate | None:
     """The step-time estimate of an AOT result (:mod:`multislice.trainer.aot`'s dict) on ``shape`` slices.
 
@@ -160,6 +168,7 @@ def estimate(
     peaks = PEAKS.get(shape.generation.name)
     if result.get("verdict") != "fits" or "flops" not in cost or peaks is None:
         return None
+    calibration = calibration or calibration_for(shape.generation.name)
     terms = roofline(result, peaks)
     bound: Bound = max(BOUNDS, key=lambda k: terms[k])
     top = terms[bound]

@@ -571,7 +571,10 @@ def _fusion_bodies(module: dict[str, Computation]) -> set[str]:
 
 
 def summarize(
-    text: str, cost: dict[str, Any] | None, slice_of: list[int] | None = None, num_slices: int = 1
+    text: str,
+    cost: dict[str, Any] | list[dict[str, Any]] | None,
+    slice_of: list[int] | None = None,
+    num_slices: int = 1,
 ) -> dict[str, Any]:
     """The cost summary of one compiled step (see the module docstring); plain data for the AOT result.
 

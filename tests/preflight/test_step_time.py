@@ -81,13 +81,23 @@ def test_fit_is_the_geometric_mean_and_leave_one_out_refits_without_the_row():
         step_time.fit([])
 
 
-def test_the_calibration_in_use_is_the_benchmarks_fit_on_published_rows():
-    calibration = step_time.CALIBRATION
+def test_the_calibrations_in_use_are_the_benchmarks_fits_on_published_rows():
     results = json.loads((ROOT / "benchmarks" / "results" / "step_time.json").read_text())
-    assert calibration.rows == results["fit"]["rows"] >= 2
-    assert calibration.efficiency == pytest.approx(results["fit"]["efficiency"], abs=5e-4)
-    assert calibration.leave_one_out_error == pytest.approx(results["fit"]["max_abs_leave_one_out_error"], abs=5e-4)
-    assert "benchmarks/step_time.py" in calibration.source
+    fitted = {**results["fit_by_generation"], "*": results["fit"]}
+    used = {**step_time.CALIBRATIONS, "*": step_time.CALIBRATION}
+    assert set(used) == set(fitted)
+    for name, calibration in used.items():
+        assert calibration.rows == fitted[name]["rows"] >= 1, name
+        assert calibration.efficiency == pytest.approx(fitted[name]["efficiency"], abs=5e-4), name
+        loo = fitted[name]["max_abs_leave_one_out_error"]
+        assert (
+            math.isnan(calibration.leave_one_out_error)
+            if loo is None
+            else calibration.leave_one_out_error == (pytest.approx(loo, abs=5e-4))
+        ), name
+        assert "benchmarks/step_time.py" in calibration.source
+    assert step_time.calibration_for("v6e") is step_time.CALIBRATIONS["v6e"]
+    assert step_time.calibration_for("v5litepod") is step_time.CALIBRATION
 
 
 def test_the_preflight_line_of_a_stage_that_fits_gives_its_estimate(gcs):

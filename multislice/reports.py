@@ -132,6 +132,35 @@ class CostEstimate(BaseModel):
     estimated_cost: float
 
 
+class StepTimeEstimate(BaseModel):
+    """A stage's estimated step time from its AOT compile (:func:`multislice.preflight.step_time.estimate`).
+
+    Seconds per step, per device (chip) figures. ``step_seconds`` = ``roofline_seconds`` / ``efficiency``;
+    ``roofline_seconds`` is the largest of the four terms (``bound``), assuming collectives and HBM traffic
+    overlap compute; ``no_overlap_seconds`` is their sum.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_seconds: float
+    roofline_seconds: float
+    no_overlap_seconds: float
+    compute_seconds: float
+    hbm_seconds: float
+    ici_seconds: float
+    dcn_seconds: float
+    bound: Literal["compute", "hbm", "ici", "dcn"]
+    flops_per_device: float
+    bytes_accessed_per_device: float
+    ici_bytes_per_device: float
+    dcn_bytes_per_device: float
+    tokens_per_second_per_device: float | None = None
+    mfu: float | None = None
+    efficiency: float
+    calibration: str
+    peaks_source: str
+
+
 class ElasticVerdict(BaseModel):
     """Preflight's verdict on one slice count of an elastic stage (:func:`multislice.preflight.check_elastic`).
 
@@ -174,6 +203,7 @@ class PreflightReport(StepReport):
         headroom_bytes_per_chip: ``hbm_bytes_per_chip`` minus use (negative when it does not fit).
         alternative: The planner's nearest fitting config when the stage does not fit (its ``as_dict``).
         elastic: An elastic stage's verdict on each smaller slice count it may shrink to (empty otherwise).
+        step_time: The estimated step time, tokens/s/device and MFU from the compile, when it fits.
     """
 
     step: ClassVar[str] = "preflight"
@@ -196,6 +226,7 @@ class PreflightReport(StepReport):
     compiler_message: str | None = None
     error: str | None = None
     cost: CostEstimate | None = None
+    step_time: StepTimeEstimate | None = None
     alternative: dict[str, Any] | None = None
     elastic: list[ElasticVerdict] = Field(default_factory=list)
 

@@ -203,9 +203,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for rank, c in enumerate(found.fitting, 1):
             # A fitting candidate carries its AOT report, and a report that fits its bytes per chip.
             assert c.report is not None and c.report.bytes_per_chip is not None
+            found_time = c.report.step_time
+            speed = (
+                f"estimated step {found_time.step_seconds:.3g} s, MFU {c.ranked_mfu:.1%} "
+                f"({found_time.bound}-bound, from the compiled program)"
+                if found_time is not None
+                else f"heuristic MFU {c.estimated_mfu:.0%}"
+            )
             print(
                 f"  {rank}. {c.describe()}: {c.report.bytes_per_chip.total / 2**30:.2f} GiB per chip, "
-                f"estimated MFU {c.estimated_mfu:.0%}, {c.tokens_per_step_per_chip:g} tokens per step per chip"
+                f"{speed}, {c.tokens_per_step_per_chip:g} tokens per step per chip"
             )
         print(f"searched in {found.seconds:.0f} s")
         return 0

@@ -14,7 +14,9 @@ recompiles nothing.
 
 Each stage's report (:func:`stage_report`, a
 :class:`multislice.reports.PreflightReport`) states its units: bytes per
-chip, with GiB (2**30 bytes; XLA's ``G``) for reading. The memory model and
+chip, with GiB (2**30 bytes; XLA's ``G``) for reading. A stage that fits also
+gets an estimated step time, tokens/s/device and MFU from its compiled
+program's costs (:mod:`.step_time`). The memory model and
 the planner that searches fitting configs are :mod:`multislice.memory` and :mod:`.planner`.
 """
 
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 from multislice import memory, storage
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
+from multislice.preflight import step_time
 from multislice.reports import CostEstimate, ElasticVerdict, HbmUse, PreflightReport, PreflightTarget
 
 GIB = 1024**3
@@ -197,6 +200,7 @@ def stage_report(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> Prefli
         versions=result.get("versions"),
         maxtext_args=result.get("maxtext_args", list(stage.maxtext_args)),
         cost=cost_estimate(plan, stage, result),
+        step_time=step_time.estimate(result, shape),
         **fields,
     )
 
@@ -232,6 +236,8 @@ def summary_line(report: PreflightReport) -> str:
             f"{cost.assumed_mfu:.0%} MFU"
             + (f", {cost.estimated_cost:,.3g} {cost.currency}" if cost.price_per_chip_hour else "")
         )
+    if report.step_time is not None:
+        line += "; " + step_time.line(report.step_time)
     if report.elastic:
         line += "; " + elastic_line(report.elastic)
     return line

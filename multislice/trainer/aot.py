@@ -28,8 +28,13 @@ is the reading of the result:
 - does not fit: XLA:TPU raises ``RESOURCE_EXHAUSTED`` (``CompileTimeHbmOom``,
   https://openxla.org/xla/errors/error_1000); :func:`parse_oom` reads the bytes
   required and available from its message, where ``G`` means GiB;
+- what a step costs (``step_cost``, fits only): XLA's cost analysis of the executable and the
+  collectives of its optimized HLO, per device per step (:mod:`multislice.trainer.hlo_cost`), for
+  preflight's step-time estimate (:mod:`multislice.preflight.step_time`); a cached ``fits`` result
+  without it is compiled again;
 - model FLOPs per step per device from MaxText's own accounting
-  (``maxtext_utils.calculate_tflops_training_per_device``), and tokens per step
+  (``maxtext_utils.calculate_tflops_training_per_device``; its attention part too, which a Pallas
+  attention kernel computes where XLA's cost analysis does not see it), and tokens per step
   per device (``calculate_tokens_training_per_device``).
 
 With ``--cache-dir`` (a local path or ``gs://``), a result is stored under a key
@@ -64,6 +69,7 @@ from typing import Any
 from multislice import storage
 from multislice.libtpu_flags import ENV as LIBTPU_ENV
 from multislice.libtpu_flags import init_args
+from multislice.trainer import hlo_cost
 
 #: MaxText arguments that do not change the compiled train step's memory: left out of the cache key
 #: and replaced by local scratch values for the compile.
@@ -291,6 +297,7 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
         seconds["setup"] = time.monotonic() - started
         total, learnable, attention = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
         result["model_tflops_per_step_per_device"] = float(total)
+        result["attention_tflops_per_step_per_device"] = float(attention)
         result["tokens_per_step_per_device"] = float(maxtext_utils.calculate_tokens_training_per_device(config))
         result["devices"] = int(mesh.devices.size)
         result["mesh"] = dict(zip(config.mesh_axes, (int(d) for d in mesh.devices.shape), strict=True))
@@ -317,6 +324,9 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
         else:
             seconds["compile"] = time.monotonic() - compile_started
             result.update(verdict="fits", memory=memory_from_stats(compiled.memory_analysis()))
+            read_started = time.monotonic()
+            result["step_cost"] = step_cost(compiled, mesh, request.get("name"))
+            seconds["cost"] = time.monotonic() - read_started
     except Exception as error:  # noqa: BLE001 - reported as the request's verdict
         result.update(
             verdict="error",
@@ -328,6 +338,32 @@ def compile_one(request: dict[str, Any], scratch: str) -> dict[str, Any]:
     result["maxtext_args"] = args
     result["libtpu_init_args"] = os.environ.get(LIBTPU_ENV, "")
     return result
+
+
+#: A directory to write each compiled program's HLO and cost analysis to (``<name>.hlo``, ``<name>.json``).
+HLO_DIR_ENV = "MULTISLICE_AOT_HLO_DIR"
+
+
+def step_cost(compiled: Any, mesh: Any, name: str | None = None) -> dict[str, Any] | None:
+    """The compiled step's cost summary (:func:`multislice.trainer.hlo_cost.summarize`), or None if unreadable.
+
+    Reads XLA's ``cost_analysis()`` and the optimized HLO (``as_text()``) of the executable, and the
+    slice of each of the program's devices (``slice_index`` of the topology mesh's devices, flattened in
+    the mesh's order: the program's logical device ids), so that a collective over two slices counts as DCN.
+    With ``$MULTISLICE_AOT_HLO_DIR`` set, the HLO and cost analysis are also written there, named after ``name``.
+    """
+    try:
+        slice_of = [int(getattr(d, "slice_index", 0) or 0) for d in mesh.devices.flat]
+        text, cost = compiled.as_text(), compiled.cost_analysis()
+        keep = os.environ.get(HLO_DIR_ENV)
+        if keep:  # benchmarks/step_time.py keeps each program to re-read it without compiling again
+            base = str(Path(keep) / re.sub(r"[^A-Za-z0-9_.-]+", "_", name or "program"))
+            Path(base + ".hlo").write_text(text)
+            first = cost[0] if isinstance(cost, list) else cost
+            Path(base + ".json").write_text(json.dumps({"cost": first, "slice_of": slice_of}, default=float))
+        return hlo_cost.summarize(text, cost, slice_of, len(set(slice_of)))
+    except Exception as error:  # noqa: BLE001 - the estimate is optional; the verdict stands without it
+        return {"error": f"{type(error).__name__}: {error}"[:500]}
 
 
 #: Prefix of the line each result is also printed on (stdout), so that a caller reading
@@ -342,6 +378,8 @@ def answer(request: dict[str, Any], cache_dir: str | None, scratch: str, found: 
         request.get("libtpu_flags"),
     )  # fmt: skip
     result = cache_read(cache_dir, key) if cache_dir else None
+    if result is not None and result.get("verdict") == "fits" and "step_cost" not in result:
+        result = None  # cached before the step-cost summary existed: compile again to get it
     if result is not None:
         return {**result, "name": request.get("name"), "cached": True}
     result = {**compile_one(request, scratch), "key": key, "versions": found, "cached": False}

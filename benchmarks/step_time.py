@@ -1,0 +1,262 @@
+"""Benchmark: the step-time estimate against MaxText's published step times of its own recipe configs.
+
+Run from the project root in the pipeline environment (the trainer environment must exist), through
+the machine's heavy-job slot (each compile is 1-3 minutes of CPU)::
+
+    .venvs/pipeline/bin/python -m benchmarks.step_time [--cache-dir DIR] [--rows NAME ...]
+
+Each row of :data:`ROWS` is a published run of a MaxText recipe: its config (MaxText arguments, the
+libtpu flags this libtpu accepts of the recipe's) is AOT-compiled here for its topology by MaxText's own
+``train_compile`` path (:mod:`multislice.trainer.aot`), and the roofline of the compiled program
+(:func:`multislice.preflight.step_time.roofline`) is compared with the published step time. An efficiency
+is fitted per generation, and one over all rows (:func:`multislice.preflight.step_time.fit`); each row's
+leave-one-out error is the error of its estimate with its generation's efficiency fitted on the other rows.
+
+Writes ``benchmarks/results/step_time.json`` (the machine, each row's terms and errors, the fit) and
+prints a Markdown table for ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from multislice import tpu
+from multislice.backends.local.aot import AotSession
+from multislice.preflight import step_time
+from multislice.trainer import aot, hlo_cost
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "step_time.json"
+#: Where the compiled programs' HLO is kept (not committed: megabytes each), to re-read without compiling.
+HLO_DIR = Path(os.environ.get("STEP_TIME_HLO_DIR", "/tmp/step-time-hlo"))
+RECIPES = "AI-Hypercomputer/tpu-recipes@c8cfe2f training/trillium/"
+V5P_README = "AI-Hypercomputer/maxtext@HEAD src/maxtext/configs/tpu/v5p/README.md and 32b.sh"
+
+
+def v6e_recipe_flags() -> dict[str, str]:
+    """The Llama 3.1 v6e recipes' libtpu flags that shape the compiled program's costs.
+
+    From MaxText's ``benchmarks/xla_flags_library.py``: ``DENSE_VMEM_LIMIT_FLAG`` (scoped VMEM for each op)
+    and ``DISABLE_COLLECTIVE_MATMUL`` (no windowed einsums: FSDP's all-gathers stay all-gathers). Left out:
+    the layout, scheduler and host-offload groups (they move work in time, which the roofline's overlap
+    assumption already takes as perfect), ``CF_FOR_ALL_GATHER`` (libtpu 0.0.52 refuses continuation fusion
+    on v6e, :data:`multislice.libtpu_flags.REFUSED`) and SparseCore all-reduce offload.
+    """
+    return {"xla_tpu_scoped_vmem_limit_kib": "98304", "xla_jf_spmd_threshold_for_windowed_einsum_mib": "1000000"}
+
+
+#: The splash-attention and offload settings the Llama 3.1 v6e recipes share (``tuning_params``).
+LLAMA31_V6E = [
+    "ici_fsdp_parallelism=-1", "remat_policy=custom", "decoder_layer_input=offload", "query_proj=offload",
+    "key_proj=offload", "value_proj=offload", "max_target_length=8192", "attention=flash", "use_iota_embed=true",
+    "dataset_type=synthetic", "sa_block_q=2048", "sa_block_kv=2048", "sa_block_kv_compute=2048",
+    "sa_block_q_dkv=2048", "sa_block_kv_dkv=2048", "sa_block_kv_dkv_compute=2048", "sa_block_q_dq=2048",
+    "sa_block_kv_dq=2048", "sa_use_fused_bwd_kernel=true",
+]  # fmt: skip
+
+#: Published rows: name -> the run (topology, slices, MaxText arguments, libtpu flags, published figures, source).
+ROWS: dict[str, dict] = {
+    "llama3.1-8b v6e-16": {
+        "tpu_type": "v6e-16", "num_slices": 1,
+        "maxtext_args": ["model_name=llama3.1-8b", "per_device_batch_size=3", "out_proj=offload", *LLAMA31_V6E],
+        "libtpu_flags": v6e_recipe_flags(),
+        "published": {"step_seconds": 3.393, "tflops_per_device": 419.485, "tokens_per_second_per_device": 7243.378},
+        "source": RECIPES + "Llama3.1-8B-MaxText/v6e-16/README.md (llama3_1_8b_8192_no_collective_matmul)",
+    },
+    "llama3.1-8b v6e-8": {
+        "tpu_type": "v6e-8", "num_slices": 1,
+        "maxtext_args": ["model_name=llama3.1-8b", "per_device_batch_size=3", "out_proj=offload", *LLAMA31_V6E],
+        "libtpu_flags": v6e_recipe_flags(),
+        "published": {"step_seconds": 3.443, "tflops_per_device": 413.433, "tokens_per_second_per_device": 7138.890},
+        "source": RECIPES + "Llama3.1-8B-MaxText/v6e-8/README.md (llama3_1_8b_8192_no_collective_matmul)",
+    },
+    "llama3.1-70b v6e-32": {
+        "tpu_type": "v6e-32", "num_slices": 1,
+        "maxtext_args": ["model_name=llama3.1-70b", "per_device_batch_size=2", "weight_dtype=bfloat16", *LLAMA31_V6E],
+        "libtpu_flags": v6e_recipe_flags(),
+        "published": {"step_seconds": 17.790, "tflops_per_device": 443.385, "tokens_per_second_per_device": 920.965},
+        "source": RECIPES
+        + "Llama3.1-70B-MaxText/v6e-32/README.md (llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul)",
+    },
+    "32B (global_parameter_scale 32) v5p-128": {
+        "tpu_type": "v5p-128", "num_slices": 1,
+        "maxtext_args": [
+            "per_device_batch_size=6", "remat_policy=minimal", "global_parameter_scale=32", "ici_fsdp_parallelism=-1",
+            "ici_tensor_parallelism=4", "max_target_length=2048", "use_iota_embed=true", "dataset_type=synthetic",
+            "attention=flash", "quantization=",
+        ],
+        # 32b.sh's LIBTPU_INIT_ARGS are async-collective and scheduling flags (continuation fusion among them,
+        # which libtpu 0.0.52 refuses off v5e): they move collectives in time, which the roofline takes as
+        # overlapped anyway, so the row compiles without them.
+        "libtpu_flags": {},
+        # The README gives TFLOP/s/chip (MFU 71.47%); the step time is MaxText's TFLOP per step per device over it.
+        "published": {"tflops_per_device": 328.0},
+        "source": V5P_README + " (32B model, 1x v5p-128: 328 TFLOP/s/chip)",
+    },
+}  # fmt: skip
+
+
+def machine() -> dict:
+    """Cores and load of this machine."""
+    return {"cpu_cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def run_row(name: str, row: dict, session: AotSession) -> dict:
+    """Compile one row and compare its roofline with the published step time."""
+    shape = tpu.parse_tpu_type(row["tpu_type"])
+    request = {
+        "name": name, "compile_topology": shape.maxtext_topology, "num_slices": row["num_slices"],
+        "maxtext_args": row["maxtext_args"], "libtpu_flags": row["libtpu_flags"],
+    }  # fmt: skip
+    started = time.monotonic()
+    result = session.compile(request, timeout=1800)
+    out = {"name": name, "source": row["source"], "published": row["published"], "verdict": result.get("verdict"),
+           "compile_seconds": result.get("compile_seconds"), "cached": result.get("cached"),
+           "wall_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    kept = Path(str(HLO_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)) + ".hlo")
+    if result.get("verdict") == "fits" and kept.exists():  # re-read the kept program with this hlo_cost
+        saved = json.loads(kept.with_name(kept.name[: -len(".hlo")] + ".json").read_text())
+        result["step_cost"] = hlo_cost.summarize(kept.read_text(), saved["cost"], saved["slice_of"],
+                                                 len(set(saved["slice_of"])))  # fmt: skip
+    if result.get("verdict") != "fits" or "flops" not in (result.get("step_cost") or {}):
+        out["error"] = result.get("error") or (result.get("step_cost") or {}).get("error") or result.get("oom")
+        return out
+    cost = result["step_cost"]
+    peaks = step_time.PEAKS[shape.generation.name]
+    terms = step_time.roofline(result, peaks)
+    model_tflops = result["model_tflops_per_step_per_device"]
+    published = row["published"].get("step_seconds") or model_tflops / row["published"]["tflops_per_device"]
+    bound = max(terms, key=lambda k: terms[k])
+    out.update(
+        model_tflops_per_step_per_device=model_tflops,
+        tokens_per_step_per_device=result["tokens_per_step_per_device"],
+        hbm_gib_per_chip=round(result["memory"]["total"] / 2**30, 2) if result.get("memory") else None,
+        attention_tflops_per_step_per_device=result.get("attention_tflops_per_step_per_device"),
+        step_cost={
+            k: cost.get(k) for k in ("flops", "bytes_accessed", "kernel_calls", "cost_analysis", "hlo", "collectives")
+        },  # fmt: skip
+        terms_seconds={k: round(v, 4) for k, v in terms.items()},
+        bound=bound,
+        roofline_seconds=round(terms[bound], 4),
+        no_overlap_seconds=round(sum(terms.values()), 4),
+        published_step_seconds=round(published, 4),
+        ratio=terms[bound] / published,
+        compute_flops=step_time.compute_flops(result),
+        compiled_to_model_flops=step_time.compute_flops(result) / (model_tflops * 1e12),
+        roofline_mfu=model_tflops * 1e12 / (terms[bound] * peaks.bf16_flops_per_second),
+        published_mfu=model_tflops * 1e12 / (published * peaks.bf16_flops_per_second),
+    )
+    return out
+
+
+def generation(name: str) -> str:
+    """The TPU generation of a row (``v6e``)."""
+    return tpu.parse_tpu_type(ROWS[name]["tpu_type"]).generation.name
+
+
+def finish(rows: list[dict], before: dict) -> dict:
+    """Fit the efficiency per generation (and over all rows), add each row's errors, write the results file.
+
+    A row's estimate uses its generation's efficiency; its leave-one-out error refits that efficiency
+    without the row (none for a generation of one row).
+    """
+    good = [r for r in rows if "ratio" in r]
+    by_generation: dict[str, list[dict]] = {}
+    for row in good:
+        by_generation.setdefault(generation(row["name"]), []).append(row)
+    fits = {}
+    for name, members in by_generation.items():
+        ratios = [r["ratio"] for r in members]
+        efficiency = step_time.fit(ratios)
+        errors = step_time.leave_one_out(ratios) if len(ratios) > 1 else [None] * len(ratios)
+        for row, loo in zip(members, errors, strict=True):
+            row["generation"] = name
+            row["efficiency"] = round(efficiency, 4)
+            row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
+            row["error"] = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
+            row["leave_one_out_error"] = None if loo is None else round(loo, 4)
+        known = [abs(e) for e in errors if e is not None]
+        fits[name] = {"efficiency": round(efficiency, 4), "rows": len(members),
+                      "max_abs_leave_one_out_error": round(max(known), 4) if known else None}  # fmt: skip
+    ratios = [r["ratio"] for r in good]
+    overall = step_time.fit(ratios) if ratios else None
+    everywhere = step_time.leave_one_out(ratios) if len(ratios) > 1 else []
+    data = {
+        "machine": {"before": before, "after": machine()},
+        "versions": "MaxText 0.2.5, libtpu 0.0.52, JAX 0.12 (trainer environment)",
+        "fit": {"efficiency": None if overall is None else round(overall, 4), "rows": len(good),
+                "max_abs_leave_one_out_error": round(max(map(abs, everywhere)), 4) if everywhere else None},
+        "fit_by_generation": fits,
+        "rows": rows,
+    }  # fmt: skip
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def table(data: dict) -> str:
+    """The README's Markdown table of a results file."""
+    lines = [
+        "| published run | published s/step | roofline s (bound) | no-overlap s | estimate s (efficiency) | error | "
+        "leave-one-out error | compile s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        if "ratio" not in r:
+            lines.append(f"| {r['name']} | | no estimate: {str(r.get('error'))[:120]} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['published_step_seconds']:.3f} | {r['roofline_seconds']:.3f} ({r['bound']}) | "
+            f"{r['no_overlap_seconds']:.3f} | {r['estimate_seconds']:.3f} ({r['efficiency']:.3f}) | "
+            f"{r['error']:+.1%} | "
+            + ("n/a" if r["leave_one_out_error"] is None else f"{r['leave_one_out_error']:+.1%}")
+            + f" | {r['compile_seconds']} |"
+        )
+    fit = data["fit"]
+    load = data["machine"]
+    lines.append(
+        f"\nefficiency {fit['efficiency']:.3f} on {fit['rows']} rows; load average "
+        f"{load['before']['load_average']} -> {load['after']['load_average']}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile the rows (one at a time, the results file rewritten after each), fit, print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--cache-dir", default=None, help="verdict cache (default: a new temporary one)")
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), help="rows to run (default all)")
+    parser.add_argument("--table", action="store_true", help="print the table of the results file; compile nothing")
+    parser.add_argument("--refit", action="store_true", help="refit the results file's rows; compile nothing")
+    options = parser.parse_args(argv)
+    if options.refit:
+        kept = json.loads(RESULTS.read_text())
+        print(table(finish(kept["rows"], kept["machine"]["before"])))
+        return 0
+    if options.table:
+        print(table(json.loads(RESULTS.read_text())))
+        return 0
+    cache = options.cache_dir or tempfile.mkdtemp(prefix="step-time-cache-")
+    HLO_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ[aot.HLO_DIR_ENV] = str(HLO_DIR)  # the compile process keeps each program's HLO there
+    before = machine()
+    # Rows of an earlier run that this one does not recompile stay in the results (and in the fit).
+    kept = json.loads(RESULTS.read_text())["rows"] if RESULTS.exists() else []
+    rows: list[dict] = [r for r in kept if r["name"] not in options.rows and r["name"] in ROWS]
+    with tempfile.TemporaryDirectory(prefix="step-time-") as work, AotSession(cache, Path(work)) as session:
+        for name in options.rows:
+            rows.append(run_row(name, ROWS[name], session))
+            data = finish(rows, before)
+            keys = ("name", "verdict", "bound", "terms_seconds", "published_step_seconds", "error")
+            print(json.dumps({k: rows[-1].get(k) for k in keys}), flush=True)
+    print(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

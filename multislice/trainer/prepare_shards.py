@@ -32,8 +32,6 @@ sequences than one process writes); with ``packing: false`` the output is the sa
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import json
 import math
 import os
@@ -120,7 +118,9 @@ def source_identity(path: str) -> dict[str, Any]:
             "identity": f"crc32c:{crc}:{size}"}  # fmt: skip
 
 
-def list_sources(data: TextData, site_packages: str | None = None, cache_file: str | None = None) -> list[dict[str, Any]]:
+def list_sources(
+    data: TextData, site_packages: str | None = None, cache_file: str | None = None
+) -> list[dict[str, Any]]:
     """Every file of ``data`` with its identity, no byte of a ``gs://`` object read: ``[{"path" (as shown:
     ``site-packages:`` kept), "_local" (the path to open), "bytes", and "sha256" (local) or "identity",
     "generation", "crc32c" (gs://)}]``, in sorted path order.
@@ -274,7 +274,8 @@ def assemble(request: dict[str, Any], started: float, say: Callable[[str], None]
         empty = "eval" if not splits["eval"]["sequences"] else "train"
         raise ValueError(
             f"the {empty} split got no document ({ {s: splits[s]['documents'] for s in splits} }); with "
-            f"{len(sources)} files, raise data.eval_fraction or give more files (format text: each file is one document)"
+            f"{len(sources)} files, raise data.eval_fraction or give more files (format text: each file is one "
+            "document)"
         )
     total = sum(counts.values())
     entropy = -sum(c / total * math.log(c / total) for c in counts.values() if c) if total else 0.0

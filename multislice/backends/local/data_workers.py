@@ -89,9 +89,10 @@ def run(request: dict[str, Any], parallelism: int | None, timeout: float, tell: 
             while True:
                 failed = next((w for w in running if w.exit is not None and w.exit.exit_code != 0), None)
                 if failed is not None:
+                    status = failed.exit.exit_code if failed.exit else "?"
                     raise DataWorkersFailed(
-                        f"shard worker {failed.index} exited with status {failed.exit.exit_code if failed.exit else '?'}"
-                        "; its last lines:\n" + "\n".join(failed.tail),
+                        f"shard worker {failed.index} exited with status {status}; its last lines:\n"
+                        + "\n".join(failed.tail),
                         "fix the cause above (the data spec's files, their format, the tokenizer), then rerun",
                     )
                 while waiting and sum(w.exit is None for w in running) < at_once:

@@ -12,7 +12,7 @@ a part it finished); a second failure of any index fails the Job (``maxFailedInd
 
 The workers read the sources and write their parts on ``gs://`` as the trainer's ServiceAccount (Workload
 Identity, :mod:`multislice.render.rbac`); the step reads the parts back from storage, not from the pods' logs.
-Their pods go to ``exporter.node_selector``'s nodes (the CPU node pool the export Job uses: docs/gke-setup.md),
+Their pods go to ``preflight.node_selector``'s nodes (the CPU node pool of the compile Jobs: docs/gke-setup.md),
 each asking for :data:`CPU` and :data:`MEMORY` (request = limit: the scheduler places a worker only where it fits;
 the measured peak is in benchmarks/results/prepare_data.json). Like the verifier and export Jobs, the Job carries
 no Kueue queue label: Kueue's TPU quota is not the workers' to take.
@@ -57,7 +57,7 @@ def render_job(plan: Plan, stage: StagePlan, request: dict[str, Any], pipeline_r
     job = render_trainer_job(
         plan, job_name(stage, request), prepare_shards.worker_command(request), pipeline_run_id, stage=stage,
         resources={"requests": {"cpu": CPU, "memory": MEMORY}, "limits": {"memory": MEMORY}},
-        node_selector=plan.spec.exporter.node_selector,
+        node_selector=plan.spec.preflight.node_selector,
     )  # fmt: skip
     spec = job["spec"]
     spec.pop("backoffLimit", None)  # per index instead

@@ -146,8 +146,8 @@ def list_sources(
 
 def split_ranges(sizes: list[int], workers: int) -> list[tuple[int, int]]:
     """Cut files of ``sizes`` (bytes, in order) into at most ``workers`` contiguous, non-empty ``[start, end)``
-    ranges of about equal bytes: range ``k`` ends at the first file whose cumulative size reaches ``k+1``/``n`` of
-    the total (and leaves a file to each range after it). ``min(workers, len(sizes))`` ranges.
+    ranges of about equal bytes: each range takes files while it stays within an equal share of the bytes left
+    (at least one file, and leaving one to each range after it). ``min(workers, len(sizes))`` ranges.
 
     Raises:
         ValueError: no file, or ``workers`` below 1.
@@ -159,8 +159,9 @@ def split_ranges(sizes: list[int], workers: int) -> list[tuple[int, int]]:
     total = sum(weights)
     ranges, start, seen = [], 0, 0
     for k in range(count - 1):
+        target = seen + (total - seen) / (count - k)  # an equal share of what is left
         end, seen = start + 1, seen + weights[start]
-        while end < len(sizes) - (count - 1 - k) and seen + weights[end] <= total * (k + 1) / count:
+        while end < len(sizes) - (count - 1 - k) and seen + weights[end] <= target:
             seen, end = seen + weights[end], end + 1
         ranges.append((start, end))
         start = end

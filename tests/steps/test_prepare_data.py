@@ -320,11 +320,11 @@ def test_the_worker_resolves_maxtext_package_paths_in_the_pod(trainer_python):
 @pytest.mark.parametrize(
     ("extra", "field", "says"),
     [
-        ({"workers": 0}, "data.workers", "greater than or equal to 1"),
-        ({"workers": 100_001}, "data.workers", "less than or equal to 10000"),
-        ({"workers": 2, "parallelism": 3}, "data.parallelism", "parallelism 3 is more than workers 2"),
-        ({"parallelism": 0}, "data.parallelism", "greater than or equal to 1"),
-        ({"workers": "two"}, "data.workers", "valid integer"),
+        ({"workers": 0}, "data.text.workers", "greater than or equal to 1"),
+        ({"workers": 100_001}, "data.text.workers", "less than or equal to 10000"),
+        ({"workers": 2, "parallelism": 3}, "data.text.parallelism", "parallelism 3 is more than workers 2"),
+        ({"parallelism": 0}, "data.text.parallelism", "greater than or equal to 1"),
+        ({"workers": "two"}, "data.text.workers", "valid integer"),
     ],
     ids=["no-worker", "too-many", "parallelism-above-workers", "no-parallelism", "not-a-number"],
 )

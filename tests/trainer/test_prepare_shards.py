@@ -21,7 +21,7 @@ from multislice.trainer import prepare_shards
         ([5], 3, [(0, 1)]),  # fewer files than workers: one range a file
         ([3, 3, 3], 5, [(0, 1), (1, 2), (2, 3)]),
         ([0, 0, 0], 2, [(0, 1), (1, 3)]),  # empty files: by count
-        ([7, 1, 1, 1, 1, 1, 1, 1], 4, [(0, 1), (1, 3), (3, 5), (5, 8)]),
+        ([7, 1, 1, 1, 1, 1, 1, 1], 4, [(0, 1), (1, 3), (3, 5), (5, 8)]),  # a large first file: the rest shared
     ],
 )
 def test_sources_split_into_contiguous_ranges_of_about_equal_bytes(sizes, workers, ranges):

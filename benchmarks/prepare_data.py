@@ -1,15 +1,17 @@
-"""prepare_data's throughput and peak memory as the corpus grows: 1x, 3x and 10x the local profile's corpus.
+"""prepare_data's throughput with 1 and 2 shard workers, and each worker's peak memory.
 
 Usage::
 
-    PYTHONPATH=$PWD .venvs/pipeline/bin/python -m benchmarks.prepare_data [--scales 1 3 10]
+    PYTHONPATH=$PWD .venvs/pipeline/bin/python -m benchmarks.prepare_data [--scale 3] [--workers 1 2]
 
 The corpus is the local profile's (the package descriptions, ``*.dist-info/METADATA``, of the trainer
 environment); scale N writes N copies of each file, each with its copy number on a first line, so every
-copy is a distinct document. Each scale is tokenized from scratch by ``multislice.trainer.prepare_data``
-in its own trainer-environment process, whose peak resident memory (``ru_maxrss`` of the child) and
-wall time are measured; the tokens/s figure is the manifest's (tokens / the work's own seconds, the
-interpreter's start excluded). Results go to ``benchmarks/results/prepare_data.json``.
+copy is a distinct document. For each worker count the corpus is prepared from scratch along the step's own
+path (list, split into ranges, one trainer-environment process per range, assemble): the end-to-end
+tokens/s is tokens over the whole wall time (interpreters' start and the assembly included); each worker's
+tokens/s is its part's tokens over its own work seconds, and its peak resident memory is ``ru_maxrss`` from
+``wait4``. The load average (``os.getloadavg``, as ``uptime`` prints it) is recorded before and after each.
+Results go to ``benchmarks/results/prepare_data.json``.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from multislice.backends.local.environment import trainer_env, trainer_process_env
-from multislice.config.data import expand_files
+from multislice.backends.local import data_workers
+from multislice.backends.local.environment import trainer_env
+from multislice.config.data import TextData, TokenizerSpec, expand_files
+from multislice.trainer import prepare_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "prepare_data.json"
@@ -44,72 +47,85 @@ def corpus_copies(site_packages: str, folder: Path, scale: int) -> int:
     return written
 
 
-def measure(scale: int, work: Path, site_packages: str) -> dict:
-    """Tokenize the corpus at ``scale`` in a fresh trainer-environment process; its figures."""
-    corpus = work / f"corpus-{scale}"
+def measure(scale: int, workers: int, work: Path, site_packages: str) -> dict:
+    """Prepare the corpus at ``scale`` from scratch with ``workers`` shard workers, as the step does locally; figures.
+
+    The step's own path: :func:`multislice.trainer.prepare_shards.list_sources` (SHA-256 of each file, cached),
+    :func:`~multislice.trainer.prepare_shards.work_request`, the local backend's worker processes
+    (:func:`multislice.backends.local.data_workers.run`: each worker's peak RSS from ``wait4``), and
+    :func:`~multislice.trainer.prepare_shards.assemble`.
+    """
+    corpus = work / f"corpus-{scale}-{workers}"
     corpus.mkdir()
     size = corpus_copies(site_packages, corpus, scale)
-    request = {
-        "data": {"kind": "text", "files": [str(corpus / "*.txt")]},
-        "tokenizer": {},
-        "max_target_length": 128,
-        "out_dir": str(work / f"shards-{scale}"),
-    }
-    env = trainer_process_env(trainer_env())
-    env["PYTHONPATH"] = str(ROOT)
-    code = (
-        "import json, resource, sys\n"
-        "from multislice.trainer import prepare_data\n"
-        "prepare_data.main(sys.argv[1:])\n"
-        "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-    )
+    data = TextData(files=(str(corpus / "*.txt"),), workers=workers)
     started = time.monotonic()
-    done = subprocess.run(
-        [str(trainer_env() / "bin" / "python"), "-c", code, "--request", json.dumps(request)],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
+    sources = prepare_shards.list_sources(data, cache_file=str(work / f"hashes-{workers}.json"))
+    listed = time.monotonic() - started
+    request = prepare_shards.work_request(data, TokenizerSpec(), 128, str(work / f"shards-{scale}-{workers}"), sources)
+    exits = data_workers.run(request, None, 6 * 3600, lambda line: None)
+    manifest = prepare_shards.assemble(request, started, print)
     wall = time.monotonic() - started
-    lines = done.stdout.splitlines()
-    manifest = json.loads(next(x for x in lines if x.startswith("MANIFEST ")).removeprefix("MANIFEST "))
-    peak_kib = int(next(x for x in lines if x.startswith("PEAK_KIB")).split()[1])
+    again = time.monotonic()
+    prepare_shards.list_sources(data, cache_file=str(work / f"hashes-{workers}.json"))  # the reuse decision's listing
+    relist = time.monotonic() - again
     return {
         "scale": scale,
+        "workers": workers,
         "corpus_bytes": size,
         "files": len(manifest["sources"]),
         "tokens": manifest["token_count"],
         "shards": manifest["shard_count"],
-        "work_seconds": manifest["seconds"],
-        "process_wall_seconds": round(wall, 2),
-        "tokens_per_second": manifest["tokens_per_second"],
-        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "wall_seconds": round(wall, 2),
+        "tokens_per_second": round(manifest["token_count"] / wall),
+        "per_worker": [
+            {
+                "index": e.index,
+                "tokens": p["tokens"],
+                "seconds": p["seconds"],
+                "tokens_per_second": round(p["tokens"] / max(p["seconds"], 1e-9)),
+                "process_seconds": e.seconds,
+                "peak_rss_mib": round((e.max_rss_bytes or 0) / 2**20, 1),
+            }
+            for e, p in zip(exits, manifest["parts"], strict=True)
+        ],  # fmt: skip
+        "first_listing_seconds": round(listed, 3),
+        "relisting_seconds_cached_hashes": round(relist, 3),
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the scales, print a table, write :data:`RESULTS`."""
+    """Run 1 and 2 shard workers (``--workers``) on one corpus scale, print a line each, write :data:`RESULTS`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scales", type=int, nargs="+", default=[1, 3, 10])
+    parser.add_argument("--scale", type=int, default=3)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args(argv)
     site_packages = str(next(trainer_env().glob("lib/python3*/site-packages")))
     rows = []
+    load_before = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="bench-prepare-data-") as work:
-        for scale in args.scales:
-            row = measure(scale, Path(work), site_packages)
+        for workers in args.workers:
+            row = measure(args.scale, workers, Path(work), site_packages)
             rows.append(row)
+            peaks = ", ".join(f"{w['peak_rss_mib']:.0f}" for w in row["per_worker"])
+            rates = ", ".join(f"{w['tokens_per_second']:,}" for w in row["per_worker"])
             print(
-                f"{scale:>3}x: {row['corpus_bytes'] / 2**20:6.1f} MiB, {row['tokens']:>10,} tokens, "
-                f"{row['tokens_per_second']:>8,} tokens/s, peak RSS {row['peak_rss_mib']:7.1f} MiB, "
-                f"{row['work_seconds']:.1f} s",
+                f"{workers} workers: {row['corpus_bytes'] / 2**20:6.1f} MiB, {row['tokens']:>10,} tokens in "
+                f"{row['wall_seconds']:.1f} s = {row['tokens_per_second']:>8,} tokens/s end to end; per worker "
+                f"{rates} tokens/s, peak RSS {peaks} MiB; load average {row['load_average_after']}",
                 flush=True,
             )
     result = {
-        "benchmark": "prepare_data: tokenize the local corpus at growing scales (Llama 3 tiktoken, sequences of 128)",
+        "benchmark": "prepare_data over shard workers: the local corpus at one scale, 1 and 2 worker processes "
+        "(Llama 3 tiktoken, sequences of 128), listing + workers + assembly",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other work while measured",
         "python": sys.version.split()[0],
-        "chunk_bytes": 1 << 20,
+        "load_average_before": load_before,
         "rows": rows,
-        "peak_rss_growth_1x_to_largest": round(rows[-1]["peak_rss_mib"] / rows[0]["peak_rss_mib"], 3),
-    }
+        "speedup_2_over_1": round(rows[-1]["tokens_per_second"] / rows[0]["tokens_per_second"], 3)
+        if len(rows) > 1 else None,
+    }  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print(f"results: {RESULTS}")

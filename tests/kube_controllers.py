@@ -363,6 +363,102 @@ class Play:
             done["completionTime"] = "2026-11-24T10:30:00Z"
         self.batch.patch_namespaced_job_status(name, self.ns, {"status": done})
 
+    def indexed_job_runs(self, prefix: str, kubelet: Any) -> dict[str, Any]:
+        """The Job controller and the kubelet run Indexed Job ``<prefix>...`` to its end (waits for the Job); the Job.
+
+        As the Job controller does for ``completionMode: Indexed`` (kubernetes ``pkg/controller/job``, v1.33:
+        ``indexed_job_utils.go`` and ``job_controller.go``): one pod per completion index ``0..completions-1``, at
+        most ``parallelism`` active at once, named from ``generateName`` ``<job>-<index>-``
+        (``podGenerateNameWithIndex``; here a fixed 5-character suffix), its index in annotation and label
+        ``batch.kubernetes.io/job-completion-index``
+        (``addCompletionIndexAnnotation``, ``addCompletionIndexLabel``), ``$JOB_COMPLETION_INDEX`` appended to each
+        container's env from that label (``addCompletionIndexEnvVariable``, PodIndexLabel on), labels ``job-name``
+        and ``batch.kubernetes.io/job-name``, owned by the Job. ``kubelet(pod) -> subprocess.Popen`` runs a pod's
+        container; its exit code and output become the pod's terminated state and log. The Job's status then:
+        ``succeeded``/``failed`` counts, ``completedIndexes`` (``"0-1"``: the controller's interval string,
+        ``orderedIntervals.String``), ``failedIndexes``, and the interim then terminal conditions as in
+        :meth:`job_pod_ends`: ``SuccessCriteriaMet``/``Complete`` (``CompletionsReached``) once every index
+        succeeded, or ``FailureTarget``/``Failed`` (``MaxFailedIndexesExceeded``: ``maxFailedIndexes`` 0).
+
+        Not modelled: ``backoffLimitPerIndex`` retries (a failed index is not run again here), pod scheduling and
+        node selection, the Job's ``startTime``/``completionTime``.
+        """
+        job = wait_until(
+            lambda: next((j for j in self.batch.list_namespaced_job(self.ns).items
+                          if j.metadata.name.startswith(prefix)), None),
+            what=f"Job {prefix}*",
+        )  # fmt: skip
+        job = self.batch.api_client.sanitize_for_serialization(job)
+        name, spec = job["metadata"]["name"], job["spec"]
+        assert spec.get("completionMode") == "Indexed", spec
+        template = spec["template"]
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
+                 "controller": True}  # fmt: skip
+        exits: dict[int, int] = {}
+        pending = list(range(int(spec["completions"])))
+        while pending:
+            batch = [pending.pop(0) for _ in range(min(int(spec.get("parallelism") or 1), len(pending)))]
+            running = []
+            for index in batch:
+                pod = f"{name}-{index}-x7k2q"
+                labels = {
+                    **template["metadata"].get("labels", {}),
+                    "job-name": name,
+                    "batch.kubernetes.io/job-name": name,
+                    "batch.kubernetes.io/job-completion-index": str(index),
+                }
+                pod_spec = copy.deepcopy(template["spec"])
+                field = "metadata.labels['batch.kubernetes.io/job-completion-index']"
+                for container in pod_spec["containers"]:
+                    container.setdefault("env", []).append(
+                        {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": field}}}
+                    )
+                body = {"metadata": {"name": pod, "labels": labels, "ownerReferences": [owner],
+                                     "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+                        "spec": pod_spec, "status": {"phase": "Pending"}}  # fmt: skip
+                self.core.create_namespaced_pod(self.ns, body)
+                self.pod_status(pod, {"phase": "Running"})
+                running.append((index, pod, kubelet(body)))
+            self.batch.patch_namespaced_job_status(name, self.ns, {"status": {"active": len(running)}})
+            for index, pod, process in running:
+                out, _ = process.communicate()
+                exits[index] = process.returncode
+                self.log(pod, out)
+                ok = process.returncode == 0
+                terminated = {"exitCode": process.returncode, "reason": "Completed" if ok else "Error"}
+                self.pod_status(pod, {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [
+                    {"name": names.TRAINER_CONTAINER, "ready": False, "restartCount": 0, "image": "trainer",
+                     "imageID": "", "state": {"terminated": terminated}}]})  # fmt: skip
+            if any(code != 0 for code in exits.values()):
+                break
+        done = sorted(i for i, code in exits.items() if code == 0)
+        failed = sorted(i for i, code in exits.items() if code != 0)
+
+        def intervals(indexes: list[int]) -> str:
+            spans: list[list[int]] = []
+            for i in indexes:
+                if spans and spans[-1][1] == i - 1:
+                    spans[-1][1] = i
+                else:
+                    spans.append([i, i])
+            return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
+
+        if failed:
+            interim, terminal, reason, message = (
+                "FailureTarget", "Failed", "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number "
+                "of failed indexes")  # fmt: skip
+        else:
+            interim, terminal, reason, message = (
+                "SuccessCriteriaMet", "Complete", "CompletionsReached", "Reached expected number of succeeded pods"
+            )  # fmt: skip
+        conditions = [{"type": interim, "status": "True", "reason": reason, "message": message}]
+        status = {"active": 0, "succeeded": len(done), "failed": len(failed), "completedIndexes": intervals(done),
+                  **({"failedIndexes": intervals(failed)} if failed else {})}  # fmt: skip
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": {**status, "conditions": conditions}})
+        terminal_conditions = [*conditions, {"type": terminal, "status": "True", "reason": reason, "message": message}]
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": {"conditions": terminal_conditions}})
+        return job
+
 
 class KubeRay:
     """Plays Kueue's RayJob integration, KubeRay's RayJob and RayCluster controllers, the Job controller, the

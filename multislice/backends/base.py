@@ -165,6 +165,30 @@ class PodExit:
     finished_at: float | None = None
 
 
+class DataWorkersFailed(RunFailed):
+    """A shard worker of prepare_data failed (its exit status and last output lines), or they ran past
+    ``timings.prepare_data_timeout``; the workers still running were stopped."""
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one shard worker of prepare_data ended (:meth:`Backend.run_data_workers`).
+
+    Attributes:
+        index: Its range (the Indexed Job's completion index).
+        exit_code: The process's or container's exit status (None when unknown).
+        seconds: How long it ran, seconds (None when unknown).
+        max_rss_bytes: Its peak resident memory, bytes (locally from ``wait4``'s ``ru_maxrss``; None on GKE).
+        pod: The pod that ran it (GKE), or None.
+    """
+
+    index: int
+    exit_code: int | None
+    seconds: float | None = None
+    max_rss_bytes: int | None = None
+    pod: str | None = None
+
+
 class Backend(abc.ABC):
     """Where a run's workloads run. Subclasses: ``local`` and ``gke``.
 
@@ -431,6 +455,22 @@ class Backend(abc.ABC):
             VerifierTimeout: it ran past ``timings.verify_timeout`` (it was stopped).
             multislice.errors.RunFailed: the exporter left no report.
         """
+
+    def run_data_workers(
+        self, plan: Plan, stage: StagePlan, request: dict[str, Any], pipeline_run_id: str, tell: Tell
+    ) -> list[WorkerExit]:
+        """Run prepare_data's shard workers of ``request`` (:func:`multislice.trainer.prepare_shards.work_request`:
+        ``request["workers"]`` ranges, at most ``data.parallelism`` at once) to their end; how each ended.
+
+        Each runs ``python -m multislice.trainer.prepare_shards worker`` in the trainer image, on its range
+        (:func:`multislice.trainer.prepare_shards.worker`), writing its part under ``request["parts_dir"]``; the
+        step assembles the parts. Locally: trainer-environment processes; on GKE: an Indexed Job, one completion
+        index per range (:mod:`multislice.backends.gke.data_workers`). Bounded by ``timings.prepare_data_timeout``.
+
+        Raises:
+            DataWorkersFailed: a worker failed, or they ran too long (the rest were stopped).
+        """
+        raise NotImplementedError(f"the {self.name} backend does not run prepare_data's shard workers")
 
     @abc.abstractmethod
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:

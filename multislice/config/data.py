@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from multislice import maxtext
 from multislice.config import values
@@ -51,6 +51,9 @@ SITE_PACKAGES_PREFIX = "site-packages:"
 #: Prefix of a path inside this package (:mod:`multislice`, in both images); resolved where it is installed.
 PACKAGE_PREFIX = "multislice:"
 #: The default tokenizer: Llama 3's, shipped in the maxtext package (nothing is downloaded at run time).
+#: The most shard workers a ``text`` stage may ask for (``data.workers``): an Indexed Job's completions above 10^5
+#: need ``parallelism`` at most 10^4 (batch/v1 Job validation); far beyond what a corpus' file count splits into.
+MAX_DATA_WORKERS = 10_000
 DEFAULT_TOKENIZER = MAXTEXT_PREFIX + "assets/tokenizers/tokenizer_llama3.tiktoken"
 #: The same tokenizer in Hugging Face format, shipped in this package, for MaxText's ``hf`` pipeline, which loads
 #: its tokenizer with ``transformers.AutoTokenizer`` only (:mod:`multislice.trainer.hf_tokenizer`).
@@ -228,6 +231,28 @@ class TextData(_Strict):
     cache_dir: str | None = Field(
         default=None, description="Where prepared shards live; default <output_dir>/datasets."
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_DATA_WORKERS,
+        description="Shard workers: the source files are split into this many contiguous ranges of about equal "
+        "bytes (fewer when there are fewer files), each tokenized by one worker: one completion index of an "
+        "Indexed Job on GKE, one trainer-environment process locally. Not part of the recipe.",
+    )
+    parallelism: int | None = Field(
+        default=None,
+        ge=1,
+        description="How many shard workers run at once (the Indexed Job's parallelism; processes locally); "
+        "default: all of them. At most workers.",
+    )
+
+    @field_validator("parallelism")
+    @classmethod
+    def _parallelism(cls, value: int | None, info: ValidationInfo) -> int | None:
+        workers = info.data.get("workers")
+        if value is not None and workers is not None and value > workers:
+            raise ValueError(f"parallelism {value} is more than workers {workers}: set parallelism <= workers")
+        return value
 
 
 class _HubToken(_Strict):
@@ -437,8 +462,9 @@ def recipe_key(data: TextData, tokenizer: TokenizerSpec, max_target_length: int)
     The files' content is checked against the manifest inside (:mod:`multislice.trainer.prepare_data`).
     """
     recipe = {
-        # packing is MaxText's, applied when it reads the records: the same records serve both
-        "data": data.model_dump(exclude={"cache_dir", "packing"}),
+        # packing is MaxText's, applied when it reads the records: the same records serve both; the shard
+        # workers' count and parallelism change how the records are made, not which
+        "data": data.model_dump(exclude={"cache_dir", "packing", "workers", "parallelism"}),
         "tokenizer": tokenizer.model_dump(),
         "max_target_length": max_target_length,
         "format_version": 2,  # 2: one record per document (piece); 1 concatenated the documents

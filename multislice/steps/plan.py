@@ -19,7 +19,7 @@ from multislice.reports import PlanReport
 from multislice.steps import backend_of, cancellable, say, teller, write_report
 
 
-def _trainer_site_packages() -> str | None:
+def trainer_site_packages() -> str | None:
     """The local trainer environment's site-packages (where ``site-packages:`` data globs point), or None."""
     from multislice.backends.local.environment import TrainerEnvMissing, trainer_env  # the local backend: local runs
 
@@ -93,7 +93,7 @@ def run(
             removal.hold_for = (plan, pipeline_run_id, "plan", teller("plan"))
             removal.backend = backend_of(plan, backend, "plan")
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
-        issues = data.data_issues(spec, _trainer_site_packages() if spec.backend == "local" else None)
+        issues = data.data_issues(spec, trainer_site_packages() if spec.backend == "local" else None)
         # Each export's tokenizer files, destination and (locally) Hub token, before anything is created.
         issues += config.export_environment_issues(spec, {s.name: s.export_dir for s in plan.stages if s.export_dir})
         if issues:

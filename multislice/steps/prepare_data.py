@@ -1,85 +1,86 @@
 """prepare_data: tokenize a stage's raw text into ArrayRecord shards before preflight, or reuse earlier ones.
 
-For a stage whose data is ``text`` (:class:`multislice.config.data.TextData`), the work
-(:mod:`multislice.trainer.prepare_data`) needs the trainer environment's packages (MaxText's tokenizer,
-tiktoken, array_record): it runs in this process when they are importable (the trainer image), else in
-the local trainer environment (``.venvs/trainer``) as a child process. The shards go to the stage's
-``data_dir`` (:func:`multislice.plan.prepared_dir`), which the stage's MaxText arguments read
-(``grain_train_files``, ``grain_eval_files``); a rerun on unchanged sources and tokenizer reuses them and
-says so. Other data kinds need no preparation: the step reports ``skipped``.
+For a stage whose data is ``text`` (:class:`multislice.config.data.TextData`), this step is the coordinator of
+:mod:`multislice.trainer.prepare_shards`: it lists the sources with what the store knows of them (no byte of a
+``gs://`` object read; local files' SHA-256 cached by their stat), and reuses the shards in the stage's
+``data_dir`` (:func:`multislice.plan.prepared_dir`) when their manifest has the same fingerprint. Else it
+splits the sources into ``data.workers`` ranges, has the backend run one shard worker per range in the trainer
+image (:meth:`multislice.backends.base.Backend.run_data_workers`: processes locally, an Indexed Job on GKE; the
+step never asks which), and assembles their parts into ``data_dir``, which the stage's MaxText arguments read
+(``grain_train_files``, ``grain_eval_files``). Other data kinds need no preparation: the step reports ``skipped``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-from pathlib import Path
+import dataclasses
+import time
 
 from multislice import cancel
 from multislice.backends import Backend
 from multislice.config import Stage
-from multislice.config.data import TextData
+from multislice.config.data import SITE_PACKAGES_PREFIX, TextData
 from multislice.config.models import data_lasts_issue
 from multislice.errors import InputError, RunFailed
 from multislice.plan import Plan, StagePlan, reads_packed
 from multislice.reports import PrepareDataReport
-from multislice.steps import backend_of, cancellable, teller, write_report
+from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
+from multislice.steps.plan import trainer_site_packages
+from multislice.trainer import prepare_shards
 
 
 class PrepareDataFailed(RunFailed):
-    """Tokenizing the stage's text failed; the message holds the last lines of the work's output."""
+    """Tokenizing the stage's text failed; the message says why (a worker's last lines, a split with no document)."""
 
 
-def _in_process() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("maxtext", "array_record", "tiktoken"))
+def _gke_sources(stage: StagePlan, data: TextData) -> None:
+    """On GKE the shard workers are pods: every source must be where a pod reads it (``gs://``).
+
+    Raises:
+        InputError: a glob names a local path or the trainer environment's ``site-packages:``.
+    """
+    for index, pattern in enumerate(data.files):
+        if not pattern.startswith("gs://"):
+            where = "the trainer image's site-packages" if pattern.startswith(SITE_PACKAGES_PREFIX) else "a local path"
+            raise InputError(
+                f"stages.{stage.name}.data.files[{index}] is {pattern!r}, {where}: on GKE prepare_data's shard "
+                "workers are pods, which read their sources from Cloud Storage",
+                "copy the corpus to a gs:// bucket the trainer's service account may read and give its glob",
+            )
 
 
-def _request(stage: StagePlan, spec: Stage) -> dict:
-    return {
-        "data": spec.data.model_dump(mode="json"),
-        "tokenizer": spec.tokenizer.model_dump(mode="json"),
-        "max_target_length": spec.max_target_length,
-        "out_dir": stage.data_dir,
-    }
-
-
-def _run_in_trainer_env(request: dict, tell) -> dict:
-    from multislice.backends.local.environment import trainer_env, trainer_process_env  # the local backend: local runs
-
-    env_dir = trainer_env()
-    env = trainer_process_env(env_dir)
-    # This package, from where this process has it (a worktree or an install), first on the child's path.
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    command = [
-        str(env_dir / "bin" / "python"),
-        "-m",
-        "multislice.trainer.prepare_data",
-        "--request",
-        json.dumps(request),
-    ]
-    lines: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
-        assert process.stdout is not None  # stdout=PIPE
-        try:
-            for line in process.stdout:
-                line = line.rstrip("\n")
-                lines.append(line)
-                if line.startswith("prepare_data: "):
-                    tell(line.removeprefix("prepare_data: "))
-        except cancel.Cancelled:
-            process.terminate()
-            raise
-    manifest = next(
-        (json.loads(x.removeprefix("MANIFEST ")) for x in reversed(lines) if x.startswith("MANIFEST ")), None
-    )
-    if process.returncode != 0 or manifest is None:
-        tail = "\n".join(lines[-15:])
-        raise PrepareDataFailed(
-            f"prepare_data exited with status {process.returncode}; its last lines:\n{tail}",
-            "fix the cause above (the data spec's files, their format, the tokenizer), then rerun",
+def _prepare(plan: Plan, stage: StagePlan, spec: Stage, pipeline_run_id: str, backend: Backend | None, tell) -> dict:
+    """List, reuse or run the shard workers and assemble; the manifest."""
+    started = time.monotonic()
+    data, out_dir = spec.data, stage.data_dir
+    assert isinstance(data, TextData) and out_dir is not None  # run() checked
+    if plan.spec.backend == "gke":
+        _gke_sources(stage, data)
+    try:
+        sources = prepare_shards.list_sources(data, trainer_site_packages() if plan.spec.backend == "local" else None)
+    except FileNotFoundError as error:
+        raise PrepareDataFailed(f"prepare_data failed: {error}", "fix data.files") from error
+    wanted = prepare_shards.fingerprint_of(data, spec.tokenizer, spec.max_target_length, sources)
+    old = prepare_shards.reusable(out_dir, wanted)
+    if old is not None:
+        old.update(reused=True, seconds=round(time.monotonic() - started, 2))
+        tell(
+            f"reusing {old['shard_count']} shards in {out_dir}: same {len(sources)} source files (SHA-256 locally, "
+            f"CRC32C and size on gs://) and tokenizer, {old['token_count']:,} tokens; nothing tokenized"
         )
+        return old
+    request = prepare_shards.work_request(data, spec.tokenizer, spec.max_target_length, out_dir, sources)
+    tell(
+        f"tokenizing {len(sources)} files ({sum(int(s['bytes']) for s in sources):,} bytes) with "
+        f"{spec.tokenizer.path} on {request['workers']} shard workers"
+    )
+    runner = backend_of(plan, backend, "prepare_data", stage)
+    exits = runner.run_data_workers(plan, stage, request, pipeline_run_id, tell)
+    cancel.point("prepare_data:assemble")
+    try:
+        manifest = prepare_shards.assemble(request, started, tell)
+    except (OSError, ValueError) as error:
+        raise PrepareDataFailed(f"prepare_data failed: {error}", "fix the data spec or its files") from error
+    manifest["worker_exits"] = [dataclasses.asdict(e) for e in exits]  # in the report; not in the stored manifest
     return manifest
 
 
@@ -93,11 +94,14 @@ def run(
     plan's: :func:`multislice.steps.cancellable`), as every step does: tokenizing may outlast the Lease.
 
     Raises:
-        PrepareDataFailed: tokenizing failed (unreadable file, no document in a split, ...).
-        multislice.backends.local.environment.TrainerEnvMissing: neither this process nor a local
-            trainer environment has MaxText.
+        PrepareDataFailed: the globs match no file, or a split got no document.
+        multislice.backends.base.DataWorkersFailed: a shard worker failed (unreadable file, bad tokenizer, ...).
+        InputError: on GKE, a source not on ``gs://``; the tokenizer's vocabulary is not the model's; the data
+            does not last the stage's steps.
+        multislice.backends.local.environment.TrainerEnvMissing: locally, no trainer environment.
     """
-    with cancellable("prepare_data", stage, plan=plan, run_id=pipeline_run_id) as removal:
+    labels = stage_labels(plan, stage, pipeline_run_id) if pipeline_run_id else None
+    with cancellable("prepare_data", stage, labels, plan=plan, run_id=pipeline_run_id) as removal:
         if pipeline_run_id and plan.spec.backend == "gke":
             removal.backend = backend_of(plan, backend, "prepare_data", stage)
             cancel.point("prepare_data:holding")
@@ -106,16 +110,7 @@ def run(
         if not isinstance(spec.data, TextData) or stage.data_dir is None:
             tell(f"nothing to prepare: the stage's data is {spec.data.kind}")
             return write_report(plan, PrepareDataReport(skipped=True), stage)
-        request = _request(stage, spec)
-        if _in_process() and not os.environ.get("MULTISLICE_PREPARE_DATA_SUBPROCESS"):
-            from multislice.trainer import prepare_data as work  # numpy, tokenizers: only when run here
-
-            try:
-                manifest = work.prepare(spec.data, spec.tokenizer, spec.max_target_length, stage.data_dir, say=tell)
-            except (OSError, ValueError) as error:
-                raise PrepareDataFailed(f"prepare_data failed: {error}", "fix the data spec or its files") from error
-        else:
-            manifest = _run_in_trainer_env(request, tell)
+        manifest = _prepare(plan, stage, spec, pipeline_run_id, removal.backend or backend, tell)
         if (
             manifest.get("tokenizer", {}).get("vocab_size") not in (None, spec.model.vocab_size)
             and spec.model.vocab_size

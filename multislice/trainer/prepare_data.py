@@ -66,6 +66,8 @@ PARQUET_BATCH_ROWS = 256
 #: Bytes hashed at a time.
 HASH_BYTES = 1 << 20
 MANIFEST = "manifest.json"
+#: A shard worker's token counts per id (JSON ``{"id": count}``), for the coordinator's unigram entropy.
+COUNTS = "unigram_counts.json"
 FORMAT_VERSION = 2  # 2: one record per document (piece); 1 concatenated them
 
 
@@ -164,8 +166,9 @@ class ShardWriter:
 
 
 def fingerprint(key: str, sources: list[dict[str, Any]]) -> str:
-    """SHA-256 over the recipe key and every source's name and content hash."""
-    text = json.dumps([key, [(s["path"], s["sha256"]) for s in sources]], sort_keys=True)
+    """SHA-256 over the recipe key and every source's name and content identity: its SHA-256 (local files), else
+    what Cloud Storage keeps of it (:func:`multislice.trainer.prepare_shards.source_identity`)."""
+    text = json.dumps([key, [(s["path"], s.get("sha256") or s["identity"]) for s in sources]], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -176,22 +179,31 @@ def prepare(
     out_dir: str,
     say: Callable[[str], None] = print,
     site_packages: str | None = None,
+    *,
+    sources: list[dict[str, Any]] | None = None,
+    part: bool = False,
 ) -> dict[str, Any]:
     """Tokenize ``data`` into ArrayRecord shards in ``out_dir`` (local or ``gs://``), or reuse them; the manifest.
+
+    ``sources``: the files already listed, each ``{"path", "bytes", "_local", "sha256" or "identity"}``
+    (:func:`multislice.trainer.prepare_shards.list_sources`); None: ``data.files`` expanded here, each file
+    SHA-256'd. ``part``: one shard worker's range of a larger preparation (:mod:`.prepare_shards`): a split may
+    be empty, and the token counts per id are kept beside the shards (:data:`COUNTS`) for the coordinator.
 
     Raises:
         FileNotFoundError: the globs match no file.
     """
     started = time.monotonic()
-    files = expand_files(data.files, data.exclude, site_packages)
-    if not files:
-        raise FileNotFoundError(f"data.files {list(data.files)} match no file")
-    root = resolve_path("site-packages:", site_packages)
-    sources = []
-    for path in files:
-        digest, size = file_sha256(path)
-        shown = "site-packages:" + path.removeprefix(root) if path.startswith(root) else path
-        sources.append({"path": shown, "sha256": digest, "bytes": size, "_local": path})
+    if sources is None:
+        files = expand_files(data.files, data.exclude, site_packages)
+        if not files:
+            raise FileNotFoundError(f"data.files {list(data.files)} match no file")
+        root = resolve_path("site-packages:", site_packages)
+        sources = []
+        for path in files:
+            digest, size = file_sha256(path)
+            shown = "site-packages:" + path.removeprefix(root) if path.startswith(root) else path
+            sources.append({"path": shown, "sha256": digest, "bytes": size, "_local": path})
     key = recipe_key(data, tokenizer, max_target_length)
     print_sources = [{k: v for k, v in s.items() if k != "_local"} for s in sources]
     wanted = fingerprint(key, print_sources)
@@ -238,7 +250,9 @@ def prepare(
             buffer.clear()
 
     for source in sources:
-        for digest, chunks in documents(source["_local"], data, source["sha256"]):
+        # a text file is one document, split by its SHA-256: read here when the store gave no SHA-256 (gs://)
+        file_digest = source.get("sha256") or (file_sha256(source["_local"])[0] if data.format == "text" else "")
+        for digest, chunks in documents(source["_local"], data, file_digest):
             split = "eval" if in_eval(digest, data.eval_fraction) else "train"
             documents_seen[split] += 1
             buffer = buffers[split]
@@ -255,7 +269,7 @@ def prepare(
     for split in writers:
         flush(split, final=True)
         writers[split].close()
-    if not writers["eval"].sequences or not writers["train"].sequences:
+    if not part and (not writers["eval"].sequences or not writers["train"].sequences):
         empty = "eval" if not writers["eval"].sequences else "train"
         shutil.rmtree(local, ignore_errors=True)
         raise ValueError(
@@ -295,7 +309,9 @@ def prepare(
         "seconds": round(time.monotonic() - started, 2),
     }
     manifest["tokens_per_second"] = round(total / max(manifest["seconds"], 1e-9))
-    manifest = _publish(local, out_dir, shards, manifest)
+    if part:
+        Path(local, COUNTS).write_text(json.dumps({str(i): int(counts[i]) for i in np.flatnonzero(counts)}))
+    manifest = _publish(local, out_dir, [*shards, COUNTS] if part else shards, manifest)
     say(
         f"wrote {len(shards)} shards to {out_dir}: {manifest['token_count']:,} tokens "
         f"(train {writers['train'].sequences} records, eval {writers['eval'].sequences}; "

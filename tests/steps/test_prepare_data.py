@@ -8,6 +8,7 @@ import json
 import pytest
 
 from multislice import config, metrics
+from multislice.backends.base import DataWorkersFailed
 from multislice.config.data import TextData, TokenizerSpec, recipe_key
 from multislice.delivery import artifacts
 from multislice.errors import InputError
@@ -323,3 +324,74 @@ def test_the_worker_resolves_maxtext_package_paths_in_the_pod(trainer_python):
     )
     done = run_in_trainer(trainer_python, script)
     assert done.returncode == 0 and done.stdout.split() == ["True", "True", "True"], done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        ({"workers": 0}, "data.text.workers", "greater than or equal to 1"),
+        ({"workers": 100_001}, "data.text.workers", "less than or equal to 10000"),
+        ({"workers": 2, "parallelism": 3}, "data.text.parallelism", "parallelism 3 is more than workers 2"),
+        ({"parallelism": 0}, "data.text.parallelism", "greater than or equal to 1"),
+        ({"workers": "two"}, "data.text.workers", "valid integer"),
+    ],
+    ids=["no-worker", "too-many", "parallelism-above-workers", "no-parallelism", "not-a-number"],
+)
+def test_bad_shard_worker_fields_are_refused_at_plan_naming_the_field(tmp_path, corpus, extra, field, says):
+    data = {"kind": "text", "files": [str(corpus / "*.txt")], **extra}
+    message = refused(profile_with(tmp_path, data, eval_interval=-1))
+    assert field in message and says in message, message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.json"))
+
+
+READ_RECORDS = (
+    "import sys, grain.python as grain\n"
+    "from maxtext.input_pipeline.input_pipeline_utils import ParseFeatures\n"
+    "source = grain.ArrayRecordDataSource(sys.argv[1:])\n"
+    "parse = ParseFeatures(['text'], False)\n"
+    "print(repr([parse.map(source[i])['text'].tolist() for i in range(len(source))]))\n"
+)
+
+
+def test_two_shard_workers_write_what_one_process_writes(tmp_path, corpus, trainer_python, capsys):
+    """The local backend runs the workers as processes; unpacked, the records are the same in the same order."""
+    records, manifests = {}, {}
+    for workers in (1, 2):
+        data = {"kind": "text", "files": [str(corpus / "*.txt")], "eval_fraction": 0.2, "packing": False,
+                "workers": workers, "cache_dir": str(tmp_path / f"cache-{workers}")}  # fmt: skip
+        plan = plan_step.run(profile_with(tmp_path, data, steps=2, checkpoint_period=2), {})
+        report = prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
+        manifest = manifests[workers] = report.manifest
+        assert manifest["workers"] == workers and [e["exit_code"] for e in manifest["worker_exits"]] == [0] * workers
+        assert all(e["max_rss_bytes"] > 50 * 2**20 for e in manifest["worker_exits"])  # an interpreter and tiktoken
+        shards = [f"{report.uri}/{name}" for name in manifest["splits"]["train"]["shards"]]
+        done = run_in_trainer(trainer_python, READ_RECORDS, *shards)
+        assert done.returncode == 0, done.stderr[-2000:]
+        records[workers] = done.stdout
+        assert not list((tmp_path / f"cache-{workers}").glob("*.parts-*"))  # the parts were removed
+    assert "on 2 shard workers" in capsys.readouterr().out
+    assert records[1] == records[2] and records[1].count("[128000") == manifests[1]["splits"]["train"]["documents"]
+    assert manifests[2]["splits"]["train"]["shards"] == ["train-00000.array_record", "train-00001.array_record"]
+    for key in ("token_count", "fingerprint", "unigram_entropy_nats", "splits"):
+        if key == "splits":
+            for split in ("train", "eval"):
+                one, two = manifests[1][key][split], manifests[2][key][split]
+                assert (one["documents"], one["sequences"], one["tokens"]) == (
+                    two["documents"], two["sequences"], two["tokens"]
+                )  # fmt: skip
+        else:
+            assert manifests[1][key] == manifests[2][key], key
+
+
+def test_a_failed_shard_worker_stops_the_step_with_its_last_lines(tmp_path, trainer_python):
+    rows = [json.dumps({"text": f"row {i} " * 30}) for i in range(20)]
+    (tmp_path / "a.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(rows[:5]) + "\n{not json\n")
+    data = {"kind": "text", "files": [str(tmp_path / "*.jsonl")], "format": "jsonl", "workers": 2, "eval_fraction": 0.3}
+    plan = plan_step.run(profile_with(tmp_path, data, steps=2, checkpoint_period=2), {})
+    with pytest.raises(DataWorkersFailed) as caught:
+        prepare_data.run(plan, plan.stage("tiny-8b-recipe"))
+    said = str(caught.value)
+    assert "shard worker 1 exited with status 1" in said and "shard worker 1 failed:" in said
+    datasets = tmp_path / "out" / "datasets"
+    assert not datasets.exists() or not list(datasets.glob("*/manifest.json"))  # nothing assembled

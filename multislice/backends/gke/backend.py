@@ -26,10 +26,12 @@ from multislice.backends.base import (
     PodExit,
     Tell,
     VerifierTimeout,
+    WorkerExit,
 )
 from multislice.backends.gke import (
     access,
     cluster,
+    data_workers,
     exporter,
     jobset,
     launchers,
@@ -476,6 +478,16 @@ class GkeBackend(Backend):
         fix = "raise timeouts.verify if the checkpoint is that large"
         run = exporter.run_verification if stage.export else verifier.run
         return VerificationReport.model_validate(self._stage_job(run, plan, stage, pipeline_run_id, tell, fix))
+
+    def run_data_workers(
+        self, plan: Plan, stage: StagePlan, request: dict[str, Any], pipeline_run_id: str, tell: Tell
+    ) -> list[WorkerExit]:
+        """prepare_data's shard workers as one Indexed Job of the trainer image (:mod:`.data_workers`), labelled with
+        ``pipeline_run_id`` (a cancel of the run deletes it: :meth:`delete_matching`), bounded by
+        ``timings.prepare_data_timeout``."""
+        return data_workers.run(
+            self.kube, plan, stage, request, pipeline_run_id, timeout=self.timings.prepare_data_timeout, tell=tell
+        )
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The verify step's verify-and-export Job on a CPU node pool (:mod:`.exporter`), adopted and read to its end

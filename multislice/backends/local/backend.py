@@ -2,8 +2,8 @@
 
 Each pod of a stage's (CPU) JobSet is a process of the trainer environment,
 run by a detached supervisor (:mod:`.jobsets`, :mod:`.supervisor`); preflight's
-compiles (:mod:`.aot`) and the checkpoint verifier (:mod:`.verifier`) are
-processes too. What it models and what it does not:
+compiles (:mod:`.aot`), the checkpoint verifier (:mod:`.verifier`) and
+prepare_data's shard workers (:mod:`.data_workers`) are processes too. What it models and what it does not:
 
 - kept: JobSet validation against its CRD, create-or-adopt by manifest,
   child Jobs and pods as the JobSet and Job controllers name them, failure
@@ -28,9 +28,10 @@ from multislice.backends.base import (
     Backend,
     PodExit,
     Tell,
+    WorkerExit,
     WorkloadDeleted,
 )
-from multislice.backends.local import capacity, environment, exporter, launchers, verifier
+from multislice.backends.local import capacity, data_workers, environment, exporter, launchers, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.jobsets import LocalJobSets
@@ -277,6 +278,14 @@ class LocalBackend(Backend):
         if exported is not None:
             exporter.hand_over(stage, pipeline_run_id, exported)
         return verification
+
+    def run_data_workers(
+        self, plan: Plan, stage: StagePlan, request: dict[str, Any], pipeline_run_id: str, tell: Tell
+    ) -> list[WorkerExit]:
+        """prepare_data's shard workers as trainer-environment processes, ``data.parallelism`` at once
+        (:func:`.data_workers.run`)."""
+        parallelism = getattr(plan.spec.stage(stage.name).data, "parallelism", None)
+        return data_workers.run(request, parallelism, self.timings.prepare_data_timeout, tell)
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The export report the verify step's process left for this pipeline run (:func:`.exporter.take_over`);

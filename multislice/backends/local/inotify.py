@@ -30,7 +30,6 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 #: ``inotify(7)`` event bits.
 IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x8, 0x40, 0x80
@@ -41,8 +40,6 @@ IN_IGNORED, IN_ISDIR = 0x8000, 0x40000000
 DIRECTORY_EVENTS = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF
 #: What a log follower needs of a file: it grew (or was closed after writing).
 FILE_EVENTS = IN_MODIFY | IN_CLOSE_WRITE | IN_DELETE_SELF | IN_MOVE_SELF
-
-T = TypeVar("T")
 
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
@@ -194,7 +191,7 @@ class Watch:
                 news = news or mask != IN_IGNORED
 
 
-def wait_for(check: Callable[[], T], watch: Watch, timeout: float) -> T | None:
+def wait_for[T](check: Callable[[], T], watch: Watch, timeout: float) -> T | None:
     """``check()``'s first truthy value, re-checked after each :meth:`Watch.wait`; None after ``timeout`` seconds.
 
     The caller adds the watches before calling, so a change after the first check wakes the wait.

@@ -195,8 +195,8 @@ class JobSetLauncher(Launcher):
                 if not state.terminal:
                     watch.add_process(state.supervisor_pid)
                 for attempt in range(state.restarts + 1):
-                    read[attempt] = pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0),
-                                                  on_line, final=state.terminal or attempt < state.restarts)  # fmt: skip
+                    log, final = self.jobsets.pod_log(name, 0, 0, attempt), state.terminal or attempt < state.restarts
+                    read[attempt] = pass_on(log, read.get(attempt, 0), on_line, final=final)
                 if state.terminal:
                     break
                 if interrupt is not None and interrupt():

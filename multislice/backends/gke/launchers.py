@@ -490,7 +490,8 @@ class RayJobLauncher(GkeLauncher):
         tell: Tell,
         interrupt: Callable[[], bool] | None = None,
     ) -> Finished:
-        """Poll the RayJob and follow its submitter pod's log (the driver's and workers' lines) to the end.
+        """Watch the RayJob (re-listing after 410 Gone) and follow its submitter pod's log (the driver's and workers'
+        lines) to the end.
 
         A retried submitter pod (KubeRay's submitter Job, ``backoffLimit`` 2) does not submit again but runs
         ``ray job logs --follow`` (KubeRay ``common/job.go``, ``BuildJobSubmitCommand``), which prints the Ray job's
@@ -533,10 +534,19 @@ class RayJobLauncher(GkeLauncher):
         deadline = time.monotonic() + timings.train_timeout
         failed_pods: set[str] = set()
         suspended_since, final = None, None
+        # Woken by watch events of the RayJob (KubeRay mirrors its RayCluster's and Ray job's state into its status),
+        # and at least every ``watch_seconds`` for the clock's checks and its worker pods' failures (told, not fatal).
+        changes = watch.follow(
+            self.kube, self.kube.custom.list_namespaced_custom_object, rayjob.RAY_GROUP, rayjob.RAY_VERSION,
+            self.kube.namespace, rayjob.RAYJOB_PLURAL, field_selector=f"metadata.name={name}", what=f"RayJob {name}",
+            deadline=deadline, on_relist=tell, listed_marker=True,
+        )  # fmt: skip
         try:
-            while time.monotonic() < deadline:
-                found = rayjob.get(self.kube, name)
-                if found is None:
+            for change, obj in changes:
+                if change == watch.LISTED and obj is not None:
+                    continue  # one look per list, after its last item
+                found = obj if change in ("ADDED", "MODIFIED") else rayjob.get(self.kube, name)
+                if change == "DELETED" or found is None:
                     raise WorkloadDeleted(f"RayJob {name} was deleted during training")
                 state = rayjob.phase(found)
                 if state in ("Completed", "Failed"):
@@ -569,7 +579,6 @@ class RayJobLauncher(GkeLauncher):
                             f"{rayjob.host_of(pod)}) failed (exit code {code}); KubeRay replaces it "
                             f"and Ray Train retries the worker group (max_failures {plan.spec.max_restarts})"
                         )
-                time.sleep(timings.poll_seconds)
         finally:
             follower.stop()
         if final is None:

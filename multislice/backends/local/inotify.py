@@ -47,10 +47,9 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1, libc.inotify_add_watch  # noqa: B018 - present on Linux (glibc, musl)
-    except (OSError, AttributeError):
+    except OSError:
         return None
-    return libc
+    return libc if hasattr(libc, "inotify_init1") and hasattr(libc, "inotify_add_watch") else None
 
 
 _LIBC = _libc()

@@ -299,7 +299,6 @@ class LocalJobSets:
         (``state.json`` replaced by the supervisor, :func:`.state.write_state`) and the JobSets directory's (the
         state directory created, or renamed away when the JobSet is replaced or deleted). Called before each read,
         so the state read is never older than the events that wake the next wait."""
-        self.jobsets_dir.mkdir(parents=True, exist_ok=True)
         watch.add(self.jobsets_dir)
         watch.add(self.state_dir(name))
 

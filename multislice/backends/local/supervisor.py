@@ -341,7 +341,8 @@ class Supervisor:
                     self.watch.add(run_dir)  # capacity.json replaced (capacity.restore, withdraw)
                     self.start_when_capacity()
                     if self.waiting_for_capacity:
-                        self.watch.wait(min(capacity.next_return(run_dir) or IDLE_SECONDS, IDLE_SECONDS))
+                        returns = capacity.next_return(run_dir)  # a withdrawal whose time is up
+                        self.watch.wait(IDLE_SECONDS if returns is None else min(returns, IDLE_SECONDS))
                     continue
                 for pod_state in self.state.pods:  # watched before reaped: an exit after the reap wakes the wait
                     if pod_state.phase == "Running":

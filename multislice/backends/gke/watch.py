@@ -58,7 +58,7 @@ def follow(
         if resource_version is None:
             listed = kube.call(list_fn, *args, what=f"list {what}", **kwargs)
             if not isinstance(listed, dict):  # a typed list (core v1's V1PodList ...): as the API sent it
-                listed = kube.api.sanitize_for_serialization(listed)
+                listed = cast(dict[str, Any], kube.api.sanitize_for_serialization(listed))
             resource_version = listed.get("metadata", {}).get("resourceVersion") or "0"
             for item in listed.get("items", []):
                 yield LISTED, item

@@ -21,7 +21,11 @@ Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
 pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
 field ownership in server-side apply (an apply replaces what it names),
 set-based label selectors, authentication (a client's bearer token is taken
-as its user name). SelfSubjectAccessReviews are answered from the RBAC enforced, not stored
+as its user name); of watches: bookmarks (``allowWatchBookmarks`` is ignored),
+the watch cache and its expiry (history is kept until :meth:`Cluster.compact`),
+``resourceVersionMatch`` and ``sendInitialEvents`` (a watch from resourceVersion 0
+or none starts with the current objects as ADDED, as the API server's does).
+SelfSubjectAccessReviews are answered from the RBAC enforced, not stored
 (:meth:`Cluster._self_review`). RBAC is enforced as the API server does it once
 :meth:`Cluster.enforce` is given the rendered Role/ClusterRole objects and
 bindings (:mod:`tests.kube_rbac`); requests without a token are the
@@ -176,6 +180,17 @@ class Cluster(kmock.KubernetesEmulator):
                 message = self.authorizer.forbidden_message(user, verb, group, resource, request.namespace,
                                                             request.name)  # fmt: skip
                 raise kmock.KubernetesError(status=403, reason="Forbidden", message=message)
+
+    def reads(self, user: str | None) -> int:
+        """GET requests served so far to ``user``'s clients (a bearer token; None: the controllers'), watches
+        excepted: every get and every list. A waiter on watch events makes them per change, a poller per interval."""
+        return sum(
+            1
+            for request in list(self._requests)
+            if request.method == enums.method.GET
+            and request.params.get("watch", "").lower() not in ("true", "1")
+            and self._user(request) == user
+        )
 
     def fail_next(self, count: int, status: int = 500) -> None:
         """Answer the next ``count`` requests with ``status`` (a Kubernetes Status body)."""

@@ -195,6 +195,9 @@ class JobSetLauncher(GkeLauncher):
     def wait_running(self, plan: Plan, stage: StagePlan, tell: Tell) -> Running:
         """Wait for every pod of the current attempt to run; check one slice per node pool.
 
+        Event-driven: woken by watch events of the JobSet's pods (each wake reads the JobSet and lists its pods), and
+        at least every ``min(watch_seconds, report_seconds, unschedulable_grace)`` for the clock's checks.
+
         Fails at once on image pulls and crash loops; on pods Unschedulable past
         ``timings.unschedulable_grace``, quoting their events.
         """
@@ -203,7 +206,18 @@ class JobSetLauncher(GkeLauncher):
         started = time.monotonic()
         unschedulable_since: dict[str, float] = {}
         last_report = 0.0
-        while True:
+        # Woken by the watch of the JobSet's pods (list, then watch from its resourceVersion, :func:`.watch.follow`):
+        # each pod change, and each idle end (the clock's checks: Unschedulable grace, reports, the deadline).
+        changes = watch.follow(
+            self.kube, self.kube.core.list_namespaced_pod, self.kube.namespace,
+            label_selector=f"{names.JOBSET_NAME_KEY}={stage.workload}", what=f"pods of JobSet {stage.workload}",
+            deadline=started + timings.launch_timeout + timings.watch_seconds, listed_marker=True,
+            watch_seconds=min(timings.watch_seconds, timings.report_seconds, timings.unschedulable_grace),
+        )  # fmt: skip
+        state, running = "Pending", []
+        for change, obj in changes:
+            if change == watch.LISTED and obj is not None:
+                continue  # one look per list, after its last item
             js = self.kube.get_jobset(stage.workload)
             if js is None:
                 raise WorkloadDeleted(f"JobSet {stage.workload} was deleted before all its pods ran")
@@ -224,7 +238,11 @@ class JobSetLauncher(GkeLauncher):
                 )
                 last_report = now
             self._check_launch_deadline(f"JobSet {stage.workload}", "pods", current, running, expected, started, now)
-            time.sleep(timings.poll_seconds)
+        else:
+            raise LaunchFailed(
+                f"JobSet {stage.workload}: {len(running)}/{expected} pods Running after {timings.launch_timeout:.0f} s",
+                "check the pods' events (kubectl describe pod); raise timeouts.launch if start-up is slow",
+            )
         placement = self._placement(
             running, state, f"JobSet {stage.workload}",
             "check the JobSet's exclusive-topology annotation and that JobSet's webhook is installed",
@@ -472,7 +490,8 @@ class RayJobLauncher(GkeLauncher):
         tell: Tell,
         interrupt: Callable[[], bool] | None = None,
     ) -> Finished:
-        """Poll the RayJob and follow its submitter pod's log (the driver's and workers' lines) to the end.
+        """Watch the RayJob (re-listing after 410 Gone) and follow its submitter pod's log (the driver's and workers'
+        lines) to the end.
 
         A retried submitter pod (KubeRay's submitter Job, ``backoffLimit`` 2) does not submit again but runs
         ``ray job logs --follow`` (KubeRay ``common/job.go``, ``BuildJobSubmitCommand``), which prints the Ray job's
@@ -515,10 +534,19 @@ class RayJobLauncher(GkeLauncher):
         deadline = time.monotonic() + timings.train_timeout
         failed_pods: set[str] = set()
         suspended_since, final = None, None
+        # Woken by watch events of the RayJob (KubeRay mirrors its RayCluster's and Ray job's state into its status),
+        # and at least every ``watch_seconds`` for the clock's checks and its worker pods' failures (told, not fatal).
+        changes = watch.follow(
+            self.kube, self.kube.custom.list_namespaced_custom_object, rayjob.RAY_GROUP, rayjob.RAY_VERSION,
+            self.kube.namespace, rayjob.RAYJOB_PLURAL, field_selector=f"metadata.name={name}", what=f"RayJob {name}",
+            deadline=deadline, on_relist=tell, listed_marker=True,
+        )  # fmt: skip
         try:
-            while time.monotonic() < deadline:
-                found = rayjob.get(self.kube, name)
-                if found is None:
+            for change, obj in changes:
+                if change == watch.LISTED and obj is not None:
+                    continue  # one look per list, after its last item
+                found = obj if change in ("ADDED", "MODIFIED") else rayjob.get(self.kube, name)
+                if change == "DELETED" or found is None:
                     raise WorkloadDeleted(f"RayJob {name} was deleted during training")
                 state = rayjob.phase(found)
                 if state in ("Completed", "Failed"):
@@ -551,7 +579,6 @@ class RayJobLauncher(GkeLauncher):
                             f"{rayjob.host_of(pod)}) failed (exit code {code}); KubeRay replaces it "
                             f"and Ray Train retries the worker group (max_failures {plan.spec.max_restarts})"
                         )
-                time.sleep(timings.poll_seconds)
         finally:
             follower.stop()
         if final is None:

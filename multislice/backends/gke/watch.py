@@ -34,6 +34,7 @@ def follow(
     deadline: float,
     on_relist: Callable[[str], None] | None = None,
     watch_seconds: float | None = None,
+    listed_marker: bool = False,
     **kwargs: Any,
 ) -> Iterator[tuple[str, dict[str, Any] | None]]:
     """Yield ``(type, object)`` for the objects ``list_fn`` lists, until ``deadline`` (``time.monotonic()``).
@@ -42,7 +43,10 @@ def follow(
     ``MODIFIED``, ``DELETED``); ``(IDLE, None)`` whenever a watch request ends
     with nothing new. After 410 Gone it lists again (``LISTED`` again) and
     tells ``on_relist`` why. ``watch_seconds`` (default ``kube.timings.watch_seconds``) bounds each watch request,
-    so an ``IDLE`` comes at least that often.
+    so an ``IDLE`` comes at least that often. With ``listed_marker``, each list's items are followed by
+    ``(LISTED, None)``: the caller has seen the whole list (a waiter looks at the state once per list, not per item).
+
+    The watch starts from the list's ``resourceVersion``, so no change between the list and the watch is missed.
 
     Raises:
         multislice.backends.gke.retry.ApiUnavailable: the API kept failing past ``kube.timings.api_deadline``.
@@ -53,9 +57,13 @@ def follow(
     while time.monotonic() < deadline:
         if resource_version is None:
             listed = kube.call(list_fn, *args, what=f"list {what}", **kwargs)
+            if not isinstance(listed, dict):  # a typed list (core v1's V1PodList ...): as the API sent it
+                listed = cast(dict[str, Any], kube.api.sanitize_for_serialization(listed))
             resource_version = listed.get("metadata", {}).get("resourceVersion") or "0"
             for item in listed.get("items", []):
                 yield LISTED, item
+            if listed_marker:
+                yield LISTED, None
         timeout = max(1, int(min(watch_seconds or kube.timings.watch_seconds, deadline - time.monotonic())))
         stream = k8s_watch.Watch()
         try:

@@ -60,8 +60,8 @@ from typing import Any, TypeGuard
 from kubernetes.client.exceptions import ApiException
 
 from multislice.backends.base import AdmissionBlocked, AdmissionTimeout, WorkloadDeleted
-from multislice.backends.gke import jobset
-from multislice.backends.gke.client import Kube
+from multislice.backends.gke import jobset, watch
+from multislice.backends.gke.client import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL, Kube
 from multislice.render import kueue
 
 
@@ -246,9 +246,15 @@ def wait_admitted(
     kind: str = "JobSet",
     get: Callable[[Kube, str], dict[str, Any] | None] | None = None,
 ) -> tuple[dict[str, Any], float]:
-    """Wait until the JobSet's Workload has QuotaReserved and then Admitted.
+    """Wait until the JobSet's Workload has QuotaReserved and then Admitted, on watch events of the namespace's
+    Workloads.
 
-    Reports the pending reason every ``kube.timings.report_seconds`` and when it changes.
+    Lists the Workloads, then watches from the list's resourceVersion (:func:`.watch.follow`: nothing between the
+    two is missed; 410 Gone lists again), so each change Kueue makes wakes the wait at once. The JobSet is read,
+    and its events listed while it has no Workload (:func:`blocked`), after each list and whenever a watch request
+    ends idle (every ``min(watch_seconds, report_seconds)``) or the Workload is deleted: the API requests made are
+    bounded by the changes and those intervals, not by a poll interval. Reports the pending reason every
+    ``kube.timings.report_seconds`` and when it changes.
 
     Returns:
         ``(Workload, seconds waited)``.
@@ -257,32 +263,65 @@ def wait_admitted(
         AdmissionTimeout: not admitted within ``timeout`` seconds (message: the last reason).
         AdmissionBlocked: Kueue cannot admit it as configured (:func:`blocked`): at once, with the cause and fix.
         WorkloadDeleted: the JobSet disappeared while waiting.
+        multislice.backends.gke.retry.ApiUnavailable: the API kept failing past ``kube.timings.api_deadline``.
 
     ``kind`` and ``get`` (``get(kube, name)``) wait on another kind of workload (a RayJob) the same way.
     """
     started = time.monotonic()
-    last_reason, last_report = None, 0.0
     read = get or (lambda k, n: k.get_jobset(n))
-    while True:
+    state: dict[str, Any] = {"reason": None, "report": 0.0, "workload": None}
+
+    def owner() -> dict[str, Any]:
         js = read(kube, js_name)
         if js is None:
             raise WorkloadDeleted(f"{kind} {kube.namespace}/{js_name} was deleted while waiting for admission")
         js.setdefault("kind", kind)
-        workload = find(kube, js)
+        return js
+
+    js = owner()
+
+    def look(workload: dict[str, Any] | None, ask_api: bool) -> dict[str, Any] | None:
+        """The Workload when admitted; else report, and raise when it is blocked."""
         if admitted(workload):
-            return workload, time.monotonic() - started
-        stop = blocked(kube, js_name, workload, kind)
-        if stop is not None:
-            cause, fix = stop
-            raise AdmissionBlocked(f"{kind} {js_name} cannot be admitted by Kueue: {cause}", fix)
+            return workload
+        if workload is not None or ask_api:  # without a Workload, blocked() lists the JobSet's events
+            stop = blocked(kube, js_name, workload, kind)
+            if stop is not None:
+                cause, fix = stop
+                raise AdmissionBlocked(f"{kind} {js_name} cannot be admitted by Kueue: {cause}", fix)
         reason = pending_reason(workload, js_name, queue, kind)
         now = time.monotonic()
-        if reason != last_reason or now - last_report >= kube.timings.report_seconds:
+        if reason != state["reason"] or now - state["report"] >= kube.timings.report_seconds:
             on_progress(f"waiting for admission ({now - started:.0f} s): {reason}")
-            last_reason, last_report = reason, now
-        if now - started > timeout:
-            raise AdmissionTimeout(
-                f"{kind} {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {reason}",
-                "raise the ClusterQueue's quota or free capacity, or wait longer (timeouts.admit)",
-            )
-        time.sleep(kube.timings.poll_seconds)
+            state["reason"], state["report"] = reason, now
+        return None
+
+    events = watch.follow(
+        kube, kube.custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, kube.namespace,
+        WORKLOAD_PLURAL, what=f"Kueue Workloads of {kind} {js_name}", deadline=started + timeout,
+        watch_seconds=min(kube.timings.watch_seconds, kube.timings.report_seconds), listed_marker=True,
+    )  # fmt: skip
+    current: dict[str, Any] | None = None
+    listing: dict[str, Any] | None = None  # the Workload of the list being read
+    for event, obj in events:
+        if event == watch.LISTED and obj is not None:
+            if owned_by(obj, js):
+                listing = obj
+            continue
+        ask_api = event in (watch.LISTED, watch.IDLE)
+        if event == watch.LISTED:  # the whole list seen: it holds the Workload, or there is none
+            current, listing = listing, None
+        elif obj is not None and owned_by(obj, js):
+            current = None if event == "DELETED" else obj
+            ask_api = event == "DELETED"
+        elif event != watch.IDLE:
+            continue  # another workload's change
+        if ask_api:
+            js = owner()
+        found = look(current, ask_api)
+        if found is not None:
+            return found, time.monotonic() - started
+    raise AdmissionTimeout(
+        f"{kind} {js_name} not admitted by Kueue after {timeout:.0f} s; last reason: {state['reason']}",
+        "raise the ClusterQueue's quota or free capacity, or wait longer (timeouts.admit)",
+    )

@@ -17,7 +17,6 @@ prepare_data's shard workers (:mod:`.data_workers`) are processes too. What it m
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from multislice.backends.base import (
 from multislice.backends.local import capacity, data_workers, environment, exporter, launchers, verifier
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
+from multislice.backends.local.inotify import FILE_EVENTS, Watch
 from multislice.backends.local.jobsets import LocalJobSets
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
@@ -163,7 +163,8 @@ class LocalBackend(Backend):
         tail: int | None = None,
     ) -> bool:
         """Pass on a pod's log file of the latest attempt (kept after the JobSet ended or was deleted); following,
-        until that pod's process ended (polled every ``timings.poll_seconds``). False when there is no log."""
+        until that pod's process ended (woken by the log's growth and the JobSet's state changes, :mod:`.inotify`).
+        False when there is no log."""
         state = self.jobsets.get_jobset(name)
         if state is None:
             return False
@@ -176,15 +177,19 @@ class LocalBackend(Backend):
                 on_line(line)
             return True
         offset = 0
-        while True:
-            state = self.jobsets.get_jobset(name)
-            pods = state.pods if state is not None else []
-            pod = next((p for p in pods if (p.job_index, p.completion_index) == (slice_index, host)), None)
-            ended = state is None or state.terminal or (pod is not None and pod.phase in ("Succeeded", "Failed"))
-            offset = launchers.pass_on(path, offset, on_line, final=ended)
-            if ended:
-                return True
-            time.sleep(self.timings.poll_seconds)
+        with Watch(fallback_seconds=self.timings.poll_seconds) as watch:
+            while True:
+                self.jobsets.watch_state(watch, name)
+                watch.add(path, FILE_EVENTS)
+                state = self.jobsets.get_jobset(name)
+                pods = state.pods if state is not None else []
+                pod = next((p for p in pods if (p.job_index, p.completion_index) == (slice_index, host)), None)
+                ended = state is None or state.terminal or (pod is not None and pod.phase in ("Succeeded", "Failed"))
+                offset = launchers.pass_on(path, offset, on_line, final=ended)
+                if ended:
+                    return True
+                watch.add_process(state.supervisor_pid if state is not None else None)
+                watch.wait(self.timings.train_timeout)
 
     def cleanup(self, pipeline_run_id: str, tell: Tell) -> tuple[list[str], list[str]]:
         """Delete the pipeline run's JobSets that have not completed; completed ones are kept.

@@ -66,6 +66,14 @@ def available(run_dir: str | Path, now: float | None = None) -> int | None:
     return max(0, int(data["slices"]) - len({w["slice"] for w in withdrawn(run_dir, now)}))
 
 
+def next_return(run_dir: str | Path, now: float | None = None) -> float | None:
+    """Seconds from ``now`` (epoch seconds; default the clock) until the first withdrawal in force ends by itself
+    (its ``until``); None when none does (no file, or every withdrawal lasts until :func:`restore`)."""
+    now = time.time() if now is None else now
+    ends = [w["until"] for w in withdrawn(run_dir, now) if w.get("until") is not None]
+    return max(0.0, min(ends) - now) if ends else None
+
+
 def withdraw(run_dir: str | Path, slices: int, slice_index: int, seconds: float | None, cause: str) -> dict[str, Any]:
     """Take slice ``slice_index`` of a run of ``slices`` away for ``seconds`` (None: until :func:`restore`).
 

@@ -41,6 +41,7 @@ import yaml
 from multislice import cancel, names
 from multislice.backends.base import WorkloadConflict
 from multislice.backends.local.environment import trainer_env
+from multislice.backends.local.inotify import Watch
 from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
 from multislice.backends.local.state import GRACE_FILE, JobSetState, read_state, write_state
 from multislice.render import schema
@@ -218,14 +219,26 @@ class LocalJobSets:
     def _await_supervisor(
         self, name: str, proc: subprocess.Popen, started: Callable[[JobSetState], bool], start_timeout: float
     ) -> JobSetState:
-        """Wait until ``started`` holds for the JobSet's state (or it is terminal)."""
+        """Wait until ``started`` holds for the JobSet's state (or it is terminal), woken by each state change
+        (:meth:`wait_events`) and by the supervisor's end.
+
+        Raises:
+            RuntimeError: the supervisor ended, or ``started`` did not hold within ``start_timeout`` seconds.
+            KeyError: the JobSet was deleted (its state directory removed) while starting.
+        """
         state_dir = self.state_dir(name)
         deadline = time.monotonic() + start_timeout
-        while (current := read_state(state_dir)) is not None and not (started(current) or current.terminal):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log = (state_dir / "supervisor.log").read_text(encoding="utf-8", errors="replace")[-2000:]
-                raise RuntimeError(f"the local supervisor of JobSet {name} did not start its pods:\n{log}")
-            time.sleep(0.1)
+        with Watch(fallback_seconds=0.1) as watch:
+            watch.add_process(proc.pid)
+            while True:
+                self.watch_state(watch, name)
+                current = read_state(state_dir)
+                if current is None or started(current) or current.terminal:
+                    break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = (state_dir / "supervisor.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+                    raise RuntimeError(f"the local supervisor of JobSet {name} did not start its pods:\n{log}")
+                watch.wait(deadline - time.monotonic())
         if current is None:  # deleted (its state directory removed) while starting
             raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
         return current
@@ -281,6 +294,14 @@ class LocalJobSets:
                 found.append(state)
         return found
 
+    def watch_state(self, watch: Watch, name: str) -> None:
+        """(Re-)add to ``watch`` what changes when JobSet ``name``'s state does: its state directory's entries
+        (``state.json`` replaced by the supervisor, :func:`.state.write_state`) and the JobSets directory's (the
+        state directory created, or renamed away when the JobSet is replaced or deleted). Called before each read,
+        so the state read is never older than the events that wake the next wait."""
+        watch.add(self.jobsets_dir)
+        watch.add(self.state_dir(name))
+
     def wait(
         self,
         name: str,
@@ -289,7 +310,11 @@ class LocalJobSets:
         poll: float = 0.5,
         on_poll: Callable[[JobSetState], None] | None = None,
     ) -> JobSetState:
-        """Poll a JobSet until ``predicate`` holds or it turns terminal.
+        """Wait until ``predicate`` holds for the JobSet or it turns terminal, woken by its state changes.
+
+        Event-driven (:mod:`.inotify`): each replacement of ``state.json`` and the end of the supervisor (a lost
+        supervisor turns the JobSet Failed, ``SupervisorLost``, without a write) wakes the wait, which re-reads
+        the state. ``poll`` is the fallback interval where inotify or pidfds are unavailable, seconds.
 
         Returns:
             The state that satisfied the predicate, or the terminal state.
@@ -299,17 +324,21 @@ class LocalJobSets:
             KeyError: the JobSet does not exist.
         """
         deadline = time.monotonic() + timeout
-        while True:
-            state = self.get_jobset(name)
-            if state is None:
-                raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
-            if on_poll:
-                on_poll(state)
-            if predicate(state) or state.terminal:
-                return state
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"JobSet {name} still {state.phase} after {timeout:.0f} s")
-            time.sleep(poll)
+        with Watch(fallback_seconds=poll) as watch:
+            while True:
+                self.watch_state(watch, name)
+                state = self.get_jobset(name)
+                if state is None:
+                    raise KeyError(f"no JobSet {name} under {self.jobsets_dir}")
+                if on_poll:
+                    on_poll(state)
+                if predicate(state) or state.terminal:
+                    return state
+                watch.add_process(state.supervisor_pid)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"JobSet {name} still {state.phase} after {timeout:.0f} s")
+                watch.wait(left)
 
     def pod_log(self, name: str, job_index: int = 0, completion_index: int = 0, attempt: int | None = None) -> Path:
         """Log file of a pod (the leader by default) at an attempt (the latest by default)."""

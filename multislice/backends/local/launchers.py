@@ -22,6 +22,7 @@ import yaml
 from multislice import names
 from multislice.backends.base import Finished, LaunchFailed, Running, Submission, Tell, TrainingFailed, WorkloadDeleted
 from multislice.backends.launcher import Launcher
+from multislice.backends.local.inotify import FILE_EVENTS, Watch
 from multislice.backends.local.jobsets import FINISHED
 from multislice.backends.local.state import JobSetState
 from multislice.plan import Plan, StagePlan
@@ -163,7 +164,8 @@ class JobSetLauncher(Launcher):
         tell: Tell,
         interrupt: Callable[[], bool] | None = None,
     ) -> Finished:
-        """Poll the workload's state and pass on each new line of every attempt's leader log, in order.
+        """Follow the workload's state and pass on each new line of every attempt's leader log, in order, woken by
+        each change of either (:mod:`.inotify`).
 
         A lost supervisor is replaced (:meth:`LocalJobSets.take_over`), as a
         cluster restarts a JobSet controller, at most :data:`MAX_TAKEOVERS` times.
@@ -174,35 +176,43 @@ class JobSetLauncher(Launcher):
         events_seen = 0
         takeovers = 0
         deadline = time.monotonic() + self.timings.train_timeout
-        while True:
-            state = self.jobsets.get_jobset(name)
-            if state is None or state.phase == "Deleted":
-                raise WorkloadDeleted(f"{what} {name} was deleted during training")
-            if state.reason == "SupervisorLost" and takeovers < MAX_TAKEOVERS:
-                takeovers += 1
-                tell(f"{what} {name}: {state.message}; starting a new supervisor ({takeovers} of {MAX_TAKEOVERS})")
-                state = self.jobsets.take_over(name)
-            for event in state.events[events_seen:]:
-                tell(f"{what} event {event.reason}: {event.message}")
-            events_seen = len(state.events)
-            for attempt in range(state.restarts + 1):
-                read[attempt] = pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0),
-                                              on_line, final=state.terminal or attempt < state.restarts)  # fmt: skip
-            if state.terminal:
-                break
-            if interrupt is not None and interrupt():
-                # Stop the pods first, then pass on what they logged up to then: no step line is lost.
-                self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
+        # Woken by events (:mod:`.inotify`): the state replaced, the leader's log grown, the supervisor's end. An
+        # elastic stage's ``interrupt`` reads the clock and the capacity too: it is asked at least every poll_seconds.
+        with Watch(fallback_seconds=self.timings.poll_seconds) as watch:
+            while True:
+                self.jobsets.watch_state(watch, name)
+                state = self.jobsets.get_jobset(name)
+                if state is None or state.phase == "Deleted":
+                    raise WorkloadDeleted(f"{what} {name} was deleted during training")
+                if state.reason == "SupervisorLost" and takeovers < MAX_TAKEOVERS:
+                    takeovers += 1
+                    tell(f"{what} {name}: {state.message}; starting a new supervisor ({takeovers} of {MAX_TAKEOVERS})")
+                    state = self.jobsets.take_over(name)
+                for event in state.events[events_seen:]:
+                    tell(f"{what} event {event.reason}: {event.message}")
+                events_seen = len(state.events)
+                watch.add(self.jobsets.pod_log(name, 0, 0, state.restarts), FILE_EVENTS)
+                if not state.terminal:
+                    watch.add_process(state.supervisor_pid)
                 for attempt in range(state.restarts + 1):
-                    pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
-                return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[],
-                                restart_causes=_restart_causes(state))  # fmt: skip
-            if time.monotonic() > deadline:
-                raise TrainingFailed(
-                    f"{what} {name} still {state.phase} after {self.timings.train_timeout:.0f} s",
-                    "raise timeouts.train if the stage needs longer",
-                )
-            time.sleep(self.timings.poll_seconds)
+                    log, final = self.jobsets.pod_log(name, 0, 0, attempt), state.terminal or attempt < state.restarts
+                    read[attempt] = pass_on(log, read.get(attempt, 0), on_line, final=final)
+                if state.terminal:
+                    break
+                if interrupt is not None and interrupt():
+                    # Stop the pods first, then pass on what they logged up to then: no step line is lost.
+                    self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
+                    for attempt in range(state.restarts + 1):
+                        pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
+                    return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[],
+                                    restart_causes=_restart_causes(state))  # fmt: skip
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TrainingFailed(
+                        f"{what} {name} still {state.phase} after {self.timings.train_timeout:.0f} s",
+                        "raise timeouts.train if the stage needs longer",
+                    )
+                watch.wait(left if interrupt is None else min(left, self.timings.poll_seconds))
         logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
         return Finished(phase=state.phase, restarts=restarts_of(state), leader_logs=logs,
                         restart_causes=_restart_causes(state))  # fmt: skip

@@ -54,11 +54,15 @@ import yaml
 from multislice import maxtext
 from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
+from multislice.backends.local.inotify import Watch
 from multislice.backends.local.pods import LocalPod, expand_jobset
 from multislice.backends.local.state import GRACE_FILE, JobSetState, Phase, PodState, read_state, write_state
 from multislice.cancel import die_with_parent
 
+#: The longest the supervisor sleeps where no event can wake it (no inotify or pidfds: :mod:`.inotify`), seconds.
 POLL_SECONDS = 0.25
+#: The longest one wait for events lasts where they can wake it: a bound, not an interval (nothing is due then).
+IDLE_SECONDS = 60.0
 
 
 def exit_code_of(returncode: int) -> int:
@@ -127,6 +131,7 @@ class Supervisor:
         self.failure_policy = self.spec.get("failurePolicy", {})
         self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
         self.waiting_for_capacity = False
+        self.watch = Watch(fallback_seconds=POLL_SECONDS)  # pod exits, signals, the capacity file (run)
 
     # -- pod processes --------------------------------------------------
 
@@ -249,9 +254,11 @@ class Supervisor:
         running = [p for p in self.state.pods if p.phase == "Running" and p.hostname in self.procs]
         for pod_state in running:
             _signal_group(pod_state.pid, signal.SIGTERM)
-        deadline = time.time() + self._grace_seconds()
-        while time.time() < deadline and any(self.procs[p.hostname].poll() is None for p in running):
-            time.sleep(0.1)
+        deadline = time.monotonic() + self._grace_seconds()
+        for pod_state in running:  # each pod's end wakes the wait (its pidfd)
+            self.watch.add_process(pod_state.pid)
+        while any(self.procs[p.hostname].poll() is None for p in running) and time.monotonic() < deadline:
+            self.watch.wait(deadline - time.monotonic())
         for pod_state in running:
             _signal_group(pod_state.pid, signal.SIGKILL)
         for pod_state in running:
@@ -309,9 +316,19 @@ class Supervisor:
     # -- main loop ------------------------------------------------------
 
     def run(self) -> int:
-        """Run until terminal. Returns 0 (the JobSet's outcome is in ``state.json``)."""
+        """Run until terminal. Returns 0 (the JobSet's outcome is in ``state.json``).
+
+        Event-driven (:mod:`.inotify`): the loop wakes when a pod process ends (its pidfd), on SIGTERM or SIGINT (a
+        delete: :func:`signal.set_wakeup_fd`), and while it waits for capacity, when the capacity file is replaced
+        or a withdrawal's time is up. ``state.json`` is written when the state changed, so each write is news to
+        the steps waiting on it.
+        """
         signal.signal(signal.SIGTERM, self._on_delete)
         signal.signal(signal.SIGINT, self._on_delete)
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        self.watch.add_wakeup(wake_read)
+        run_dir = self.state_dir.parent.parent
         try:
             if self.state.pods:
                 self.take_over()
@@ -321,9 +338,16 @@ class Supervisor:
                     self._finish("Deleted", "Deleted", "the JobSet was deleted")
                     return 0
                 if self.waiting_for_capacity:
+                    self.watch.add(run_dir)  # capacity.json replaced (capacity.restore, withdraw)
                     self.start_when_capacity()
-                    time.sleep(POLL_SECONDS)
+                    if self.waiting_for_capacity:
+                        returns = capacity.next_return(run_dir)  # a withdrawal whose time is up
+                        self.watch.wait(IDLE_SECONDS if returns is None else min(returns, IDLE_SECONDS))
                     continue
+                for pod_state in self.state.pods:  # watched before reaped: an exit after the reap wakes the wait
+                    if pod_state.phase == "Running":
+                        self.watch.add_process(pod_state.pid)
+                before = self.state.model_dump_json()
                 failed = self._reap()
                 if failed:
                     first = min(failed, key=lambda p: p.finished_at or 0)
@@ -334,8 +358,10 @@ class Supervisor:
                 if all(p.phase == "Succeeded" for p in self.state.pods):
                     self._finish("Completed", "AllJobsCompleted", "jobset completed successfully")
                     return 0
-                write_state(self.state_dir, self.state)
-                time.sleep(POLL_SECONDS)
+                if self.state.model_dump_json() != before:
+                    write_state(self.state_dir, self.state)
+                if not self.deleting:
+                    self.watch.wait(IDLE_SECONDS)
         except BaseException as error:  # stop the pods whatever happened, then report
             self._finish("Failed", "SupervisorError", f"the local supervisor failed: {error!r}")
             raise
@@ -347,6 +373,10 @@ class Supervisor:
                     and self.procs[pod_state.hostname].poll() is None
                 ):
                     _signal_group(pod_state.pid, signal.SIGKILL)
+            signal.set_wakeup_fd(-1)
+            self.watch.close()
+            os.close(wake_read)
+            os.close(wake_write)
 
     def take_over(self) -> None:
         """Stop what a lost supervisor's pods left running and count the next attempt as a restart."""

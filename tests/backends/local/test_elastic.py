@@ -8,8 +8,8 @@ train step's ``on_record`` hook, on the step records themselves, and the pods ar
 pod starts step N only once the train step has read step N-1's line (the hook acknowledges it with a file), so
 the leader is never more than one step ahead of what the train step has seen. Nothing waits on a clock: when
 the pods ran at their own pace (0.2 s a step) the preemption "after step 4" landed after checkpoint 6 whenever
-the train step's 0.5 s log poll and the supervisor's reaction to the killed slice took longer than two steps,
-as on a loaded machine.
+the train step's 0.5 s log poll (its waits are woken by inotify now) and the supervisor's reaction to the killed
+slice took longer than two steps, as on a loaded machine.
 """
 
 import yaml

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from multislice import maxtext
-from multislice.config import values
+from multislice.config import hub, values
 
 if TYPE_CHECKING:
     from multislice.config.models import RunSpec
@@ -500,16 +500,23 @@ _HF_GLOB = re.compile(r"hf://datasets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Z
 
 
 def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
-    """Whether an ``hf://`` glob has the shape ``HfFileSystem`` lists: ``hf://datasets/OWNER/NAME[@REVISION]/GLOB``.
-
-    Only its shape is checked here: the pipeline image has no ``huggingface_hub``, so MaxText lists it when the
-    stage starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
+    """Whether an ``hf://`` glob has the shape ``HfFileSystem`` lists (``hf://datasets/OWNER/NAME[@REVISION]/GLOB``)
+    and matches files of the dataset, listed through the Hub's API (:mod:`multislice.config.hub`; nothing is
+    downloaded). MaxText lists it again when the stage starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
     """
-    if _HF_GLOB.fullmatch(pattern):
-        return None
+    if not _HF_GLOB.fullmatch(pattern):
+        return field, (
+            f"{pattern!r} is not a Hugging Face Hub dataset path; write hf://datasets/OWNER/NAME/GLOB "
+            "(or hf://datasets/OWNER/NAME@REVISION/GLOB), e.g. hf://datasets/allenai/c4/en/c4-train.*.json.gz"
+        )
+    try:
+        if hub.list_files(pattern):
+            return None
+    except hub.HubListingError as error:
+        return field, f"{pattern}: {error}"
     return field, (
-        f"{pattern!r} is not a Hugging Face Hub dataset path; write hf://datasets/OWNER/NAME/GLOB "
-        "(or hf://datasets/OWNER/NAME@REVISION/GLOB), e.g. hf://datasets/allenai/c4/en/c4-train.*.json.gz"
+        f"{pattern} matches no file of the dataset (listed through the Hub's API); check the glob against the "
+        "dataset's Files tab (`*` stays within a directory, `**` crosses them)"
     )
 
 

@@ -20,8 +20,10 @@ from multislice.config.data import (
     sentencepiece_pieces,
     tokenizer_file_vocab,
 )
+from multislice.config.hub import ENDPOINT_ENV, TOKEN_ENV
 from multislice.plan import make_plan
 from multislice.steps import plan as plan_step
+from tests.hf_hub import FakeHub
 
 TOKEN = "hf_" + "aB3" * 12  # the shape of a Hugging Face user access token (not a real one)
 
@@ -39,9 +41,22 @@ def profile_with(tmp_path, data, *, backend_gke=False, **stage):
     return profile
 
 
+#: Datasets of the loopback Hub (tests/hf_hub.py) the plan lists ``hf://`` globs on.
+HUB = {"allenai/c4": {"main": ["en/c4-train.00000-of-00002.parquet", "en/c4-train.00001-of-00002.parquet"]},
+       "me/private": {"main": ["data/train-0.parquet"]}}  # fmt: skip
+
+
 @pytest.fixture
-def files(tmp_path):
-    """Small local files of each kind a spec may name (empty bodies: the plan lists and reads headers only)."""
+def files(tmp_path, monkeypatch):
+    """Small local files of each kind a spec may name (empty bodies: the plan lists and reads headers only), and
+    the loopback Hub as ``$HF_ENDPOINT`` (no request leaves this machine)."""
+    with FakeHub(HUB, private={"me/private": "hf_token_of_me"}) as hub:
+        monkeypatch.setenv(ENDPOINT_ENV, hub.endpoint)
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        yield _make_files(tmp_path)
+
+
+def _make_files(tmp_path):
     (tmp_path / "empty").mkdir()
     for name in ("web-0.array_record", "code-0.array_record"):
         (tmp_path / name).write_bytes(b"")
@@ -82,6 +97,22 @@ HOSTILE = {
     "hf-glob-models-not-datasets": (
         {"kind": "grain", "file_type": "parquet", "train_files": "hf://models/a/b/*.parquet"}, {}, "data.train_files",
         "hf://datasets/OWNER/NAME/GLOB",
+    ),
+    "hf-glob-matches-nothing": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/allenai/c4/en/nothing-*.parquet"}, {},
+        "data.train_files", "matches no file of the dataset",
+    ),
+    "hf-glob-unknown-dataset": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/allenai/c44/en/*.parquet"}, {},
+        "data.train_files", "the Hub has no dataset allenai/c44",
+    ),
+    "hf-glob-unknown-revision": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/allenai/c4@v9/en/*.parquet"}, {},
+        "data.train_files", "at revision v9",
+    ),
+    "hf-glob-private-without-token": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/me/private/data/*.parquet"}, {},
+        "data.train_files", "HTTP 401",
     ),
     "hf-glob-arrayrecord": (
         {"kind": "grain", "train_files": "hf://datasets/a/b/*.array_record"}, {}, "data.train_files",

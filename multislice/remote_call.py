@@ -368,7 +368,9 @@ def option_issues(options: dict[str, Any]) -> list[tuple[str, str]]:
         bad("num_slices", "a whole number of slices, e.g. num_slices=2")
     elif not 1 <= o["num_slices"] <= INT32_MAX:
         issues.append(("num_slices", f"{o['num_slices']} is outside 1 to {INT32_MAX:,}; give 1 or more slices"))
-    if not isinstance(o["backend"], Backend) and o["backend"] not in DEFAULT_PROFILES:
+    if not isinstance(o["backend"], Backend) and not (
+        isinstance(o["backend"], str) and o["backend"] in DEFAULT_PROFILES
+    ):
         bad("backend", f"a backend: {' or '.join(repr(b) for b in DEFAULT_PROFILES)}, or a connected Backend")
     if o["output_dir"] is not None:
         if not isinstance(o["output_dir"], str):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from multislice import cli, config, names
@@ -648,6 +648,7 @@ REMOTE_NAMES = sorted(
 
 @cases(200)
 @given(options=st.dictionaries(st.sampled_from(REMOTE_NAMES), remote_values, max_size=3))
+@example(options={"backend": []})  # found by this test: an unhashable backend raised TypeError, not ConfigError
 def test_any_remote_arguments_are_refused_naming_one_or_planned(monkeypatch, options):
     import threading
 

@@ -12,7 +12,7 @@ import select
 import time
 from pathlib import Path
 
-from multislice.backends.local.inotify import Watch
+from multislice.backends.local.inotify import DIRECTORY_EVENTS, IN_MODIFY, Watch, wait_for
 
 
 def wait_for_glob(root: Path, pattern: str, timeout: float, pidfd: int | None = None) -> bool:
@@ -40,6 +40,19 @@ def wait_for_glob(root: Path, pattern: str, timeout: float, pidfd: int | None = 
                 return False
             if watch.wait(left) and pidfd is not None:
                 ended = _ended(pidfd)
+
+
+def wait_for_text(path: Path, text: str, timeout: float) -> bool:
+    """True once the file ``path`` holds ``text`` (a pod's log line); False after ``timeout`` seconds. Woken by its
+    directory's events and the writes to its files (``IN_MODIFY``), so a log that grows is read again at once.
+
+    Raises:
+        OSError: inotify is unavailable here (the tests' waits need it: no polling fallback in tests).
+    """
+    with Watch(fallback_seconds=timeout) as watch:
+        if watch.fd is None or not watch.add(path.parent, DIRECTORY_EVENTS | IN_MODIFY):
+            raise OSError(f"cannot watch {path.parent} with inotify: the tests wait on inotify events")
+        return bool(wait_for(lambda: path.exists() and text in path.read_text(errors="replace"), watch, timeout))
 
 
 def _ended(pidfd: int) -> bool:

@@ -312,6 +312,9 @@ class LocalJobSets:
     ) -> JobSetState:
         """Wait until ``predicate`` holds for the JobSet or it turns terminal, woken by its state changes.
 
+        ``predicate`` reads the state it is given: what it might read elsewhere (a pod's log) wakes nothing, so a
+        wait for a log line watches the log (as :func:`multislice.backends.local.inotify.wait_for` does).
+
         Event-driven (:mod:`.inotify`): each replacement of ``state.json`` and the end of the supervisor (a lost
         supervisor turns the JobSet Failed, ``SupervisorLost``, without a write) wakes the wait, which re-reads
         the state. ``poll`` is the fallback interval where inotify or pidfds are unavailable, seconds.

@@ -19,6 +19,7 @@ from multislice.backends.local.supervisor import failure_policy_action, job_fail
 from multislice.plan import make_plan
 from multislice.render import jobset
 from multislice.steps import cleanup, train
+from tests.inotify import wait_for_text
 from tests.test_cancel import wait_gone
 
 POD = """
@@ -124,12 +125,9 @@ def test_jobsets_of_two_runs_run_at_once_each_with_its_own_coordinator_port(tmp_
         started.append((backend, backend.create_jobset(obj)))
 
     def leader_says_listening(backend, state):
-        return backend.wait(
-            state.name,
-            lambda s: "coordinator listening on" in backend.pod_log(s.name).read_text(),
-            timeout=120,
-            poll=0.1,
-        )
+        # a log line: LocalJobSets.wait wakes on state changes only, so the log itself is awaited (inotify)
+        assert wait_for_text(backend.pod_log(state.name), "coordinator listening on", timeout=120)
+        return backend.get_jobset(state.name)
 
     running = [leader_says_listening(backend, state) for backend, state in started]
     assert [s.phase for s in running] == ["Running", "Running"]  # both hold their coordinators now
@@ -207,8 +205,9 @@ def test_a_delete_with_its_own_grace_period_does_not_wait_out_the_pods(tmp_path)
     backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
     state = backend.create_jobset(obj)
-    for pod in state.pods:  # every pod has set its handler (an event in its log, not a delay)
-        backend.wait(name, lambda s, p=pod: "ignoring SIGTERM" in _log(backend, name, p), timeout=120, poll=0.2)
+    for pod in state.pods:  # every pod has set its handler (a line in its log, awaited on inotify, not a delay)
+        log = backend.pod_log(name, pod.job_index, pod.completion_index)
+        assert wait_for_text(log, "ignoring SIGTERM", timeout=120), _log(backend, name, pod)
     deleted = backend.delete_jobset(name, timeout=120, grace_seconds=0)
     assert (deleted.phase, deleted.message) == ("Deleted", "the JobSet was deleted")  # the supervisor's, in time
     assert [p.exit_code for p in deleted.pods] == [137] * 4  # SIGKILL: SIGTERM was ignored

@@ -10,7 +10,6 @@ told (or the emulator has sent the watch event showing) that it saw the previous
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 
@@ -18,7 +17,7 @@ from multislice.backends.gke import GkeBackend
 from multislice.backends.gke.client import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from multislice.steps import admit, launch
 from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
-from tests.kube_cluster import FAST
+from tests.kube_cluster import FAST, wait_until
 
 pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "run_storage", "node_pools")
 
@@ -68,13 +67,15 @@ def test_launch_is_woken_by_pod_events_and_reads_per_event_not_per_interval(serv
         admitted = admit.run(plan, stage_of(plan), RUN_ID, backend=backend)
     names = play.pods(js, 2, plan.slice.hosts, phase="Pending")
     counted = {}
+    pod_watches = lambda: sum(1 for plural, _ in served.cluster.watch_starts if plural == "pods")  # noqa: E731
+    watches_before = pod_watches()
 
     def kubelet():
         told.wait_for(rf"0/{len(names)} pods Running")
         counted["reads"], counted["events"] = served.cluster.reads(user), len(served.cluster.delivered)
-        # A quiet second with nothing to see. Not a synchronisation (the assertions hold whatever its length): a
-        # step that polled every 10 ms would read the API about 200 times in it; one woken by events, not once.
-        time.sleep(1.0)
+        # Having looked once, the step waits on a watch of the pods and reads nothing more until an event: a step
+        # that polled (every 10 ms here) would never open that watch, and would read on instead.
+        wait_until(lambda: pod_watches() > watches_before, what="the launch step's watch of the pods")
         counted["quiet"] = served.cluster.reads(user) - counted["reads"]
         for index, name in enumerate(names):
             play.pod_scheduled(name, f"gke-{POOLS[index // plan.slice.hosts]}-{index % plan.slice.hosts}")

@@ -23,11 +23,14 @@ WAIT_SECONDS = 60.0  # far beyond what a loaded machine needs to deliver one eve
 
 @pytest.fixture
 def supervisor():
-    """A process standing in for a JobSet's supervisor (alive until killed)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    """A process standing in for a JobSet's supervisor: alive until killed (it blocks reading a pipe that nothing
+    writes to; the fixture closes it and kills the process at the end)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     yield proc
     proc.kill()
     proc.wait()
+    assert proc.stdin is not None
+    proc.stdin.close()
 
 
 def pending(tmp_path, supervisor) -> tuple[LocalJobSets, JobSetState]:

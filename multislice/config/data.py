@@ -496,7 +496,6 @@ def _glob_issue(field: str, pattern: str, site_packages: str | None) -> tuple[st
 
 #: The scheme of a Hugging Face Hub path in a grain glob (MaxText lists it with ``huggingface_hub.HfFileSystem``).
 HF_PREFIX = "hf://"
-_HF_GLOB = re.compile(r"hf://datasets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^/]+)?/.+")
 
 
 def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
@@ -504,7 +503,9 @@ def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
     and matches files of the dataset, listed through the Hub's API (:mod:`multislice.config.hub`; nothing is
     downloaded). MaxText lists it again when the stage starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
     """
-    if not _HF_GLOB.fullmatch(pattern):
+    try:
+        hub.HubGlob.parse(pattern)
+    except ValueError:
         return field, (
             f"{pattern!r} is not a Hugging Face Hub dataset path; write hf://datasets/OWNER/NAME/GLOB "
             "(or hf://datasets/OWNER/NAME@REVISION/GLOB), e.g. hf://datasets/allenai/c4/en/c4-train.*.json.gz"

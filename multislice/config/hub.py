@@ -20,6 +20,9 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+# fsspec comes with gcsfs, the Cloud Storage backend of etils[epath-gcs] (pyproject.toml)
+from fsspec.utils import glob_translate
+
 #: huggingface_hub's variable for another Hub endpoint (constants.py ``ENDPOINT``), and its default.
 ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -30,7 +33,9 @@ TIMEOUT_SECONDS = 30.0
 #: The most pages followed (the Hub gives 1,000 entries a page: 100,000 files).
 MAX_PAGES = 100
 
-_PATH = re.compile(r"hf://datasets/(?P<repo>[^/@]+/[^/@]+)(@(?P<revision>[^/]+))?/(?P<glob>.+)")
+_PATH = re.compile(
+    r"hf://datasets/(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(@(?P<revision>[^/]+))?/(?P<glob>.+)"
+)
 _NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
 
@@ -66,38 +71,12 @@ class HubGlob:
             fixed.append(part)
         return "/".join(fixed)
 
-    def matches(self, path: str) -> bool:
-        """Whether a file's path in the dataset matches the glob as fsspec's ``glob`` does: ``*`` and ``?`` within
-        one path segment, ``**`` across segments, ``[...]`` a class."""
-        return glob_regex(self.glob).fullmatch(path) is not None
-
 
 def glob_regex(glob: str) -> re.Pattern[str]:
-    """The regular expression of a path glob: ``**/`` any directories (none included), ``**`` anything, ``*`` and
-    ``?`` within a segment, ``[...]`` a class (``[!...]`` negated)."""
-    out, i = [], 0
-    while i < len(glob):
-        c = glob[i]
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[" and (end := glob.find("]", i + 2)) != -1:
-            body = glob[i + 1 : end]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return re.compile("".join(out))
+    """The regular expression of a path glob, as ``HfFileSystem.glob`` matches it: fsspec's own translation
+    (``fsspec.utils.glob_translate``; ``HfFileSystem`` is an fsspec filesystem): ``*`` and ``?`` within a path
+    segment, ``**`` across segments, ``[...]`` a class (``[!...]`` negated)."""
+    return re.compile(glob_translate(glob))
 
 
 def list_files(pattern: str, *, timeout: float = TIMEOUT_SECONDS) -> list[str]:
@@ -109,6 +88,7 @@ def list_files(pattern: str, *, timeout: float = TIMEOUT_SECONDS) -> list[str]:
             without ``$HF_TOKEN``; 401/403: the token may not read it) or could not be reached.
     """
     hub = HubGlob.parse(pattern)
+    matches = glob_regex(hub.glob).fullmatch
     endpoint = os.environ.get(ENDPOINT_ENV, DEFAULT_ENDPOINT).rstrip("/")
     path = "/" + urllib.parse.quote(hub.directory, safe="") if hub.directory else ""
     url: str | None = (
@@ -133,7 +113,7 @@ def list_files(pattern: str, *, timeout: float = TIMEOUT_SECONDS) -> list[str]:
                 f"could not list it on {endpoint} ({error}); the plan lists hf:// globs before anything starts: "
                 f"check this machine's access to the Hub, or ${ENDPOINT_ENV}"
             ) from None
-        found += [e["path"] for e in entries if e.get("type") == "file" and hub.matches(e["path"])]
+        found += [e["path"] for e in entries if e.get("type") == "file" and matches(e["path"])]
         next_page = _NEXT.search(link)
         url = next_page.group(1) if next_page else None
     return sorted(found)

@@ -29,7 +29,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import sysconfig
 import tempfile
 from collections.abc import Iterator

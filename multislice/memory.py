@@ -29,12 +29,12 @@ order. It gives, per chip:
   compile's error). A fitted band, not a bound: the planner compiles first the
   candidates whose ``high_bytes`` fits, last those whose ``low_bytes`` does not.
 
-The error band comes from what is not modelled: XLA's own temporaries and
-scheduling (collective buffers of tensor parallelism and of FSDP all-gathers,
-prefetched layers), which make the estimate 15-18% low for the seed 70B's
-float32 full-remat configs, and the fused logits/cross entropy of the
-production stages, which makes it up to 18% high for the 70B in bfloat16 with
-8192-token sequences.
+The band is what is not modelled. XLA's own temporaries (collective buffers,
+layers the scheduler prefetches) leave the estimate 6-15% low on the seed
+70B's float32 full-remat configs: its stage's compile holds 21.97 GiB of
+temporaries where the model has 17.6 GiB. On the 70B in bfloat16 with
+8192-token sequences (production stage, recipe) it is 18% high, most likely
+from the logits term, whose bf16 and fp32 copies XLA need not hold at once.
 
 Sources: parameter shapes of MaxText's ``llama2`` decoder block
 (``maxtext/models/llama2.py``: attention q/k/v/o, SwiGLU MLP ``wi_0``,
@@ -280,7 +280,10 @@ SAVED_BY_POLICY: dict[str, tuple[str, ...]] = {
     "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context", "out_proj"),
     "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
     "minimal": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"),
-}
+    "minimal_with_context": (
+        "query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo", "context",
+    ),
+}  # fmt: skip
 #: Tensors the ``*_offloaded`` policies move to host memory (``save_and_offload_only_these_names``).
 OFFLOADED_BY_POLICY: dict[str, tuple[str, ...]] = {
     "qkv_proj_offloaded": ("query_proj", "key_proj", "value_proj"),

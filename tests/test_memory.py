@@ -313,3 +313,16 @@ def test_the_likeliest_fits_are_compiled_first():
     assert classes == sorted(classes) and classes[0] == 0 and classes[-1] > 0
     wasted = [c for c in kept if c.knobs.dcn["data"] == 2 and c.knobs.weight_dtype == "float32"]
     assert not wasted  # e.g. the issue's 63.4 GiB config (parameters offloaded): pruned by the lower bound
+
+
+def test_the_memory_model_benchmark_reads_every_recorded_compile():
+    """``python -m benchmarks.memory_model``: one row per distinct recorded compile, none left unread."""
+    from benchmarks import memory_model  # the benchmark's module, for this test only
+
+    found = memory_model.rows(RECORDED)
+    assert len(found) >= 11 and all(r["aot_bytes"] > 0 for r in found)
+    summary = memory_model.summary(found)
+    assert summary["lower_bound_held"]
+    assert summary["most_over"] <= memory.ESTIMATE_HIGH_BY
+    assert 1 / (1 + summary["most_under"]) - 1 <= memory.ESTIMATE_LOW_BY
+    assert "| config | verdict | AOT GiB | model GiB | error |" in memory_model.table(found)

@@ -71,12 +71,12 @@ def record(path: Path, cache_dirs: list[Path]) -> int:
     """
     data = json.loads(path.read_text()) if path.exists() else {"results": []}
     data["source"] = "AOT compiles on this machine (benchmarks/preflight.py --record); versions per result"
-    seen = {json.dumps([r["compile_topology"], r["num_slices"], sorted(r["maxtext_args"])]) for r in data["results"]}
+    seen = {_record_key(r) for r in data["results"]}
     added = 0
     for cache in cache_dirs:
         for file in sorted(cache.glob("*.json")):
             result = json.loads(file.read_text())
-            if result.get("verdict") not in ("fits", "does_not_fit"):
+            if result.get("verdict") not in ("fits", "does_not_fit") or "maxtext_args" not in result:
                 continue
             entry = {
                 "compile_topology": result["compile_topology"],
@@ -87,13 +87,21 @@ def record(path: Path, cache_dirs: list[Path]) -> int:
                 "required_bytes": result.get("oom", {}).get("required_bytes"),
                 "versions": result.get("versions"),
             }
-            key = json.dumps([entry["compile_topology"], entry["num_slices"], sorted(entry["maxtext_args"])])
+            if result.get("libtpu_init_args"):
+                entry["libtpu_init_args"] = result["libtpu_init_args"]
+            key = _record_key(entry)
             if key not in seen:
                 data["results"].append(entry)
                 seen.add(key)
                 added += 1
     path.write_text(json.dumps(data, indent=1) + "\n")
     return added
+
+
+def _record_key(entry: dict) -> str:
+    """What makes two recorded compiles the same: target, MaxText arguments (less scratch paths), libtpu flags."""
+    args = sorted(a for a in entry["maxtext_args"] if not a.startswith(("base_output_directory=", "run_name=")))
+    return json.dumps([entry["compile_topology"], entry["num_slices"], args, entry.get("libtpu_init_args", "")])
 
 
 def main() -> None:

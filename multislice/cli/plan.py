@@ -164,8 +164,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     spec = spec.model_copy(
         update={k: v for k, v in (("tpu_type", args.tpu_type), ("num_slices", args.num_slices)) if v is not None}
     )
+    # The stage's own ICI and DCN split is the search's starting point (the "nearest" config, compiled first)
+    # unless --tpu-type or --num-slices changes the chips it splits; then MaxText's defaults.
+    reshaped = args.tpu_type is not None or args.num_slices is not None
+    reset = {"stages.0.dcn": {}, "stages.0.ici": {}} if reshaped else {}
     try:
-        spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), {"stages.0.dcn": {}, "stages.0.ici": {}})
+        spec = config.load_spec(config.spec_to_data(spec.with_stages(stage)), reset)
     except config.ConfigError as error:  # name the option that set the field
         options = {"tpu_type": "--tpu-type", "num_slices": "--num-slices", "max_target_length": "--seq",
                    "model": "--model"}  # fmt: skip

@@ -7,8 +7,9 @@ parallelism, the DCN split of FSDP and data parallelism, AdamW and parameter
 host offload (parameter offload with ``param_scan_axis=0``, which MaxText
 requires for it) and the weight dtype. The analytic model
 (:mod:`multislice.memory`) prunes every candidate whose *lower bound* exceeds
-the HBM XLA allows per chip, and orders the rest; the candidates predicted to
-fit are AOT-compiled (:mod:`multislice.preflight`) in order until enough are
+the HBM XLA allows per chip, and orders the rest, likeliest fits first (its
+estimate widened by its error on recorded compiles, :func:`fit_class`); they
+are AOT-compiled (:mod:`multislice.preflight`) in that order until enough are
 verified or the time budget is spent. Fitting configs are ranked by the MFU of
 their step-time estimate (:mod:`multislice.preflight.step_time`: a roofline of the
 compiled program's FLOPs, HBM bytes and ICI/DCN collectives, calibrated on
@@ -47,8 +48,6 @@ RECOMPUTE = {"full": 1.0, "save_qkv_proj": 0.8, "save_dot_except_mlp": 0.6, "min
 PER_DEVICE_BATCH_CHOICES = (1, 2, 4, 8)
 TENSOR_CHOICES = (1, 2, 4, 8)
 BASE_MFU = 0.55
-#: Order candidates predicted to fit first: estimate at most this times the usable HBM.
-PREDICTED_FIT_MARGIN = 1.10
 
 
 @dataclass
@@ -284,13 +283,29 @@ def prune(found: list[Candidate], usable_bytes: int) -> tuple[list[Candidate], i
     return kept, len(found) - len(kept)
 
 
+def fit_class(c: Candidate, usable_bytes: int) -> int:
+    """How likely the memory model says a candidate fits, 0-3 (:class:`multislice.memory.MemoryEstimate`).
+
+    0 likely (even its ``high_bytes`` fit in ``usable_bytes`` per chip), 1 possible (its estimate fits),
+    2 unlikely (only its ``low_bytes`` fit), 3 not expected (none does: fits only if XLA beats every recorded
+    compile). Not a verdict: only AOT compile is (:func:`search`).
+    """
+    e = c.estimate
+    if e.high_bytes <= usable_bytes:
+        return 0
+    if e.estimate_bytes <= usable_bytes:
+        return 1
+    return 2 if e.low_bytes <= usable_bytes else 3
+
+
 def order(kept: list[Candidate], usable_bytes: int, *, nearest: bool = False) -> list[Candidate]:
-    """Compile order: predicted fits first; by fewest changes (``nearest``) or by estimated speed."""
+    """Compile order: by :func:`fit_class` (likely fits first), then by fewest changes (``nearest``) or by
+    estimated speed."""
 
     def key(c: Candidate) -> tuple:
-        predicted = c.estimate.estimate_bytes <= usable_bytes * PREDICTED_FIT_MARGIN
+        likely = fit_class(c, usable_bytes)
         speed = (-c.estimated_mfu, -c.tokens_per_step_per_chip)
-        return (not predicted, c.distance, *speed) if nearest else (not predicted, *speed, c.distance)
+        return (likely, c.distance, *speed) if nearest else (likely, *speed, c.distance)
 
     return sorted(kept, key=key)
 

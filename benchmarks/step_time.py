@@ -36,7 +36,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "step_time.json"
 #: Where the compiled programs' HLO is kept (not committed: megabytes each), to re-read without compiling.
 HLO_DIR = Path(os.environ.get("STEP_TIME_HLO_DIR", "/tmp/step-time-hlo"))
 RECIPES = "AI-Hypercomputer/tpu-recipes@c8cfe2f training/trillium/"
-V5P_README = "AI-Hypercomputer/maxtext@HEAD src/maxtext/configs/tpu/v5p/README.md and 32b.sh"
+V5P = "AI-Hypercomputer/maxtext@e591f30 src/maxtext/configs/tpu/v5p/"
+V5P_README = V5P + "README.md and 32b.sh"
 
 
 def v6e_recipe_flags() -> dict[str, str]:
@@ -98,6 +99,18 @@ ROWS: dict[str, dict] = {
         # The README gives TFLOP/s/chip (MFU 71.47%); the step time is MaxText's TFLOP per step per device over it.
         "published": {"tflops_per_device": 328.0},
         "source": V5P_README + " (32B model, 1x v5p-128: 328 TFLOP/s/chip)",
+    },
+    "64B (global_parameter_scale 64) v5p-128": {
+        "tpu_type": "v5p-128", "num_slices": 1,
+        # 64b.sh: 32b.sh's arguments with global_parameter_scale=64 and per_device_batch_size=3.
+        "maxtext_args": [
+            "per_device_batch_size=3", "remat_policy=minimal", "global_parameter_scale=64", "ici_fsdp_parallelism=-1",
+            "ici_tensor_parallelism=4", "max_target_length=2048", "use_iota_embed=true", "dataset_type=synthetic",
+            "attention=flash", "quantization=",
+        ],
+        "libtpu_flags": {},  # async-collective and scheduling flags only, as 32b.sh's (see that row)
+        "published": {"tflops_per_device": 323.0},
+        "source": V5P + "README.md and 64b.sh (64B model, 1x v5p-128: 323 TFLOP/s/chip, MFU 70.31%)",
     },
 }  # fmt: skip
 

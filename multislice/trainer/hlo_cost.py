@@ -61,7 +61,7 @@ _HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%(?P<name>[^\s(]+)\s.*\{\s*$")
 _CALLS = re.compile(
     r"\b(?P<kind>calls|body|condition|to_apply|true_computation|false_computation)=%(?P<name>[^\s,)}]+)"
 )
-_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
+_BRANCHES = re.compile(r"(?:branch_computations|called_computations)=\{(?P<names>[^}]*)\}")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
 _GROUPS_LIST = re.compile(r"replica_groups=\{(?P<body>(?:\{[0-9, ]*\},?\s*)*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<shape>[0-9,]+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?")
@@ -220,7 +220,7 @@ def parse_module(text: str) -> dict[str, Computation]:
                 computations[current.name] = current
             continue
         stripped = line.strip()
-        if stripped == "}":
+        if stripped == "}" or stripped.startswith("}, execution_thread="):  # a SparseCore computation ends so
             current = None
             continue
         root = stripped.startswith("ROOT ")
@@ -301,8 +301,10 @@ def _resolve(computation: Computation, name: str, depth: int = 0) -> int | None:
 def multiplicities(module: dict[str, Computation]) -> tuple[dict[str, float], int]:
     """How many times each computation runs per execution of the entry, and the loops whose trips were unknown.
 
-    A ``while`` body counts its trip count times its caller's; ``calls``, ``to_apply``, branches and
-    conditions count as their caller (an unknown trip count counts once).
+    A ``while`` body counts its trip count times its caller's; ``calls``, ``to_apply``, branches,
+    conditions and an async ``custom-call-start``'s ``called_computations`` (libtpu 0.0.52 offloads
+    all-reduces to the SparseCore that way, ``async_execution_thread="sparsecore"``) count as their caller
+    (an unknown trip count counts once).
     """
     callees: dict[str, list[tuple[str, float]]] = {name: [] for name in module}
     unknown = 0

@@ -94,6 +94,52 @@ def test_loops_run_their_trip_count_and_collectives_take_their_slice_network():
     assert by["ici", "all-reduce"]["moved_bytes"] == 6 * 2 * (32 * 64 * 2) / 2
 
 
+#: A gradient all-reduce offloaded to the SparseCore as libtpu 0.0.52 compiles it with the v6e flags
+#: (the 8B production stage's HLO): an async custom call whose called computation, on the ``sparsecore``
+#: execution thread, holds the all-reduce, and ends with ``}, execution_thread="sparsecore"``.
+SPARSECORE = """HloModule sparsecore, entry_computation_layout={(bf16[32,64]{1,0})->bf16[32,64]{1,0}}
+
+%add (x: bf16[], y: bf16[]) -> bf16[] {
+  %x = bf16[] parameter(0)
+  %y = bf16[] parameter(1)
+  ROOT %sum = bf16[] add(%x, %y)
+}
+
+%called_computation.17 (param_0: bf16[32,64]) -> bf16[32,64] {
+  %param_0 = bf16[32,64]{1,0} parameter(0)
+  ROOT %all-reduce.252 = bf16[32,64]{1,0} all-reduce(%param_0), channel_id=27, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
+}, execution_thread="sparsecore"
+
+%after (q: bf16[32,64], w: bf16[64,64]) -> bf16[32,64] {
+  %q = bf16[32,64]{1,0} parameter(0)
+  %w = bf16[64,64]{1,0} parameter(1)
+  ROOT %d = bf16[32,64]{1,0} dot(%q, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[32,64]) -> bf16[32,64] {
+  %a = bf16[32,64]{1,0} parameter(0)
+  %w = bf16[64,64]{1,0} constant({...})
+  %start = ((), (), (s32[8]{0})) custom-call-start(), async_execution_thread="sparsecore", custom_call_target="TODO(b/522284627)", called_computations={%called_computation.17}, backend_config={"sparse_core_config":{"offload":"OFFLOAD_COLLECTIVE"}}
+  %done = bf16[32,64]{1,0} custom-call-done(%start)
+  ROOT %out = bf16[32,64]{1,0} call(%a, %w), to_apply=%after
+}
+"""
+
+
+def test_an_all_reduce_offloaded_to_the_sparsecore_is_counted_and_ends_its_computation():
+    module = hlo_cost.parse_module(SPARSECORE)
+    # The computation after the SparseCore one is its own, not more instructions of the SparseCore one.
+    assert [i.name for i in module["called_computation.17"].instructions] == ["param_0", "all-reduce.252"]
+    assert [i.name for i in module["after"].instructions] == ["q", "w", "d"]
+    counts, _ = hlo_cost.multiplicities(module)
+    assert counts["called_computation.17"] == 1 and counts["after"] == 1
+    summary = hlo_cost.summarize(SPARSECORE, None, [0, 0], 1)
+    assert summary["collectives"] == [
+        {"network": "ici", "op": "all-reduce", "group": 2, "moved_bytes": 2 * (32 * 64 * 2) / 2, "count": 1}
+    ]
+    assert summary["flops"] == 2 * 32 * 64 * 64
+
+
 def test_hbm_bytes_leave_out_vmem_and_host_memory_and_slices_move_only_the_slice():
     assert hlo_cost.bytes_by_space("bf16[8,128]{1,0:T(8,128)(2,1)}") == {"0": 2048}
     assert hlo_cost.bytes_by_space("(bf16[8,128]{1,0:T(8,128)(2,1)S(1)}, f32[4]{0:S(5)})") == {"1": 2048, "5": 16}

@@ -22,6 +22,7 @@ from multislice.backends.local.spares import ENV_SPARES, Spares, warmable, warma
 from multislice.trainer.spare import READY
 from tests.backends.local.test_backend import finish, scripted_jobset
 from tests.inotify import wait_for_text
+from tests.processes import spare_pids
 from tests.test_cancel import wait_gone
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -102,21 +103,8 @@ def test_a_restarted_attempt_runs_in_interpreters_started_and_warmed_before_the_
 
 
 def spares_of(backend: LocalJobSets, name: str) -> list[int]:
-    """Pids of live processes running ``multislice.trainer.spare`` in this JobSet's state directory."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if b"multislice.trainer.spare" in cmdline and cwd == str(backend.state_dir(name)) and pid_alive(
-            int(entry.name)
-        ):
-            found.append(int(entry.name))
-    return found
+    """Pids of live spares in this JobSet's state directory."""
+    return spare_pids(backend.state_dir(name))
 
 
 def test_spares_die_with_their_jobset_on_delete_and_on_completion(tmp_path, stand_in):

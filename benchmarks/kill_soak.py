@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     if not options.skip_baseline:
         plan, stage = stage_plan(output, "soak-baseline", options.steps, max_restarts=0)
         baseline_seconds, report = train_and_time(plan, stage, "soak-baseline")
-        step_seconds = [r["perf/step_time_seconds"] for r in metrics.read_records(stage.metrics_file)][1:]
+        records = metrics.read_records(stage.metrics_file)  # step records (eval records carry no step time)
+        step_seconds = [r["perf/step_time_seconds"] for r in records if "perf/step_time_seconds" in r][1:]
         result["baseline"] = {
             "seconds": round(baseline_seconds, 1),
             "steps_trained": report.steps_trained,

@@ -159,7 +159,9 @@ class Spares:
         _kill(found)
         return None
 
-    def launch(self, hostname: str, attempt: int, argv: list[str], env: dict[str, str], cwd: Path, log: Path):
+    def launch(
+        self, hostname: str, attempt: int, argv: list[str], env: dict[str, str], cwd: Path, log: Path
+    ) -> tuple[subprocess.Popen, bool]:
         """Start a pod: in its spare when one matches (:meth:`take`), else as a new process as before.
 
         Returns:

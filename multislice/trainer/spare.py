@@ -27,8 +27,9 @@ A spare runs at the pod's priority. A lower one would have to be its
 session's: with the kernel's autogroups (``sched(7)``, on here) each session
 is a scheduling group of its own, and a thread's nice value counts only
 against the threads of its own session, so a spare with niced threads still
-competes with each pod as an equal (measured: the kill soak's spares imported
-in about 50 s beside the training pods, as fast as at nice 0). A niced
+competes with each pod as an equal (measured in a profiling kill soak: spares
+whose threads ran at nice 19 imported in about 50 s beside the training pods,
+as the spares at the pods' priority did in the next). A niced
 autogroup would take only what the pods leave idle, which on this machine's
 two loaded cores is little: estimated, not measured, minutes for the imports
 against tens of seconds between the kill soak's kills, so the spares would

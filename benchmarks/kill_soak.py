@@ -187,6 +187,17 @@ def next_restore(jobsets: LocalJobSets, name: str, after: int, last_attempt: int
     return None
 
 
+def prestarted_by_attempt(state) -> list[int]:
+    """Per attempt, how many pods started in interpreters the supervisor pre-started (its ``Started`` events:
+    ``attempt N: started 4 pods (4 in pre-started interpreters)``)."""
+    counts = []
+    for event in state.events:
+        if event.reason == "Started":
+            found = re.search(r"\((\d+) in pre-started interpreters\)", event.message)
+            counts.append(int(found[1]) if found else 0)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kill_soak", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -203,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     if not options.skip_baseline:
         plan, stage = stage_plan(output, "soak-baseline", options.steps, max_restarts=0)
         baseline_seconds, report = train_and_time(plan, stage, "soak-baseline")
-        step_seconds = [r["perf/step_time_seconds"] for r in metrics.read_records(stage.metrics_file)][1:]
+        records = metrics.read_records(stage.metrics_file)  # step records (eval records carry no step time)
+        step_seconds = [r["perf/step_time_seconds"] for r in records if "perf/step_time_seconds" in r][1:]
         result["baseline"] = {
             "seconds": round(baseline_seconds, 1),
             "steps_trained": report.steps_trained,
@@ -248,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         "measured_goodput": report.goodput,
         "job_seconds": report.job_seconds,
         "badput_seconds": report.badput_seconds,
+        # Per attempt: seconds of XLA compiles, how many the run's persistent cache served, how many there were.
+        "compile_seconds_by_attempt": metrics.compile_seconds_by_attempt(report.compiles),
+        # Per attempt: how many of its pods started in pre-started interpreters (the local backend's spares).
+        "prestarted_pods_by_attempt": prestarted_by_attempt(state),
     }
     if baseline_seconds:
         result["soak"]["wall_time_vs_undisturbed"] = round(soak_seconds / baseline_seconds, 2)
@@ -272,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         + (f" vs {baseline_seconds:.0f} s undisturbed: goodput {soak['goodput']:.2f}" if baseline_seconds else "")
     )
     print(f"train report: goodput {soak['measured_goodput']}, badput (s) {soak['badput_seconds']}")
+    print(
+        "XLA compile per attempt: "
+        + ", ".join(f"{t:.1f} s ({hits}/{n} from the cache)" for t, hits, n in soak["compile_seconds_by_attempt"])
+    )
+    print(f"pods started in pre-started interpreters, per attempt: {soak['prestarted_pods_by_attempt']}")
     print(f"results: {RESULTS}")
     ok = (
         soak["verification"] == "PASS"

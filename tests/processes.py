@@ -33,3 +33,23 @@ def wait_gone(find: Callable[[], list[int]], timeout: float) -> list[int]:
             for fd in fds:
                 os.close(fd)
     return find()
+
+
+def spare_pids(state_dir: str | os.PathLike[str]) -> list[int]:
+    """Pids of live processes running ``multislice.trainer.spare`` (the local backend's pre-started pods) in a
+    JobSet's state directory (their working directory), read from ``/proc``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().split(b"\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            with open(f"/proc/{entry}/stat", encoding="ascii") as handle:
+                zombie = handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if b"multislice.trainer.spare" in cmdline and cwd == os.fspath(state_dir) and not zombie:
+            found.append(int(entry))
+    return found

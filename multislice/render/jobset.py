@@ -56,7 +56,7 @@ RESTARTABLE_EXIT_CODES: tuple[int, ...] = (42, *range(129, 256))
 Hardware = Literal["tpu", "cpu"]
 
 #: Module run by every training pod (trainer image).
-WORKER_MODULE = "multislice.trainer.worker"
+WORKER_MODULE = maxtext.WORKER_MODULE
 #: Runs a command with ``$HF_TOKEN`` read from Secret Manager (:mod:`multislice.trainer.hub_token`, by name: the
 #: render layer does not import the trainer's code).
 HUB_TOKEN_MODULE = "multislice.trainer.hub_token"

@@ -9,6 +9,7 @@ from multislice import metrics, reports
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.steps import admit, launch, prepare_data
 from multislice.storage import latest_committed_step
+from tests.processes import spare_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +63,7 @@ def test_run_leaves_no_process_behind(local_run):
     for state in states:
         assert not pid_alive(state.supervisor_pid)
         assert not any(pid_alive(p.pid) for p in state.pods)
+        assert not spare_pids(LocalJobSets(local_run.plan.run_dir).state_dir(state.name))  # no pre-started pod
 
 
 def test_two_local_runs_at_once_both_train_and_verify(local_runs):

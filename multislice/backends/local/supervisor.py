@@ -22,7 +22,13 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   starts a new attempt while ``restartsCountTowardsMax < maxRestarts`` and
   fails it with ``ReachedMaxRestarts`` after that;
   ``RestartJobSetAndIgnoreMaxRestarts`` restarts without counting
-  (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``);
+  (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``); a restart gives the
+  surviving pods :data:`RESTART_GRACE_SECONDS` after SIGTERM, not their whole
+  grace period;
+- while an attempt runs and a restart could follow, keeps a pre-started
+  interpreter (a spare) for each trainer pod of the next attempt, its imports
+  done, and starts that attempt's pods in them (:mod:`.spares`; a pod that
+  matches no spare starts as a new process, as every pod of the first attempt);
 - completes the JobSet when every pod has succeeded;
 - on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
   SIGKILL after the pod's ``terminationGracePeriodSeconds``;
@@ -31,7 +37,7 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   steps watching the JobSet see it Failed with reason ``SupervisorLost``.
 
 It never leaves a pod process behind: whatever ends the supervisor's loop,
-its ``finally`` stops the pods it started. A supervisor started for a JobSet
+its ``finally`` stops the pods it started, and the spares. A supervisor started for a JobSet
 whose state already lists pods is taking over from a lost one
 (:meth:`.jobsets.LocalJobSets.take_over`): it kills what is left of the old
 attempt's process groups and starts the next attempt, as a restart that does
@@ -56,13 +62,21 @@ from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.inotify import Watch
 from multislice.backends.local.pods import LocalPod, expand_jobset
+from multislice.backends.local.spares import Spares, warmable_modules
 from multislice.backends.local.state import GRACE_FILE, JobSetState, Phase, PodState, read_state, write_state
-from multislice.cancel import die_with_parent
 
 #: The longest the supervisor sleeps where no event can wake it (no inotify or pidfds: :mod:`.inotify`), seconds.
 POLL_SECONDS = 0.25
 #: The longest one wait for events lasts where they can wake it: a bound, not an interval (nothing is due then).
 IDLE_SECONDS = 60.0
+#: How long the surviving pods of a failed attempt get between SIGTERM and SIGKILL when the JobSet restarts, seconds
+#: (at most their ``terminationGracePeriodSeconds``). A survivor that can end does so at once; one that cannot is
+#: held by JAX's preemption notifier until its next sync point (a collective with the failed pod, which never
+#: comes) or blocked in such a collective, and a checkpoint in flight cannot commit without the failed pod's
+#: shards: waiting out its grace period (30 s) would only delay the restart. On GKE the JobSet controller deletes
+#: the child Jobs (foreground, no grace override: JobSet v0.12.0, ``pkg/controllers/jobset_controller.go``,
+#: ``deleteJobs``), so there the survivors get their whole grace period (docs/testing.md).
+RESTART_GRACE_SECONDS = 2.0
 
 
 def exit_code_of(returncode: int) -> int:
@@ -132,6 +146,7 @@ class Supervisor:
         self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
         self.waiting_for_capacity = False
         self.watch = Watch(fallback_seconds=POLL_SECONDS)  # pod exits, signals, the capacity file (run)
+        self.spares = Spares(state_dir / "spares", warmable_modules())  # pre-started pods of the next attempt
 
     # -- pod processes --------------------------------------------------
 
@@ -178,19 +193,13 @@ class Supervisor:
             for pod in self.pods.values():
                 pod.env[maxtext.ENV_COORDINATOR_PORT] = port
             self.state.event("CoordinatorPort", f"attempt {attempt}: JAX coordinator on 127.0.0.1:{port}")
+        prestarted = 0
         for pod in self.pods.values():
             log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    pod.argv,
-                    env=self._pod_env(pod),
-                    cwd=self.state_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent(),  # a SIGKILLed supervisor's pods die with it
-                )
+            proc, from_spare = self.spares.launch(
+                pod.hostname, attempt, pod.argv, self._pod_env(pod), self.state_dir, log_path
+            )
+            prestarted += from_spare
             self.procs[pod.hostname] = proc
             self.state.pods.append(
                 PodState(
@@ -202,11 +211,30 @@ class Supervisor:
                     phase="Running",
                     log=str(log_path),
                     started_at=time.time(),
+                    prestarted=from_spare,
                 )
             )
+        self.spares.stop()  # any left (a pod that no longer matches its spare started as a new process)
         self.state.phase = "Running"
-        self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods")
+        how = f" ({prestarted} in pre-started interpreters)" if prestarted else ""
+        self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods{how}")
         write_state(self.state_dir, self.state)
+        self.start_spares()
+
+    def may_restart(self) -> bool:
+        """Whether a failure could still start another attempt (a restart left below ``maxRestarts``, or a
+        ``RestartJobSetAndIgnoreMaxRestarts`` rule)."""
+        rules = self.failure_policy.get("rules", [])
+        ignoring = any(r.get("action") == "RestartJobSetAndIgnoreMaxRestarts" for r in rules)
+        return ignoring or self.state.restarts_count_towards_max < self.state.max_restarts
+
+    def start_spares(self) -> None:
+        """Pre-start the pods of the next attempt (:mod:`.spares`), after this attempt's pods (their start first),
+        when there can be one."""
+        if not self.may_restart():
+            return
+        attempt = self.state.restarts + 1
+        self.spares.start(expand_jobset(self.manifest, restart_attempt=attempt), attempt, self._pod_env, self.state_dir)
 
     def _capacity_short(self) -> str | None:
         """Why the capacity model (:mod:`.capacity`) cannot hold this JobSet's slices now, or None when it can."""
@@ -249,12 +277,14 @@ class Supervisor:
                 failed.append(pod_state)
         return failed
 
-    def stop_all(self, why: str) -> None:
-        """SIGTERM every running pod's process group, SIGKILL after the grace period, wait for all."""
+    def stop_all(self, why: str, grace_seconds: float | None = None) -> None:
+        """SIGTERM every running pod's process group, SIGKILL after the grace period (``grace_seconds``, at most
+        the pods' own), wait for all."""
         running = [p for p in self.state.pods if p.phase == "Running" and p.hostname in self.procs]
         for pod_state in running:
             _signal_group(pod_state.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self._grace_seconds()
+        grace = self._grace_seconds() if grace_seconds is None else min(grace_seconds, self._grace_seconds())
+        deadline = time.monotonic() + grace
         for pod_state in running:  # each pod's end wakes the wait (its pidfd)
             self.watch.add_process(pod_state.pid)
         while any(self.procs[p.hostname].poll() is None for p in running) and time.monotonic() < deadline:
@@ -296,7 +326,7 @@ class Supervisor:
                 f"last failure: pod {pod.hostname} exit code {pod_state.exit_code}",
             )
             return False
-        self.stop_all(f"restarting the JobSet after {pod.job} failed")
+        self.stop_all(f"restarting the JobSet after {pod.job} failed", grace_seconds=RESTART_GRACE_SECONDS)
         self.state.restarts += 1
         if counted:
             self.state.restarts_count_towards_max += 1
@@ -305,6 +335,7 @@ class Supervisor:
         return True
 
     def _finish(self, phase: Phase, reason: str, message: str) -> None:
+        self.spares.stop()
         self.stop_all(message)
         self.state.phase = phase
         self.state.reason = reason
@@ -366,6 +397,7 @@ class Supervisor:
             self._finish("Failed", "SupervisorError", f"the local supervisor failed: {error!r}")
             raise
         finally:
+            self.spares.stop()
             for pod_state in self.state.pods:
                 if (
                     pod_state.pid

@@ -15,7 +15,7 @@ import pytest
 from multislice import cancel, config
 from multislice.backends.base import LaunchFailed
 from multislice.backends.local import AlreadyExists, LocalJobSets, pid_alive
-from multislice.backends.local.supervisor import failure_policy_action, job_failure_reason
+from multislice.backends.local.supervisor import RESTART_GRACE_SECONDS, failure_policy_action, job_failure_reason
 from multislice.plan import make_plan
 from multislice.render import jobset
 from multislice.steps import cleanup, train
@@ -29,7 +29,8 @@ who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
 print("pod", who, "attempt", attempt, "coordinator", os.environ["JAX_COORDINATOR_ADDRESS"],
       "processes", os.environ["JAX_PROCESS_COUNT"], flush=True)
 mode = sys.argv[1]
-if mode == "ignore-sigterm":  # as JAX's preemption handler: SIGTERM does not end the process
+if mode == "ignore-sigterm" or (mode == "ignore-sigterm-first-attempt" and attempt == 0):  # as JAX's preemption
+    # handler: SIGTERM does not end the process
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("ignoring SIGTERM", flush=True)
     while True:  # until SIGKILL: no signal it heeds ends the wait
@@ -212,6 +213,29 @@ def test_a_delete_with_its_own_grace_period_does_not_wait_out_the_pods(tmp_path)
     assert (deleted.phase, deleted.message) == ("Deleted", "the JobSet was deleted")  # the supervisor's, in time
     assert [p.exit_code for p in deleted.pods] == [137] * 4  # SIGKILL: SIGTERM was ignored
     assert not any(pid_alive(p.pid) for p in deleted.pods)
+
+
+def test_a_restart_does_not_wait_out_the_survivors_grace_period(tmp_path):
+    """The survivors of a failed attempt ignore SIGTERM (as JAX's preemption notifier holds a process until a sync
+    point that the failed pod never reaches) and have an hour's grace period: the restart SIGKILLs them after
+    ``RESTART_GRACE_SECONDS`` and the next attempt runs, long before a delete's fallback or the hour."""
+    plan, obj = scripted_jobset(tmp_path, "ignore-sigterm-first-attempt")
+    obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 3600
+    backend = LocalJobSets(plan.run_dir)
+    name = obj["metadata"]["name"]
+    state = backend.create_jobset(obj)
+    for pod in state.pods:  # every pod has set its handler (a line in its log, awaited on inotify)
+        log = backend.pod_log(name, pod.job_index, pod.completion_index)
+        assert wait_for_text(log, "ignoring SIGTERM", timeout=120), _log(backend, name, pod)
+    os.kill(state.pods[-1].pid, signal.SIGKILL)
+    done = finish(backend, name, timeout=300)
+    assert (done.phase, done.restarts) == ("Completed", 1), done.events
+    stopped = next(e for e in done.events if e.reason == "Stopped")
+    restarted = next(e for e in done.events if e.reason == "Restarting")
+    failed = next(e for e in done.events if e.reason == "JobFailed")
+    assert stopped.message.startswith("stopped 3 running pods: restarting")
+    assert restarted.time - failed.time < RESTART_GRACE_SECONDS + 60  # not the hour: SIGKILL after the restart grace
+    assert not any(pid_alive(p.pid) for p in state.pods)
 
 
 def _log(backend, name, pod):

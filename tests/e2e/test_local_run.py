@@ -124,6 +124,11 @@ def test_a_killed_worker_restarts_the_jobset_which_resumes_from_its_checkpoint(l
     step = int(resumed.split("restoring from this run's directory step ")[1].split()[0])
     assert step >= stage.checkpoint_period
     assert f"completed step: {step + 1}," in resumed and "completed step: 0," not in resumed
+    # The restarted pods ran in interpreters the supervisor pre-started with the worker's imports
+    # (multislice.backends.local.spares); the leader's start-up counts from the pod's start.
+    restarted = backend.get_jobset(stage.jobset)
+    assert all(p.prestarted for p in restarted.pods), restarted.pods
+    assert "MaxText imported " in resumed and " s after the pod started (in a pre-started interpreter" in resumed
     assert reports.read(reports.VerificationReport, plan, stage).verdict == "PASS"
     assert "1 JobSet restarts" in twin.stdout
     # the restart's cause, in the report and the summary: the killed pod and its exit code (SIGKILL)

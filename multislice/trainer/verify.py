@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.maxtext import TRAIN_MODULE
-from multislice.trainer import digests
+from multislice.trainer import digests, lean_imports
 
 #: Checkpoints up to this size (bytes, all arrays: parameters and optimizer state) have every array
 #: restored and checked; larger ones a sample of at most ``--sample-bytes`` (plus the loss replay).
@@ -806,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(own)
     if not maxtext_args:
         parser.error("give the stage's MaxText arguments after --, so the expected model can be built")
+    lean_imports.install(maxtext_args)  # before MaxText is imported: no torch, transformers... to build the model
     report, status = run(
         options.checkpoint_dir, options.expected_step, maxtext_args, options.metrics_file, options.sample_bytes,
         options.full_check_bytes, options.loss_rtol, options.loss_check_flops,

@@ -829,13 +829,16 @@ def run(
 
     ``checkpoint_dir``: an ``etils.epath.Path`` (:func:`checkpoint_path`); ``metrics_file`` (None: the
     ``metrics.jsonl`` beside it). ERROR: the verifier itself could not run (the exception's type and message in
-    ``error``). Used by :func:`main` and by :mod:`multislice.trainer.verify_export`.
+    ``error``). Used by :func:`main` and by :mod:`multislice.trainer.verify_export`. The report's
+    ``heavy_imports``: which of :data:`multislice.trainer.lean_imports.HEAVY` this process has imported (none of
+    torch and transformers when the entry point installed :func:`multislice.trainer.lean_imports.install` first).
     """
     try:
         report = verify(
             checkpoint_dir, expected_step, maxtext_args, sample_bytes, full_check_bytes,
             metrics_file or checkpoint_dir.parent / "metrics.jsonl", loss_rtol, loss_flops,
         )  # fmt: skip
+        report["heavy_imports"] = lean_imports.loaded()  # of lean_imports.HEAVY: what building the model pulled in
         return report, 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the verifier could not run
         return {

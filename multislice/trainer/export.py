@@ -758,7 +758,9 @@ class Loader:
     def __init__(self, python: Path):
         self.python = python
         self.process: subprocess.Popen | None = None
-        self.error = None if python.exists() else f"no loader interpreter at {python}: run make env (or set {LOADER4_ENV})"
+        self.error = None
+        if not python.exists():
+            self.error = f"no loader interpreter at {python}: run make env (or set {LOADER4_ENV})"
         self.scratch = Path(tempfile.mkdtemp(prefix="hf-loader-"))
         if self.error is None:
             # USE_TF/USE_FLAX off: transformers 4.57 would otherwise find the trainer environment's JAX and Flax
@@ -772,7 +774,8 @@ class Loader:
         """Give it the export to load and the token ids and positions whose logits it computes (it starts at once)."""
         if self.process is None or self.process.stdin is None:
             return
-        request = {"export_dir": export_dir, "ids": ids, "positions": positions, "out": str(self.scratch / "logits.npy")}
+        out = str(self.scratch / "logits.npy")
+        request = {"export_dir": export_dir, "ids": ids, "positions": positions, "out": out}
         try:
             self.process.stdin.write(json.dumps(request).encode())
             self.process.stdin.close()
@@ -1112,9 +1115,7 @@ def check_options(p: argparse.ArgumentParser, options: Any, maxtext_args: list[s
         p.error(f"--hub-repo {options.hub_repo}: give OWNER/NAME")
 
 
-def run(
-    options: Any, maxtext_args: list[str], loaders: dict[str, Loader] | None = None
-) -> tuple[dict[str, Any], int]:
+def run(options: Any, maxtext_args: list[str], loaders: dict[str, Loader] | None = None) -> tuple[dict[str, Any], int]:
     """:func:`export` with its failures as reports: ``(report, exit status)``, 0 PASS, 1 FAIL, 2 ERROR.
 
     ERROR: ``--hub-repo`` without a token in ``$HF_TOKEN`` (refused before anything is exported), or the

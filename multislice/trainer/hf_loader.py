@@ -1,6 +1,6 @@
 """One Hugging Face loader's view of an export: ``LlamaForCausalLM``'s logits at chosen positions.
 
-Run by the exporter (:func:`multislice.trainer.export.run_loader`) once with the trainer environment's
+Run by the exporter (:class:`multislice.trainer.export.Loader`) once with the trainer environment's
 transformers 5 and once with the pinned transformers 4.57 environment (``requirements/loader-hf4.txt``), so it
 imports only what both have (torch, numpy, transformers)::
 
@@ -9,10 +9,11 @@ imports only what both have (torch, numpy, transformers)::
 
 ``request.json``: ``{"export_dir", "ids", "positions", "out"}``. With ``-`` the loader imports torch and
 transformers first and then waits for the request on its standard input: the exporter starts it before the export
-exists, so those imports (seconds) overlap the verification and the conversion (:class:`multislice.trainer.export.
-Loader`); an empty input (the export was not made) ends it with exit 0 and no output. The model is loaded from ``export_dir`` in
-float32 on CPU (bf16 weights are upcast exactly); its logits ``[len(positions), vocab]`` go to ``out``
-(``.npy``). Printed last, one JSON line: ``transformers_version``, ``rope_theta`` as the loaded config has it,
+exists, so those imports (seconds) overlap the verification and the conversion
+(:class:`multislice.trainer.export.Loader`); an empty input (the export was not made) ends it with exit 0 and no
+output. The model is loaded from ``export_dir`` in float32 on CPU (bf16 weights are upcast exactly); its logits
+``[len(positions), vocab]`` go to ``out`` (``.npy``). Printed last, one JSON line: ``transformers_version``,
+``rope_theta`` as the loaded config has it,
 ``max_position_embeddings``, ``tokenizer_class`` and ``ids_round_trip`` (the export's tokenizer, loaded with
 ``AutoTokenizer``, encodes the ids' decoded text back to the same ids), ``logits_file``.
 """

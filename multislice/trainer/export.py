@@ -736,24 +736,133 @@ def loader4_python() -> Path:
     return Path(sys.prefix).parent / "loader-hf4" / "bin" / "python"
 
 
+#: The loaders of the check: name and interpreter (None: this one, the trainer environment's transformers 5).
+LOADER_NAMES = ("transformers5", "transformers4")
+
+
+class Loader:
+    """One loader process (:mod:`multislice.trainer.hf_loader` with ``-``), started before the export exists.
+
+    Started, it imports torch and transformers (seconds of a fresh interpreter) and waits for its request on
+    stdin, so those imports overlap whatever the exporter's process does meanwhile (the verification, the
+    conversion); :meth:`hand` gives it the export, :meth:`result` waits for its report, :meth:`stop` ends it
+    unused (the export was not made, or failed). Its stdout and stderr go to files in a scratch directory of its
+    own, so a chatty import never blocks on a full pipe.
+
+    Args:
+        python: the loader's interpreter (:func:`loader4_python` for 4.57, ``sys.executable`` for 5).
+
+    A missing interpreter is not raised: :meth:`result` returns ``{"error"}`` (the check fails with that detail).
+    """
+
+    def __init__(self, python: Path):
+        self.python = python
+        self.process: subprocess.Popen | None = None
+        self.error = None
+        if not python.exists():
+            self.error = f"no loader interpreter at {python}: run make env (or set {LOADER4_ENV})"
+        self.scratch = Path(tempfile.mkdtemp(prefix="hf-loader-"))
+        if self.error is None:
+            # USE_TF/USE_FLAX off: transformers 4.57 would otherwise find the trainer environment's JAX and Flax
+            # and import JAX (a second) for its image utilities; the loader runs torch's Llama only.
+            env = {**os.environ, "PYTHONNOUSERSITE": "1", "USE_TF": "0", "USE_FLAX": "0"}
+            with open(self.scratch / "stdout", "w") as out, open(self.scratch / "stderr", "w") as err:
+                self.process = subprocess.Popen([str(python), "-m", "multislice.trainer.hf_loader", "-"],
+                                                stdin=subprocess.PIPE, stdout=out, stderr=err, env=env)  # fmt: skip
+
+    def hand(self, export_dir: str, ids: list[int], positions: list[int]) -> None:
+        """Give it the export to load and the token ids and positions whose logits it computes (it starts at once)."""
+        if self.process is None or self.process.stdin is None:
+            return
+        out = str(self.scratch / "logits.npy")
+        request = {"export_dir": export_dir, "ids": ids, "positions": positions, "out": out}
+        try:
+            self.process.stdin.write(json.dumps(request).encode())
+            self.process.stdin.close()
+        except BrokenPipeError:  # it died while importing: result() reports its exit and stderr
+            pass
+
+    def result(self) -> dict[str, Any]:
+        """Wait for it; its report (``transformers_version``, ``rope_theta``, ``logits_file``, ...) or ``{"error"}``."""
+        if self.process is None:
+            return {"error": self.error}
+        code = self.process.wait()
+        stdout = (self.scratch / "stdout").read_text(errors="replace")
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if code != 0 or not lines:
+            stderr = (self.scratch / "stderr").read_text(errors="replace")
+            return {"error": f"{self.python} exited {code}: {stderr[-1500:]}"}
+        return json.loads(lines[-1])
+
+    def stop(self) -> None:
+        """End it if it still runs (unused, or no longer needed) and remove its scratch directory (not the logits
+        file's copy the caller already read)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def start_loaders() -> dict[str, Loader]:
+    """Both loaders of the check (:data:`LOADER_NAMES`), started now: transformers 5 with this interpreter, 4.57
+    with :func:`loader4_python`. The caller stops them (:meth:`Loader.stop`) when done or when it gives up."""
+    return {"transformers5": Loader(Path(sys.executable)), "transformers4": Loader(loader4_python())}
+
+
 def run_loader(python: Path, export_dir: str, ids: list[int], positions: list[int], scratch: Path) -> dict[str, Any]:
-    """Logits of the export as ``python``'s transformers loads it (:mod:`multislice.trainer.hf_loader`).
+    """Logits of the export as ``python``'s transformers loads it (:mod:`multislice.trainer.hf_loader`), alone.
 
     Returns:
-        The loader's report (``transformers_version``, ``rope_theta``, ``logits_file``, ...) or ``{"error"}``.
+        The loader's report (``transformers_version``, ``rope_theta``, ``logits_file`` in ``scratch``, ...) or
+        ``{"error"}``.
     """
-    if not python.exists():
-        return {"error": f"no loader interpreter at {python}: run make env (or set {LOADER4_ENV})"}
-    request = scratch / f"request-{abs(hash(str(python)))}.json"
-    out = scratch / f"logits-{abs(hash(str(python)))}.npy"
-    request.write_text(json.dumps({"export_dir": export_dir, "ids": ids, "positions": positions, "out": str(out)}))
-    env = {**os.environ, "PYTHONNOUSERSITE": "1"}
-    done = subprocess.run([str(python), "-m", "multislice.trainer.hf_loader", str(request)],
-                          capture_output=True, text=True, env=env)  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"error": f"{python} exited {done.returncode}: {done.stderr[-1500:]}"}
-    return json.loads(lines[-1])
+    loader = Loader(python)
+    try:
+        loader.hand(export_dir, ids, positions)
+        found = loader.result()
+        if "logits_file" in found:
+            kept = scratch / f"logits-{abs(hash(str(python)))}.npy"
+            shutil.move(found["logits_file"], kept)
+            found["logits_file"] = str(kept)
+        return found
+    finally:
+        loader.stop()
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use, bytes: ``MemAvailable`` (/proc/meminfo), lowered to the cgroup's
+    ``memory.max`` minus ``memory.current`` (cgroup v2: a pod's limit) when there is one; None when unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            found += [int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_bytes_at_once(parameters: int, dtype: str) -> int:
+    """Memory of the whole check at once, bytes, for ``parameters`` exported in ``dtype``: MaxText's side (3 float32
+    copies in bfloat16, 2 in float32: :mod:`multislice.exporting`'s ``REFERENCE_FLOAT32_COPIES``) and each loader
+    (the exported weights read and the model in float32), plus 1 GiB per process for the interpreters."""
+    reference = (3 if dtype == "bfloat16" else 2) * 4 * parameters
+    loader = ((2 if dtype == "bfloat16" else 4) + 4) * parameters
+    return reference + len(LOADER_NAMES) * loader + (1 + len(LOADER_NAMES)) * 2**30
+
+
+def concurrent_check(parameters: int, dtype: str) -> bool:
+    """Whether MaxText's logits and both loaders may run at once: when the whole check
+    (:func:`check_bytes_at_once`) takes at most half the available memory (:func:`available_memory_bytes`). Else
+    they run one after the other, as the GKE export Job's memory request assumes (``multislice.exporting.sizing``):
+    a large model's check is never run three times over in memory."""
+    available = available_memory_bytes()
+    return available is not None and check_bytes_at_once(parameters, dtype) <= available // 2
 
 
 def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
@@ -788,9 +897,18 @@ def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float =
 
 
 def check_export(
-    config: Any, reader: CheckpointReader, export_dir: Path, ids: list[int], options: Any, scratch: Path
+    config: Any,
+    reader: CheckpointReader,
+    export_dir: Path,
+    ids: list[int],
+    options: Any,
+    loaders: dict[str, Loader],
+    concurrent: bool = False,
 ) -> dict[str, Any]:
-    """MaxText's logits against each loader's (transformers 5 here, 4.57 in its environment).
+    """MaxText's logits against each loader's (``loaders``: :func:`start_loaders`, transformers 5 and 4.57).
+
+    ``concurrent`` (:func:`concurrent_check`): the loaders are handed the export before MaxText's logits are
+    computed, so the three run at once; else MaxText's side first and its memory freed, then each loader alone.
 
     Returns:
         ``{"passed", "positions", "sample_fraction", "loaders": {name: compare_logits(...) + version}}`` plus
@@ -801,26 +919,34 @@ def check_export(
     import numpy as np
 
     positions = sample_positions(len(ids), options.sample_fraction)
+    if concurrent:
+        for loader in loaders.values():
+            loader.hand(str(export_dir), ids, positions)
     flat = reference_params(reader, options.dtype, int(config.head_dim))
     reference = maxtext_logits(config, flat, ids)[positions]
     del flat
     gc.collect()
-    loaders = {}
-    for name, python in (("transformers5", Path(sys.executable)), ("transformers4", loader4_python())):
-        loaded = run_loader(python, str(export_dir), ids, positions, scratch)
+    compared_by_name = {}
+    for name in LOADER_NAMES:
+        loader = loaders[name]
+        if not concurrent:
+            loader.hand(str(export_dir), ids, positions)
+        loaded = loader.result()
         if "error" in loaded:
-            loaders[name] = {"passed": False, "detail": loaded["error"], "atol": options.atol, "rtol": options.rtol}
+            compared_by_name[name] = {"passed": False, "detail": loaded["error"], "atol": options.atol,
+                                      "rtol": options.rtol}  # fmt: skip
             continue
         compared = compare_logits(reference, np.load(loaded.pop("logits_file")), options.atol, options.rtol)
-        loaders[name] = {**compared, **loaded}
-    first = loaders["transformers5"]
+        compared_by_name[name] = {**compared, **loaded}
+    first = compared_by_name["transformers5"]
     return {
         **first,
-        "passed": all(c["passed"] for c in loaders.values()),
+        "passed": all(c["passed"] for c in compared_by_name.values()),
         "positions": len(positions),
         "tokens": len(ids),
         "sample_fraction": options.sample_fraction,
-        "loaders": loaders,
+        "concurrent": concurrent,
+        "loaders": compared_by_name,
     }
 
 
@@ -831,11 +957,11 @@ def _is_remote(uri: str) -> bool:
     return "://" in str(uri)
 
 
-def export(options: Any, maxtext_args: list[str]) -> dict[str, Any]:
+def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) -> dict[str, Any]:
     """Export ``options.step`` of ``options.checkpoint_dir`` to ``options.output`` and check it; the report.
 
-    The files are written to a local scratch directory, checked there, then copied to a ``gs://`` output
-    (``etils.epath``); then uploaded to ``options.hub_repo`` when given.
+    The files are written to a local scratch directory, checked there (by ``loaders``, :func:`start_loaders`),
+    then copied to a ``gs://`` output (``etils.epath``); then uploaded to ``options.hub_repo`` when given.
     """
     import jax
 
@@ -862,7 +988,8 @@ def export(options: Any, maxtext_args: list[str]) -> dict[str, Any]:
             "steps": options.steps, "train_loss": options.train_loss, "eval_loss": options.eval_loss,
             "checkpoint": f"{checkpoint}/{options.step}", "tokenizer": tokenizer_source}  # fmt: skip
     write_metadata(local, hf, tokenizer, card)
-    check = check_export(config, reader, local, ids, options, scratch)
+    concurrent = concurrent_check(written["parameter_count"], dtype)
+    check = check_export(config, reader, local, ids, options, loaders, concurrent)
     files = sorted(p.name for p in local.iterdir())
     if remote:
         destination = verify.checkpoint_path(options.output)
@@ -988,23 +1115,28 @@ def check_options(p: argparse.ArgumentParser, options: Any, maxtext_args: list[s
         p.error(f"--hub-repo {options.hub_repo}: give OWNER/NAME")
 
 
-def run(options: Any, maxtext_args: list[str]) -> tuple[dict[str, Any], int]:
+def run(options: Any, maxtext_args: list[str], loaders: dict[str, Loader] | None = None) -> tuple[dict[str, Any], int]:
     """:func:`export` with its failures as reports: ``(report, exit status)``, 0 PASS, 1 FAIL, 2 ERROR.
 
     ERROR: ``--hub-repo`` without a token in ``$HF_TOKEN`` (refused before anything is exported), or the
     exception that stopped the export (its type and message in ``error``). Used by :func:`main` and by
-    :mod:`multislice.trainer.verify_export`, which exports in the verifier's process.
+    :mod:`multislice.trainer.verify_export`, which exports in the verifier's process and passes the ``loaders``
+    it started before verifying (:func:`start_loaders`; None: started here). Either way they are stopped here.
     """
     if options.hub_repo and not os.environ.get(HF_TOKEN_ENV):
         report = {"verdict": "ERROR", "export_dir": options.output,
                   "error": f"--hub-repo {options.hub_repo} needs a Hugging Face token in ${HF_TOKEN_ENV} (a write "
                   "token of the repository's owner); nothing was exported"}  # fmt: skip
         return report, 2
+    loaders = start_loaders() if loaders is None else loaders  # their imports overlap the conversion
     try:
-        report = export(options, maxtext_args)
+        report = export(options, maxtext_args, loaders)
         return report, 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the export could not be made
         return {"verdict": "ERROR", "error": f"{type(error).__name__}: {error}", "export_dir": options.output}, 2
+    finally:
+        for loader in loaders.values():
+            loader.stop()
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
 """One Hugging Face loader's view of an export: ``LlamaForCausalLM``'s logits at chosen positions.
 
-Run by the exporter (:func:`multislice.trainer.export.run_loader`) once with the trainer environment's
+Run by the exporter (:class:`multislice.trainer.export.Loader`) once with the trainer environment's
 transformers 5 and once with the pinned transformers 4.57 environment (``requirements/loader-hf4.txt``), so it
 imports only what both have (torch, numpy, transformers)::
 
     python -m multislice.trainer.hf_loader request.json
+    python -m multislice.trainer.hf_loader -     # the request on stdin, read after the imports
 
-``request.json``: ``{"export_dir", "ids", "positions", "out"}``. The model is loaded from ``export_dir`` in
-float32 on CPU (bf16 weights are upcast exactly); its logits ``[len(positions), vocab]`` go to ``out``
-(``.npy``). Printed last, one JSON line: ``transformers_version``, ``rope_theta`` as the loaded config has it,
+``request.json``: ``{"export_dir", "ids", "positions", "out"}``. With ``-`` the loader imports torch and
+transformers first and then waits for the request on its standard input: the exporter starts it before the export
+exists, so those imports (seconds) overlap the verification and the conversion
+(:class:`multislice.trainer.export.Loader`); an empty input (the export was not made) ends it with exit 0 and no
+output. The model is loaded from ``export_dir`` in float32 on CPU (bf16 weights are upcast exactly); its logits
+``[len(positions), vocab]`` go to ``out`` (``.npy``). Printed last, one JSON line: ``transformers_version``,
+``rope_theta`` as the loaded config has it,
 ``max_position_embeddings``, ``tokenizer_class`` and ``ids_round_trip`` (the export's tokenizer, loaded with
 ``AutoTokenizer``, encodes the ids' decoded text back to the same ids), ``logits_file``.
 """
@@ -42,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0], encoding="utf-8") as handle:
-        request = json.load(handle)
+    if argv[0] == "-":
+        text = sys.stdin.read()  # blocks until the exporter hands the request over (or closes: nothing to do)
+        if not text.strip():
+            return 0
+        request = json.loads(text)
+    else:
+        with open(argv[0], encoding="utf-8") as handle:
+            request = json.load(handle)
     export_dir, ids, positions = request["export_dir"], request["ids"], request["positions"]
     config = AutoConfig.from_pretrained(export_dir)
     tokenizer = AutoTokenizer.from_pretrained(export_dir)

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.maxtext import TRAIN_MODULE
-from multislice.trainer import digests
+from multislice.trainer import digests, lean_imports
 
 #: Checkpoints up to this size (bytes, all arrays: parameters and optimizer state) have every array
 #: restored and checked; larger ones a sample of at most ``--sample-bytes`` (plus the loss replay).
@@ -806,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(own)
     if not maxtext_args:
         parser.error("give the stage's MaxText arguments after --, so the expected model can be built")
+    lean_imports.install(maxtext_args)  # before MaxText is imported: no torch, transformers... to build the model
     report, status = run(
         options.checkpoint_dir, options.expected_step, maxtext_args, options.metrics_file, options.sample_bytes,
         options.full_check_bytes, options.loss_rtol, options.loss_check_flops,
@@ -828,13 +829,16 @@ def run(
 
     ``checkpoint_dir``: an ``etils.epath.Path`` (:func:`checkpoint_path`); ``metrics_file`` (None: the
     ``metrics.jsonl`` beside it). ERROR: the verifier itself could not run (the exception's type and message in
-    ``error``). Used by :func:`main` and by :mod:`multislice.trainer.verify_export`.
+    ``error``). Used by :func:`main` and by :mod:`multislice.trainer.verify_export`. The report's
+    ``heavy_imports``: which of :data:`multislice.trainer.lean_imports.HEAVY` this process has imported (none of
+    torch and transformers when the entry point installed :func:`multislice.trainer.lean_imports.install` first).
     """
     try:
         report = verify(
             checkpoint_dir, expected_step, maxtext_args, sample_bytes, full_check_bytes,
             metrics_file or checkpoint_dir.parent / "metrics.jsonl", loss_rtol, loss_flops,
         )  # fmt: skip
+        report["heavy_imports"] = lean_imports.loaded()  # of lean_imports.HEAVY: what building the model pulled in
         return report, 0 if report["verdict"] == "PASS" else 1
     except Exception as error:  # the report must say why the verifier could not run
         return {

@@ -10,7 +10,9 @@ It runs the checkpoint verifier (:func:`multislice.trainer.verify.run`: every ch
 final step and the ``metrics.jsonl`` beside the checkpoints) and, only when its verdict is PASS, the exporter
 (:func:`multislice.trainer.export.run`) in the same interpreter. What the two separate processes each paid
 again is paid once: the interpreter's start, the imports of JAX, Orbax, Flax and MaxText (measured in
-``benchmarks/README.md``), and JAX's CPU backend set-up. A FAIL or ERROR verdict exports nothing.
+``benchmarks/README.md``), and JAX's CPU backend set-up. A FAIL or ERROR verdict exports nothing. The export
+check's two loader processes (:class:`multislice.trainer.export.Loader`) are started first, so their imports of
+torch and transformers run beside the verification; a verdict other than PASS stops them unused.
 
 Output, read by the backends (:func:`reports_in`):
 
@@ -32,7 +34,7 @@ import json
 import sys
 from typing import Any
 
-from multislice.trainer import export, verify
+from multislice.trainer import export, lean_imports, verify
 
 #: This module, as the trainer image runs it.
 MODULE = "multislice.trainer.verify_export"
@@ -85,15 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     p = export.parser(f"python -m {MODULE}", (__doc__ or "").split("\n")[0])
     options = p.parse_args(own)
     export.check_options(p, options, maxtext_args)
+    # Before MaxText is imported: the verifier needs no torch or transformers; the export imports them when it
+    # uses them (lean_imports defers transformers to its first use and refuses torch only to tensorboardX).
+    lean_imports.install(maxtext_args)
     checkpoint_dir = verify.checkpoint_path(str(options.checkpoint_dir))
-    verification, status = verify.run(checkpoint_dir, options.step, maxtext_args)
-    print(MARKER + json.dumps(verification), flush=True)
-    exported = None
-    if status == 0:
-        gc.collect()  # the verifier's restored arrays are garbage now: the export's memory bound is its own
-        exported, status = export.run(options, maxtext_args)
-        if options.report:
-            export.store_report(exported, options.report)
+    loaders = export.start_loaders()  # torch and transformers imported while the verifier runs; unused on a FAIL
+    try:
+        verification, status = verify.run(checkpoint_dir, options.step, maxtext_args)
+        print(MARKER + json.dumps(verification), flush=True)
+        exported = None
+        if status == 0:
+            gc.collect()  # the verifier's restored arrays are garbage now: the export's memory bound is its own
+            exported, status = export.run(options, maxtext_args, loaders)
+            if options.report:
+                export.store_report(exported, options.report)
+    finally:
+        for loader in loaders.values():
+            loader.stop()
     verify.emit_report({"verification": verification, "export": exported}, None)
     return status
 

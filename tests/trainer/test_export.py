@@ -249,3 +249,57 @@ def test_layer_groups_put_the_embedding_first_and_each_layer_in_its_own_shard():
         ["model.norm.weight", "lm_head.weight"],
     ]
     assert groups[1][1][:2] == ("params-decoder-layers-mlp-wi_0-kernel", 1)  # layer 1's slice of the stacked array
+
+
+def test_the_verifier_builds_the_model_without_torch_or_transformers(sp_stage, trainer_python):
+    """The verifier's process (``python -m multislice.trainer.verify``) installs lean_imports before MaxText, so
+    building the model's parameter tree imports neither (issue 28: about 10 s of its start on this machine)."""
+    done = subprocess.run(
+        [str(trainer_python), "-m", "multislice.trainer.verify", "--checkpoint-dir", str(sp_stage.root / "checkpoints"),
+         "--expected-step", "3", "--", *sp_stage.args],
+        capture_output=True, text=True, env=trainer_process_env(trainer_python.parent.parent), timeout=600,
+    )  # fmt: skip
+    report = verify.parse_report(done.stdout)
+    assert report is not None, done.stderr[-3000:]
+    checks = {c["name"]: c["passed"] for c in report["checks"]}
+    assert checks["params_tree"] and checks["parameter_count"], report["checks"]  # the model was built
+    assert not {"torch", "transformers"} & set(report["heavy_imports"]), report["heavy_imports"]
+
+
+LOADER_LIFECYCLE = """
+import json, sys
+from pathlib import Path
+from multislice.trainer import export
+unused = export.Loader(Path(sys.executable))
+unused.stop()
+closed = export.Loader(Path(sys.executable))
+closed.process.stdin.close()  # what a verify_export whose verdict was FAIL does on exit: no request
+code = closed.process.wait(timeout=300)
+output = (closed.scratch / "stdout").read_text()
+closed.stop()
+missing = export.Loader(Path("/nonexistent/bin/python"))
+print(json.dumps({"unused": [unused.process.poll() is not None, unused.scratch.exists()], "closed": [code, output],
+                  "missing": missing.result(), "missing_scratch": [missing.stop(), missing.scratch.exists()][1]}))
+"""
+
+
+def test_a_loader_started_ahead_ends_unused_and_a_missing_one_is_an_error(trainer_python):
+    done = run_in_trainer(trainer_python, LOADER_LIFECYCLE)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["unused"] == [True, False]  # stopped: the process ended and its scratch directory is gone
+    assert found["closed"] == [0, ""]  # no request on stdin: it ends at once, quietly
+    assert "no loader interpreter at /nonexistent/bin/python" in found["missing"]["error"]
+    assert found["missing_scratch"] is False
+
+
+def test_the_check_runs_at_once_only_when_it_fits_in_half_the_available_memory(monkeypatch):
+    # Llama 3 8B in bfloat16: MaxText's 3 float32 copies (12 B) and 2 loaders x (2 + 4 B), plus 3 GiB.
+    assert export.check_bytes_at_once(8_030_000_000, "bfloat16") == 24 * 8_030_000_000 + 3 * 2**30
+    monkeypatch.setattr(export, "available_memory_bytes", lambda: 20 * 2**30)  # this machine, about
+    assert export.concurrent_check(16_539_968, "float32")  # the local profile's stage 2 (float32 export)
+    assert not export.concurrent_check(8_030_000_000, "bfloat16")
+    monkeypatch.setattr(export, "available_memory_bytes", lambda: 793 * 2**30)  # the 70B export Job's request
+    assert not export.concurrent_check(70_550_000_000, "bfloat16")  # one after the other, as its sizing assumes
+    monkeypatch.setattr(export, "available_memory_bytes", lambda: None)  # unknown: never at once
+    assert not export.concurrent_check(1000, "float32")

@@ -4,6 +4,7 @@ Run from the project root in the pipeline environment (the trainer environment m
 the machine's heavy-job slot (each compile is 1-3 minutes of CPU)::
 
     .venvs/pipeline/bin/python -m benchmarks.step_time [--cache-dir DIR] [--rows NAME ...]
+    .venvs/pipeline/bin/python -m benchmarks.step_time --reread   # kept programs re-read, nothing compiled
 
 Each row of :data:`ROWS` is a published run of a MaxText recipe: its config (MaxText arguments, the
 libtpu flags this libtpu accepts of the recipe's) is AOT-compiled here for its topology by MaxText's own
@@ -132,11 +133,40 @@ def run_row(name: str, row: dict, session: AotSession) -> dict:
     out = {"name": name, "source": row["source"], "published": row["published"], "verdict": result.get("verdict"),
            "compile_seconds": result.get("compile_seconds"), "cached": result.get("cached"),
            "wall_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    if result.get("verdict") == "fits":
+        result["step_cost"] = kept_step_cost(name) or result.get("step_cost")
+    return compare(row, result, out)
+
+
+def kept_step_cost(name: str) -> dict | None:
+    """The step cost of a row's kept program (``HLO_DIR``) read with this ``hlo_cost``, or None when not kept."""
     kept = Path(str(HLO_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)) + ".hlo")
-    if result.get("verdict") == "fits" and kept.exists():  # re-read the kept program with this hlo_cost
-        saved = json.loads(kept.with_name(kept.name[: -len(".hlo")] + ".json").read_text())
-        result["step_cost"] = hlo_cost.summarize(kept.read_text(), saved["cost"], saved["slice_of"],
-                                                 len(set(saved["slice_of"])))  # fmt: skip
+    if not kept.exists():
+        return None
+    saved = json.loads(kept.with_name(kept.name[: -len(".hlo")] + ".json").read_text())
+    return hlo_cost.summarize(kept.read_text(), saved["cost"], saved["slice_of"], len(set(saved["slice_of"])))
+
+
+def reread(row: dict) -> dict:
+    """A results-file row with its terms recomputed from its kept program (no compile); as is when not kept."""
+    cost = kept_step_cost(row["name"]) if "ratio" in row else None
+    if cost is None:
+        return row
+    result = {"verdict": "fits", "step_cost": cost}
+    for key in (
+        "model_tflops_per_step_per_device",
+        "tokens_per_step_per_device",
+        "attention_tflops_per_step_per_device",
+    ):
+        result[key] = row.get(key)
+    kept = {k: row.get(k) for k in ("name", "source", "published", "verdict", "compile_seconds", "cached",
+                                    "wall_seconds", "hbm_gib_per_chip")}  # fmt: skip
+    return compare(ROWS[row["name"]], result, kept)
+
+
+def compare(row: dict, result: dict, out: dict) -> dict:
+    """Add the roofline of a compiled row's ``result`` (its ``step_cost``) and its ratio to the published step."""
+    shape = tpu.parse_tpu_type(row["tpu_type"])
     if result.get("verdict") != "fits" or "flops" not in (result.get("step_cost") or {}):
         out["error"] = result.get("error") or (result.get("step_cost") or {}).get("error") or result.get("oom")
         return out
@@ -149,7 +179,9 @@ def run_row(name: str, row: dict, session: AotSession) -> dict:
     out.update(
         model_tflops_per_step_per_device=model_tflops,
         tokens_per_step_per_device=result["tokens_per_step_per_device"],
-        hbm_gib_per_chip=round(result["memory"]["total"] / 2**30, 2) if result.get("memory") else None,
+        hbm_gib_per_chip=round(result["memory"]["total"] / 2**30, 2)
+        if result.get("memory")
+        else out.get("hbm_gib_per_chip"),
         attention_tflops_per_step_per_device=result.get("attention_tflops_per_step_per_device"),
         step_cost={
             k: cost.get(k) for k in ("flops", "bytes_accessed", "kernel_calls", "cost_analysis", "hlo", "collectives")
@@ -246,7 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="*", default=list(ROWS), help="rows to run (default all)")
     parser.add_argument("--table", action="store_true", help="print the table of the results file; compile nothing")
     parser.add_argument("--refit", action="store_true", help="refit the results file's rows; compile nothing")
+    parser.add_argument(
+        "--reread", action="store_true",
+        help="recompute the rows from their kept programs (STEP_TIME_HLO_DIR) and refit; compile nothing",
+    )  # fmt: skip
     options = parser.parse_args(argv)
+    if options.reread:
+        kept = json.loads(RESULTS.read_text())
+        print(table(finish([reread(r) for r in kept["rows"]], machine())))
+        return 0
     if options.refit:
         kept = json.loads(RESULTS.read_text())
         print(table(finish(kept["rows"], kept["machine"]["before"])))

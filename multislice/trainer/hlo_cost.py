@@ -17,7 +17,10 @@ small summary (:func:`summarize`) that the step-time estimate
   the loops around it, :func:`multiplicities`); the ratio scales the cost
   analysis's FLOPs to the whole step. Bytes are read from the HLO itself: XLA's
   ``bytes accessed`` counts every memory space alike, where HBM traffic is what sits in
-  memory space 0 of each layout (``S(1)`` is the on-chip VMEM, ``S(5)`` host memory).
+  memory space 0 of each layout (``S(1)`` is the on-chip VMEM, ``S(5)`` host memory). A fusion's bytes
+  follow XLA's ``HloCostAnalysis::HandleFusion`` (:func:`fusion_bytes`): an operand read through a
+  ``dynamic-slice`` costs the slice, an output that is a ``dynamic-update-slice`` costs the update, so a
+  scanned layer costs its layer of a stacked ``[layers, ...]`` buffer, not the stack.
 - **kernels**: a Pallas kernel (MaxText's splash attention) is a ``custom-call`` to
   ``tpu_custom_call`` whose FLOPs XLA's cost analysis leaves out (measured here: the
   Llama 3.1 8B recipe's matmuls alone match its count to 0.1%); the summary counts their
@@ -118,12 +121,21 @@ def _add(total: dict[str, float], more: dict[str, float], times: float = 1.0) ->
         total[key] = total.get(key, 0.0) + value * times
 
 
-def instruction_bytes(instruction: Instruction, shapes: dict[str, str]) -> dict[str, float]:
+def instruction_bytes(
+    instruction: Instruction, shapes: dict[str, str], module: dict[str, Computation] | None = None
+) -> dict[str, float]:
     """Bytes one top-level instruction reads and writes, by memory space (HloCostAnalysis-like).
 
     Operands and result; an async ``*-start`` counts its operands and its result (tuple element 1);
-    a dynamic slice reads and writes only the slice, a dynamic update slice only the update.
+    a dynamic slice reads and writes only the slice, a dynamic update slice only the update. A
+    ``fusion`` (its fused computation looked up in ``module``) counts what XLA's cost analysis counts
+    of it (:func:`fusion_bytes`): a scanned layer's fusion that slices one layer out of the stacked
+    ``[layers, ...]`` buffer, or writes one layer into it in place, moves one layer, not the stack.
     """
+    if instruction.opcode == "fusion" and module is not None:
+        called = re.search(r"calls=%([^\s,)}]+)", instruction.attributes)
+        if called and called.group(1) in module:
+            return fusion_bytes(module, instruction, shapes, module[called.group(1)])
     out: dict[str, float] = {}
     elements = _tuple_elements(instruction.shape)
     result = elements[1] if instruction.opcode.endswith("-start") and len(elements) > 1 else instruction.shape
@@ -143,6 +155,142 @@ def instruction_bytes(instruction: Instruction, shapes: dict[str, str]) -> dict[
     _add(out, bytes_by_space(result))
     for operand in operands:
         _add(out, bytes_by_space(operand))
+    return out
+
+
+def _users(computation: Computation) -> dict[str, list[Instruction]]:
+    """Instruction name -> the instructions that use it (each user once, in order)."""
+    users: dict[str, list[Instruction]] = {}
+    for instruction in computation.instructions:
+        for operand in dict.fromkeys(instruction.operands):
+            users.setdefault(operand, []).append(instruction)
+    return users
+
+
+def _fused_parameter(computation: Computation, index: int) -> Instruction | None:
+    """The ``parameter(index)`` instruction of a fused computation, or None."""
+    return next(
+        (i for i in computation.instructions if i.opcode == "parameter" and i.raw_operands.strip() == str(index)),
+        None,
+    )
+
+
+def _fused_computation(module: dict[str, Computation], fusion: Instruction) -> Computation | None:
+    called = re.search(r"calls=%([^\s,)}]+)", fusion.attributes)
+    return module.get(called.group(1)) if called else None
+
+
+def fusion_parameter_read_bytes(
+    module: dict[str, Computation], computation: Computation, parameter: Instruction
+) -> float:
+    """Bytes a fusion reads of one operand: XLA's ``HloCostAnalysis::FusionParameterReadBytes``.
+
+    From openxla/xla ``xla/service/hlo_cost_analysis.cc`` (as vendored in tensorflow/tensorflow
+    ``third_party/xla``, commit 037c4f1b): over the fused parameter's users, a ``slice`` reads its
+    result; a ``dynamic-slice`` reads its result when the parameter is the sliced operand (else, an
+    index, the parameter once); a ``dynamic-update-slice`` reads nothing of its operand 0 (aliased to
+    the output, updated in place) and the parameter once otherwise; ``broadcast`` and ``reshape`` read
+    the whole parameter each; every other user shares one read of the whole parameter. A nested fusion
+    whose parameter is its root's first operand ("simple") is judged by the nested fusion's users the
+    same way, else by this rule inside it. Bytes are of the fused computation's shapes (no memory space).
+    """
+    users = _users(computation)
+    full = array_bytes(parameter.shape)
+    size = 0.0
+    seen = False
+
+    def dynamic_slice(user: Instruction, source: str, seen_user: bool) -> tuple[float, bool]:
+        if user.operands and user.operands[0] == source:
+            return array_bytes(user.shape), seen_user
+        return (0.0, True) if seen_user else (array_bytes(shapes[source]), True)
+
+    def update_slice(user: Instruction, source: str, seen_user: bool) -> tuple[float, bool]:
+        if (not user.operands or user.operands[0] != source) and not seen_user:
+            return array_bytes(shapes[source]), True
+        return 0.0, seen_user
+
+    shapes = {i.name: i.shape for i in computation.instructions}
+    for user in users.get(parameter.name, []):
+        if user.opcode == "fusion":
+            nested = _fused_computation(module, user)
+            if nested is None:
+                size, seen = (size, True) if seen else (size + full, True)
+                continue
+            root = next((i for i in nested.instructions if i.root), None)
+            for index, operand in enumerate(user.operands):
+                if operand != parameter.name:
+                    continue
+                inner = _fused_parameter(nested, index)
+                simple = root is not None and (
+                    not root.operands or (inner is not None and root.operands[0] == inner.name)
+                )
+                nested_seen = False
+                for fusion_user in users.get(user.name, []):
+                    if simple and fusion_user.opcode == "slice":
+                        size += array_bytes(fusion_user.shape)
+                    elif simple and fusion_user.opcode == "dynamic-slice":
+                        more, nested_seen = dynamic_slice(fusion_user, user.name, nested_seen)
+                        size += more
+                    elif simple and fusion_user.opcode == "dynamic-update-slice":
+                        more, nested_seen = update_slice(fusion_user, user.name, nested_seen)
+                        size += more
+                    elif not nested_seen:
+                        nested_seen = True
+                        size += fusion_parameter_read_bytes(module, nested, inner) if inner is not None else full
+        elif user.opcode == "slice":
+            size += array_bytes(user.shape)
+        elif user.opcode == "dynamic-slice":
+            more, seen = dynamic_slice(user, parameter.name, seen)
+            size += more
+        elif user.opcode == "dynamic-update-slice":
+            more, seen = update_slice(user, parameter.name, seen)
+            size += more
+        elif user.opcode in ("broadcast", "reshape"):
+            size += full
+        elif not seen:
+            seen = True
+            size += full
+    return size
+
+
+def fusion_bytes(
+    module: dict[str, Computation], fusion: Instruction, shapes: dict[str, str], fused: Computation
+) -> dict[str, float]:
+    """Bytes a top-level ``fusion`` reads and writes, by memory space, as XLA's ``HloCostAnalysis::HandleFusion``.
+
+    From openxla/xla ``xla/service/hlo_cost_analysis.cc`` (``FusionProcessOutputBytesAccessed``,
+    ``FusionProcessOperandBytesRead``): an output (each element of a root ``tuple``) that is a
+    ``dynamic-update-slice`` writes only its update (operand 0 is the fusion's operand, updated in
+    place); every other output is written whole; each operand is read as much as
+    :func:`fusion_parameter_read_bytes` says. So a fusion inside a scanned layer's loop that reads one
+    layer of the stacked ``bf16[layers, ...]`` activations through a ``dynamic-slice``, or writes one
+    layer into it, moves one layer per run, not the whole stack (counting the stack made the HBM term
+    grow with layers squared: 64 layers read 64 layers each). Read bytes fall in the memory space of the
+    operand's layout, written bytes in that of the output element's.
+    """
+    out: dict[str, float] = {}
+    root = next((i for i in fused.instructions if i.root), None)
+    by_name = fused.by_name()
+    elements = _tuple_elements(fusion.shape)
+    for index, element in enumerate(elements):
+        produced = root
+        if root is not None and root.opcode == "tuple" and len(elements) > 1 and index < len(root.operands):
+            produced = by_name.get(root.operands[index])
+        if produced is not None and produced.opcode == "dynamic-update-slice" and len(produced.operands) > 1:
+            update = array_bytes(by_name[produced.operands[1]].shape) if produced.operands[1] in by_name else 0.0
+            space = bytes_by_space(element)
+            _add(out, {next(iter(space), HBM): update})
+        else:
+            _add(out, bytes_by_space(element))
+    for index, operand in enumerate(fusion.operands):
+        whole = bytes_by_space(shapes.get(operand, ""))
+        total = sum(whole.values())
+        parameter = _fused_parameter(fused, index)
+        if parameter is None or not total or parameter.shape.startswith("("):
+            _add(out, whole)
+            continue
+        read = fusion_parameter_read_bytes(module, fused, parameter)
+        _add(out, whole, read / total)
     return out
 
 
@@ -613,7 +761,7 @@ def summarize(
             flops_all += flops * runs
             if computation.name in inside or instruction.opcode in NO_BYTES or instruction.opcode.endswith("-done"):
                 continue
-            moved = instruction_bytes(instruction, shapes)
+            moved = instruction_bytes(instruction, shapes, module)
             bytes_once += sum(moved.values())
             bytes_all += sum(moved.values()) * runs
             hbm_all += moved.get(HBM, 0.0) * runs

@@ -153,6 +153,91 @@ def test_hbm_bytes_leave_out_vmem_and_host_memory_and_slices_move_only_the_slice
     assert hlo_cost.instruction_bytes(read, shapes) == {"5": 2048, "0": 2048}
 
 
+#: A scanned 4-layer program as XLA:TPU fuses it: each iteration reads one layer of the stacked
+#: ``[4, 256, 512]`` activations through a dynamic-slice fusion and writes one layer back through a fusion
+#: whose root is a dynamic-update-slice (in place), beside a broadcast fusion that reads a bias whole.
+STACKED = """HloModule stacked
+
+%read_layer (param_0: bf16[4,256,512], param_1: s32[]) -> bf16[256,512] {
+  %param_0 = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %param_1 = s32[]{:T(128)S(6)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  %slice = bf16[1,256,512]{2,1,0:T(8,128)(2,1)} dynamic-slice(%param_0, %param_1, %zero, %zero), dynamic_slice_sizes={1,256,512}
+  %layer = bf16[256,512]{1,0:T(8,128)(2,1)} bitcast(%slice)
+  ROOT %neg = bf16[256,512]{1,0:T(8,128)(2,1)} negate(%layer)
+}
+
+%write_layer (param_0: bf16[4,256,512], param_1: s32[], param_2: bf16[256,512]) -> (bf16[4,256,512], bf16[256,512]) {
+  %param_0 = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %param_2 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(2)
+  %row = bf16[1,256,512]{2,1,0:T(8,128)(2,1)} bitcast(%param_2)
+  %param_1 = s32[]{:T(128)S(6)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  %update = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} dynamic-update-slice(%param_0, %row, %param_1, %zero, %zero)
+  %twice = bf16[256,512]{1,0:T(8,128)(2,1)} add(%param_2, %param_2)
+  ROOT %out = (bf16[4,256,512]{2,1,0:T(8,128)(2,1)}, bf16[256,512]{1,0:T(8,128)(2,1)}) tuple(%update, %twice)
+}
+
+%bias (param_0: f32[512]) -> f32[256,512] {
+  %param_0 = f32[512]{0} parameter(0)
+  ROOT %b = f32[256,512]{1,0} broadcast(%param_0), dimensions={1}
+}
+
+%body (p: (s32[], bf16[4,256,512])) -> (s32[], bf16[4,256,512]) {
+  %p = (s32[], bf16[4,256,512]{2,1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[]{:T(128)S(6)} get-tuple-element(%p), index=0
+  %stack = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} get-tuple-element(%p), index=1
+  %x = bf16[256,512]{1,0:T(8,128)(2,1)} fusion(%stack, %i), kind=kLoop, calls=%read_layer
+  %w = (bf16[4,256,512]{2,1,0:T(8,128)(2,1)}, bf16[256,512]{1,0:T(8,128)(2,1)}) fusion(%stack, %i, %x), kind=kLoop, calls=%write_layer
+  %next_stack = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} get-tuple-element(%w), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[4,256,512]{2,1,0:T(8,128)(2,1)}) tuple(%next, %next_stack)
+}
+
+%cond (p: (s32[], bf16[4,256,512])) -> pred[] {
+  %p = (s32[], bf16[4,256,512]{2,1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (stack: bf16[4,256,512], v: f32[512]) -> (s32[], bf16[4,256,512]) {
+  %stack = bf16[4,256,512]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %v = f32[512]{0} parameter(1)
+  %bias = f32[256,512]{1,0} fusion(%v), kind=kLoop, calls=%bias
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[4,256,512]{2,1,0:T(8,128)(2,1)}) tuple(%zero, %stack)
+  ROOT %loop = (s32[], bf16[4,256,512]{2,1,0:T(8,128)(2,1)}) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_fusions_move_one_layer_of_a_stacked_buffer_as_xla_counts_them():
+    """XLA's HloCostAnalysis (FusionParameterReadBytes, FusionProcessOutputBytesAccessed): a fusion operand
+    read by a dynamic-slice costs the slice, one updated in place by a dynamic-update-slice root costs the
+    update, not the stack; an index operand and a broadcast operand are read whole."""
+    module = hlo_cost.parse_module(STACKED)
+    body = module["body"]
+    shapes = {i.name: i.shape for i in body.instructions}
+    layer, index = 256 * 512 * 2, 4
+    read, write = body.by_name()["x"], body.by_name()["w"]
+    # the layer slice and the index read, the negated layer written
+    assert hlo_cost.instruction_bytes(read, shapes, module) == {"0": layer + layer, "6": index}
+    # operand 0 (the stack) aliases output 0: nothing of it read; the update (param 2, read once for
+    # both the update and the add) and the index read; the update and the sum written
+    assert hlo_cost.instruction_bytes(write, shapes, module) == {"0": layer + layer + layer, "6": index}
+    entry = module["main"]
+    bias = hlo_cost.instruction_bytes(entry.by_name()["bias"], {i.name: i.shape for i in entry.instructions}, module)
+    assert bias == {"0": 512 * 4 + 256 * 512 * 4}
+    # Per step: 4 iterations of 5 layers' bytes (and the counter's add: a constant read, a scalar written),
+    # the bias, the condition's compare (counted once, as its caller): linear in the layers, where counting
+    # the stacked operand whole (4 layers) per use made it quadratic.
+    summary = hlo_cost.summarize(STACKED, None)
+    assert summary["bytes_accessed"] == 4 * (5 * layer + 4 + 4) + 512 * 4 + 256 * 512 * 4 + (4 + 4 + 1)
+    assert summary["hlo"]["bytes"] == summary["bytes_accessed"] + 4 * 3 * index  # S(6) scalars: not HBM
+
+
 def test_batch_dimensions_as_padded_windows_count_one_kernel_position():
     # A 32-head batched matmul written as a convolution whose head dimension slides over padding (as XLA:TPU
     # writes it): one of the 32 kernel positions per output reads data.

@@ -97,6 +97,20 @@ class ModelDims:
     gated_mlp: bool = True
     tied_embedding: bool = False
 
+    @classmethod
+    def from_table(cls, dims: dict[str, int], *, tied_embedding: bool = False) -> ModelDims:
+        """From a row of :data:`multislice.maxtext.MODEL_DIMS` (or dims under the same keys)."""
+        return cls(
+            emb_dim=dims["emb_dim"],
+            num_query_heads=dims["num_query_heads"],
+            num_kv_heads=dims["num_kv_heads"],
+            num_decoder_layers=dims["num_decoder_layers"],
+            mlp_dim=dims["mlp_dim"],
+            head_dim=dims["head_dim"],
+            vocab_size=dims["vocab_size"],
+            tied_embedding=tied_embedding,
+        )
+
     @property
     def layer_parameters(self) -> int:
         """Parameters of one decoder layer: attention, MLP and two norms."""
@@ -119,15 +133,7 @@ def model_dims(stage: Stage) -> ModelDims | None:
         dims = maxtext.MODEL_DIMS.get(model.name)
         if dims is None:
             return None
-        return ModelDims(
-            emb_dim=dims["emb_dim"],
-            num_query_heads=dims["num_query_heads"],
-            num_kv_heads=dims["num_kv_heads"],
-            num_decoder_layers=dims["num_decoder_layers"],
-            mlp_dim=dims["mlp_dim"],
-            head_dim=dims["head_dim"],
-            vocab_size=dims["vocab_size"],
-        )
+        return ModelDims.from_table(dims)
     e, q, kv, layers, mlp, vocab = (
         model.emb_dim,
         model.num_query_heads,
@@ -386,16 +392,7 @@ def from_maxtext_args(args: list[str], chips_per_slice: int, num_slices: int) ->
         d = {k: int(given[key]) for k, key in maxtext.MODEL_DIM_KEYS.items()}
     else:
         return None
-    dims = ModelDims(
-        emb_dim=d["emb_dim"],
-        num_query_heads=d["num_query_heads"],
-        num_kv_heads=d["num_kv_heads"],
-        num_decoder_layers=d["num_decoder_layers"],
-        mlp_dim=d["mlp_dim"],
-        head_dim=d["head_dim"],
-        vocab_size=d["vocab_size"],
-        tied_embedding=name is None and given.get("logits_via_embedding") == "true",
-    )
+    dims = ModelDims.from_table(d, tied_embedding=name is None and given.get("logits_via_embedding") == "true")
 
     def degrees(net: str, defaults: dict[str, int], target: int) -> dict[str, int]:
         found = {a: int(given.get(f"{net}_{a}_parallelism", defaults.get(a, 1))) for a in maxtext.PARALLELISM_AXES}

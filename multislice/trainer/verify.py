@@ -59,6 +59,7 @@ FAIL, 2 when the verifier itself could not run (the report says why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -806,11 +807,14 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(own)
     if not maxtext_args:
         parser.error("give the stage's MaxText arguments after --, so the expected model can be built")
-    lean_imports.install(maxtext_args)  # before MaxText is imported: no torch, transformers... to build the model
-    report, status = run(
-        options.checkpoint_dir, options.expected_step, maxtext_args, options.metrics_file, options.sample_bytes,
-        options.full_check_bytes, options.loss_rtol, options.loss_check_flops,
-    )  # fmt: skip
+    # Standard output carries the report alone: what MaxText prints while it is imported and builds the model
+    # (e.g. its goodput stub's "[NO-OP] ml_goodput_measurement ..." line under lean_imports) goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        lean_imports.install(maxtext_args)  # before MaxText is imported: no torch, transformers... for the model
+        report, status = run(
+            options.checkpoint_dir, options.expected_step, maxtext_args, options.metrics_file, options.sample_bytes,
+            options.full_check_bytes, options.loss_rtol, options.loss_check_flops,
+        )  # fmt: skip
     emit_report(report, options.report)
     return status
 

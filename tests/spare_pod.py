@@ -1,6 +1,7 @@
 """A stand-in trainer pod for the tests of the local backend's pre-started interpreters (``multislice.backends.local
 .spares``): run as ``python -m tests.spare_pod MODE`` (cold) or in a spare (``python -m multislice.trainer.spare
-tests.spare_pod MODE``), in the trainer environment with the checkout on ``PYTHONPATH``. Stdlib only.
+tests.spare_pod MODE``), in the trainer environment with the checkout on ``PYTHONPATH``. Stdlib only, but for
+``tests.inotify`` (the release wait).
 
 Like the worker (``multislice.trainer.worker``) it has a ``warm_up(args)`` the spare calls before the pod starts,
 and its one line says how it started: ``spare pod: pid P attempt N port Q prestarted B warmed-first B nice N
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 #: ``time.monotonic()`` when :func:`warm_up` ended in this process; None where it did not run (a cold start).
 WARMED: float | None = None
@@ -49,9 +51,11 @@ def main(args: list[str]) -> None:
         while True:  # until the test's SIGKILL
             signal.pause()
     if mode == "wait-for-release":
-        release = args[1]
-        while not os.path.exists(release):  # the test creates it once it has seen what it waits for
-            time.sleep(0.05)
+        release = Path(args[1])  # the test creates it once it has seen what it waits for: woken by inotify
+        from tests.inotify import wait_for_glob  # only in this mode: the other modes need no watch
+
+        while not wait_for_glob(release.parent, release.name, timeout=3600):
+            pass
 
 
 if __name__ == "__main__":

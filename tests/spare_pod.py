@@ -1,15 +1,15 @@
-"""A stand-in trainer pod for the tests of the local backend's pre-started interpreters (``multislice.backends.local
-.spares``): run as ``python -m tests.spare_pod MODE`` (cold) or in a spare (``python -m multislice.trainer.spare
-tests.spare_pod MODE``), in the trainer environment with the checkout on ``PYTHONPATH``. Stdlib only, but for
-``tests.inotify`` (the release wait).
+"""A stand-in trainer pod for the tests of the local backend's pre-started interpreter (``multislice.backends.local
+.spares``): run as ``python -m tests.spare_pod MODE`` (cold) or forked by the fork server (``python -m
+multislice.trainer.spare tests.spare_pod MODE``), in the trainer environment with the checkout on ``PYTHONPATH``.
+Stdlib only, but for ``tests.inotify`` (the release wait).
 
-Like the worker (``multislice.trainer.worker``) it has a ``warm_up(args)`` the spare calls before the pod starts,
+Like the worker (``multislice.trainer.worker``) it has a ``warm_up(args)`` the server calls before any pod starts,
 and its one line says how it started: ``spare pod: pid P attempt N port Q prestarted B warmed-first B nice N
-stdin PATH``.
+stdin PATH cwd PATH ppid P pgid G``.
 
 Modes: ``wait-first-attempt`` (attempt 0 waits for SIGKILL, later attempts go on), ``wait-for-release PATH`` (every
 attempt waits for the file ``PATH``, then exits 0), ``fail-warm-up`` (``warm_up`` raises:
-the spare dies before its pod starts), anything else exits 0 at once.
+the server dies before any pod starts), anything else exits 0 at once.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def main(args: list[str]) -> None:
     print(
         f"spare pod: pid {os.getpid()} attempt {attempt} port {os.environ.get('JAX_COORDINATOR_PORT')} "
         f"prestarted {activated is not None} warmed-first {activated is not None and activated.warmed is not None} "
-        f"nice {os.getpriority(os.PRIO_PROCESS, 0)} stdin {os.readlink('/proc/self/fd/0')} cwd {os.getcwd()}",
+        f"nice {os.getpriority(os.PRIO_PROCESS, 0)} stdin {os.readlink('/proc/self/fd/0')} cwd {os.getcwd()} "
+        f"ppid {os.getppid()} pgid {os.getpgid(0)}",
         flush=True,
     )
     if mode == "wait-first-attempt" and attempt == 0:

@@ -25,10 +25,10 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``); a restart gives the
   surviving pods :data:`RESTART_GRACE_SECONDS` after SIGTERM, not their whole
   grace period;
-- while an attempt runs and a restart could follow, keeps a pre-started
-  interpreter (a spare) for each trainer pod of the next attempt, its imports
-  done, and starts that attempt's pods in them (:mod:`.spares`; a pod that
-  matches no spare starts as a new process, as every pod of the first attempt);
+- while a restart could follow, keeps a pre-started interpreter (a fork
+  server) with the trainer pods' imports done, and forks the pods of each
+  later attempt from it (:mod:`.spares`; a pod it cannot fork starts as a new
+  process, as every pod of the first attempt);
 - completes the JobSet when every pod has succeeded;
 - on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
   SIGKILL after the pod's ``terminationGracePeriodSeconds``;
@@ -49,7 +49,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +61,7 @@ from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.inotify import Watch
 from multislice.backends.local.pods import LocalPod, expand_jobset
-from multislice.backends.local.spares import Spares, warmable_modules
+from multislice.backends.local.spares import PodProcess, Spares, identity_env, warmable_modules
 from multislice.backends.local.state import GRACE_FILE, JobSetState, Phase, PodState, read_state, write_state
 
 #: The longest the supervisor sleeps where no event can wake it (no inotify or pidfds: :mod:`.inotify`), seconds.
@@ -138,7 +137,7 @@ class Supervisor:
         self.manifest = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
         self.state = read_state(state_dir) or JobSetState(name=self.manifest["metadata"]["name"])
         self.state.supervisor_pid = os.getpid()
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, PodProcess] = {}
         self.pods: dict[str, LocalPod] = {}
         self.deleting = False
         self.spec = self.manifest["spec"]
@@ -146,7 +145,7 @@ class Supervisor:
         self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
         self.waiting_for_capacity = False
         self.watch = Watch(fallback_seconds=POLL_SECONDS)  # pod exits, signals, the capacity file (run)
-        self.spares = Spares(state_dir / "spares", warmable_modules())  # pre-started pods of the next attempt
+        self.spares = Spares(state_dir / "spares", warmable_modules())  # the fork server of later attempts' pods
 
     # -- pod processes --------------------------------------------------
 
@@ -196,9 +195,7 @@ class Supervisor:
         prestarted = 0
         for pod in self.pods.values():
             log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
-            proc, from_spare = self.spares.launch(
-                pod.hostname, attempt, pod.argv, self._pod_env(pod), self.state_dir, log_path
-            )
+            proc, from_spare = self.spares.launch(pod.argv, self._pod_env(pod), self.state_dir, log_path)
             prestarted += from_spare
             self.procs[pod.hostname] = proc
             self.state.pods.append(
@@ -214,7 +211,6 @@ class Supervisor:
                     prestarted=from_spare,
                 )
             )
-        self.spares.stop()  # any left (a pod that no longer matches its spare started as a new process)
         self.state.phase = "Running"
         how = f" ({prestarted} in pre-started interpreters)" if prestarted else ""
         self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods{how}")
@@ -229,12 +225,19 @@ class Supervisor:
         return ignoring or self.state.restarts_count_towards_max < self.state.max_restarts
 
     def start_spares(self) -> None:
-        """Pre-start the pods of the next attempt (:mod:`.spares`), after this attempt's pods (their start first),
-        when there can be one."""
+        """Start the fork server for the next attempts' pods (:mod:`.spares`) unless one runs, after this attempt's
+        pods (their start first), when there can be another attempt; else stop it."""
         if not self.may_restart():
+            self.spares.stop()
             return
         attempt = self.state.restarts + 1
-        self.spares.start(expand_jobset(self.manifest, restart_attempt=attempt), attempt, self._pod_env, self.state_dir)
+        self.spares.start(
+            expand_jobset(self.manifest, restart_attempt=attempt),
+            attempt,
+            self._pod_env,
+            self.state_dir,
+            identity_env(self.manifest),
+        )
 
     def _capacity_short(self) -> str | None:
         """Why the capacity model (:mod:`.capacity`) cannot hold this JobSet's slices now, or None when it can."""

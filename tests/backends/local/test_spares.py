@@ -1,4 +1,4 @@
-"""Local backend: pre-started pod interpreters (spares) for a JobSet's next restart attempt.
+"""Local backend: the pre-started interpreter (a fork server) that forks a JobSet's restarted pods.
 
 The pods are a scripted stand-in of the trainer worker (:mod:`tests.spare_pod`: a ``warm_up`` the spare calls, one
 line saying how the pod started), named as the warmable module through the supervisor's
@@ -18,7 +18,7 @@ import yaml
 from multislice.backends.local import LocalJobSets, pid_alive
 from multislice.backends.local.environment import trainer_env
 from multislice.backends.local.pods import expand_jobset
-from multislice.backends.local.spares import ENV_SPARES, Spares, warmable, warmable_modules
+from multislice.backends.local.spares import ENV_SPARES, Spares, identity_env, warmable, warmable_modules
 from multislice.trainer.spare import READY
 from tests.backends.local.test_backend import finish, scripted_jobset
 from tests.inotify import wait_for_text
@@ -46,14 +46,11 @@ def stand_in_jobset(tmp_path, mode, max_restarts=2, release=None):
     return plan, obj
 
 
-def ready_spares(backend: LocalJobSets, name: str, attempt: int) -> dict[str, int]:
-    """Each pod's spare for ``attempt``, once it has said it is ready (its warm-up done): ``{hostname: pid}``."""
-    found = {}
-    for pod in expand_jobset(backend_manifest(backend, name), restart_attempt=attempt):
-        log = backend.state_dir(name) / "spares" / f"{pod.hostname}.attempt-{attempt}.log"
-        assert wait_for_text(log, READY, timeout=120), log.read_text() if log.exists() else "no spare log"
-        found[pod.hostname] = int(log.read_text().split(f"{READY}: pid ")[1].split(",")[0])
-    return found
+def ready_server(backend: LocalJobSets, name: str, attempt: int) -> int:
+    """The pid of the JobSet's fork server started for ``attempt``, once it has said it is warmed up."""
+    log = backend.state_dir(name) / "spares" / f"fork-server.attempt-{attempt}.log"
+    assert wait_for_text(log, READY, timeout=120), log.read_text() if log.exists() else "no server log"
+    return int(log.read_text().split(f"{READY}: pid ")[1].split(",")[0])
 
 
 def backend_manifest(backend: LocalJobSets, name: str) -> dict:
@@ -64,81 +61,98 @@ def pod_line(backend: LocalJobSets, name: str, pod, attempt: int) -> str:
     return backend.pod_log(name, pod.job_index, pod.completion_index, attempt).read_text()
 
 
-def test_a_restarted_attempt_runs_in_interpreters_started_and_warmed_before_the_kill(tmp_path, stand_in):
-    plan, obj = stand_in_jobset(tmp_path, "wait-first-attempt")
+def wait_started(backend: LocalJobSets, name: str, attempt: int):
+    """The JobSet's state once every pod of ``attempt`` runs and has written its line."""
+    state = backend.wait(name, lambda s: s.restarts >= attempt and s.phase == "Running", timeout=120, poll=0.2)
+    for pod in state.pods:
+        assert wait_for_text(Path(pod.log), "spare pod: pid", timeout=120), pod.log
+    return state
+
+
+def test_restarted_attempts_are_forked_from_one_warmed_server_and_are_the_supervisors_pods(tmp_path, stand_in):
+    plan, obj = stand_in_jobset(tmp_path, "wait-for-release", release=stand_in)
     backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
     first = backend.create_jobset(obj)
-    assert not any(p.prestarted for p in first.pods)  # the first attempt has no spares: its pods start cold
-    spares = ready_spares(backend, name, attempt=1)  # pre-started and warmed while attempt 0 runs
-    assert len(spares) == 4 and not set(spares.values()) & {p.pid for p in first.pods}
-    assert all(pid_alive(pid) for pid in spares.values())
-    assert [p.hostname for p in backend.get_jobset(name).pods] == [p.hostname for p in first.pods]  # not pods
+    assert not any(p.prestarted for p in first.pods)  # the first attempt's pods start cold
+    server = ready_server(backend, name, attempt=1)  # started and warmed up while attempt 0 runs
+    assert pid_alive(server) and server not in {p.pid for p in first.pods}
+    assert [p.hostname for p in backend.get_jobset(name).pods] == [p.hostname for p in first.pods]  # not a pod
 
-    killed = next(p for p in first.pods if (p.job_index, p.completion_index) == (1, 0))
-    os.kill(killed.pid, signal.SIGKILL)
+    os.kill(next(p for p in first.pods if (p.job_index, p.completion_index) == (1, 0)).pid, signal.SIGKILL)
+    second = wait_started(backend, name, attempt=1)
+    os.kill(next(p for p in second.pods if (p.job_index, p.completion_index) == (0, 1)).pid, signal.SIGKILL)
+    third = wait_started(backend, name, attempt=2)
+    stand_in.touch()  # every pod of attempt 2 ends
     done = finish(backend, name)
 
-    assert (done.phase, done.restarts) == ("Completed", 1), done.events
-    assert {p.hostname: p.pid for p in done.pods} == spares  # each pod of attempt 1 is the spare started before
-    assert all(p.prestarted and p.attempt == 1 and p.exit_code == 0 for p in done.pods)
+    assert (done.phase, done.restarts) == ("Completed", 2), done.events
+    supervisor = done.supervisor_pid
     started = [e.message for e in done.events if e.reason == "Started"]
-    assert started == ["attempt 0: started 4 pods", "attempt 1: started 4 pods (4 in pre-started interpreters)"]
-    port = [e.message for e in done.events if e.reason == "CoordinatorPort"][-1].rsplit(":", 1)[1]
-    for pod in done.pods:
-        line = pod_line(backend, name, pod, attempt=1)
-        # imports done before the pod started; run-time values (the attempt's port) and the pod's own stdin,
-        # priority and directory, as a pod started cold has them
-        assert (
-            f"spare pod: pid {pod.pid} attempt 1 port {port} prestarted True warmed-first True nice {NICE} "
-            f"stdin /dev/null cwd {backend.state_dir(name)}"
-        ) in line, line
+    assert started == [
+        "attempt 0: started 4 pods",
+        "attempt 1: started 4 pods (4 in pre-started interpreters)",
+        "attempt 2: started 4 pods (4 in pre-started interpreters)",
+    ]
+    # the forked pod that was SIGKILLed is reaped by the supervisor with its real status, as a pod of its own
+    failed = [e.message for e in done.events if e.reason == "JobFailed"]
+    assert "exited with code 137" in failed[1], failed
+    assert all(p.prestarted and p.attempt == 2 and p.exit_code == 0 for p in done.pods)
+    ports = [e.message.rsplit(":", 1)[1] for e in done.events if e.reason == "CoordinatorPort"]
+    for attempt, state in ((1, second), (2, third)):
+        pids = {p.pid for p in state.pods}
+        assert len(pids) == 4 and server not in pids
+        for pod in state.pods:
+            line = pod_line(backend, name, pod, attempt)
+            # forked from the warmed server, then the pod's own: the attempt's port, stdin, priority and directory,
+            # its own session, and the supervisor as its parent (the supervisor reaps it: its exit code above)
+            assert (
+                f"spare pod: pid {pod.pid} attempt {attempt} port {ports[attempt]} prestarted True warmed-first True "
+                f"nice {NICE} stdin /dev/null cwd {backend.state_dir(name)} ppid {supervisor} pgid {pod.pid}"
+            ) in line, line
     assert "prestarted False" in pod_line(backend, name, first.pods[0], attempt=0)
     spares_dir = backend.state_dir(name) / "spares"
-    assert READY not in "".join(pod_line(backend, name, p, 1) for p in done.pods)  # its own log stays its own
-    assert sorted(p.name for p in spares_dir.iterdir()) == sorted(
-        [f"{p.hostname}.attempt-{a}.log" for p in done.pods for a in (1, 2)]
-    )  # attempt 2's spares were started too (max_restarts 2): the completed JobSet stopped them
-    assert not wait_gone(set(spares_of(backend, name)), timeout=60)
+    assert [p.name for p in spares_dir.iterdir()] == ["fork-server.attempt-1.log"]  # one server for both restarts
+    server_log = (spares_dir / "fork-server.attempt-1.log").read_text()
+    assert server_log.count(READY) == 1 and "spare pod:" not in server_log  # warmed once; the pods log their own
+    assert not wait_gone({server}, timeout=60)  # no restart can follow the last one: stopped
 
 
-def spares_of(backend: LocalJobSets, name: str) -> list[int]:
-    """Pids of live spares in this JobSet's state directory."""
-    return spare_pids(backend.state_dir(name))
-
-
-def test_spares_die_with_their_jobset_on_delete_and_on_completion(tmp_path, stand_in):
+def test_the_server_dies_with_its_jobset_on_delete_and_on_completion(tmp_path, stand_in):
     plan, obj = stand_in_jobset(tmp_path, "wait-for-release", release=stand_in)
     backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
     state = backend.create_jobset(obj)
-    spares = ready_spares(backend, name, attempt=1)
-    assert sorted(spares_of(backend, name)) == sorted(spares.values())
+    server = ready_server(backend, name, attempt=1)
+    assert spare_pids(backend.state_dir(name)) == [server]
     assert backend.delete_jobset(name).phase == "Deleted"
-    assert not wait_gone(set(spares.values()) | {p.pid for p in state.pods}, timeout=60)
+    assert not wait_gone({server} | {p.pid for p in state.pods}, timeout=60)
 
     plan, obj = stand_in_jobset(tmp_path / "again", "wait-for-release", release=stand_in)
     backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
-    spares = ready_spares(backend, name, attempt=1)
-    stand_in.touch()  # the pods of attempt 0 end: the JobSet completes with its spares unused
+    server = ready_server(backend, name, attempt=1)
+    stand_in.touch()  # the pods of attempt 0 end: the JobSet completes with its server unused
     done = finish(backend, name)
     assert (done.phase, done.restarts) == ("Completed", 0)
-    assert not wait_gone(set(spares.values()), timeout=60)
+    assert not wait_gone({server}, timeout=60)
 
 
-def test_a_sigkilled_supervisors_spares_die_with_it(tmp_path, stand_in):
+def test_a_sigkilled_supervisors_server_and_forked_pods_die_with_it(tmp_path, stand_in):
     plan, obj = stand_in_jobset(tmp_path, "wait-for-release", release=stand_in)
     backend = LocalJobSets(plan.run_dir)
     name = obj["metadata"]["name"]
-    state = backend.create_jobset(obj)
-    spares = ready_spares(backend, name, attempt=1)
-    os.kill(state.supervisor_pid, signal.SIGKILL)
-    assert not wait_gone(set(spares.values()) | {p.pid for p in state.pods}, timeout=60)  # PR_SET_PDEATHSIG
+    first = backend.create_jobset(obj)
+    server = ready_server(backend, name, attempt=1)
+    os.kill(first.pods[0].pid, signal.SIGKILL)
+    forked = wait_started(backend, name, attempt=1)
+    assert all(p.prestarted for p in forked.pods)
+    os.kill(forked.supervisor_pid, signal.SIGKILL)
+    assert not wait_gone({server} | {p.pid for p in forked.pods}, timeout=60)  # PR_SET_PDEATHSIG
     backend.delete_jobset(name)
 
 
-def test_no_spares_where_no_restart_can_follow_or_for_other_commands(tmp_path, stand_in, monkeypatch):
+def test_no_server_where_no_restart_can_follow_or_for_other_commands(tmp_path, stand_in, monkeypatch):
     assert warmable(["python", "-m", STAND_IN, "x"], warmable_modules())
     assert not warmable(["python", "-c", "print()"], warmable_modules())
     assert warmable_modules({}) == {"multislice.trainer.worker"}  # by default: the trainer worker's pods
@@ -149,7 +163,17 @@ def test_no_spares_where_no_restart_can_follow_or_for_other_commands(tmp_path, s
     backend.create_jobset(obj)
     stand_in.touch()
     assert finish(backend, name).phase == "Completed"
-    assert not (backend.state_dir(name) / "spares").exists()  # maxRestarts 0: no attempt could use them
+    assert not (backend.state_dir(name) / "spares").exists()  # maxRestarts 0: no attempt could use it
+
+
+def test_the_variables_that_identify_a_pod_are_its_downward_api_ones_never_an_import_time_one(tmp_path):
+    _, obj = stand_in_jobset(tmp_path, "exit")
+    container = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    field = {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-index']"}}
+    container["env"].append({"name": "JAX_PROCESS_ID", "valueFrom": field})
+    assert identity_env(obj) == {
+        "HOSTNAME", "JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_INDEX", "JOB_COMPLETION_INDEX", "RESTART_ATTEMPT"
+    }  # fmt: skip
 
 
 def pod_env(pod, extra=None) -> dict[str, str]:
@@ -170,42 +194,45 @@ def pod_env(pod, extra=None) -> dict[str, str]:
     [{"JAX_COORDINATOR_PORT": "40001"}, {"JAX_COORDINATOR_PORT": "40001", "XLA_FLAGS": "--other"}],
     ids=["only-a-run-time-value-differs", "an-import-time-value-differs"],
 )
-def test_a_pod_starts_in_its_spare_only_when_their_environments_match(tmp_path, change):
-    """JAX reads some variables at import (``JAX_PLATFORMS``, its config flags): a spare started with another value
-    than its pod's cannot become it, and the pod starts as a new process, as before; the unused spare is stopped.
-    Values only known at the start (the coordinator port) reach the spare when it becomes the pod."""
+def test_a_pod_is_forked_only_when_its_environment_differs_from_the_servers_in_identity_and_run_time_values(
+    tmp_path, change
+):
+    """JAX reads some variables at import (``JAX_PLATFORMS``, its config flags): a pod whose value differs from the
+    server's starts as a new process, as before, and the server stays for the next. Values that identify the pod
+    (its hostname, job and completion index) or are only known at the start (the coordinator port) reach it when it
+    is forked. (This test process becomes a child subreaper, as the supervisor does.)"""
     _, obj = stand_in_jobset(tmp_path, "exit")
     pods = expand_jobset(obj, restart_attempt=1)
     spares = Spares(tmp_path / "spares", frozenset({STAND_IN}))
-    assert spares.start(pods, 1, pod_env, tmp_path) == 4
-    pod = pods[0]
-    log = tmp_path / "spares" / f"{pod.hostname}.attempt-1.log"
+    assert spares.start(pods, 1, pod_env, tmp_path, identity_env(obj)) == 1
+    assert spares.start(pods, 1, pod_env, tmp_path, identity_env(obj)) == 0  # one runs: kept
+    log = tmp_path / "spares" / "fork-server.attempt-1.log"
     assert wait_for_text(log, READY, timeout=120), log.read_text()
-    spare_pid = spares.waiting[pod.hostname].proc.pid
+    server = spares.pids()
+    pod = pods[3]  # not the one whose environment the server has: its identity differs too
 
     out = tmp_path / "pod.log"
-    proc, from_spare = spares.launch(pod.hostname, 1, pod.argv, pod_env(pod, change), tmp_path, out)
+    proc, forked = spares.launch(pod.argv, pod_env(pod, change), tmp_path, out)
     assert proc.wait(timeout=120) == 0
     matched = set(change) == {"JAX_COORDINATOR_PORT"}
-    assert from_spare is matched and (proc.pid == spare_pid) is matched
+    assert forked is matched
     assert f"port 40001 prestarted {matched} warmed-first {matched} nice {NICE}" in out.read_text()
-    if not matched:
-        assert not wait_gone({spare_pid}, timeout=60)  # the mismatched spare was stopped
-    others = set(spares.pids())
-    assert len(others) == 3
+    assert f"ppid {os.getpid()} pgid {proc.pid}" in out.read_text()
+    assert spares.pids() == server  # kept either way
     spares.stop()
-    assert not wait_gone(others, timeout=60) and not spares.waiting
+    assert not wait_gone(set(server), timeout=60) and not spares.pids()
 
 
-def test_a_spare_that_died_before_its_pod_started_leaves_the_pod_to_start_cold(tmp_path):
+def test_a_server_that_died_before_its_pods_started_leaves_them_to_start_cold(tmp_path):
     _, obj = stand_in_jobset(tmp_path, "fail-warm-up")
     pods = expand_jobset(obj, restart_attempt=1)
     spares = Spares(tmp_path / "spares", frozenset({STAND_IN}))
-    spares.start(pods[:1], 1, pod_env, tmp_path)
-    pod = pods[0]
-    dead = spares.waiting[pod.hostname].proc
+    spares.start(pods, 1, pod_env, tmp_path, identity_env(obj))
+    assert spares.server is not None
+    dead = spares.server.proc
     assert dead.wait(timeout=120) != 0  # its warm-up raised
-    assert "the stand-in's warm-up fails" in (tmp_path / "spares" / f"{pod.hostname}.attempt-1.log").read_text()
-    proc, from_spare = spares.launch(pod.hostname, 1, pod.argv, pod_env(pod), tmp_path, tmp_path / "pod.log")
-    assert proc.wait(timeout=120) == 0 and not from_spare and proc.pid != dead.pid
+    assert "the stand-in's warm-up fails" in (tmp_path / "spares" / "fork-server.attempt-1.log").read_text()
+    pod = pods[0]
+    proc, forked = spares.launch(pod.argv, pod_env(pod), tmp_path, tmp_path / "pod.log")
+    assert proc.wait(timeout=120) == 0 and not forked and proc.pid != dead.pid
     assert "prestarted False" in (tmp_path / "pod.log").read_text()

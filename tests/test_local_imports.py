@@ -28,6 +28,7 @@ DEFERRED = {
     "celpy": "CEL (lark, pendulum): 0.6 s to import; only evaluating a CRD's CEL rules needs it, not the local "
     "backend's supervisors and CLI commands that import multislice.render.schema",
     "croniter": "only schedules need it",
+    "fsspec": "0.2 s to import; only matching an hf:// glob needs it, not every step that loads the config",
     "urllib3": "imported beside the Google clients' exceptions it classifies (errors.py)",
 }
 #: Where any library may be imported inside a function, and why.

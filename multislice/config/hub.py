@@ -20,9 +20,6 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-# fsspec comes with gcsfs, the Cloud Storage backend of etils[epath-gcs] (pyproject.toml)
-from fsspec.utils import glob_translate
-
 #: huggingface_hub's variable for another Hub endpoint (constants.py ``ENDPOINT``), and its default.
 ENDPOINT_ENV = "HF_ENDPOINT"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -76,6 +73,9 @@ def glob_regex(glob: str) -> re.Pattern[str]:
     """The regular expression of a path glob, as ``HfFileSystem.glob`` matches it: fsspec's own translation
     (``fsspec.utils.glob_translate``; ``HfFileSystem`` is an fsspec filesystem): ``*`` and ``?`` within a path
     segment, ``**`` across segments, ``[...]`` a class (``[!...]`` negated)."""
+    # fsspec comes with gcsfs, the Cloud Storage backend of etils[epath-gcs] (pyproject.toml); deferred: 0.2 s
+    from fsspec.utils import glob_translate
+
     return re.compile(glob_translate(glob))
 
 

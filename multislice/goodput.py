@@ -61,8 +61,8 @@ WORDS = {
 #: The worker's first line: a new attempt's leader log starts with it (``multislice.trainer.worker``).
 WORKER_START = re.compile(r"multislice worker: process \d+ ")
 #: The worker's start-up line: seconds from the process's start to MaxText imported.
-#: A pod the local backend started in a pre-started interpreter (:mod:`multislice.trainer.spare`) counts from its
-#: activation: ``... s after the pod started (in a pre-started interpreter, ...)``.
+#: A pod the local backend forked from its pre-started interpreter (:mod:`multislice.trainer.spare`) counts from
+#: the fork: ``... s after the pod started (in a pre-started interpreter, ...)``.
 STARTUP_LINE = re.compile(
     r"multislice worker: MaxText imported (?P<seconds>[0-9.]+) s after the (?:process|pod) started"
 )

@@ -125,8 +125,8 @@ def test_badput_words_name_the_causes_with_time_in_order():
 
 
 def test_a_pod_started_in_a_pre_started_interpreter_counts_its_start_up_from_the_pod_start():
-    """The local backend's spares (multislice.backends.local.spares) did their imports before the pod started: the
-    worker's start-up line counts from the pod's start, and the waiting between attempts ends there."""
+    """The local backend's fork server (multislice.backends.local.spares) did the imports before the pod was forked:
+    the worker's start-up line counts from the pod's start, and the waiting between attempts ends there."""
     lines = [
         (0.0, "multislice worker: process 0 (slice 0, host 0) of 2"),
         (5.0, "multislice worker: MaxText imported 10.0 s after the process started; heavy packages imported: none"),
@@ -142,5 +142,5 @@ def test_a_pod_started_in_a_pre_started_interpreter_counts_its_start_up_from_the
     ]
     measured = goodput.measure(lines, wall_seconds=40.0)
     assert measured.attempts == 2
-    assert measured.badput_seconds["startup"] == pytest.approx(10.5)  # not the 40 s the spare spent importing
+    assert measured.badput_seconds["startup"] == pytest.approx(10.5)  # not the 40 s the fork server spent importing
     assert measured.badput_seconds["waiting"] == pytest.approx(30.0 - 23.0)  # to the pod's start at 30.5 - 0.5

@@ -162,7 +162,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def warm_up(argv: list[str]) -> None:
-    """Do this pod's imports ahead of its start, in a pre-started interpreter of the local backend
+    """Do the pods' imports ahead of their start, in the pre-started interpreter (fork server) of the local backend
     (:mod:`multislice.trainer.spare`): JAX, MaxText's trainer as :func:`main` imports it (after
     :func:`multislice.trainer.lean_imports.install`), and the emulated slices. ``argv`` are the pod's arguments.
 
@@ -170,10 +170,10 @@ def warm_up(argv: list[str]) -> None:
     :func:`main` then finds the modules imported.
 
     Raises:
-        RuntimeError: the imports started a JAX backend (the spare is then of no use: its pod starts cold).
+        RuntimeError: the imports started a JAX backend (the fork server is then of no use: pods start cold).
     """
     options, maxtext_args = parse_args(argv)
-    import jax  # noqa: F401 (imported ahead, for main: a spare's whole point)
+    import jax  # noqa: F401 (imported ahead, for main: the fork server's whole point)
     from jax._src import xla_bridge
 
     lean_imports.install(maxtext_args)

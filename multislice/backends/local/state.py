@@ -43,10 +43,10 @@ class PodState(BaseModel):
         phase: Pending, Running, Succeeded or Failed.
         exit_code: Container exit code: the process's status, or 128 + signal number.
         log: Path of the pod's log for this attempt.
-        started_at: Unix time the pod started (its process, or its pre-started interpreter took it), seconds.
+        started_at: Unix time the pod started (its process, or its fork from the pre-started interpreter), seconds.
         finished_at: Unix time it exited, seconds.
-        prestarted: Whether it runs in an interpreter the supervisor pre-started for it, its imports done or under
-            way (:mod:`.spares`), rather than in a process started with it.
+        prestarted: Whether it was forked from the interpreter the supervisor pre-started with the pods' imports
+            done (:mod:`.spares`), rather than started as a new process.
     """
 
     hostname: str

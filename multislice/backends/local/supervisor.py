@@ -37,7 +37,7 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   steps watching the JobSet see it Failed with reason ``SupervisorLost``.
 
 It never leaves a pod process behind: whatever ends the supervisor's loop,
-its ``finally`` stops the pods it started, and the spares. A supervisor started for a JobSet
+its ``finally`` stops the pods it started, and its fork server. A supervisor started for a JobSet
 whose state already lists pods is taking over from a lost one
 (:meth:`.jobsets.LocalJobSets.take_over`): it kills what is left of the old
 attempt's process groups and starts the next attempt, as a restart that does

@@ -192,6 +192,7 @@ def prepare(
         FileNotFoundError: the globs match no file.
     """
     import numpy as np  # the token counts only: the pipeline image imports this module for its names (0.3-0.8 s)
+
     started = time.monotonic()
     if sources is None:
         files = expand_files(data.files, data.exclude, site_packages)

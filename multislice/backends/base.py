@@ -501,6 +501,15 @@ class Backend(abc.ABC):
         """
         yield None
 
+    def prepare_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> None:
+        """Called by the train step as it starts following the stage: start what :meth:`run_verifier` will need,
+        where the backend can do so ahead (locally: the verifier's process, its imports done while the stage
+        trains, :mod:`.local.warm_tools`). Never raises for a failure to prepare: the verifier then starts as usual.
+
+        Here (GKE): nothing; the verifier's Job starts in the verify step.
+        """
+        return None
+
     @contextlib.contextmanager
     def holding_run(self, run_name: str, run_dir: str, pipeline_run_id: str, step: str, tell: Tell) -> Iterator[Any]:
         """While this context runs, a step of pipeline run ``pipeline_run_id`` is alive: a run no step holds (and

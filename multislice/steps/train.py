@@ -97,6 +97,7 @@ def run(
             if ECHO.search(line):
                 tell(line.split("] ", 1)[-1].strip())
 
+        backend.prepare_verifier(plan, stage, admitted.pipeline_run_id, tell)  # its start beside the training
         with (
             backend.deleting_on_cancel(stage.workload, tell, removal.labels),
             backend.holding(stage.workload, "train", tell),

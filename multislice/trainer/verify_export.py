@@ -29,6 +29,7 @@ Exit status: the verifier's when it is not PASS (1 FAIL, 2 ERROR); else the expo
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import sys
@@ -78,6 +79,16 @@ def reports_in(output: str) -> tuple[dict[str, Any] | None, dict[str, Any] | Non
             except json.JSONDecodeError:
                 return None, None
     return None, None
+
+
+def warm_up(argv: list[str]) -> None:
+    """Do the verifier's and the exporter's imports ahead of their run, in a tool started while the stage trains
+    (:mod:`multislice.trainer.warm`): :func:`multislice.trainer.verify.warm_up`'s, then transformers and tokenizers,
+    which the export's config and tokenizer need (about 5 s on this machine). Reads nothing of the checkpoint."""
+    verify.warm_up(argv)
+    with contextlib.redirect_stdout(sys.stderr):
+        from transformers import PreTrainedTokenizerFast  # noqa: F401 (imported ahead: the real module, not deferred)
+        from transformers.convert_slow_tokenizer import TikTokenConverter  # noqa: F401 (imported ahead)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,9 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
     assert reports.read(reports.ProvisionReport, plan).backend == "local"
     assert reports.read(reports.CleanupReport, plan).deleted == []
     assert out.count("verification  PASS") == 2
+    # each stage's verifier ran in the process its train step started ahead (multislice.backends.local.warm_tools)
+    assert out.count("in the verifier's process started during training (its imports done)") == 2
+    assert not list((Path(plan.run_dir) / "warm").glob("*.json"))  # each used once, none left for cleanup
     assert out.count("preflight     fits:") == 2
     assert out.index("[preflight") < out.index("[provision")
     assert "trained       20/20 steps" in out

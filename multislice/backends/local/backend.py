@@ -30,15 +30,17 @@ from multislice.backends.base import (
     WorkerExit,
     WorkloadDeleted,
 )
-from multislice.backends.local import capacity, data_workers, environment, exporter, launchers, verifier
+from multislice.backends.local import capacity, data_workers, environment, exporter, launchers, verifier, warm_tools
 from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.inotify import FILE_EVENTS, Watch
 from multislice.backends.local.jobsets import LocalJobSets
+from multislice.backends.local.tools import Runner, run_tool
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
 from multislice.reports import ExportReport, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
+from multislice.trainer import verify, verify_export
 
 
 class LocalBackend(Backend):
@@ -197,6 +199,8 @@ class LocalBackend(Backend):
         Selected by the ``pipeline/runid`` label, and each re-checked under its name's lock as it is deleted.
         """
         deleted, kept = [], []
+        for stage in warm_tools.stop_run(self.run_dir, pipeline_run_id):
+            deleted.append(f"the verifier started ahead for stage {stage} (unused)")
         for state in self.jobsets.list_jobsets({names.LABEL_PIPELINE_RUN_ID: pipeline_run_id}):
             if state.phase == "Completed":
                 kept.append(state.name)
@@ -264,21 +268,56 @@ class LocalBackend(Backend):
         """A trainer-environment process of this machine (:class:`.aot.AotSession`)."""
         return AotSession(cache_dir, work_dir_for(plan))
 
+    def _verifier_command(self, plan: Plan, stage: StagePlan, card: dict[str, Any] | None) -> list[str]:
+        """The command :meth:`run_verifier` runs for the stage (with the model card ``card`` for an export)."""
+        if not stage.export:
+            return verifier.command(stage)
+        return exporter.command(stage, plan.spec.exporter.hub_token_secret, card, combined=True)
+
+    def prepare_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> None:
+        """Start the stage's verifier ahead (:mod:`.warm_tools`): its imports run while the stage trains, and the
+        verify step of this pipeline run hands it the finished checkpoint. Not for a command wrapped to read a Hub
+        token from Secret Manager (that verifier starts in the verify step, as before)."""
+        try:
+            argv = self._verifier_command(plan, stage, None)
+            if argv[2] not in (verify.MODULE, verify_export.MODULE):
+                return
+            warm_tools.start(self.run_dir, stage.name, pipeline_run_id, argv)
+        except (OSError, environment.TrainerEnvMissing) as error:
+            tell(f"the checkpoint verifier could not be started ahead ({error}); it starts in the verify step")
+            return
+        tell("the checkpoint verifier's process starts now: its imports run while the stage trains")
+
+    def _runner(self, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> Runner:
+        """Runs the verifier's command in the process the train step started ahead for this pipeline run when it
+        matches (:func:`.warm_tools.take`), else as a new process (:func:`.tools.run_tool`)."""
+
+        def runner(argv: list[str], timeout: float, cancel_point: str, what: str):
+            found = warm_tools.take(self.run_dir, stage.name, pipeline_run_id, argv)
+            if found is None:
+                return run_tool(argv, timeout, cancel_point, what)
+            tell("in the verifier's process started during training (its imports done)")
+            return warm_tools.run(found, argv, timeout, cancel_point, what)
+
+        return runner
+
     def run_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> VerificationReport:
         """The verifier as a trainer-environment process (:func:`.verifier.run`); for a stage with ``export``, the
         verifier and then, on PASS, the exporter in one process (:func:`.exporter.verify_and_export`, bounded by
         twice the verify timeout), whose export report is left for the export step (:func:`.exporter.hand_over`).
+        The process is the one the train step started ahead (:meth:`prepare_verifier`) when there is one.
 
         Raises:
             VerifierTimeout: it ran past its timeout (it was stopped).
             multislice.errors.RunFailed: it left no report.
         """
+        runner = self._runner(stage, pipeline_run_id, tell)
         if not stage.export:
-            return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout)[1]
+            return verifier.run(stage, stage.checkpoint_dir, self.timings.verify_timeout, runner)[1]
         tell("verifying, then exporting on PASS, in one trainer process")
         _, verification, exported = exporter.verify_and_export(
             stage, 2 * self.timings.verify_timeout, plan.spec.exporter.hub_token_secret,
-            reports.model_card(plan, stage),
+            reports.model_card(plan, stage), runner,
         )  # fmt: skip
         if exported is not None:
             exporter.hand_over(stage, pipeline_run_id, exported)

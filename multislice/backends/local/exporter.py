@@ -19,7 +19,7 @@ from typing import Any
 
 from multislice import storage
 from multislice.backends.local.environment import trainer_env
-from multislice.backends.local.tools import report_of, run_tool
+from multislice.backends.local.tools import Runner, report_of, run_tool
 from multislice.errors import RunFailed
 from multislice.plan import StagePlan
 from multislice.reports import ExportReport, VerificationReport
@@ -30,7 +30,7 @@ class ExporterFailed(RunFailed):
     """The exporter left no report (it could not start); the message has its exit status and output."""
 
 
-def _argv(stage: StagePlan, hub_token_secret: str, card: dict[str, Any] | None, combined: bool) -> list[str]:
+def command(stage: StagePlan, hub_token_secret: str, card: dict[str, Any] | None, combined: bool) -> list[str]:
     """The exporter's command for the stage (``combined``: :mod:`multislice.trainer.verify_export`'s), wrapped by
     :func:`multislice.trainer.hub_token.command` when the token comes from Secret Manager."""
     python = str(trainer_env() / "bin" / "python")
@@ -62,16 +62,21 @@ def run(
         multislice.backends.base.VerifierTimeout: it ran past ``timeout`` seconds (it was stopped).
         multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
     """
-    argv = _argv(stage, hub_token_secret, card, combined=False)
+    argv = command(stage, hub_token_secret, card, combined=False)
     done = run_tool(argv, timeout, "export:exporting", f"the Hugging Face export of {stage.checkpoint_dir}")
     return done.returncode, ExportReport.model_validate(report_of(done, ExporterFailed, "exporter"))
 
 
 def verify_and_export(
-    stage: StagePlan, timeout: float, hub_token_secret: str = "", card: dict[str, Any] | None = None
+    stage: StagePlan,
+    timeout: float,
+    hub_token_secret: str = "",
+    card: dict[str, Any] | None = None,
+    runner: Runner = run_tool,
 ) -> tuple[int, VerificationReport, ExportReport | None]:
     """Verify the stage's final checkpoint and, when its verdict is PASS, export it, in one process
-    (:mod:`multislice.trainer.verify_export`; the export's options as :func:`run`'s).
+    (:mod:`multislice.trainer.verify_export`; the export's options as :func:`run`'s; ``runner`` runs the command:
+    a new process by default, :func:`.tools.run_tool`).
 
     Returns:
         ``(exit status, verification report, export report or None when the verdict was not PASS)``; the status
@@ -82,9 +87,9 @@ def verify_and_export(
         multislice.backends.base.VerifierTimeout: it ran past ``timeout`` seconds (it was stopped).
         multislice.backends.local.environment.TrainerEnvMissing: no trainer environment.
     """
-    argv = _argv(stage, hub_token_secret, card, combined=True)
+    argv = command(stage, hub_token_secret, card, combined=True)
     what = f"the checkpoint verifier and Hugging Face export of {stage.checkpoint_dir}"
-    done = run_tool(argv, timeout, "verify_checkpoint:verifying", what)
+    done = runner(argv, timeout, "verify_checkpoint:verifying", what)
     verification, exported = verify_export.reports_in(done.stdout)
     if verification is None:
         raise ExporterFailed(

@@ -7,6 +7,7 @@ report (:func:`multislice.trainer.verify.parse_report`); the GKE backend reads t
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 from multislice import cancel
@@ -15,6 +16,9 @@ from multislice.backends.local.environment import trainer_env, trainer_process_e
 from multislice.cancel import die_with_parent
 from multislice.errors import RunFailed
 from multislice.trainer.verify import parse_report
+
+#: How a tool's command is run: :func:`run_tool`'s signature (``argv, timeout, cancel_point, what``) and result.
+Runner = Callable[[list[str], float, str, str], subprocess.CompletedProcess]
 
 
 def run_tool(argv: list[str], timeout: float, cancel_point: str, what: str) -> subprocess.CompletedProcess:

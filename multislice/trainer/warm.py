@@ -37,8 +37,9 @@ import sys
 import time
 import traceback
 
-#: Seconds an unused tool waits after its starter ended.
-GRACE_SECONDS = 600.0
+#: Seconds an unused tool waits after its starter ended (the local backend's: the stage's JobSet supervisor, which
+#: ends with the training; the verify step comes seconds after).
+GRACE_SECONDS = 300.0
 #: The line the tool writes to its log once warmed up (then its pid and seconds).
 READY = "multislice warm tool: ready"
 

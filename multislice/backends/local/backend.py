@@ -21,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multislice import names, ownership, reports
+import yaml
+
+from multislice import maxtext, names, ownership, reports
 from multislice.backends.base import (
     Admission,
     Backend,
@@ -35,6 +37,8 @@ from multislice.backends.local.aot import AotSession
 from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.inotify import FILE_EVENTS, Watch
 from multislice.backends.local.jobsets import LocalJobSets
+from multislice.backends.local.pods import expand_jobset
+from multislice.backends.local.spares import warmable
 from multislice.backends.local.tools import Runner, run_tool
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
@@ -213,7 +217,8 @@ class LocalBackend(Backend):
         return deleted, kept
 
     def delete_matching(self, labels: dict[str, str], tell: Tell) -> list[str]:
-        """Stop every JobSet of this run directory whose labels include ``labels`` and that is still going.
+        """Stop every JobSet of this run directory whose labels include ``labels`` and that is still going, and the
+        pipeline run's verifiers started ahead (:mod:`.warm_tools`).
 
         Still going: not terminal, or Failed with ``SupervisorLost`` (its pods may need killing). Only the
         pipeline run's in ``labels``, re-checked under the name's lock (:meth:`.LocalJobSets.delete_jobset`).
@@ -225,6 +230,8 @@ class LocalBackend(Backend):
         if not owner:
             raise ValueError(f"delete_matching needs the pipeline run id label {names.LABEL_PIPELINE_RUN_ID}")
         deleted = []
+        for stage in warm_tools.stop_run(self.run_dir, owner):  # a cancelled run verifies nothing
+            tell(f"stopped the verifier started ahead for stage {stage}")
         for state in self.jobsets.list_jobsets(labels):
             if state.terminal and state.reason != "SupervisorLost":
                 continue
@@ -278,15 +285,27 @@ class LocalBackend(Backend):
         """Start the stage's verifier ahead (:mod:`.warm_tools`): its imports run while the stage trains, and the
         verify step of this pipeline run hands it the finished checkpoint. Not for a command wrapped to read a Hub
         token from Secret Manager (that verifier starts in the verify step, as before)."""
+        state = self.jobsets.get_jobset(stage.workload)
+        if state is None or state.terminal or not state.supervisor_pid or not self._runs_the_trainer(stage.workload):
+            return  # nothing trains (or a test's scripted pods do): no verifier to prepare
         try:
             argv = self._verifier_command(plan, stage, None)
             if argv[2] not in (verify.MODULE, verify_export.MODULE):
                 return
-            warm_tools.start(self.run_dir, stage.name, pipeline_run_id, argv)
+            # it waits while the JobSet's supervisor runs, then a grace period for the verify step
+            warm_tools.start(self.run_dir, stage.name, pipeline_run_id, argv, starter=state.supervisor_pid)
         except (OSError, environment.TrainerEnvMissing) as error:
             tell(f"the checkpoint verifier could not be started ahead ({error}); it starts in the verify step")
             return
         tell("the checkpoint verifier's process starts now: its imports run while the stage trains")
+
+    def _runs_the_trainer(self, name: str) -> bool:
+        """Whether JobSet ``name``'s pods run the trainer worker (MaxText), not another command."""
+        try:
+            manifest = yaml.safe_load((self.jobsets.state_dir(name) / "jobset.yaml").read_text(encoding="utf-8"))
+            return any(warmable(pod.argv, frozenset({maxtext.WORKER_MODULE})) for pod in expand_jobset(manifest))
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            return False
 
     def _runner(self, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> Runner:
         """Runs the verifier's command in the process the train step started ahead for this pipeline run when it

@@ -18,8 +18,8 @@ before.
 
 Each tool belongs to one pipeline run: its record, ``warm/<stage>.<pipeline run id>.json`` in the run
 directory, names it, and only that run's verify step, cancel and cleanup (:func:`stop_run`) touch it. An unused
-tool ends by itself :data:`multislice.trainer.warm.GRACE_SECONDS` after the train step that started it
-(pipeline failed or cancelled in between).
+tool ends by itself :data:`multislice.trainer.warm.GRACE_SECONDS` after its starter (the local backend passes
+the stage JobSet's supervisor, which ends with the training) ended (pipeline failed or cancelled in between).
 
 What a cluster does differently: the GKE backend starts the verifier's Job only in the verify step
 (:meth:`multislice.backends.base.Backend.prepare_verifier` does nothing there), so its pod's image pull and

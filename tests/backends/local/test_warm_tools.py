@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from multislice.backends.local import pid_alive, warm_tools
+from multislice.backends.local.backend import LocalBackend
 from multislice.backends.local.environment import trainer_env
 from multislice.trainer.warm import READY
+from tests.backends.local.test_backend import finish, scripted_jobset
 from tests.inotify import wait_for_text
 from tests.test_cancel import wait_gone
 
@@ -89,3 +91,14 @@ def test_cleanup_stops_only_its_own_runs_tools(tmp_path):
     assert pid_alive(theirs.pid) and warm_tools.record_path(str(tmp_path), "s1", "run-b").exists()
     assert warm_tools.stop_run(str(tmp_path), "run-b") == ["s1"]
     assert not wait_gone({theirs.pid}, timeout=60)
+
+
+def test_no_verifier_is_started_ahead_for_pods_that_do_not_run_the_trainer(tmp_path):
+    """A test's scripted pods (the real CPU JobSet with its command replaced) train nothing: nothing to verify."""
+    plan, obj = scripted_jobset(tmp_path, "ok")
+    backend = LocalBackend(plan.run_dir)
+    backend.jobsets.create_jobset(obj)
+    said: list[str] = []
+    backend.prepare_verifier(plan, plan.stages[0], "run-a", said.append)
+    assert said == [] and not (Path(plan.run_dir) / warm_tools.FOLDER).exists()
+    assert finish(backend.jobsets, obj["metadata"]["name"]).phase == "Completed"

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from benchmarks.preflight import machine
 from multislice import config, metrics
-from multislice.backends.local import LocalJobSets
+from multislice.backends.local import LocalJobSets, warm_tools
 from multislice.plan import make_plan
 from multislice.steps import admit, prepare_data, train, verify_checkpoint
 from multislice.storage import latest_committed_step
@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="run directory parent (default: a temporary one)")
     parser.add_argument("--skip-baseline", action="store_true", help="no undisturbed run (goodput is not computed)")
     options = parser.parse_args(argv)
+    # the soak measures the training's goodput: no verifier importing beside it (multislice.backends.local.warm_tools)
+    os.environ[warm_tools.ENV_WARM] = "off"
     output = options.output or Path(tempfile.mkdtemp(prefix="kill-soak-"))
     load_start = os.getloadavg()
     result: dict = {"machine": machine(), "steps": options.steps, "kills_asked": options.kills, "seed": options.seed}

@@ -284,7 +284,10 @@ class LocalBackend(Backend):
     def prepare_verifier(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> None:
         """Start the stage's verifier ahead (:mod:`.warm_tools`): its imports run while the stage trains, and the
         verify step of this pipeline run hands it the finished checkpoint. Not for a command wrapped to read a Hub
-        token from Secret Manager (that verifier starts in the verify step, as before)."""
+        token from Secret Manager, an elastic stage's, or a stage trained without a pipeline run id (those
+        verifiers start in the verify step, as before)."""
+        if not pipeline_run_id or stage.elastic or not warm_tools.enabled():
+            return  # no run to hand it to; an elastic stage's JobSet (whose end the tool waits for) is replaced
         state = self.jobsets.get_jobset(stage.workload)
         if state is None or state.terminal or not state.supervisor_pid or not self._runs_the_trainer(stage.workload):
             return  # nothing trains (or a test's scripted pods do): no verifier to prepare

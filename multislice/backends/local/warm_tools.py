@@ -44,6 +44,14 @@ from multislice.trainer import warm
 
 #: The run directory's folder of warm tools' records, FIFOs, logs and outputs.
 FOLDER = "warm"
+#: The train step's environment variable that turns starting verifiers ahead off (``off``); e.g. the kill soak,
+#: which measures the training's goodput alone.
+ENV_WARM = "MULTISLICE_LOCAL_WARM_VERIFIER"
+
+
+def enabled(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether verifiers are started ahead (:data:`ENV_WARM` is not ``off``, ``0`` or ``false``)."""
+    return environ.get(ENV_WARM, "on").strip().lower() not in ("off", "0", "false")
 #: The module of the process started ahead.
 MODULE = warm.__name__
 

@@ -209,7 +209,8 @@ def run(found: WarmTool, argv: list[str], timeout: float, cancel_point: str, wha
         if pidfd is not None:
             os.close(pidfd)
     status = _read(found.status).strip()
-    record.unlink(missing_ok=True)
+    for used in (record, Path(found.fifo), Path(found.status)):  # its log and output stay, as a pod's log does
+        used.unlink(missing_ok=True)
     code = int(status) if status.isdigit() else 137
     return subprocess.CompletedProcess(argv, code, _read(found.out), _read(found.log))
 

@@ -48,6 +48,7 @@ def test_the_verify_step_hands_its_arguments_to_the_tool_warmed_up_during_traini
     assert "stand-in run on stderr" in done.stderr and "stand-in warm-up" in done.stderr  # the log: not the report
     assert not wait_gone({found.pid}, timeout=60)
     assert not warm_tools.record_path(str(tmp_path), "s1", "run-a").exists()  # used once
+    assert not Path(found.fifo).exists() and Path(found.log).exists()  # its log stays, as a pod's does
     assert warm_tools.take(str(tmp_path), "s1", "run-a", argv) is None
 
 

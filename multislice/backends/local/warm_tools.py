@@ -52,6 +52,8 @@ ENV_WARM = "MULTISLICE_LOCAL_WARM_VERIFIER"
 def enabled(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     """Whether verifiers are started ahead (:data:`ENV_WARM` is not ``off``, ``0`` or ``false``)."""
     return environ.get(ENV_WARM, "on").strip().lower() not in ("off", "0", "false")
+
+
 #: The module of the process started ahead.
 MODULE = warm.__name__
 

@@ -26,8 +26,9 @@ started as a new process is: the supervisor is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``, Linux ``prctl(2)``), the intermediate child
 exits at once, and the kernel reparents the pod to the supervisor, which then
 reaps it and reads its exit status. Only after this server has reaped the
-intermediate does the pod go on (a pipe, no delay): it starts a session of its
-own (its pid is its process group's, as a pod's), asks for SIGKILL when the
+intermediate does the pod go on (a pipe, no delay). It starts a session of its
+own (its pid is its process group's, as a pod's) before it tells the server its
+pid, so stopping the server never reaches it; it asks for SIGKILL when the
 supervisor ends (``PR_SET_PDEATHSIG``), takes the pod's log as standard output
 and error and ``/dev/null`` as standard input, its directory and its whole
 environment, and runs ``MODULE`` as ``__main__`` with ``ARG ...`` as its
@@ -137,7 +138,7 @@ def _fork_pod(request: dict[str, Any], requests: _Lines, answers: int) -> dict[s
     """Fork the pod twice (see the module's docstring). Returns the request in the pod, None in the server (which
     has answered with the pod's pid or an error)."""
     go_read, go_write = os.pipe()  # the pod waits on it until its intermediate parent has been reaped
-    pid_read, pid_write = os.pipe()  # the intermediate tells the pod's pid
+    pid_read, pid_write = os.pipe()  # the pod tells its pid once in a session of its own
     intermediate = os.fork()
     if intermediate == 0:
         try:
@@ -147,13 +148,16 @@ def _fork_pod(request: dict[str, Any], requests: _Lines, answers: int) -> dict[s
         except BaseException:
             os._exit(1)
         if pod == 0:
+            # Its own session first, before the server answers: stopping the server (SIGKILL to its process
+            # group) must never reach a pod it forked.
+            os.setsid()
+            os.write(pid_write, str(os.getpid()).encode())
             os.close(pid_write)
             os.read(go_read, 1)
             os.close(go_read)
             os.close(requests.fd)
             os.close(answers)
             return request
-        os.write(pid_write, str(pod).encode())
         os._exit(0)
     os.close(go_read)
     os.close(pid_write)
@@ -172,8 +176,7 @@ def _fork_pod(request: dict[str, Any], requests: _Lines, answers: int) -> dict[s
 
 
 def _become_pod(request: dict[str, Any]) -> None:
-    """Session, parent-death signal, standard streams, directory and environment of the pod."""
-    os.setsid()
+    """Parent-death signal, standard streams, directory and environment of the pod (its session is its own)."""
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         os._exit(127)
     if os.getppid() != int(request["parent"]):  # the supervisor ended before the signal was asked for

@@ -21,7 +21,7 @@ from multislice.backends.local.pods import expand_jobset
 from multislice.backends.local.spares import ENV_SPARES, Spares, identity_env, warmable, warmable_modules
 from multislice.trainer.spare import READY
 from tests.backends.local.test_backend import finish, scripted_jobset
-from tests.inotify import wait_for_text
+from tests.inotify import wait_for_glob, wait_for_text
 from tests.processes import spare_pids
 from tests.test_cancel import wait_gone
 
@@ -49,7 +49,9 @@ def stand_in_jobset(tmp_path, mode, max_restarts=2, release=None):
 def ready_server(backend: LocalJobSets, name: str, attempt: int) -> int:
     """The pid of the JobSet's fork server started for ``attempt``, once it has said it is warmed up."""
     log = backend.state_dir(name) / "spares" / f"fork-server.attempt-{attempt}.log"
-    assert wait_for_text(log, READY, timeout=120), log.read_text() if log.exists() else "no server log"
+    # the supervisor makes spares/ once the first attempt's pods have started: its log's directory first
+    assert wait_for_glob(backend.state_dir(name), f"spares/{log.name}", timeout=120), "no server log"
+    assert wait_for_text(log, READY, timeout=120), log.read_text()
     return int(log.read_text().split(f"{READY}: pid ")[1].split(",")[0])
 
 

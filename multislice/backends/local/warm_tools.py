@@ -40,6 +40,7 @@ from pathlib import Path
 from multislice import cancel
 from multislice.backends.base import VerifierTimeout
 from multislice.backends.local.environment import trainer_env, trainer_process_env
+from multislice.backends.local.jobsets import pid_alive
 from multislice.trainer import warm
 
 #: The run directory's folder of warm tools' records, FIFOs, logs and outputs.
@@ -104,15 +105,22 @@ def record_path(run_dir: str, stage: str, pipeline_run_id: str) -> Path:
 
 
 def _alive(found: WarmTool) -> bool:
-    """Whether ``found``'s process runs (not a zombie) and is that tool (its command names its FIFO: a pid the
-    kernel gave to another process since is not it)."""
+    """Whether ``found``'s process runs (:func:`.jobsets.pid_alive`) and is that tool (its command names its FIFO:
+    a pid the kernel gave to another process since is not it)."""
     try:
-        with open(f"/proc/{found.pid}/stat", encoding="ascii") as handle:
-            running = handle.read().rsplit(")", 1)[1].split()[0] != "Z"
         with open(f"/proc/{found.pid}/cmdline", "rb") as handle:
-            return running and found.fifo.encode() in handle.read().split(b"\0")
+            named = found.fifo.encode() in handle.read().split(b"\0")
     except OSError:
         return False
+    return named and pid_alive(found.pid)
+
+
+def _load(record: Path) -> WarmTool | None:
+    """The tool a record names, or None (no record, or not one)."""
+    try:
+        return WarmTool(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def start(
@@ -164,9 +172,8 @@ def take(run_dir: str, stage: str, pipeline_run_id: str, argv: list[str]) -> War
     """The warm tool this pipeline run started for ``stage``, when it is alive and was started for ``argv``'s module
     and MaxText arguments; else None (a dead or mismatched one is stopped)."""
     record = record_path(run_dir, stage, pipeline_run_id)
-    try:
-        found = WarmTool(**json.loads(record.read_text()))
-    except (OSError, ValueError, TypeError):
+    found = _load(record)
+    if found is None:
         return None
     module, _, maxtext_args = _split(argv)
     if found.module == module and found.maxtext_args == maxtext_args and _alive(found):
@@ -197,8 +204,7 @@ def run(found: WarmTool, argv: list[str], timeout: float, cancel_point: str, wha
                 os.close(fifo)
             cancel.point(cancel_point)
             ready, _, _ = select.select([pidfd], [], [], timeout)
-            if not ready:
-                _kill(found.pid)
+            if not ready:  # stopped below, as on a cancel
                 raise VerifierTimeout(
                     f"{what} ran past {timeout:.0f} s and was stopped",
                     "raise timeouts.verify if the checkpoint is that large",
@@ -236,9 +242,8 @@ def _kill(pid: int) -> None:
 
 def stop(record: Path) -> None:
     """Stop the warm tool of ``record`` (SIGKILL to its session's group: it holds nothing) and drop the record."""
-    try:
-        found = WarmTool(**json.loads(record.read_text()))
-    except (OSError, ValueError, TypeError):
+    found = _load(record)
+    if found is None:
         return
     if _alive(found):
         _kill(found.pid)
@@ -250,11 +255,8 @@ def stop_run(run_dir: str, pipeline_run_id: str) -> list[str]:
     stages."""
     stopped = []
     for record in sorted(Path(run_dir, FOLDER).glob(f"*.{_safe(pipeline_run_id)}.json")):
-        try:
-            found = WarmTool(**json.loads(record.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-        if found.pipeline_run_id == pipeline_run_id:
+        found = _load(record)
+        if found is not None and found.pipeline_run_id == pipeline_run_id:
             stop(record)
             stopped.append(found.stage)
     return stopped

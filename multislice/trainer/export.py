@@ -63,6 +63,7 @@ export could not be made (the JSON report, printed last, says why).
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import json
 import math
@@ -317,6 +318,48 @@ def stage_tokenizer(config: Any) -> tuple[Any, str]:
                 (local / item.name).write_bytes(item.read_bytes())
         return PreTrainedTokenizerFast.from_pretrained(str(local)), f"huggingface {path}"
     raise Unsupported(f"tokenizer_type {kind}: the exporter writes {', '.join(TOKENIZER_TYPES)}")
+
+
+#: What :func:`stage_setup` made, by the stage's MaxText arguments (:func:`warm_up` makes it ahead).
+_SETUP: dict[tuple[str, ...], tuple[Any, Any, str]] = {}
+
+
+def stage_setup(maxtext_args: list[str]) -> tuple[Any, Any, str]:
+    """``(config, tokenizer, tokenizer source)`` of the stage (:func:`stage_config`, :func:`check_model`,
+    :func:`stage_tokenizer`), made once per process for the same MaxText arguments: :func:`warm_up` makes it while
+    the stage trains, so the export finds it (on this machine about 5 s of MaxText's config and the tiktoken
+    tokenizer's conversion).
+
+    Raises:
+        Unsupported: as :func:`check_model` and :func:`stage_tokenizer`.
+    """
+    key = tuple(maxtext_args)
+    if key not in _SETUP:
+        config = stage_config(maxtext_args)
+        check_model(config)
+        tokenizer, source = stage_tokenizer(config)
+        _SETUP[key] = (config, tokenizer, source)
+    return _SETUP[key]
+
+
+def warm_up(maxtext_args: list[str]) -> None:
+    """The export's work that needs no checkpoint, done ahead in a verifier started while the stage trains
+    (:func:`multislice.trainer.verify_export.warm_up`): torch, safetensors and MaxText's conversion tables
+    imported, :func:`stage_setup` and the Hugging Face config made (transformers' Llama config imports torch),
+    and both loaders started (:func:`start_loaders` takes them), so their imports of torch and transformers also
+    run beside the training. A stage the export refuses is left to the export to report. The loaders are stopped
+    at this process's exit if nothing took them."""
+    import torch  # noqa: F401 (imported ahead: this function's whole point)
+    from maxtext.checkpoint_conversion.utils import param_mapping  # noqa: F401 (imported ahead)
+    from safetensors import torch as safetensors_torch  # noqa: F401 (imported ahead)
+
+    try:
+        config, tokenizer, _ = stage_setup(maxtext_args)
+        hf_config(config, tokenizer, default_dtype(config))
+    except Exception:  # noqa: BLE001 - the export itself makes it again and reports why it failed
+        pass
+    _AHEAD.update(start_loaders())
+    atexit.register(_stop_ahead)
 
 
 def check_model(config: Any) -> None:
@@ -692,7 +735,12 @@ def reference_params(reader: CheckpointReader, dtype: str, head_dim: int) -> dic
 
 
 def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
-    """MaxText's logits (numpy, ``[len(tokens), vocab]``) of its own model with the checkpoint's parameters."""
+    """MaxText's logits (numpy, ``[len(tokens), vocab]``) of its own model with the checkpoint's parameters.
+
+    The forward pass is one ``jax.jit`` program (one XLA compile): on this machine 0.9 s to compile and 0.02 s
+    to run for the tiny 70B recipe, where Flax's op-by-op dispatch of the same ``model.apply`` took 9.7 s
+    (benchmarks/README.md); the logits were bit-identical.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -706,14 +754,16 @@ def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
             node = node.setdefault(parent, {})
         node[leaf] = jnp.asarray(values, jnp.float32)
     model = model_creation_utils.from_config(config)
-    inputs = jnp.asarray([tokens], jnp.int32)
-    positions = jnp.arange(len(tokens), dtype=jnp.int32)[None, :]
-    segments = jnp.ones_like(inputs)
-    key = jax.random.PRNGKey(0)
-    logits = model.apply(
-        params, inputs, positions, decoder_segment_ids=segments, enable_dropout=False,
-        rngs={"aqt": key, "params": key},
-    )  # fmt: skip
+
+    def forward(params: Any, inputs: Any) -> Any:
+        positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)[None, :]
+        key = jax.random.PRNGKey(0)
+        return model.apply(
+            params, inputs, positions, decoder_segment_ids=jnp.ones_like(inputs), enable_dropout=False,
+            rngs={"aqt": key, "params": key},
+        )  # fmt: skip
+
+    logits = jax.jit(forward)(params, jnp.asarray([tokens], jnp.int32))
     return np.asarray(logits[0], np.float32)
 
 
@@ -803,10 +853,29 @@ class Loader:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+#: Loaders started by :func:`warm_up` (a verifier started ahead), taken by the next :func:`start_loaders`.
+_AHEAD: dict[str, Loader] = {}
+
+
 def start_loaders() -> dict[str, Loader]:
     """Both loaders of the check (:data:`LOADER_NAMES`), started now: transformers 5 with this interpreter, 4.57
-    with :func:`loader4_python`. The caller stops them (:meth:`Loader.stop`) when done or when it gives up."""
+    with :func:`loader4_python`. The caller stops them (:meth:`Loader.stop`) when done or when it gives up.
+
+    Where :func:`warm_up` started them ahead and both still wait, those are returned (once) instead."""
+    ahead = dict(_AHEAD)
+    _AHEAD.clear()
+    if ahead and all(loader.process is None or loader.process.poll() is None for loader in ahead.values()):
+        return ahead
+    for loader in ahead.values():  # one died while waiting: start both afresh
+        loader.stop()
     return {"transformers5": Loader(Path(sys.executable)), "transformers4": Loader(loader4_python())}
+
+
+def _stop_ahead() -> None:
+    """Stop the loaders :func:`warm_up` started that nothing took (the tool was not used)."""
+    for loader in _AHEAD.values():
+        loader.stop()
+    _AHEAD.clear()
 
 
 def run_loader(python: Path, export_dir: str, ids: list[int], positions: list[int], scratch: Path) -> dict[str, Any]:
@@ -968,11 +1037,9 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     started = time.time()
     jax.config.update("jax_default_prng_impl", "unsafe_rbg")
     # Float32 activations and the highest matmul precision for the comparison; shapes are unchanged.
-    config = stage_config(maxtext_args)
-    check_model(config)
+    config, tokenizer, tokenizer_source = stage_setup(maxtext_args)
     dtype = options.dtype or default_dtype(config)
     options.dtype = dtype
-    tokenizer, tokenizer_source = stage_tokenizer(config)
     ids = check_ids(tokenizer, int(config.vocab_size), min(options.tokens, int(config.max_target_length)))
     hf = hf_config(config, tokenizer, dtype)
     scratch = Path(tempfile.mkdtemp(prefix="export-"))

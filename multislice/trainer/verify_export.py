@@ -11,8 +11,9 @@ final step and the ``metrics.jsonl`` beside the checkpoints) and, only when its 
 (:func:`multislice.trainer.export.run`) in the same interpreter. What the two separate processes each paid
 again is paid once: the interpreter's start, the imports of JAX, Orbax, Flax and MaxText (measured in
 ``benchmarks/README.md``), and JAX's CPU backend set-up. A FAIL or ERROR verdict exports nothing. The export
-check's two loader processes (:class:`multislice.trainer.export.Loader`) are started first, so their imports of
-torch and transformers run beside the verification; a verdict other than PASS stops them unused.
+check's two loader processes (:class:`multislice.trainer.export.Loader`) are started first (in a verifier started
+ahead, while the stage trains: :func:`warm_up`), so their imports of torch and transformers run beside the
+verification; a verdict other than PASS stops them unused.
 
 Output, read by the backends (:func:`reports_in`):
 
@@ -82,13 +83,13 @@ def reports_in(output: str) -> tuple[dict[str, Any] | None, dict[str, Any] | Non
 
 
 def warm_up(argv: list[str]) -> None:
-    """Do the verifier's and the exporter's imports ahead of their run, in a tool started while the stage trains
-    (:mod:`multislice.trainer.warm`): :func:`multislice.trainer.verify.warm_up`'s, then transformers and tokenizers,
-    which the export's config and tokenizer need (about 5 s on this machine). Reads nothing of the checkpoint."""
+    """Do the verifier's and the exporter's work that needs no checkpoint ahead of their run, in a tool started
+    while the stage trains (:mod:`multislice.trainer.warm`): :func:`multislice.trainer.verify.warm_up`'s imports,
+    then :func:`multislice.trainer.export.warm_up` (the stage's config and tokenizer, torch and transformers, and
+    the two loader processes started). Reads nothing of the checkpoint."""
     verify.warm_up(argv)
     with contextlib.redirect_stdout(sys.stderr):
-        from transformers import PreTrainedTokenizerFast  # noqa: F401 (imported ahead: the real module, not deferred)
-        from transformers.convert_slow_tokenizer import TikTokenConverter  # noqa: F401 (imported ahead)
+        export.warm_up(argv[argv.index("--") + 1 :] if "--" in argv else [])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ once; the tests read that export.
 
 import json
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -291,6 +292,48 @@ def test_a_loader_started_ahead_ends_unused_and_a_missing_one_is_an_error(traine
     assert found["closed"] == [0, ""]  # no request on stdin: it ends at once, quietly
     assert "no loader interpreter at /nonexistent/bin/python" in found["missing"]["error"]
     assert found["missing_scratch"] is False
+
+
+WARM_UP = """
+import json, sys
+from multislice.trainer import export
+args = json.loads(sys.argv[1])
+export.warm_up(args)
+ahead = dict(export._AHEAD)
+imported = {name: name in sys.modules for name in ("torch", "transformers", "safetensors.torch")}
+setup = export._SETUP.get(tuple(args))
+taken = export.start_loaders()
+again = export.start_loaders()
+found = {
+    "imported": imported, "names": sorted(ahead), "setup": None if setup is None else setup[2],
+    "taken_ahead": all(taken[n] is ahead[n] for n in ahead),
+    "waiting": [l.process.poll() is None for l in ahead.values()],
+    "again_new": all(again[n] is not ahead[n] for n in ahead),
+}
+for loader in [*taken.values(), *again.values()]:
+    loader.stop()
+if sys.argv[2:] == ["leave"]:  # a tool never used: its loaders are stopped at exit
+    export.warm_up(args)
+    found["left"] = [[l.process.pid, str(l.scratch)] for l in export._AHEAD.values()]
+print(json.dumps(found))
+"""
+
+
+def test_a_warmed_up_export_has_its_set_up_and_waiting_loaders_and_stops_unused_ones(sp_stage, trainer_python):
+    """:func:`export.warm_up` (a verifier started while the stage trains) makes the stage's config and tokenizer and
+    starts both loaders; the export then takes those loaders once, and a process that never exported stops them
+    at its exit (no loader outlives the tool)."""
+    done = run_in_trainer(trainer_python, WARM_UP, json.dumps(sp_stage.args), "leave")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["imported"] == {"torch": True, "transformers": True, "safetensors.torch": True}
+    assert found["setup"].startswith("sentencepiece ") and found["setup"].endswith(SENTENCEPIECE)
+    assert found["names"] == ["transformers4", "transformers5"]
+    assert found["taken_ahead"] and found["waiting"] == [True, True]  # the export gets the waiting ones ...
+    assert found["again_new"]  # ... once: a second export starts its own
+    for pid, scratch in found["left"]:
+        assert not Path(f"/proc/{pid}").exists() or "hf_loader" not in Path(f"/proc/{pid}/cmdline").read_text()
+        assert not Path(scratch).exists()
 
 
 def test_the_check_runs_at_once_only_when_it_fits_in_half_the_available_memory(monkeypatch):

@@ -62,15 +62,21 @@ $(UV):
 	$(PYTHON312) -m venv $(BOOT)
 	$(BOOT)/bin/python -m pip install --quiet uv==$(UV_VERSION)
 
+# Every environment is installed with its bytecode compiled (uv's --compile-bytecode; the project's own sources
+# with compileall): where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, Python would otherwise
+# compile every module it imports from source in every process (0.5-0.7 s of each pipeline step; more for a
+# trainer process's JAX and MaxText). benchmarks/README.md has the figures.
+PROJECT_SOURCES = multislice components pipelines
 $(VENVS)/pipeline/.installed: requirements/pipeline.txt pyproject.toml | $(UV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/pipeline
-	VIRTUAL_ENV=$(VENVS)/pipeline $(UV) pip sync --quiet requirements/pipeline.txt
+	VIRTUAL_ENV=$(VENVS)/pipeline $(UV) pip sync --quiet --compile-bytecode requirements/pipeline.txt
 	VIRTUAL_ENV=$(VENVS)/pipeline $(UV) pip install --quiet --no-deps -e .
+	$(VENVS)/pipeline/bin/python -m compileall -q -j 0 $(PROJECT_SOURCES)
 	touch $@
 
 $(VENVS)/trainer/.installed: requirements/trainer.txt pyproject.toml | $(UV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/trainer
-	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip sync --quiet requirements/trainer.txt
+	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip sync --quiet --compile-bytecode requirements/trainer.txt
 	VIRTUAL_ENV=$(VENVS)/trainer $(UV) pip install --quiet --no-deps -e .
 	touch $@
 
@@ -79,7 +85,7 @@ $(VENVS)/trainer/.installed: requirements/trainer.txt pyproject.toml | $(UV)
 LOADER4_SITE = $(VENVS)/loader-hf4/lib/python3.12/site-packages
 $(VENVS)/loader-hf4/.installed: requirements/loader-hf4.txt $(VENVS)/trainer/.installed | $(UV)
 	$(UV) venv --quiet --allow-existing --python $(PYTHON312) $(VENVS)/loader-hf4
-	VIRTUAL_ENV=$(VENVS)/loader-hf4 $(UV) pip install --quiet --no-deps -r requirements/loader-hf4.txt
+	VIRTUAL_ENV=$(VENVS)/loader-hf4 $(UV) pip install --quiet --no-deps --compile-bytecode -r requirements/loader-hf4.txt
 	echo "import site; site.addsitedir('$(abspath $(VENVS)/trainer/lib/python3.12/site-packages)')" > $(LOADER4_SITE)/zz-trainer.pth
 	touch $@
 

@@ -46,6 +46,10 @@ def test_dockerfile_installs_exactly_its_extra_at_the_locked_versions(image):
     assert SpecifierSet(PYPROJECT["project"]["requires-python"]).contains(f"{python}.0")
     uv_version = re.search(r"^UV_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert ["RUN", "pip", "install", "--no-cache-dir", f"uv=={uv_version}"] in instructions
+    # bytecode compiled at build, before the installs: no pod compiles its modules at start
+    assert instructions.index(["ENV", "UV_COMPILE_BYTECODE=1"]) < min(
+        i for i, line in enumerate(instructions) if line[:3] == ["RUN", "uv", "pip"]
+    )
     installs = [i for i in instructions if i[:4] == ["RUN", "uv", "pip", "install"]]
     assert len(installs) == 2
     dependencies, package = installs

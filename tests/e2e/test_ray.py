@@ -60,6 +60,8 @@ def test_both_stages_train_through_ray_and_verify(ray_run):
     assert "run e2e-ray: SUCCEEDED" in out
     assert out.count("verification  PASS") == 2
     assert out.count("(launcher ray)") >= 2  # the summary says which launcher ran
+    # each stage's verifier ran in the process its train step started while Ray trained (as for a JobSet)
+    assert out.count("in the verifier's process started during training (its imports done)") == 2
     for stage in ray_run.plan.stages:
         assert latest_committed_step(stage.checkpoint_dir) == stage.final_step
         trained = reports.read(reports.TrainReport, ray_run.plan, stage)

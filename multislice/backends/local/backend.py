@@ -42,9 +42,14 @@ from multislice.backends.local.spares import warmable
 from multislice.backends.local.tools import Runner, run_tool
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
+from multislice.render.jobset import LOCAL_RAYJOB_MODULE
 from multislice.reports import ExportReport, ProvisionReport, VerificationReport
 from multislice.timings import DEFAULTS, Timings
 from multislice.trainer import verify, verify_export
+
+#: The pod programs that train a stage: the JobSet worker (MaxText in each pod) and the local RayJob's driver pod
+#: (:data:`multislice.render.jobset.LOCAL_RAYJOB_MODULE`: a Ray head whose JaxTrainer runs MaxText in its workers).
+TRAINING_MODULES = frozenset({maxtext.WORKER_MODULE, LOCAL_RAYJOB_MODULE})
 
 
 class LocalBackend(Backend):
@@ -303,10 +308,11 @@ class LocalBackend(Backend):
         tell("the checkpoint verifier's process starts now: its imports run while the stage trains")
 
     def _runs_the_trainer(self, name: str) -> bool:
-        """Whether JobSet ``name``'s pods run the trainer worker (MaxText), not another command."""
+        """Whether JobSet ``name``'s pods run the trainer (:data:`TRAINING_MODULES`: the JobSet worker, or a Ray
+        stage's driver pod, whose Ray workers run MaxText), not another command (a test's scripted pods)."""
         try:
             manifest = yaml.safe_load((self.jobsets.state_dir(name) / "jobset.yaml").read_text(encoding="utf-8"))
-            return any(warmable(pod.argv, frozenset({maxtext.WORKER_MODULE})) for pod in expand_jobset(manifest))
+            return any(warmable(pod.argv, TRAINING_MODULES) for pod in expand_jobset(manifest))
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             return False
 

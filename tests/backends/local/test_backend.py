@@ -94,7 +94,9 @@ address = (os.environ["JAX_COORDINATOR_ADDRESS"], int(os.environ["JAX_COORDINATO
 release = Path(sys.argv[1])
 if who == (0, 0):  # the coordinator: listen on the port, answer each host, leave once released
     server = socket.create_server(address)
-    print("coordinator listening on", address[1], flush=True)
+    # one write: print's pieces are written one by one when stdout is unbuffered (PYTHONUNBUFFERED), and the test
+    # reads the port as soon as the line's start is in the log
+    sys.stdout.write(f"coordinator listening on {address[1]}\\n"); sys.stdout.flush()
     server.settimeout(0.2)
     answered = 0
     while answered < int(os.environ["JAX_PROCESS_COUNT"]) - 1 or not release.exists():

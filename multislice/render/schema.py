@@ -103,6 +103,7 @@ def crd_index(crds_dir: Path = CRDS_DIR) -> dict[tuple[str, str], CrdVersion]:
     return index
 
 
+@functools.cache
 def crd(api_version: str, kind: str, crds_dir: Path = CRDS_DIR) -> CrdVersion:
     """The CRD version that serves ``apiVersion`` and ``kind``, parsing only its group's files where it can.
 

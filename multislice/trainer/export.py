@@ -345,17 +345,17 @@ def stage_setup(maxtext_args: list[str]) -> tuple[Any, Any, str]:
 def warm_up(maxtext_args: list[str]) -> None:
     """The export's work that needs no checkpoint, done ahead in a verifier started while the stage trains
     (:func:`multislice.trainer.verify_export.warm_up`): torch, safetensors and MaxText's conversion tables
-    imported, :func:`stage_setup` and the Hugging Face config made (transformers' Llama config imports torch),
+    imported (and transformers' Llama config, which :func:`hf_config` builds), :func:`stage_setup` made,
     and both loaders started (:func:`start_loaders` takes them), so their imports of torch and transformers also
     run beside the training. A stage the export refuses is left to the export to report. The loaders are stopped
     at this process's exit if nothing took them."""
     import torch  # noqa: F401 (imported ahead: this function's whole point)
     from maxtext.checkpoint_conversion.utils import param_mapping  # noqa: F401 (imported ahead)
     from safetensors import torch as safetensors_torch  # noqa: F401 (imported ahead)
+    from transformers import LlamaConfig  # noqa: F401 (imported ahead: hf_config builds one)
 
     try:
-        config, tokenizer, _ = stage_setup(maxtext_args)
-        hf_config(config, tokenizer, default_dtype(config))
+        stage_setup(maxtext_args)
     except Exception:  # noqa: BLE001 - the export itself makes it again and reports why it failed
         pass
     _AHEAD.update(start_loaders())
@@ -1161,7 +1161,7 @@ def parser(prog: str = f"python -m {MODULE}", description: str = "") -> argparse
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; prints the JSON report last (and writes ``--report``). Exit 0 PASS, 1 FAIL, 2 error."""
     argv = sys.argv[1:] if argv is None else argv
-    own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    own, maxtext_args = verify.split_args(argv)
     p = parser()
     options = p.parse_args(own)
     check_options(p, options, maxtext_args)

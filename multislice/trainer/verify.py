@@ -781,10 +781,16 @@ def _finish(report: dict[str, Any], checks: list[dict[str, Any]], started: float
     return report
 
 
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(own options, the stage's MaxText arguments)`` of a trainer tool's command line ``OPTION ... -- key=value
+    ...`` (the verifier's, the exporter's, :mod:`multislice.trainer.verify_export`'s); no ``--``: no MaxText ones."""
+    return (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; writes the JSON report to ``--report`` (and stdout). Exit 0 PASS, 1 FAIL, 2 error."""
     argv = sys.argv[1:] if argv is None else argv
-    own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    own, maxtext_args = split_args(argv)
     parser = argparse.ArgumentParser(
         prog="python -m multislice.trainer.verify", description=(__doc__ or "").split("\n")[0]
     )
@@ -824,7 +830,7 @@ def warm_up(argv: list[str]) -> None:
     (:mod:`multislice.trainer.warm`): :func:`multislice.trainer.lean_imports.install` for the stage's MaxText
     arguments (those after ``--`` in ``argv``), then JAX, Orbax, Flax and MaxText's model code, which building the
     expected model imports (about 8 s of a stage's verification on this machine). Reads nothing of the checkpoint."""
-    maxtext_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    _, maxtext_args = split_args(argv)
     with contextlib.redirect_stdout(sys.stderr):
         lean_imports.install(maxtext_args)
         import jax  # noqa: F401 (imported ahead: this function's whole point)

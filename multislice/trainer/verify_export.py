@@ -89,13 +89,13 @@ def warm_up(argv: list[str]) -> None:
     the two loader processes started). Reads nothing of the checkpoint."""
     verify.warm_up(argv)
     with contextlib.redirect_stdout(sys.stderr):
-        export.warm_up(argv[argv.index("--") + 1 :] if "--" in argv else [])
+        export.warm_up(verify.split_args(argv)[1])
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: verify, then export on PASS; prints :data:`MARKER`'s line, then both reports last."""
     argv = sys.argv[1:] if argv is None else argv
-    own, maxtext_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    own, maxtext_args = verify.split_args(argv)
     p = export.parser(f"python -m {MODULE}", (__doc__ or "").split("\n")[0])
     options = p.parse_args(own)
     export.check_options(p, options, maxtext_args)

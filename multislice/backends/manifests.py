@@ -81,9 +81,11 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
 
         for obj in rbac.render_rbac_objects(plan):
             out[f"rbac-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
+        accounts = plan.spec.service_accounts
         reaper = lease.reaper_cronjob(
-            plan.spec.namespace, plan.spec.images.pipeline, plan.spec.service_accounts.pipeline
-        )
+            plan.spec.namespace, plan.spec.images.pipeline, accounts.pipeline, plan.spec.cluster,
+            accounts.pipeline_namespace,
+        )  # fmt: skip
         out[f"cronjob-{reaper['metadata']['name']}.yaml"] = reaper
         for stage in plan.stages:
             if stage.export:

@@ -309,6 +309,47 @@ def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would()
     assert "unknown fields ['schedul']" in manifests.object_problems(broken)[0]
 
 
+def test_the_reaper_cronjob_acts_on_the_rendered_cluster_as_a_service_account_of_its_own_namespace(monkeypatch):
+    """The CronJob's command names the cluster and namespace the profile resolved to (not a packaged placeholder
+    profile's ``your-project/your-cluster``), and it runs in the namespace where its ServiceAccount is rendered
+    (``pipeline_namespace``: a pod can only use a ServiceAccount of its own namespace). The command, parsed by the
+    CLI, reaches that cluster (``multislice reap``'s own argument parsing, no profile read in the pod)."""
+    from multislice import config
+    from multislice.backends import manifests
+    from multislice.cli import app, reap
+    from multislice.plan import make_plan
+
+    overrides = {"cluster.project": "real-proj", "cluster.location": "europe-west4", "cluster.name": "tpu-prod",
+                 "node_pools.zone": "europe-west4-a",
+                 "namespace": "team-a", "service_accounts.pipeline_namespace": "kubeflow"}  # fmt: skip
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", overrides))
+    rendered = manifests.render_all(plan, "run-1")
+    reaper = rendered["cronjob-multislice-reaper.yaml"]
+    pod = reaper["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    accounts = [obj for obj in rendered.values() if obj["kind"] == "ServiceAccount"]
+    where = {obj["metadata"]["name"]: obj["metadata"]["namespace"] for obj in accounts}
+    assert where[pod["serviceAccountName"]] == reaper["metadata"]["namespace"] == "kubeflow"
+    command = pod["containers"][0]["command"]
+    assert "--profile" not in command and "your-project" not in command and "your-cluster" not in command
+    args = app.build_parser(command[1:]).parse_args(command[1:])
+    cluster, namespace = reap.reap_target(args)
+    assert (cluster.project, cluster.location, cluster.name, cluster.access) == (
+        "real-proj", "europe-west4", "tpu-prod", "in-cluster")  # fmt: skip
+    assert namespace == "team-a"  # the runs' namespace, where the Role grants the reaper its rights
+    role_binding = rendered["rbac-rolebinding-multislice-pipeline.yaml"]
+    assert role_binding["metadata"]["namespace"] == "team-a"
+    assert {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "kubeflow"} in (
+        role_binding["subjects"])  # fmt: skip
+
+
+def test_multislice_reap_without_a_profile_refuses_a_missing_namespace_and_bad_names(capsys):
+    from multislice.cli import app
+
+    assert app.main(["reap", "--in-cluster", "--project", "Bad_Project"]) == 2
+    err = capsys.readouterr().err
+    assert "--namespace" in err and "--project" in err and "Traceback" not in err
+
+
 def test_the_export_job_is_checked_as_the_api_server_would():
     """Each stage's export Job (``job-<stage>-export.yaml``): a misspelt field, a bad quantity or a limit below its
     request is refused by ``object_problems``, as the API server refuses them."""

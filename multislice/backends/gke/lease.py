@@ -375,18 +375,46 @@ class RunHolder(Holder):
                 self.tell(f"could not renew Lease {self.name}: {error}")
 
 
+def reaper_command(namespace: str, cluster: Any) -> list[str]:
+    """The reaper container's command: ``multislice reap`` on ``namespace`` of the cluster ``cluster`` names.
+
+    ``cluster`` (a :class:`multislice.config.ClusterSpec`) gives ``--project``, ``--location`` and ``--cluster``
+    as the rendered profile resolved them: the reaper deletes a terminated run's node pools through the GKE API
+    of that cluster, and no profile is read in the pod (a profile of the user's is not in the pipeline image; a
+    packaged one names a placeholder cluster). Argument list, never a shell string.
+    """
+    command = ["multislice", "reap", "--in-cluster", "--namespace", namespace]
+    for option, value in (("--project", cluster.project), ("--location", cluster.location),
+                          ("--cluster", cluster.name)):  # fmt: skip
+        if value:
+            command += [option, value]
+    return command
+
+
 def reaper_cronjob(
     namespace: str,
     image: str,
     service_account: str,
-    profile: str = "gke-v6e-16x2",
+    cluster: Any,
+    service_account_namespace: str | None = None,
     schedule: str = "* * * * *",
     webhook_secret: str = "multislice-notify-webhook",
 ) -> dict[str, Any]:
-    """The CronJob that runs ``multislice reap`` in ``namespace`` every minute (the cluster-owned safety net).
+    """The CronJob that runs ``multislice reap`` on ``namespace`` every minute (the cluster-owned safety net).
+
+    Args:
+        namespace: Where the runs' workloads and Leases are (the run spec's ``namespace``).
+        image: The pipeline image (it has the ``multislice`` command).
+        service_account: The pipeline's ServiceAccount (``service_accounts.pipeline``).
+        cluster: The :class:`multislice.config.ClusterSpec` the run acts on (:func:`reaper_command`).
+        service_account_namespace: Where that ServiceAccount is (``service_accounts.pipeline_namespace``,
+            default ``namespace``). The CronJob is created there: a pod can only run as a ServiceAccount of its own
+            namespace (``spec.serviceAccountName``), and there the account has its Workload Identity annotation
+            (the GKE API, node pools) and its RoleBinding to the Role in ``namespace``; the webhook Secret is read
+            there too, as the exit handler's on KFP (its pods run in that namespace).
 
     Its service account needs ``list``/``delete`` on ``jobsets`` (and on ``rayjobs`` when a stage is launched by
-    Ray) and ``get`` on ``leases`` in the namespace (the pipeline runner's Role has them).
+    Ray) and ``get`` on ``leases`` in ``namespace`` (the pipeline runner's Role has them).
     ``concurrencyPolicy: Forbid``: one reaper at a time. The webhook URL comes, as the exit handler's on KFP,
     from key ``url`` of Secret ``webhook_secret`` (optional: without it no notification is posted). Deleting
     a terminated run's node pools needs the GKE API as the pipeline (Workload Identity: the same Google
@@ -395,7 +423,7 @@ def reaper_cronjob(
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": {"name": "multislice-reaper", "namespace": namespace},
+        "metadata": {"name": "multislice-reaper", "namespace": service_account_namespace or namespace},
         "spec": {
             "schedule": schedule,
             "concurrencyPolicy": "Forbid",
@@ -404,8 +432,7 @@ def reaper_cronjob(
             "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
                 "serviceAccountName": service_account,
                 "restartPolicy": "Never",
-                "containers": [{"name": "reaper", "image": image, "command": [
-                    "multislice", "reap", "--profile", profile, "--in-cluster", "--namespace", namespace],
+                "containers": [{"name": "reaper", "image": image, "command": reaper_command(namespace, cluster),
                     "env": [{"name": "MULTISLICE_NOTIFY_WEBHOOK_URL", "valueFrom": {"secretKeyRef": {
                         "name": webhook_secret, "key": "url", "optional": True}}}]}],
             }}}},

@@ -747,7 +747,7 @@ def test_the_reaper_spares_held_finished_and_foreign_jobsets(served, play, plan)
     late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
     play.jobset_done(js, "Completed", "AllJobsCompleted", "jobset completed successfully")
     assert lease.reap(kube, now=late, tell=print) == []  # finished: holds no TPUs, kept as cleanup keeps it
-    cron = lease.reaper_cronjob("default", "multislice-pipeline:0.1.0", "pipeline-runner")
+    cron = lease.reaper_cronjob("default", "multislice-pipeline:0.1.0", "pipeline-runner", plan.spec.cluster)
     container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert cron["spec"]["concurrencyPolicy"] == "Forbid" and container["command"][:2] == ["multislice", "reap"]
 

@@ -309,7 +309,7 @@ def test_gke_render_carries_the_reaper_cronjob_checked_as_the_api_server_would()
     assert "unknown fields ['schedul']" in manifests.object_problems(broken)[0]
 
 
-def test_the_reaper_cronjob_acts_on_the_rendered_cluster_as_a_service_account_of_its_own_namespace(monkeypatch):
+def test_the_reaper_cronjob_acts_on_the_rendered_cluster_as_a_service_account_of_its_own_namespace():
     """The CronJob's command names the cluster and namespace the profile resolved to (not a packaged placeholder
     profile's ``your-project/your-cluster``), and it runs in the namespace where its ServiceAccount is rendered
     (``pipeline_namespace``: a pod can only use a ServiceAccount of its own namespace). The command, parsed by the

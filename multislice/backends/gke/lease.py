@@ -278,10 +278,16 @@ def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str],
     """Delete every unfinished JobSet (or RayJob) of a pipeline run (label ``pipeline/runid``) whose hold expired;
     their names.
 
-    Finished ones are kept (cleanup's rule); those of no pipeline run are never touched.
+    Finished ones are kept (cleanup's rule); those of no pipeline run are never touched. One without its own Lease
+    is reaped only when its pipeline run is one the reaper can account for: the run holds a run Lease
+    (:func:`hold_run`; every step of a pipeline run on GKE creates or renews it before it creates anything, and only
+    the exit handler or :func:`multislice.steps.cleanup.reap_runs` deletes it, after deleting the run's workloads).
+    A JobSet applied by hand from ``multislice render`` output carries a run id label (``manual`` by default) but no
+    Lease of either kind: it is not a pipeline run's, and is left to whoever applied it.
     """
     now = now or datetime.datetime.now(datetime.UTC)
     deleted = []
+    held_runs: dict[str, bool] = {}
     workloads = [("JobSet", found, jobset.phase, jobset.delete) for found in kube.list_jobsets("")]
     # Stages launched by Ray: their RayJobs (none when KubeRay or the Ray RBAC rules are absent, rayjob.NO_RAY).
     workloads += [("RayJob", found, rayjob.phase, rayjob.delete) for found in rayjob.list_rayjobs(kube, "")]
@@ -291,7 +297,14 @@ def reap(kube: Kube, now: datetime.datetime | None = None, tell: Callable[[str],
             continue
         if phase_of(found) in ("Completed", "Failed"):
             continue
-        ends = expires(found, get(kube, meta["name"]))
+        own = get(kube, meta["name"])
+        run_id = meta["labels"][names.LABEL_PIPELINE_RUN_ID]
+        if own is None:
+            if run_id not in held_runs:
+                held_runs[run_id] = get(kube, run_lease_name(run_id)) is not None
+            if not held_runs[run_id]:
+                continue  # no Lease issued for it or its run: not created by a pipeline run the reaper knows
+        ends = expires(found, own)
         if now > ends:
             tell(
                 f"{kind} {kube.namespace}/{meta['name']} (pipeline run {meta['labels'][names.LABEL_PIPELINE_RUN_ID]})"

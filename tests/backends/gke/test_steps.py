@@ -752,6 +752,30 @@ def test_the_reaper_spares_held_finished_and_foreign_jobsets(served, play, plan)
     assert cron["spec"]["concurrencyPolicy"] == "Forbid" and container["command"][:2] == ["multislice", "reap"]
 
 
+def test_the_reaper_leaves_a_hand_applied_render_and_reaps_a_leaseless_jobset_of_a_held_run(served, plan):
+    """A JobSet applied by hand from ``multislice render`` output (run id label ``manual``, no Lease) is never reaped;
+    one created by a pipeline run's step that died before its first Lease renewal is, once its run holds a run
+    Lease (every step of a pipeline run creates or renews it first) and a lease duration has passed."""
+    import datetime
+
+    from multislice.backends import manifests as all_manifests
+    from multislice.backends.gke import jobset as gke_jobset
+    from multislice.backends.gke import lease
+
+    kube, stage = served.kube(), stage_of(plan)
+    hand = all_manifests.render_all(plan, "manual")[f"jobset-{stage.name}.tpu.yaml"]  # render's default run id
+    gke_jobset.create_or_adopt(kube, hand)
+    late = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    assert lease.reap(kube, now=late, tell=print) == []
+    assert kube.get_jobset(stage.jobset) is not None  # not a pipeline run's: left to whoever applied it
+    gke_jobset.delete(kube, stage.jobset, kube.get_jobset(stage.jobset)["metadata"]["uid"])
+    wait_until(lambda: kube.get_jobset(stage.jobset) is None, what="the hand-applied JobSet gone")
+    lease.hold_run(kube, RUN_ID, plan.spec.run_name, plan.run_dir, "launch/pod-1")
+    gke_jobset.create_or_adopt(kube, render_jobset.render_jobset(plan, stage, hardware="tpu", pipeline_run_id=RUN_ID))
+    assert lease.get(kube, stage.jobset) is None  # the step died before its JobSet's first Lease
+    assert lease.reap(kube, now=late, tell=print) == [stage.jobset]
+
+
 def test_a_single_slice_run_renders_provisions_admits_launches_and_trains(served, play, node_pools, told, capsys):
     """``num_slices: 1`` (GKE's single-slice TPU shape: one Indexed child Job of 4 hosts, no DCN) through every step."""
     overrides = {"run_name": "r1", "output_dir": "gs://bucket/runs", "service_accounts.kueue_cluster_objects": True,

@@ -10,7 +10,8 @@ Modules: :mod:`.models` (the pydantic models and their per-field checks),
 :mod:`.checks` (checks across fields), :mod:`.profiles` (profile files, model
 presets, loading), :mod:`.overrides` (``--set`` and parameters applied to a
 profile), :mod:`.parameters` (the pipeline's parameters and where each lands),
-:mod:`.values` (single values: images, GCP names, Cloud Storage paths, output directories).
+:mod:`.values` (single values: images, GCP names, Cloud Storage paths, output directories),
+:mod:`.yaml_input` (user YAML read with its aliases' expansion bounded).
 """
 
 from multislice.config import data, values

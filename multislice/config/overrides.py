@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from multislice.config import parameters
+from multislice.config import parameters, yaml_input
 from multislice.errors import ConfigError
 
 
@@ -24,7 +24,9 @@ def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
     dotted keys that set its fields (``stages.0.data.kind=text``).
 
     Raises:
-        ConfigError: a pair without ``=``, ``null`` for a field that needs a value, or a mapping value.
+        ConfigError: a pair without ``=``, ``null`` for a field that needs a value, a mapping value, or a value
+            whose YAML aliases expand past :data:`yaml_input.MAX_VALUES` values or hold their own anchor
+            (:func:`yaml_input.load`, checked before the value is built).
     """
     out: dict[str, Any] = {}
     issues: list[tuple[str, str]] = []
@@ -35,7 +37,12 @@ def parse_set_arguments(pairs: list[str]) -> dict[str, Any]:
             raise ConfigError([("--set", f"{pair!r} is not key=value, e.g. --set run_name=my-run")])
         kind = parameters.field_kind(parameters.path_for(key))
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml_input.load(raw) if raw.strip() else ""
+        except yaml_input.AliasExpansionError as error:
+            if kind is None or not kind.string:  # a text field takes the value as written, aliases unread
+                issues.append((key, f"--set {key}=...: the value is refused before it is read: {error.reason}"))
+                continue
+            value = raw
         except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
             value = raw
         if value is None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from multislice.config import yaml_input
 from multislice.config.checks import cross_field_issues
 from multislice.config.models import RunSpec
 from multislice.config.overrides import apply_overrides
@@ -53,7 +54,9 @@ def parse_yaml_mapping(text: bytes | str, source: str) -> dict[str, Any]:
         ConfigError: naming ``source`` and, for a syntax error, the line: text over
             :data:`MAX_PROFILE_BYTES`, not UTF-8, a NUL or other unreadable character, a YAML
             error (tabs, unclosed quotes or brackets, unhashable keys, a ``!!python/...`` tag),
-            several documents, or a document that is not a mapping.
+            aliases that expand past :data:`yaml_input.MAX_VALUES` values or hold their own anchor
+            (:func:`yaml_input.load_all`, checked before anything is built), several documents, or a
+            document that is not a mapping.
     """
     fix = "fix the YAML (see the line named), or give another --profile"
     if len(text) > MAX_PROFILE_BYTES:
@@ -69,7 +72,9 @@ def parse_yaml_mapping(text: bytes | str, source: str) -> dict[str, Any]:
                 [("profile", f"{source} is not UTF-8 text (byte {error.start}: {error.reason}); save it as UTF-8")]
             ) from None
     try:
-        documents = list(yaml.safe_load_all(text))
+        documents = yaml_input.load_all(text)
+    except yaml_input.AliasExpansionError as error:
+        raise ConfigError([("profile", f"{source} is refused before it is read: {error.reason}")]) from None
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ConfigError([("profile", f"{source} is not valid YAML{_where(error)}: {problem}; {fix}")]) from None

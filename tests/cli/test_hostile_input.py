@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from multislice import cli, config, names
-from multislice.config import parameters, values
+from multislice.config import parameters, values, yaml_input
 from multislice.errors import UserError
 
 
@@ -280,6 +280,61 @@ def test_a_huge_profile_is_refused_by_size_before_parsing(tmp_path):
     code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp_path / "out"))
     assert_refused(code, err, str(path))
     assert f"is {config.profiles.MAX_PROFILE_BYTES + 10:,} bytes, over the {config.profiles.MAX_PROFILE_BYTES:,}" in err
+
+
+def _laughs(levels: int, width: int = 9) -> str:
+    """A "billion laughs" flow list: anchor ``a0`` holds ``width`` scalars, each ``aN`` ``width`` aliases of
+    ``a(N-1)``; it stands for about ``width ** levels`` values in a few hundred bytes."""
+    parts = [f"&a0 [{', '.join(['lol'] * width)}]"]
+    parts += [f"&a{n} [{', '.join([f'*a{n - 1}'] * width)}]" for n in range(1, levels)]
+    return "[" + ", ".join(parts) + "]"
+
+
+@pytest.mark.parametrize(
+    "command", [["render", "--output", "out"], ["compile", "--output", "out.yaml"], ["plan"], ["run"]]
+)
+def test_a_profile_of_nested_aliases_is_refused_before_they_expand(tmp_path, command):
+    """QA's 4.6 KB profile (``maxtext_overrides`` holding a nest of aliases, 9**11 values) hung every command,
+    memory growing, while the overrides copied each alias apart; it is refused from the composed nodes."""
+    path = tmp_path / "laughs.yaml"
+    profile = LOCAL | {"x-laughs": "LAUGHS"}
+    path.write_text(yaml.safe_dump(profile).replace("LAUGHS", _laughs(11)), encoding="utf-8")
+    assert path.stat().st_size < 8192
+    output = [command[1], str(tmp_path / command[2])] if len(command) > 1 else []
+    code, _, err = run_cli(command[0], "--profile", str(path), *output)
+    assert_refused(code, err, str(path))
+    assert "over 100,000 values once its aliases (*name) are expanded" in err and "write the values out" in err
+    assert _tree(tmp_path) == ["laughs.yaml"]
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path):
+    path = tmp_path / "cycle.yaml"
+    path.write_text(yaml.safe_dump(LOCAL) + "x-cycle: &c [1, *c]\n", encoding="utf-8")
+    code, _, err = run_cli("render", "--profile", str(path), "--output", str(tmp_path / "out"))
+    assert_refused(code, err, str(path))
+    assert "stands inside its own anchor" in err
+
+
+def test_a_set_value_of_nested_aliases_is_refused_naming_its_key(tmp_path):
+    key = "stages.0.maxtext_overrides.constant_bound_config"
+    code, _, err = run_cli("render", "--profile", "local", "--set", f"{key}={_laughs(11)}", "--output", str(tmp_path))
+    assert_refused(code, err, key)
+    assert "once its aliases (*name) are expanded" in err
+    code, _, err = run_cli("render", "--profile", "local", "--set", f"{key}=[&c [1, *c]]", "--output", str(tmp_path))
+    assert_refused(code, err, key)
+
+
+def test_small_aliases_are_still_read_and_counted_as_expanded():
+    """An alias stands for its anchor's values again (``configs/local.yaml`` aliases one ``maxtext_overrides`` for
+    both stages); the count on the composed nodes equals a walk of the loaded, expanded data."""
+
+    def walked(value: object) -> int:
+        return 1 + sum(walked(item) for item in value) if isinstance(value, list) else 1
+
+    assert yaml_input.load("[&a x, *a]") == ["x", "x"]
+    text = _laughs(4)
+    assert yaml_input.expanded_values(yaml.compose(text, Loader=yaml.SafeLoader)) == walked(yaml.safe_load(text))
+    assert LOCAL["stages"][0]["maxtext_overrides"] == LOCAL["stages"][1]["maxtext_overrides"]
 
 
 # ---------------------------------------------------------------- regressions: values QA found accepted

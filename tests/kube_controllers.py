@@ -26,6 +26,7 @@ from kubernetes import client as k8s
 
 from multislice import names, tpu
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
+from multislice.render.ray import DRANET_DEVICE_CLASS
 from multislice.trainer import verify_export
 from tests import kueue_model
 from tests.kube_cluster import Served, wait_until
@@ -475,6 +476,7 @@ class KubeRay:
         self.workload = f"rayjob-{name}-1a2b3"
         self.submitter_pod = f"{name}-sbm4t"
         self.replaced: dict[tuple[int, int], int] = {}  # (slice, host) -> pods KubeRay created for it so far
+        self.refused: set[str] = set()  # worker pods whose sandbox DRANET refused (_dranet_refuses)
 
     def rayjob(self) -> dict[str, Any]:
         """Wait for the RayJob to exist; returns it."""
@@ -518,31 +520,73 @@ class KubeRay:
             self.patch({"status": {"jobDeploymentStatus": "Initializing", "rayClusterName": self.cluster}}, status=True)
         return message
 
-    def _pod(self, name: str, labels: dict[str, str], container: str, node: str | None, phase: str) -> None:
+    def _pod(self, name: str, labels: dict[str, str], container: str, node: str | None, phase: str,
+             template: dict[str, Any] | None = None) -> None:  # fmt: skip
         play = self.play
         spec: dict[str, Any] = {"containers": [{"name": container, "image": "trainer"}]}
+        for key in ("hostNetwork", "dnsPolicy", "resourceClaims"):  # what DRANET's rule reads
+            if template and key in template:
+                spec[key] = copy.deepcopy(template[key])
         if node:
             spec["nodeName"] = node
         body = {"metadata": {"name": name, "namespace": play.ns, "labels": labels}, "spec": spec,
                 "status": {"phase": phase}}  # fmt: skip
         play.core.create_namespaced_pod(play.ns, body)
 
+    def _dranet_refuses(self, spec: dict[str, Any]) -> bool:
+        """Whether GKE's DRANET driver refuses the pod's sandbox: a ``hostNetwork`` pod that claims a device of
+        DRANET's class. DRANET's NRI hook ``RunPodSandbox`` fails for a pod with devices prepared for it whose
+        sandbox has no network namespace of its own ("using host network can not claim host devices", google/dranet
+        ``pkg/driver/nri_hooks.go``, ``runPodSandbox``). The emulator allocates no claim, so a claim whose template
+        asks DRANET's DeviceClass stands for the allocated device."""
+        if not spec.get("hostNetwork"):
+            return False
+        play = self.play
+        for claim in spec.get("resourceClaims") or []:
+            template = play.custom.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", play.ns, "resourceclaimtemplates", claim["resourceClaimTemplateName"]
+            )
+            requests = template["spec"]["spec"]["devices"]["requests"]
+            if any(r.get("exactly", {}).get("deviceClassName") == DRANET_DEVICE_CLASS for r in requests):
+                return True
+        return False
+
     def worker_name(self, slice_index: int, host: int) -> str:
         """The current worker pod of ``(slice, host)``."""
         return f"{self.cluster}-slice-worker-{slice_index}-{host}-r{self.replaced.get((slice_index, host), 0)}"
 
     def _worker(self, slice_index: int, host: int) -> str:
+        """A worker pod from the RayJob's worker template, Running; or, when DRANET refuses its sandbox
+        (:meth:`_dranet_refuses`), Pending in ``ContainerCreating`` with the kubelet's ``FailedCreatePodSandBox``
+        event ("Failed to create pod sandbox: %v", kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_manager.go``)
+        carrying DRANET's error, as it stays on a cluster (the kubelet retries the sandbox, DRANET refuses again)."""
         name = self.worker_name(slice_index, host)
         labels = {"ray.io/cluster": self.cluster, "ray.io/node-type": "worker", "ray.io/group": "slice",
                   "ray.io/is-ray-node": "yes", "ray.io/worker-group-replica-index": str(slice_index),
                   "ray.io/worker-group-replica-name": f"{self.cluster}-slice-{slice_index}",
                   "ray.io/replica-host-index": str(host)}  # fmt: skip
-        self._pod(name, labels, "ray-worker", f"gke-{self.pools[slice_index]}-{host}", "Running")
+        template = self.rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+        refused = self._dranet_refuses(template)
+        node = f"gke-{self.pools[slice_index]}-{host}"
+        self._pod(name, labels, "ray-worker", node, "Pending" if refused else "Running", template)
+        if refused:
+            self.refused.add(name)
+            self.play.pod_status(name, {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "True"}], "containerStatuses": [
+                {"name": "ray-worker", "ready": False, "restartCount": 0, "image": "trainer", "imageID": "",
+                 "state": {"waiting": {"reason": "ContainerCreating"}}}]})  # fmt: skip
+            self.play.event(name, "FailedCreatePodSandBox", "Failed to create pod sandbox: rpc error: code = Unknown "
+                            f"desc = RunPodSandbox pod {self.play.ns}/{name} using host network can not claim host "
+                            "devices")  # fmt: skip
         return name
 
     def starts(self) -> list[str]:
         """The RayCluster (owned by the RayJob), its head and worker pods (replicas x numOfHosts) Running, the
-        submitter Job and its pod Running; the RayJob Running. Returns the worker pod names."""
+        submitter Job and its pod Running; the RayJob Running. Returns the worker pod names.
+
+        When DRANET refuses the workers' sandboxes (:meth:`_worker`), they stay Pending, the RayCluster is not ready
+        and there is no submitter: KubeRay's RayJob stays ``Initializing`` with the cluster's status until its state is
+        ``ready`` (``ray-operator/controllers/ray/rayjob_controller.go``, ``JobDeploymentStatusInitializing``)."""
         play, found = self.play, self.rayjob()
         cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
                    "metadata": {"name": self.cluster, "namespace": play.ns, "ownerReferences": [self._owner(found)],
@@ -553,13 +597,18 @@ class KubeRay:
         self._pod(f"{self.cluster}-head", {"ray.io/cluster": self.cluster, "ray.io/node-type": "head"},
                   "ray-head", "gke-cpu-0", "Running")  # fmt: skip
         workers = [self._worker(j, h) for j in range(self.slices) for h in range(self.hosts)]
+        count = self.slices * self.hosts
+        running = len(set(workers) - self.refused)
+        if running < count:  # a worker never starts: the RayCluster is not ready, so KubeRay submits nothing
+            self.patch({"status": {"rayClusterName": self.cluster, "rayClusterStatus": {
+                "readyWorkerReplicas": running, "desiredWorkerReplicas": count}}}, status=True)  # fmt: skip
+            return workers
         job = {"metadata": {"name": self.name, "namespace": play.ns, "ownerReferences": [self._owner(found)],
                             "labels": {"ray.io/originated-from-cr-name": self.name}},
                "spec": {"backoffLimit": 2, "template": {"spec": {"restartPolicy": "Never",
                         "containers": [{"name": "ray-job-submitter", "image": "trainer"}]}}}}  # fmt: skip
         play.batch.create_namespaced_job(play.ns, job)
         self._pod(self.submitter_pod, {"job-name": self.name}, "ray-job-submitter", "gke-cpu-0", "Running")
-        count = self.slices * self.hosts
         self.patch({"status": {
             "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": self.cluster,
             "rayClusterStatus": {"state": "ready", "readyWorkerReplicas": count, "availableWorkerReplicas": count,

@@ -51,6 +51,24 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
             )
         )
     if spec.backend == "gke" and not remote:
+    if ray_stages and spec.node_pools.additional_node_networks and spec.service_accounts.tpu_host_network:
+        # A Ray stage's TPU workers claim DRANET network devices on these node pools (multislice.render.ray), and
+        # DRANET refuses a host-network pod that claims a device: its NRI hook RunPodSandbox returns "using host
+        # network can not claim host devices" (google/dranet pkg/driver/nri_hooks.go, runPodSandbox), so the
+        # kubelet never creates the pod's sandbox. DRANET moves the claimed NICs into the pod's own network
+        # namespace, so DCN traffic takes the additional networks without hostNetwork.
+        issues.append(
+            (
+                "service_accounts.tpu_host_network",
+                f"stage(s) {', '.join(ray_stages)} are launched by Ray on node pools with "
+                "node_pools.additional_node_networks, so their TPU workers claim DRANET network devices, and DRANET "
+                "refuses to start a hostNetwork pod that claims one (the workers would never start): set "
+                "service_accounts.tpu_host_network: false (DRANET moves the additional NICs into the pod's network "
+                "namespace, so DCN traffic still uses them) with tpu_workload_identity: true and "
+                "trainer_gcp_service_account (pods off the host network write gs:// through Workload Identity), "
+                "or drop node_pools.additional_node_networks",
+            )
+        )
         issues.append(
             (
                 "output_dir",

@@ -46,7 +46,11 @@ The cluster (KubeRay's multi-host TPU worker groups, ``ray-project/kuberay``
   asking for one network device per additional network, claimed by every TPU
   worker pod, so that DCN traffic uses the extra NICs of the TPU nodes. The node
   pools then carry the label DRANET's driver runs on,
-  ``cloud.google.com/gke-networking-dra-driver=true`` (:data:`DRANET_NODE_LABEL`).
+  ``cloud.google.com/gke-networking-dra-driver=true`` (:data:`DRANET_NODE_LABEL`). Such workers are never
+  ``hostNetwork``: DRANET refuses a host-network pod that claims a device (its NRI hook ``RunPodSandbox`` fails with
+  "using host network can not claim host devices", google/dranet ``pkg/driver/nri_hooks.go``) and moves the claimed
+  NICs into the pod's network namespace instead, so the config refuses ``tpu_host_network`` with them
+  (:func:`multislice.config.checks.cross_field_issues`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ from multislice.render import jobset, launchers, manifests, ray
 from multislice.trainer import ray_driver, ray_job
 
 NETWORKS = [{"network": "dcn-net", "subnetwork": "dcn-sub"}, {"network": "dcn-net-2", "subnetwork": "dcn-sub-2"}]
+#: Workers that claim DRANET devices off the host network (DRANET refuses hostNetwork pods), writing gs:// through
+#: Workload Identity.
+OFF_HOST = {"tpu_host_network": False, "tpu_workload_identity": True}
 
 
 def _plan(profile: str = "gke-v6e-16x2-seed", **changes):
@@ -105,8 +108,10 @@ def test_ray_workers_use_the_host_network_as_the_jobset_and_the_head_its_cpu_nod
 def test_additional_networks_give_dranet_claims_and_the_node_label():
     from multislice.backends.gke import nodepool
 
-    pools = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))["node_pools"]
-    plan = _plan(launcher="ray", node_pools={**pools, "additional_node_networks": NETWORKS})
+    data = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))
+    accounts = {**data["service_accounts"], **OFF_HOST}
+    pools = {**data["node_pools"], "additional_node_networks": NETWORKS}
+    plan = _plan(launcher="ray", node_pools=pools, service_accounts=accounts)
     stage = plan.stages[0]
     (claim,) = ray.render_claim_templates(plan, stage, pipeline_run_id="run-1")
     assert manifests.object_problems(claim) == []
@@ -116,6 +121,7 @@ def test_additional_networks_give_dranet_claims_and_the_node_label():
     pod = pod["template"]["spec"]
     assert pod["resourceClaims"] == [{"name": ray.DCN_CLAIM, "resourceClaimTemplateName": claim["metadata"]["name"]}]
     assert pod["containers"][0]["resources"]["claims"] == [{"name": ray.DCN_CLAIM}]
+    assert "hostNetwork" not in pod  # DRANET moves the NICs into the pod's network namespace
     body = nodepool.node_pool_body("tpu-v6e-4x4-0", nodepool.PoolShape.of(plan))
     assert dict(body.config.labels) == {"cloud.google.com/gke-networking-dra-driver": "true"}
     assert "--node-labels=cloud.google.com/gke-networking-dra-driver=true" in nodepool.gcloud_create_args(
@@ -124,8 +130,10 @@ def test_additional_networks_give_dranet_claims_and_the_node_label():
 
 
 def test_a_bad_claim_template_is_refused():
-    pools = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))["node_pools"]
-    plan = _plan(launcher="ray", node_pools={**pools, "additional_node_networks": NETWORKS[:1]})
+    data = config.spec_to_data(config.load_profile("gke-v6e-16x2-seed"))
+    accounts = {**data["service_accounts"], **OFF_HOST}
+    pools = {**data["node_pools"], "additional_node_networks": NETWORKS[:1]}
+    plan = _plan(launcher="ray", node_pools=pools, service_accounts=accounts)
     (claim,) = ray.render_claim_templates(plan, plan.stages[0], pipeline_run_id="run-1")
     claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 0
     claim["spec"]["spec"]["devices"]["requests"][0]["deviceclass"] = "x"

@@ -307,3 +307,19 @@ def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
     [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
                                 profile="gke-v6e-16x2-seed")  # fmt: skip
     assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message
+
+
+def test_ray_workers_claiming_dranet_devices_are_refused_on_the_host_network():
+    """DRANET refuses a hostNetwork pod that claims a device (google/dranet pkg/driver/nri_hooks.go,
+    runPodSandbox): a Ray stage on node pools with additional networks must keep its TPU workers off the host
+    network. A JobSet stage claims nothing, so it keeps hostNetwork there."""
+    dcn = [{"network": "dcn-net", "subnetwork": "dcn-sub"}]
+    found = issues({"launcher": "ray", "node_pools.additional_node_networks": dcn}, profile="gke-v6e-16x2-seed")
+    [(field, message)] = [issue for issue in found if issue[0] == "service_accounts.tpu_host_network"]
+    assert "refuses to start a hostNetwork pod" in message and "service_accounts.tpu_host_network: false" in message
+    assert "drop node_pools.additional_node_networks" in message
+    off_host = {"launcher": "ray", "node_pools.additional_node_networks": dcn}
+    off_host["service_accounts.tpu_host_network"] = False
+    assert config.load_profile("gke-v6e-16x2-seed", off_host).service_accounts.tpu_host_network is False
+    jobset = config.load_profile("gke-v6e-16x2-seed", {"node_pools.additional_node_networks": dcn})
+    assert jobset.service_accounts.tpu_host_network is True

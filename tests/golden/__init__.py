@@ -22,12 +22,20 @@ GOLDEN_DIR = Path(__file__).resolve().parent
 PROFILES = ("local", "gke-v6e-16x2", "gke-v6e-16x2-seed")
 #: Manifest-only goldens of a profile with changes: name -> (profile, top-level spec fields replaced).
 #: ``gke-v6e-16x2-seed-ray``: every stage launched by Ray (RayJobs) on node pools with an extra network for
-#: DCN traffic (DRANET ResourceClaimTemplates), as ``multislice render --set launcher=ray`` writes them.
+#: DCN traffic (DRANET ResourceClaimTemplates), its TPU workers off the host network (DRANET refuses hostNetwork
+#: pods that claim a device) with Workload Identity.
 #: The variants keep the seed's stages (and their files of before, as ``gke-v6e-16x2-ray`` and ``-emergency``).
 MANIFEST_VARIANTS: dict[str, tuple[str, dict]] = {
     "gke-v6e-16x2-seed-ray": (
         "gke-v6e-16x2-seed",
-        {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]},
+        {
+            "launcher": "ray",
+            "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}],
+            # The workers claim DRANET devices, so they are off the host network (DRANET refuses hostNetwork pods)
+            # and write gs:// through Workload Identity.
+            "service_accounts.tpu_host_network": False,
+            "service_accounts.tpu_workload_identity": True,
+        },
     ),
     # ``gke-v6e-16x2-seed-emergency``: the 8B stage with emergency checkpoints (a local checkpoint every 10 steps on
     # each node's checkpoint ramdisk, the persistent one every 50 as before) instead of elastic, which they exclude.

@@ -103,7 +103,11 @@ def test_kueue_cluster_objects_are_granted_by_name_only_when_asked():
     assert ("ClusterRoleBinding", "multislice-pipeline-kueue-multislice-cluster-queue-default") in objs
 
 
-DRANET = {"launcher": "ray", "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}]}
+DRANET = {
+    "launcher": "ray",
+    "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}],
+    "service_accounts.tpu_host_network": False,
+}
 
 
 def test_a_ray_run_may_apply_its_cpu_flavor_and_with_dranet_read_kueues_configuration_only():

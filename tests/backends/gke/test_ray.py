@@ -36,6 +36,8 @@ OVERRIDES = {
     "service_accounts.kueue_cluster_objects": True,
     "launcher": "ray",
     "node_pools.additional_node_networks": [{"network": "dcn-net", "subnetwork": "dcn-sub"}],
+    # Workers claiming DRANET devices must be off the host network (DRANET refuses hostNetwork pods).
+    "service_accounts.tpu_host_network": False,
 }
 
 
@@ -136,6 +138,27 @@ def test_rayjob_admitted_by_kueue_launched_and_succeeded(served, play, plan, tol
     done = cleanup.run("gke", "gs://bucket/runs", "r1", RUN_ID, "SUCCEEDED", backend=GkeBackend(kube))
     assert done.kept == [stage_of(plan).jobset]
     assert done.deleted == [f"ResourceClaimTemplate {render_ray.claim_template_name(stage_of(plan))}"]
+
+
+def test_dranet_starts_the_rendered_workers_and_would_refuse_them_on_the_host_network(served, play, plan, told):
+    """The workers claim DRANET devices off the host network, and start. The same RayJob with hostNetwork (what
+    was rendered before: the default tpu_host_network) never starts a worker: the emulated DRANET refuses each
+    pod's sandbox as google/dranet's RunPodSandbox hook does (pkg/driver/nri_hooks.go), KubeRay submits nothing."""
+    kube = served.kube()
+    _, ray = admitted(play, plan, kube, told)
+    template = ray.rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert template["resourceClaims"] and "hostNetwork" not in template
+    group = ray.rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    group["template"]["spec"]["hostNetwork"] = True
+    ray.patch({"spec": {"rayClusterSpec": {"workerGroupSpecs": [group]}}})
+    workers = ray.starts()
+    pod = play.core.read_namespaced_pod(workers[0], "default")
+    assert pod.status.phase == "Pending"
+    assert pod.status.container_statuses[0].state.waiting.reason == "ContainerCreating"
+    (event,) = [e for e in play.core.list_namespaced_event("default").items if e.involved_object.name == workers[0]]
+    assert event.reason == "FailedCreatePodSandBox" and "using host network can not claim host devices" in event.message
+    assert ray.rayjob()["status"]["jobDeploymentStatus"] == "Initializing"
+    assert not play.batch.list_namespaced_job("default").items  # no submitter before the cluster is ready
 
 
 def test_a_killed_worker_that_ray_train_recovers_is_not_a_failure(served, play, plan, told, capsys):

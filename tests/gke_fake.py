@@ -96,8 +96,15 @@ class FakeGke:
         allow_external_traffic: bool = False,
         public_ip: str | None = None,
         private_ip: str | None = None,
+        authorized_networks: list[str] | None = None,
+        gcp_public_cidrs: bool = False,
     ) -> None:
         """Describe the cluster's control-plane endpoints as GKE does (``controlPlaneEndpointsConfig``).
+
+        ``authorized_networks`` (CIDR blocks; None: the feature off): the IP endpoints' authorized networks,
+        ``ipEndpointsConfig.authorizedNetworksConfig`` and its older mirror ``masterAuthorizedNetworksConfig``
+        (``enabled``, ``cidrBlocks[].cidrBlock``, ``gcpPublicCidrsAccessEnabled`` from ``gcp_public_cidrs``), as
+        ``clusters.get`` returns both (google-cloud-container ``MasterAuthorizedNetworksConfig``).
 
         ``dns``: the DNS-based endpoint's name (every cluster has one; ``allowExternalTraffic`` says whether
         callers outside the VPC may use it). ``public_ip``/``private_ip``: the IP endpoints; with only
@@ -112,6 +119,11 @@ class FakeGke:
             ip["publicEndpoint"] = public_ip
         if private_ip:
             ip["privateEndpoint"] = private_ip
+        if authorized_networks is not None:
+            networks = {"enabled": True, "cidrBlocks": [{"cidrBlock": block} for block in authorized_networks],
+                        "gcpPublicCidrsAccessEnabled": gcp_public_cidrs}  # fmt: skip
+            ip["authorizedNetworksConfig"] = networks
+            self.cluster_info["masterAuthorizedNetworksConfig"] = networks
         config["ipEndpointsConfig"] = ip
         self.cluster_info["controlPlaneEndpointsConfig"] = config
         self.cluster_info["endpoint"] = public_ip or private_ip or ""

@@ -104,12 +104,15 @@ def control_plane(found: Any, name: str) -> ControlPlane:
        issued by a public CA (Google Trust Services), not by the cluster's CA, so no CA is pinned: the client
        verifies it against its default roots (certifi), as ``kubectl`` does after
        ``gcloud container clusters get-credentials --dns-endpoint``.
-    2. Else the public IP endpoint (``endpoint``), verified with ``master_auth.cluster_ca_certificate``.
+    2. Else the public IP endpoint (``endpoint``), verified with ``master_auth.cluster_ca_certificate``, unless
+       authorized networks admit only addresses a Vertex AI worker does not have (:func:`authorized_networks_block`):
+       then none, with the fix (enable external traffic on the DNS-based endpoint).
     3. Else none: the cluster has only a private IP endpoint (``ip_endpoints_config.enable_public_endpoint``
        false, or the older ``private_cluster_config.enable_private_endpoint``), or no IP endpoint at all.
 
     Raises:
-        ClusterAccessError: case 3 (the fix: allow external traffic on the DNS-based endpoint, or use
+        ClusterAccessError: case 3, or 2 blocked by authorized networks (the fix: allow external traffic on the
+            DNS-based endpoint, or use
             ``cluster.access kubeconfig`` from inside the VPC), or the cluster has no endpoint yet.
     """
     endpoints = found.control_plane_endpoints_config
@@ -122,7 +125,24 @@ def control_plane(found: Any, name: str) -> ControlPlane:
         public = ip.enable_public_endpoint
     else:  # clusters described before control_plane_endpoints_config: the private cluster settings
         public = not found.private_cluster_config.enable_private_endpoint
+    short = name.rsplit("/", 1)[-1]
+    location = name.split("/")[3]
+    dns_fix = (
+        f"allow external traffic on the DNS-based endpoint (`gcloud container clusters update {short} --location "
+        f"{location} --enable-dns-access`; the pipeline's Google service account then needs "
+        "container.clusters.connect)"
+    )
     if ip_enabled and public and found.endpoint:
+        blocked = authorized_networks_block(found)
+        if blocked:
+            raise ClusterAccessError(
+                f"GKE cluster {name}'s public IP endpoint {found.endpoint} admits only its authorized networks "
+                f"({blocked}), and its DNS-based endpoint "
+                + ("does not allow external traffic" if dns.endpoint else "is not enabled")
+                + ": Vertex AI Pipelines' components run in a Google-managed network whose addresses are none of "
+                "them, so their calls to the Kubernetes API would time out",
+                f"{dns_fix}, or run from an authorized network with cluster.access kubeconfig",
+            )
         ca = found.master_auth.cluster_ca_certificate
         return ControlPlane(f"https://{found.endpoint}", base64.b64decode(ca) if ca else None, "ip")
     if not found.endpoint and not dns.endpoint:
@@ -133,16 +153,42 @@ def control_plane(found: Any, name: str) -> ControlPlane:
         f"its DNS-based endpoint {dns.endpoint} does not allow external traffic" if dns.endpoint
         else "no DNS-based endpoint"
     )  # fmt: skip
-    short = name.rsplit("/", 1)[-1]
-    location = name.split("/")[3]
     raise ClusterAccessError(
         f"GKE cluster {name} has {reachable} and {dns_state}: a caller outside the cluster's VPC, as Vertex AI "
         "Pipelines' components are, cannot reach its Kubernetes API",
-        f"allow external traffic on the DNS-based endpoint (`gcloud container clusters update {short} --location "
-        f"{location} --enable-dns-access`; the pipeline's Google service account then needs "
-        "container.clusters.connect), or run from inside the VPC with cluster.access kubeconfig "
+        f"{dns_fix}, or run from inside the VPC with cluster.access kubeconfig "
         f"(`gcloud container clusters get-credentials {short} --location {location} --internal-ip`)",
     )
+
+
+def authorized_networks_block(found: Any) -> str:
+    """Why the public IP endpoint of ``found`` (a ``container_v1.Cluster``) refuses a caller whose address is not
+    known in advance, as Vertex AI Pipelines' components are; '' when it admits any.
+
+    GKE's authorized networks (``ip_endpoints_config.authorized_networks_config``, or the older
+    ``master_authorized_networks_config`` of a cluster described without it; google-cloud-container
+    ``MasterAuthorizedNetworksConfig``): when ``enabled``, the control plane admits over HTTPS only the
+    ``cidr_blocks`` and, with ``gcp_public_cidrs_access_enabled``, Google Compute Engine's public IP addresses
+    (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation). A block of ``0.0.0.0/0`` admits
+    any address; Google Cloud's public addresses are taken to admit Vertex AI's workers, which run on Compute
+    Engine in a Google-managed project. The DNS-based endpoint is not subject to them (IAM instead), which is why
+    :func:`control_plane` prefers it.
+
+    Returns:
+        The CIDR blocks that would be admitted (for the message), or '' when the endpoint admits the caller.
+    """
+    ip = found.control_plane_endpoints_config.ip_endpoints_config
+    networks = ip.authorized_networks_config if "authorized_networks_config" in ip else None
+    if networks is None:
+        networks = found.master_authorized_networks_config
+    if not networks.enabled:
+        return ""
+    if "gcp_public_cidrs_access_enabled" in networks and networks.gcp_public_cidrs_access_enabled:
+        return ""
+    blocks = [block.cidr_block for block in networks.cidr_blocks]
+    if any(block in ("0.0.0.0/0", "::/0") for block in blocks):
+        return ""
+    return ", ".join(blocks) if blocks else "none listed"
 
 
 def gke_configuration(cluster: ClusterSpec, *, container: Any | None = None, credentials: Any | None = None):

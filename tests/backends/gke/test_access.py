@@ -216,6 +216,34 @@ def test_a_public_ip_endpoint_is_used_with_the_cluster_ca_when_the_dns_endpoint_
     )
 
 
+def test_a_public_ip_endpoint_behind_authorized_networks_is_refused_with_the_dns_endpoint_fix(gke):
+    """Authorized networks admit only their CIDR blocks to the IP endpoints; Vertex AI's workers have none of those
+    addresses, so a run would time out on its first call: refused with the fix (the DNS-based endpoint)."""
+    gke.set_endpoints(dns=DNS, allow_external_traffic=False, public_ip="34.118.0.10",
+                      authorized_networks=["203.0.113.0/24"])  # fmt: skip
+    with pytest.raises(access.ClusterAccessError) as caught:
+        access.api_client(CLUSTER, container=gke.client(), credentials=Credentials(token="t"))
+    message = str(caught.value)
+    assert "admits only its authorized networks (203.0.113.0/24)" in message
+    assert "gcloud container clusters update tpu-cluster --location us-east5 --enable-dns-access" in message
+
+
+@pytest.mark.parametrize(
+    ("dns_external", "networks", "gcp_public", "host"),
+    [
+        (True, ["203.0.113.0/24"], False, f"https://{DNS}"),  # the DNS-based endpoint, which networks do not gate
+        (False, ["0.0.0.0/0"], False, "https://34.118.0.10"),
+        (False, ["203.0.113.0/24"], True, "https://34.118.0.10"),  # Google Cloud's public addresses admitted
+    ],
+    ids=["dns-endpoint", "any-address", "google-cloud-addresses"],
+)  # fmt: skip
+def test_authorized_networks_that_admit_the_caller_keep_an_endpoint(gke, dns_external, networks, gcp_public, host):
+    gke.set_endpoints(dns=DNS, allow_external_traffic=dns_external, public_ip="34.118.0.10",
+                      authorized_networks=networks, gcp_public_cidrs=gcp_public)  # fmt: skip
+    api = access.api_client(CLUSTER, container=gke.client(), credentials=Credentials(token="t"))
+    assert api.configuration.host == host
+
+
 @pytest.mark.parametrize(
     ("endpoints", "reason"),
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from multislice import backends, names, storage
+from multislice import backends, config, names, storage
 from multislice.cli.common import locate_run, run_spec_of, with_profile
 from multislice.errors import InputError
 
@@ -37,6 +37,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     (``multislice-pipelines/run-name``) except workloads whose Lease is still renewed, JobSets not
     Completed and unfinished Jobs; with ``--pipeline-run-id``, only that run's. What is kept is printed.
     """
+    if args.pipeline_run_id is not None and (problem := config.values.pipeline_run_id_problem(args.pipeline_run_id)):
+        raise InputError(
+            f"--pipeline-run-id: {problem}",
+            "give the pipeline run id its workloads carry (label pipeline/runid, e.g. from `kubectl get jobsets "
+            "--show-labels`), or leave --pipeline-run-id out to clean up every abandoned run of --run",
+        )
     if not names.DNS1035_LABEL.match(args.run or ""):
         raise InputError(
             f"--run {args.run!r} is not a run name (a DNS-1035 label: lower-case letters, digits and '-', "

@@ -185,6 +185,20 @@ def label_value_problem(value: str) -> str | None:
     return f"label value {value!r}: at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends (or empty)"
 
 
+def pipeline_run_id_problem(value: str) -> str | None:
+    """Why ``value`` is not a pipeline run id, or None: the value of the ``pipeline/runid`` label every workload of
+    the run carries (:func:`multislice.render.jobset.run_labels`), so a Kubernetes label value
+    (``IsValidLabelValue``: at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends), not empty:
+    an empty id would select no pipeline run, or every one."""
+    if value and len(value) <= names.MAX_LABEL_LENGTH and _LABEL_NAME.fullmatch(value):
+        return None
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    return (
+        f"{shown!r} is not a pipeline run id: a Kubernetes label value of 1 to {names.MAX_LABEL_LENGTH} letters, "
+        "digits, '-', '_' or '.', alphanumeric at both ends"
+    )
+
+
 def expansion_issues(data: Any, where: str = "", _seen: set[int] | None = None) -> Iterator[tuple[str, str]]:
     """``(field, message)`` for every string in ``data`` (a profile's content) that the container would expand.
 

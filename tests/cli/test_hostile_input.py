@@ -448,6 +448,18 @@ def test_invalid_pipeline_run_id_is_refused_and_nothing_is_written(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("run_id", ["$(id)", "", "a b", "x-", "x" * 64, "ab\n", "../other"])
+def test_cleanup_refuses_a_pipeline_run_id_that_no_workload_could_carry(tmp_path, run_id):
+    """QA's ``cleanup --pipeline-run-id '$(id)'`` of a real run said "nothing left" (exit 0): no label value is
+    ``$(id)``, so it matched nothing; ``''`` matched every run. Refused before the run is looked at."""
+    (tmp_path / "demo").mkdir()
+    code, out, err = run_cli("cleanup", "--run", "demo", "--output-dir", str(tmp_path), "--pipeline-run-id", run_id)
+    assert_refused(code, err, "--pipeline-run-id")
+    assert "label value" in err and "nothing left" not in out
+    assert _tree(tmp_path) == ["demo"]
+    assert values.pipeline_run_id_problem("run-1234.ab_C") is None and values.pipeline_run_id_problem("x" * 63) is None
+
+
 def test_verify_checkpoint_refuses_hostile_paths(tmp_path):
     for path in ("a\nb", "gs://Bad!/x", "gs://bucket/../x", str(tmp_path / "none")):
         code, _, err = run_cli("verify-checkpoint", path)

@@ -8,6 +8,7 @@ from typing import Any
 
 from multislice import config
 from multislice.cli.common import check_output, profile_and_overrides, with_profile
+from multislice.errors import InputError
 from multislice.plan import make_plan
 
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
@@ -32,6 +33,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from multislice.backends import manifests  # jsonschema and the CRDs: only for render (0.6 s)
 
     check_output("--output", args.output, directory=True)
+    if problem := config.values.pipeline_run_id_problem(args.pipeline_run_id):
+        raise InputError(f"--pipeline-run-id: {problem}", "give the value of the pipeline/runid label, e.g. manual")
     profile, overrides = profile_and_overrides(args)
     plan = make_plan(config.load_spec(profile, overrides))
     written = manifests.write_manifests(plan, Path(args.output), pipeline_run_id=args.pipeline_run_id)

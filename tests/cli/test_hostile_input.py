@@ -443,8 +443,11 @@ def test_compile_refuses_bad_node_selectors_and_images(tmp_path):
 
 
 def test_invalid_pipeline_run_id_is_refused_and_nothing_is_written(tmp_path):
-    code, _, err = run_cli("render", "--profile", "local", "--pipeline-run-id", "a b", "--output", str(tmp_path / "o"))
-    assert_refused(code, err, "pipeline run id")
+    for run_id in ("a b", "", "$(id)"):
+        code, _, err = run_cli(
+            "render", "--profile", "local", "--pipeline-run-id", run_id, "--output", str(tmp_path / "o")
+        )
+        assert_refused(code, err, "--pipeline-run-id")
     assert not (tmp_path / "o").exists()
 
 

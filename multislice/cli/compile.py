@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if "pipeline" in built and not args.base_image:
         args.base_image = built["pipeline"]
         print(f"pipeline image (by digest, from {args.images}): {built['pipeline']}")
-    data = config.spec_to_data(config.load_spec(profile, overrides))
+    spec = config.load_spec(profile, overrides)
+    data = config.spec_to_data(spec)
+    _warn_unbuilt(args, spec)
     kubernetes = None
     if args.node_selector:
         selector = _node_selector(args.node_selector)
@@ -71,6 +74,25 @@ def cmd_compile(args: argparse.Namespace) -> int:
     compile_pipeline(data, args.output, args.base_image, target=args.target, kubernetes=kubernetes)
     print(f"pipeline for profile {args.profile} compiled for {args.target} to {args.output}")
     return 0
+
+
+def _warn_unbuilt(args: argparse.Namespace, spec: config.RunSpec) -> None:
+    """Say on stderr which image the compiled pipeline references that no cluster can pull as this project's
+    (:func:`multislice.delivery.images.unpublished_problem`), with the fix. A warning, not a refusal: compiling
+    offline, before the images are built, keeps working."""
+    for what, reference, option in (
+        ("pipeline", args.base_image or spec.images.pipeline, "--base-image REF (or --set images.pipeline=REF)"),
+        ("trainer", spec.images.trainer, "--set images.trainer=REF"),
+    ):
+        if problem := images.unpublished_problem(reference):
+            print(
+                f"warning: the compiled pipeline's {what} image {problem}: no `multislice images build` recorded a "
+                f"pushed {what} image in {args.images}; build and push the images "
+                "(`make images PUSH=1 IMAGE_REPO=REGISTRY/PATH`, or `make images-cloud PROJECT=... REPO=...`) and "
+                "compile again, or name a pushed image with "
+                f"{option}",
+                file=sys.stderr,
+            )
 
 
 def _node_selector(pairs: list[str]) -> dict[str, str]:

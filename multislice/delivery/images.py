@@ -483,6 +483,24 @@ def write_built(built: Mapping[str, BuiltImage], directory: Path, **extra: str) 
     return paths
 
 
+def unpublished_problem(reference: str) -> str | None:
+    """Why a cluster could not pull ``reference`` as this project's image; None when it may.
+
+    A reference whose name has no ``/`` (``multislice-pipeline:0.1.0``, the packaged profiles' images) names no
+    registry: the container runtime resolves it to Docker Hub's official images (``docker.io/library/NAME``: the
+    distribution reference rules, ``github.com/distribution/reference`` ``normalize.go`` ``ParseNormalizedNamed``),
+    where no image of this project is, so every pod of the run would fail to pull it. Images ``make images PUSH=1``
+    or Cloud Build pushed are ``REGISTRY/.../multislice-<image>`` (by digest: :func:`built_references`).
+    """
+    name = reference.split("@", 1)[0]
+    if "/" in name:
+        return None
+    return (
+        f"{reference} names no registry (the runtime would pull docker.io/library/{name.split(':', 1)[0]}, "
+        "not this project's image)"
+    )
+
+
 def built_references(directory: str | Path = IMAGES_DIR) -> dict[str, str]:
     """The images by digest from ``<directory>/<image>.json`` (Cloud Build's or ``docker buildx``'s), by image.
 

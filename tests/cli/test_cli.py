@@ -91,3 +91,23 @@ def test_every_subcommand_help_ends_with_an_example_of_itself():
         examples = text.split("\nexamples:\n")[1]
         assert f"  multislice {name} " in examples, name
     assert {"run", "submit", "schedule create", "schedule update", "inject"} <= set(names)
+
+
+def test_compile_without_built_images_warns_naming_the_images_and_the_fix(tmp_path, capsys):
+    """A compile with no ``build/images`` record and the profile's registry-less image names still writes the
+    pipeline (compiling offline keeps working) but says on stderr which images no cluster could pull and how to
+    build or name pushed ones; pushed references, given, compile without the warning."""
+    from multislice.cli import app
+
+    out, no_builds = tmp_path / "p.yaml", tmp_path / "no-builds"
+    args = ["compile", "--profile", "gke-v6e-16x2", "--target", "vertex", "--images", str(no_builds), "--output"]
+    assert app.main([*args, str(out)]) == 0 and out.is_file()
+    err = capsys.readouterr().err
+    assert "warning: the compiled pipeline's pipeline image multislice-pipeline:0.1.0 names no registry" in err
+    assert "warning: the compiled pipeline's trainer image multislice-trainer:0.1.0 names no registry" in err
+    assert "make images PUSH=1" in err and "--base-image" in err and "--set images.trainer=" in err
+    repo = "us-east5-docker.pkg.dev/my-proj/ml"
+    pushed = ["--base-image", f"{repo}/multislice-pipeline:0.1.0-abc", "--set",
+              f"images.trainer={repo}/multislice-trainer:0.1.0-abc"]  # fmt: skip
+    assert app.main([*args, str(tmp_path / "q.yaml"), *pushed]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -32,7 +32,9 @@ Not replayed (the pipeline does not trigger them; see
 (kfp-kubernetes PVC tasks), the importer's ConfigMap read, the launcher's
 read of its own pod (only without ``KFP_RETRY_INDEX``, and a refusal is a
 warning), Argo's artifact-repository secrets (mounted as a volume, no API
-request). Not modelled: the driver's and launcher's gRPC calls to MLMD and to
+request), KFP's MLflow plugin's calls (to the MLflow server, which checks
+the pod's token on ``mlflow.kubeflow.org`` ``experiments``; granted by rule,
+``multislice.render.rbac.MLFLOW_PLUGIN_SOURCE``). Not modelled: the driver's and launcher's gRPC calls to MLMD and to
 KFP's API server (not the Kubernetes API), Istio or NetworkPolicy between
 them, and what the controller does with the task results.
 """

@@ -69,7 +69,9 @@ run's ``service_account``, else ``pipeline-runner`` / multi-user
 their own requests as ``service_accounts.pipeline``, in the namespace the run's
 pods are in (``pipeline_namespace``). A second Role there,
 ``<pipeline>-kfp-runner`` (:func:`kfp_runner_rules`), bound to the
-ServiceAccount only, grants exactly those (:data:`KFP_RUNNER_REQUESTS`). Why
+ServiceAccount only, grants exactly those (:data:`KFP_RUNNER_REQUESTS`), KFP's
+MLflow plugin's included (``mlflow.kubeflow.org`` ``experiments``, checked by
+MLflow against the pod's token). Why
 not bind to KFP's own accounts instead: ``pipeline-runner``
 (``manifests/kustomize/base/pipeline/pipeline-runner-role.yaml``: ``pods``,
 ``jobs``, ``deployments`` ``*``, every ``secrets`` get) and ``default-editor``
@@ -140,6 +142,24 @@ def namespaced_rules(plan: Plan, offered: bool = True) -> list[dict[str, Any]]:
     ]
 
 
+#: KFP's MLflow plugin (kubeflow/pipelines 2.17.0, enabled by ``KFP_MLFLOW_CONFIG``, which KFP's API server injects
+#: into the Workflow when a namespace or the server configures MLflow): the driver opens a nested MLflow run per task
+#: (``backend/src/v2/common/plugins/mlflow/handler.go`` ``OnTaskStart``: ``runs/create``) and the driver or launcher
+#: closes it (``OnTaskEnd``: ``runs/log-batch``, ``runs/update``), authenticated, with auth type ``kubernetes``, by the
+#: pod's ServiceAccount token (``backend/src/common/plugins/mlflow/config.go`` ``ResolveMLflowCredentials``).
+#: MLflow's Kubernetes authorization checks each call as an access review of that token on ``mlflow.kubeflow.org``
+#: ``experiments`` in the run's namespace; KFP's own runner Role grants exactly these verbs for it
+#: (``manifests/kustomize/base/pipeline/pipeline-runner-role.yaml``).
+MLFLOW_GROUP = "mlflow.kubeflow.org"
+MLFLOW_PLUGIN_SOURCE = (
+    "backend/src/v2/common/plugins/mlflow/handler.go OnTaskStart (runs/create), OnTaskEnd (runs/log-batch, "
+    "runs/update) as the pod's token; verbs of manifests/kustomize/base/pipeline/pipeline-runner-role.yaml"
+)
+MLFLOW_REFUSED = (
+    "logged only (plugins/dispatcher.go): the task runs, but its MLflow run is never created or closed, and the "
+    "run's MLflow tracking is silently incomplete"
+)
+
 #: The Kubernetes API requests KFP's pods make as the run's ServiceAccount, in the pods' namespace, and what a
 #: refusal does: ``(component, verb, API group, resource, name, source, on Forbidden)``. Name None: any name (a
 #: POST ``create`` carries none for RBAC). Read from kubeflow/pipelines 2.17.0 and the Argo Workflows it pins
@@ -163,6 +183,8 @@ KFP_RUNNER_REQUESTS: tuple[tuple[str, str, str, str, str | None, str, str], ...]
     ("Argo executor (wait)", "patch", "argoproj.io", "workflowtaskresults", "<node ID>",
      "workflow/executor/taskresult.go patchTaskResult, patchTaskResultLabels (merge patch)",
      "retried without end (reportResult): the step never completes"),
+    *((f"KFP driver and launcher (MLflow plugin, {verb})", verb, MLFLOW_GROUP, "experiments", None,
+       MLFLOW_PLUGIN_SOURCE, MLFLOW_REFUSED) for verb in ("get", "list", "create", "update")),
 )  # fmt: skip
 
 #: KFP's launcher ConfigMap (``backend/src/v2/config/env.go``, ``configMapName``).
@@ -175,13 +197,16 @@ def kfp_runner_rules(plan: Plan) -> list[dict[str, Any]]:
     Returns:
         Rules: ``configmaps`` get of ``kfp-launcher`` only; ``secrets`` get of ``service_accounts.kfp_artifact_secrets``
         only (no rule when empty); ``argoproj.io`` ``workflowtaskresults`` create and patch (not by name: a POST
-        carries no name for RBAC, and the names are Argo's node IDs).
+        carries no name for RBAC, and the names are Argo's node IDs); ``mlflow.kubeflow.org`` ``experiments`` get,
+        list, create, update (KFP's MLflow plugin, :data:`MLFLOW_GROUP`; harmless where no MLflow is installed:
+        RBAC names a group whether or not it is served).
     """
     secrets = plan.spec.service_accounts.kfp_artifact_secrets
     rules = [_rule("", ["configmaps"], ["get"], [KFP_LAUNCHER_CONFIGMAP])]
     if secrets:
         rules.append(_rule("", ["secrets"], ["get"], list(secrets)))
     rules.append(_rule("argoproj.io", ["workflowtaskresults"], ["create", "patch"]))
+    rules.append(_rule(MLFLOW_GROUP, ["experiments"], ["get", "list", "create", "update"]))
     return rules
 
 

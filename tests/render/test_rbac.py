@@ -187,6 +187,8 @@ def test_kfp_runner_role_grants_what_kfp_and_argo_ask_in_the_pipeline_namespace_
         ("", "configmaps"): (["get"], ["kfp-launcher"]),
         ("", "secrets"): (["get"], ["mlpipeline-minio-artifact"]),
         ("argoproj.io", "workflowtaskresults"): (["create", "patch"], None),
+        # KFP's MLflow plugin: the driver and launcher call MLflow with the pod's token, checked on these.
+        ("mlflow.kubeflow.org", "experiments"): (["create", "get", "list", "update"], None),
     }
     binding = objs[("RoleBinding", "multislice-pipeline-kfp-runner")]
     assert binding["metadata"]["namespace"] == "kubeflow"

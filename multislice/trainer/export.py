@@ -216,8 +216,12 @@ def _template(bos: tuple[str, int] | None, eos: tuple[str, int] | None) -> Any:
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=[t for t in (bos, eos) if t])
 
 
-def _tiktoken(path: str, add_bos: bool, add_eos: bool) -> Any:
-    """A tiktoken BPE file with MaxText's ``TikTokenTokenizer`` special tokens, as a fast tokenizer."""
+def _tiktoken(path: str, add_bos: bool, add_eos: bool, model_max_length: int = 131072) -> Any:
+    """A tiktoken BPE file with MaxText's ``TikTokenTokenizer`` special tokens, as a fast tokenizer.
+
+    ``model_max_length`` (tokens) goes to ``tokenizer_config.json``; 131072 is Llama 3.1's context, kept for the
+    training-time tokenizer file (:mod:`multislice.trainer.hf_tokenizer`), which MaxText never truncates by.
+    """
     from maxtext.input_pipeline.tokenizer import TikTokenTokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -232,10 +236,12 @@ def _tiktoken(path: str, add_bos: bool, add_eos: bool) -> Any:
     backend.post_processor = _template(
         (bos, source.special_tokens[bos]) if add_bos else None, (eos, source.special_tokens[eos]) if add_eos else None
     )
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, model_max_length=131072)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, model_max_length=model_max_length
+    )
 
 
-def _sentencepiece(path: str, add_bos: bool, add_eos: bool) -> Any:
+def _sentencepiece(path: str, add_bos: bool, add_eos: bool, model_max_length: int = int(1e30)) -> Any:
     """A sentencepiece ``.model`` as a fast tokenizer that encodes as MaxText's ``SentencePieceTokenizer``.
 
     Built from the model's own pieces and normalizer spec (``sentencepiece_model.proto``): BPE (merges from the
@@ -286,25 +292,32 @@ def _sentencepiece(path: str, add_bos: bool, add_eos: bool) -> Any:
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=pieces[trainer.unk_id].piece,
-        model_max_length=int(1e30),
+        model_max_length=model_max_length,
     )  # fmt: skip
 
 
 def stage_tokenizer(config: Any) -> tuple[Any, str]:
     """The stage's tokenizer as a ``transformers.PreTrainedTokenizerFast``, and what it was made from.
 
-    MaxText's ``tokenizer_type`` / ``tokenizer_path`` / ``add_bos`` / ``add_eos`` say which: ``tiktoken``
+    MaxText's ``tokenizer_type`` / ``tokenizer_path`` / ``add_bos`` say which: ``tiktoken``
     (:func:`_tiktoken`), ``sentencepiece`` (:func:`_sentencepiece`) or ``huggingface`` (a local directory or
     ``gs://`` one with ``tokenizer.json``; a Hub name would need the network and is refused).
+
+    The tokenizer is for inference: it adds BOS when the stage did (``add_bos``) and never EOS. ``add_eos`` is a
+    training setting (MaxText ends each packed document with it); an exported tokenizer that appended
+    ``<|end_of_text|>`` to every prompt would make ``model.generate(**tokenizer(prompt))`` condition on an ended
+    document. Meta's Llama 3 ``tokenizer.json`` does the same (its post-processor adds ``<|begin_of_text|>``
+    only). ``model_max_length`` is the exported model's ``max_position_embeddings`` (:func:`max_positions`).
 
     Raises:
         Unsupported: another type, a Hugging Face tokenizer without ``tokenizer.json``.
     """
-    kind, path, add_bos, add_eos = _tokenizer_spec(config)
+    kind, path, add_bos, _ = _tokenizer_spec(config)  # add_eos: a training setting, not the exported tokenizer's
+    positions = max_positions(config)
     if kind == "tiktoken":
-        return _tiktoken(path, add_bos, add_eos), f"tiktoken {path}"
+        return _tiktoken(path, add_bos, False, positions), f"tiktoken {path}"
     if kind == "sentencepiece":
-        return _sentencepiece(path, add_bos, add_eos), f"sentencepiece {path}"
+        return _sentencepiece(path, add_bos, False, positions), f"sentencepiece {path}"
     if kind == "huggingface":
         from transformers import PreTrainedTokenizerFast
 
@@ -316,7 +329,12 @@ def stage_tokenizer(config: Any) -> tuple[Any, str]:
         for item in source.iterdir():
             if item.is_file():
                 (local / item.name).write_bytes(item.read_bytes())
-        return PreTrainedTokenizerFast.from_pretrained(str(local)), f"huggingface {path}"
+        # transformers 5 rebuilds the post-processor from add_bos_token / add_eos_token (as MaxText's hf pipeline
+        # loads it, maxtext/input_pipeline/hf_data_processing.py); the saved tokenizer.json then has BOS only
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(
+            str(local), add_bos_token=add_bos, add_eos_token=False, model_max_length=positions
+        )
+        return tokenizer, f"huggingface {path}"
     raise Unsupported(f"tokenizer_type {kind}: the exporter writes {', '.join(TOKENIZER_TYPES)}")
 
 
@@ -556,9 +574,41 @@ def _to_torch(array: Any, dtype: str) -> Any:
     return torch.from_numpy(array.astype("float32", copy=False)).to(getattr(torch, dtype)).contiguous()
 
 
+def _status_bytes(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes, or None where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (``VmRSS``), in bytes (the peak where ``/proc`` has no status)."""
+    return _status_bytes("VmRSS") or rss_peak_bytes()
+
+
+def reset_rss_peak() -> bool:
+    """Start a new phase's peak: write ``5`` to ``/proc/self/clear_refs``, which resets ``VmHWM`` to the current RSS
+    (Linux 4.0 and later, ``Documentation/admin-guide/mm/soft-dirty.rst`` / ``proc(5)``). A process that ran a
+    warm-up (a verifier started ahead) would otherwise report the warm-up's peak as each phase's.
+
+    Returns:
+        Whether the kernel took it (False: the phases' peaks are the process's lifetime peak so far).
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def rss_peak_bytes() -> int:
-    """This process's peak resident set size so far (``getrusage``'s ``ru_maxrss``, KiB on Linux), in bytes."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """This process's peak resident set size since the last :func:`reset_rss_peak` (``VmHWM``), in bytes; where
+    ``/proc`` has no status, the lifetime peak (``getrusage``'s ``ru_maxrss``, KiB on Linux)."""
+    return _status_bytes("VmHWM") or int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def convert_streaming(
@@ -1026,6 +1076,31 @@ def _is_remote(uri: str) -> bool:
     return "://" in str(uri)
 
 
+def published_path(path: str, keep: int = 3) -> str:
+    """``path`` as it may appear in what is published (model card, Hub commit message): no machine-local prefix.
+
+    A URI (``gs://...``) is kept whole: it names the same object for every reader. A file in an installed package
+    becomes ``<package>:<path in it>`` (``maxtext:assets/tokenizers/tokenizer_llama3.tiktoken``, the form the
+    plan itself uses, :data:`multislice.config.data.DEFAULT_TOKENIZER`). Any other local path keeps only its last
+    ``keep`` parts (``tiny-70b-recipe/checkpoints/19``): a home directory or a CI workspace says nothing to a
+    model's user and would be published with it.
+    """
+    if _is_remote(path):
+        return str(path)
+    parts = Path(path).parts
+    if "site-packages" in parts:
+        inside = parts[parts.index("site-packages") + 1 :]
+        if inside:
+            return f"{inside[0]}:{'/'.join(inside[1:])}" if len(inside) > 1 else inside[0]
+    return "/".join(parts[-keep:]) if parts else str(path)
+
+
+def published_source(source: str) -> tuple[str, str]:
+    """``(kind, published path)`` of :func:`stage_tokenizer`'s ``"<kind> <path>"`` (:func:`published_path`)."""
+    kind, _, where = source.partition(" ")
+    return kind, published_path(where, keep=1)
+
+
 def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) -> dict[str, Any]:
     """Export ``options.step`` of ``options.checkpoint_dir`` to ``options.output`` and check it; the report.
 
@@ -1048,12 +1123,15 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     local.mkdir(parents=True, exist_ok=True)
     checkpoint = verify.checkpoint_path(str(options.checkpoint_dir))
     reader = CheckpointReader(digests.item_dir(checkpoint / str(options.step)))
-    before = rss_peak_bytes()
+    before = rss_bytes()
+    phases = reset_rss_peak()  # each phase's peak is its own, not the warm-up's or the other phase's
     written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard)
     conversion_peak = rss_peak_bytes()
+    reset_rss_peak()
     card = {"run": options.run_name, "stage": options.stage, "data_fingerprint": options.data_fingerprint,
             "steps": options.steps, "train_loss": options.train_loss, "eval_loss": options.eval_loss,
-            "checkpoint": f"{checkpoint}/{options.step}", "tokenizer": tokenizer_source}  # fmt: skip
+            "checkpoint": published_path(f"{checkpoint}/{options.step}"),
+            "tokenizer": "{} {}".format(*published_source(tokenizer_source))}  # fmt: skip
     write_metadata(local, hf, tokenizer, card)
     concurrent = concurrent_check(written["parameter_count"], dtype)
     check = check_export(config, reader, local, ids, options, loaders, concurrent)
@@ -1070,7 +1148,7 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
         api = HfApi(token=os.environ[HF_TOKEN_ENV])
         api.create_repo(options.hub_repo, exist_ok=True, private=True)
         commit = api.upload_folder(folder_path=str(local), repo_id=options.hub_repo,
-                                   commit_message=f"export of {checkpoint}/{options.step}")  # fmt: skip
+                                   commit_message=f"export of {card['checkpoint']}")  # fmt: skip
         hub = {"repo": options.hub_repo, "commit": getattr(commit, "oid", None), "url": str(commit)}
     report = {
         "verdict": "PASS" if check["passed"] else "FAIL",
@@ -1094,6 +1172,7 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
             "conversion_peak_rss_bytes": conversion_peak,
             "largest_group_bytes": written["largest_group_bytes"],
             "check_peak_rss_bytes": rss_peak_bytes(),
+            "peaks_per_phase": phases,
         },
         "logits_check": check,
         "hub": hub,

@@ -64,6 +64,8 @@ def test_a_sentencepiece_stage_exports_its_own_tokenizer_and_both_loaders_match_
     assert report["tokenizer"].startswith("sentencepiece ") and report["tokenizer"].endswith(SENTENCEPIECE)
     assert report["tokenizer_vocab_size"] == report["vocab_size"] == 32000 and report["dtype"] == "float32"
     assert report["scan_layers"] is False and report["shards"] == 2 + 2  # embedding, 2 layers, norm + head
+    memory = report["memory"]  # each phase's own peak (reset_rss_peak), not the process's lifetime peak
+    assert memory["peaks_per_phase"] is True and memory["conversion_peak_rss_bytes"] >= memory["largest_group_bytes"]
     check = report["logits_check"]
     assert check["sample_fraction"] == 0.5 and check["positions"] == -(-check["tokens"] // 2)
     versions = sorted(c["transformers_version"] for c in check["loaders"].values())
@@ -78,7 +80,64 @@ def test_a_sentencepiece_stage_exports_its_own_tokenizer_and_both_loaders_match_
     generation = json.loads((sp_stage.export / "generation_config.json").read_text())
     assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 2)  # the sentencepiece model's <s>, </s>
     card = (sp_stage.export / "README.md").read_text()
-    assert "| tokenizer | sentencepiece " in card and "| training steps |" in card
+    assert f"| tokenizer | sentencepiece maxtext:assets/tokenizers/{SENTENCEPIECE} |" in card
+    assert "| training steps |" in card and "| source checkpoint | export-sp0/checkpoints/3 |" in card
+    # nothing machine-local in what a Hub push publishes: not the run's directory, not the environment's
+    assert str(sp_stage.root.parent) not in card and "site-packages" not in card
+
+
+INFERENCE_TOKENIZER = """
+import json, sys, tempfile
+from multislice.trainer import export
+config = export.stage_config(json.loads(sys.argv[1]))
+tokenizer, _ = export.stage_tokenizer(config)
+out = tempfile.mkdtemp()
+export.write_metadata(__import__("pathlib").Path(out), export.hf_config(config, tokenizer, "float32"), tokenizer, {})
+maxtext = export.maxtext_tokenizer(config)
+print(json.dumps({"dir": out, "maxtext": [int(i) for i in maxtext.encode(sys.argv[2])]}))
+"""
+
+LOADED_IDS = """
+import json, sys
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tokenizer(sys.argv[2])["input_ids"]
+print(json.dumps({"ids": ids, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id,
+                  "max_length": tokenizer.model_max_length}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece", "huggingface"])
+def test_the_exported_tokenizer_is_for_inference_bos_only_and_the_models_positions(kind, trainer_python):
+    # A stage trained with add_eos (MaxText ends each document with EOS): the exported tokenizer must not append
+    # EOS to a prompt (model.generate would condition on an ended document) in either loader, and its
+    # model_max_length is the model's max_position_embeddings (8192 for Llama 3's RoPE), not 131072.
+    site = trainer_python.parent.parent / "lib" / "python3.12" / "site-packages"
+    path = {
+        "tiktoken": site / "maxtext/assets/tokenizers/tokenizer_llama3.tiktoken",
+        "sentencepiece": site / "maxtext/assets/tokenizers" / SENTENCEPIECE,
+        "huggingface": Path(export.__file__).parents[1] / "data/tokenizers/llama3-hf",
+    }[kind]
+    vocab = "vocab_size=32000" if kind == "sentencepiece" else "vocab_size=128256"
+    args = [a for a in TINY if not a.startswith("vocab_size=")] + [
+        vocab, "base_num_decoder_layers=1", "base_emb_dim=64", "base_mlp_dim=256", f"tokenizer_type={kind}",
+        f"tokenizer_path={path}", "add_bos=true", "add_eos=true",
+    ]  # fmt: skip
+    prompt = "The capital of France is"
+    done = run_in_trainer(trainer_python, INFERENCE_TOKENIZER, json.dumps(args), prompt)
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = json.loads(done.stdout.splitlines()[-1])
+    trained = made["maxtext"]  # what the stage trained on: BOS, the text, EOS
+    assert trained[-1] != trained[0] and len(trained) >= 3
+    settings = json.loads((Path(made["dir"]) / "tokenizer_config.json").read_text())
+    assert settings["model_max_length"] == 8192
+    for python in (trainer_python, loader4(trainer_python)):
+        done = run_in_trainer(python, LOADED_IDS, made["dir"], prompt)
+        assert done.returncode == 0, done.stderr[-2000:]
+        loaded = json.loads(done.stdout.splitlines()[-1])
+        assert loaded["ids"] == trained[:-1], python  # BOS and the text, as MaxText encodes it, without EOS
+        assert loaded["ids"][0] == loaded["bos"] and loaded["eos"] not in loaded["ids"]
+        assert loaded["max_length"] == 8192
 
 
 ROUND_TRIP = """
@@ -346,3 +405,27 @@ def test_the_check_runs_at_once_only_when_it_fits_in_half_the_available_memory(m
     assert not export.concurrent_check(70_550_000_000, "bfloat16")  # one after the other, as its sizing assumes
     monkeypatch.setattr(export, "available_memory_bytes", lambda: None)  # unknown: never at once
     assert not export.concurrent_check(1000, "float32")
+
+
+PHASE_PEAKS = """
+import json
+from multislice.trainer import export
+block = bytearray(400 * 2**20)  # a phase that touches 400 MiB, then frees it
+block[:: 4096] = b"x" * len(block[:: 4096])
+del block
+lifetime = export.rss_peak_bytes()
+reset = export.reset_rss_peak()
+after = export.rss_peak_bytes()
+print(json.dumps({"lifetime": lifetime, "reset": reset, "after": after, "now": export.rss_bytes()}))
+"""
+
+
+def test_each_export_phase_reports_its_own_peak_not_the_processs_lifetime_peak(trainer_python):
+    # In a pipeline run the verifier is warmed up ahead: getrusage's ru_maxrss gave the warm-up's peak as the
+    # conversion's and the check's. After reset_rss_peak the next phase's peak starts from the current RSS.
+    done = run_in_trainer(trainer_python, PHASE_PEAKS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peaks = json.loads(done.stdout.splitlines()[-1])
+    assert peaks["reset"] is True
+    assert peaks["lifetime"] - peaks["after"] >= 300 * 2**20, peaks
+    assert peaks["after"] >= peaks["now"] - 16 * 2**20

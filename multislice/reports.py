@@ -438,11 +438,22 @@ class PrepareDataReport(StepReport):
 
 
 class Check(BaseModel):
-    """One check of the checkpoint verifier."""
+    """One check of the checkpoint verifier.
+
+    Attributes:
+        skipped: The check could not run on this checkpoint (``checksums`` of a checkpoint with no digest record and no
+            ledger: one from elsewhere); it does not fail the verdict, and is shown as SKIPPED, never PASS.
+    """
 
     name: str
     passed: bool
     detail: str
+    skipped: bool = False
+
+    @property
+    def result(self) -> str:
+        """``PASS``, ``FAIL`` or ``SKIPPED``, as the CLI, the step's log and its Markdown page show the check."""
+        return "SKIPPED" if self.skipped else "PASS" if self.passed else "FAIL"
 
 
 class VerificationReport(StepReport):
@@ -557,15 +568,29 @@ class CleanupReport(StepReport):
     failed_step: str | None = None
 
 
+def data_fingerprint(plan: Plan, stage: StagePlan) -> str | None:
+    """The fingerprint of the data the stage trained on, or None when there is none to give.
+
+    A ``text`` stage's prepare_data report carries its shards' manifest, whose ``fingerprint`` is the SHA-256 over
+    the recipe (tokenizer, sequence length, packing) and every source file's path and SHA-256
+    (:func:`multislice.trainer.prepare_data.fingerprint`). The plan cannot know it: the sources are hashed when the
+    data is prepared, after plan. Other data kinds (synthetic, ``hf``, ``grain``) have no manifest: None.
+    """
+    prepared = read(PrepareDataReport, plan, stage)
+    fingerprint = prepared.manifest.get("fingerprint") if prepared else None
+    return str(fingerprint) if fingerprint else None
+
+
 def model_card(plan: Plan, stage: StagePlan) -> dict[str, Any]:
     """The model card's facts for the exporter (:func:`multislice.trainer.export.command`'s ``card``): the run, the
-    stage, its data fingerprint (when the plan has one), the stage's training steps and the final train and eval
-    losses from the stage's train report in the run directory (left out when it has none, e.g. before training)."""
+    stage, its data fingerprint (:func:`data_fingerprint`; None when it has none), the stage's training steps and
+    the final train and eval losses from the stage's train report in the run directory (left out when it has none,
+    e.g. before training)."""
     trained = read(TrainReport, plan, stage)
     return {
         "run": plan.spec.run_name,
         "stage": stage.name,
-        "data_fingerprint": getattr(stage, "data_fingerprint", None),
+        "data_fingerprint": data_fingerprint(plan, stage),
         "steps": stage.steps,
         "train_loss": trained.final_loss if trained else None,
         "eval_loss": getattr(trained, "final_eval_loss", None) if trained else None,

@@ -14,7 +14,8 @@ Metadata of the checkpoint model (:data:`CHECKPOINT_FIELDS`): ``checkpoint_uri``
 directory), ``checkpoint_dir``, ``step``, ``parameter_count`` (from the model's dimensions,
 :func:`multislice.memory.model_dims`; the verifier checks it against the checkpoint),
 ``final_train_loss``, ``maxtext_version``, ``stage``, ``format`` (``orbax``); and, when the train
-report or the plan has them, ``final_eval_loss`` and ``data_fingerprint``.
+report or the prepare_data report has them, ``final_eval_loss`` and ``data_fingerprint``
+(:func:`multislice.reports.data_fingerprint`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from multislice import maxtext, memory, storage
 from multislice.errors import InputError
 from multislice.plan import Plan, StagePlan
-from multislice.reports import ExportReport, TrainReport
+from multislice.reports import ExportReport, TrainReport, data_fingerprint
 
 #: Fields every checkpoint model's metadata has (optional ones: ``final_eval_loss``, ``data_fingerprint``).
 CHECKPOINT_FIELDS = (
@@ -59,11 +60,11 @@ def checkpoint_model(plan: Plan, stage: StagePlan, report: TrainReport) -> dict[
         "maxtext_version": maxtext.MAXTEXT_VERSION,
         "skipped": report.skipped,
     }
-    # Written by the data half of issue 12 when present: the train report's eval loss, the stage's data fingerprint.
+    # When present: the train report's eval loss, the fingerprint of the data the stage trained on.
     eval_loss = getattr(report, "final_eval_loss", None)
     if eval_loss is not None:
         metadata["final_eval_loss"] = eval_loss
-    fingerprint = getattr(stage, "data_fingerprint", None)
+    fingerprint = data_fingerprint(plan, stage)
     if fingerprint:
         metadata["data_fingerprint"] = fingerprint
     return {k: v for k, v in metadata.items() if v is not None}

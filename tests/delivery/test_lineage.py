@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from multislice import config, maxtext
+from multislice import config, maxtext, reports
 from multislice.delivery import lineage
 from multislice.errors import InputError
 from multislice.plan import make_plan
@@ -87,8 +87,7 @@ def test_checkpoint_model_metadata(plan, tmp_path):
     assert json.loads(open(written).read()) == metadata
 
 
-def test_checkpoint_model_carries_eval_loss_and_data_fingerprint_when_present(plan):
-    """The data half of issue 12 adds them; they pass through without a change here."""
+def test_checkpoint_model_and_model_card_carry_eval_loss_and_the_prepared_datas_fingerprint(plan):
     stage = plan.stages[0]
 
     class WithEval(TrainReport):
@@ -96,8 +95,14 @@ def test_checkpoint_model_carries_eval_loss_and_data_fingerprint_when_present(pl
 
     metadata = lineage.checkpoint_model(plan, stage, WithEval(jobset="j", final_loss=5.0, final_eval_loss=5.25))
     assert metadata["final_eval_loss"] == 5.25
-    with_data = stage.model_copy(update={"data_fingerprint": "sha256:abc"})
-    assert lineage.checkpoint_model(plan, with_data, TrainReport(jobset="j"))["data_fingerprint"] == "sha256:abc"
+    assert "data_fingerprint" not in metadata and reports.model_card(plan, stage)["data_fingerprint"] is None
+    # prepare_data's report carries the shards' manifest; its fingerprint (recipe + every source's SHA-256) is the
+    # data the stage trained on, in the checkpoint's lineage and in the exported model's card
+    manifest = {"fingerprint": "9f2c" * 16, "shards": ["shard-00000.array_record"]}
+    reports.write(plan, reports.PrepareDataReport(uri=stage.data_dir, manifest=manifest), stage)
+    assert lineage.checkpoint_model(plan, stage, TrainReport(jobset="j"))["data_fingerprint"] == "9f2c" * 16
+    assert reports.model_card(plan, stage)["data_fingerprint"] == "9f2c" * 16
+    assert reports.model_card(plan, plan.stages[1])["data_fingerprint"] is None  # another stage's data: not this
 
 
 def test_a_model_of_another_stage_is_refused(plan):

@@ -60,6 +60,14 @@ def test_each_stage_checkpoint_and_the_export_are_model_artifacts(local_run):
     layers = json.load(open(f"{exported.export_dir}/config.json", encoding="utf-8"))["num_hidden_layers"]
     assert sum(name.endswith(".safetensors") for name in hf["files"]) == layers + 2
     assert f"[export {exported.name}] PASS: {hf['parameter_count']:,} parameters" in local_run.stdout
+    # the data the stage trained on, in the checkpoint's lineage and the model card; nothing machine-local published
+    run_dir = str(local_run.plan.run_dir)
+    prepared = json.load(open(f"{run_dir}/reports/{exported.name}/prepare_data.json", encoding="utf-8"))
+    fingerprint = prepared["manifest"]["fingerprint"]
+    assert artifact(tasks[f"train-{exported.index + 1}"], "model")["metadata"]["data_fingerprint"] == fingerprint
+    card = open(f"{exported.export_dir}/README.md", encoding="utf-8").read()
+    assert f"| data fingerprint | {fingerprint} |" in card
+    assert run_dir not in card and "site-packages" not in card
     # one trainer process verified and exported the stage: the export step took the verify step's export
     assert f"[verify_checkpoint {exported.name}] verifying, then exporting on PASS, in one trainer process" in (
         local_run.stdout

@@ -70,6 +70,11 @@ def cmd_verify_checkpoint(args: argparse.Namespace) -> int:
     status, report = verifier.run(stage, checkpoint_dir, wait)
     write_json(args.report, report.to_dict())
     for check in report.checks:
-        print(f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}")
-    print(f"verdict: {report.verdict}" + (f" ({report.error})" if report.error else ""))
+        print(f"{check.result} {check.name}: {check.detail}")
+    skipped = [c.name for c in report.checks if c.skipped]
+    print(
+        f"verdict: {report.verdict}"
+        + (f" ({report.error})" if report.error else "")
+        + (f" (not checked: {', '.join(skipped)} SKIPPED)" if skipped else "")
+    )
     return status

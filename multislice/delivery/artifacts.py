@@ -304,7 +304,7 @@ def train_markdown(stage: str, report: TrainReport) -> str:
 
 def verification_markdown(stage: str, report: VerificationReport) -> str:
     """The verify step's Markdown report: verdict, step, parameter count, and each check with its detail."""
-    checks = [{"check": c.name, "result": "PASS" if c.passed else "FAIL", "detail": c.detail} for c in report.checks]
+    checks = [{"check": c.name, "result": c.result, "detail": c.detail} for c in report.checks]
     written = report.written_mesh or ""
     mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, Mapping) else str(written)
     lines = [

@@ -46,7 +46,7 @@ def run(
         write_report(plan, report, stage)
         result_page(plan, stage, report)  # written before a FAIL raises, so a failed check has its page too
         for check in report.checks:
-            say("verify_checkpoint", f"{'PASS' if check.passed else 'FAIL'} {check.name}: {check.detail}", stage.name)
+            say("verify_checkpoint", f"{check.result} {check.name}: {check.detail}", stage.name)
         if report.verdict != "PASS":
             failed = [f"{c.name}: {c.detail}" for c in report.failed_checks]
             raise VerificationFailed(

@@ -38,6 +38,14 @@ file is written whole (a rename locally, one upload on Cloud Storage) and only
 if the step is still there. Orbax never writes into a committed step, and a
 step deleted later (``max_to_keep``; the elastic controller's
 ``discard_unlogged_checkpoints``) takes its digests with it.
+
+**Which checkpoints have records.** Once it has recorded a step, the recorder
+writes :data:`LEDGER_FILE` in the checkpoint directory itself (beside the step
+directories; Orbax lists only directories named by a step): a checkpoint
+directory written by this project's trainer says so there, so a step of it
+without its record is one whose record was deleted (or never written), which
+the verifier fails, rather than a checkpoint from elsewhere, which it can
+only say it could not check.
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ from multislice import storage
 
 #: The digest record in each committed step directory.
 DIGEST_FILE = "multislice_digests.json"
+#: The ledger in the checkpoint directory (beside the steps): its steps are recorded by this project's trainer.
+LEDGER_FILE = "multislice_digests_ledger.json"
+#: Who writes the records, as the ledger names it.
+WRITER = "multislice-pipelines"
 #: Orbax's step metadata, written at each commit (with the commit time): identifies the commit a record is of.
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 #: Version of the record's layout.
@@ -281,6 +293,58 @@ def write_record(step_dir: Any) -> bool:
         if scratch.exists():
             scratch.unlink()
     return True
+
+
+def write_ledger(checkpoint_dir: Any) -> bool:
+    """Write :data:`LEDGER_FILE` in ``checkpoint_dir`` unless it is there; True when it is there afterwards.
+
+    JSON: ``format``, ``writer`` (:data:`WRITER`), ``digest_file`` (:data:`DIGEST_FILE`) and ``written_at`` (Unix
+    seconds). Written whole (a rename locally, one upload on Cloud Storage); never creates ``checkpoint_dir``.
+
+    Raises:
+        OSError: it could not be written (the caller, the recorder, logs it).
+    """
+    directory = _path(checkpoint_dir)
+    target = directory / LEDGER_FILE
+    if target.exists():
+        return True
+    if not directory.is_dir():
+        return False
+    text = json.dumps(
+        {"format": FORMAT, "writer": WRITER, "digest_file": DIGEST_FILE, "written_at": time.time()},
+        separators=(",", ":"),
+    )
+    if _is_remote(directory):
+        target.write_text(text, encoding="utf-8")
+        return True
+    scratch = directory / f".{LEDGER_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        os.replace(scratch, target)
+    finally:
+        if scratch.exists():
+            scratch.unlink()
+    return True
+
+
+def read_ledger(checkpoint_dir: Any) -> tuple[dict[str, Any] | None, str]:
+    """``(ledger, "")`` of a checkpoint directory, ``(None, "absent")`` without one, or ``(None, why it is unusable)``.
+
+    A ledger that is there but unreadable still says the directory was written with digests: the caller treats
+    anything but ``"absent"`` as a ledger present.
+    """
+    target = _path(checkpoint_dir) / LEDGER_FILE
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, "absent"
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("writer") != WRITER:
+            raise ValueError(f"not a {WRITER} digest ledger")
+    except ValueError as error:
+        return None, f"{target} unreadable: {summarize_error(error)}"
+    return data, ""
 
 
 def is_current(step_dir: Any) -> bool:
@@ -533,7 +597,8 @@ def reference_problems(step_dir: Any) -> tuple[list[str], int]:
 
 
 class DigestRecorder:
-    """Records each committed step's digests under a stage's checkpoint directory, in a background thread.
+    """Records each committed step's digests under a stage's checkpoint directory, in a background thread, and once
+    a step has its record, the directory's :data:`LEDGER_FILE`.
 
     Only the stage's leader process runs one (the others would record the same files). ``start()`` then, when
     training is over (or failed), ``stop()``: it records what committed since the last look, so the final
@@ -548,6 +613,7 @@ class DigestRecorder:
         self.log = log
         self.recorded: list[int] = []
         self._current: set[int] = set()  # steps whose record is known to be theirs
+        self._ledger = False  # LEDGER_FILE known to be in the checkpoint directory
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="multislice-digests", daemon=True)
 
@@ -591,6 +657,11 @@ class DigestRecorder:
                     )
             except Exception as error:  # noqa: BLE001 - a step deleted meanwhile; training goes on
                 self.log(f"multislice digests: step {step} not recorded: {summarize_error(error)}")
+        if self._current and not self._ledger:
+            try:
+                self._ledger = write_ledger(self.checkpoint_dir)
+            except Exception as error:  # noqa: BLE001 - training goes on; the next look tries again
+                self.log(f"multislice digests: ledger not written in {self.checkpoint_dir}: {summarize_error(error)}")
 
 
 def checkpoint_dir_of(maxtext_args: list[str]) -> str | None:

@@ -18,9 +18,11 @@ Checks, each reported with its evidence (a failure names the step and the array)
    the step committed (:mod:`multislice.trainer.digests`: the worker's leader
    writes ``<step>/multislice_digests.json``); a missing, truncated, garbage or
    changed file is named with its path, what it is, and the arrays it holds (with
-   chunk digests, the array whose bytes changed). A step without a record (written
-   before digests were recorded) passes, saying so, once every data file the OCDBT
-   manifest refers to is there and long enough;
+   chunk digests, the array whose bytes changed). A step without a record in a
+   checkpoint directory this project's trainer wrote (its digest ledger,
+   :data:`multislice.trainer.digests.LEDGER_FILE`, is there) fails, naming the
+   missing record; one from elsewhere (no ledger) is SKIPPED, saying so, once every
+   data file the OCDBT manifest refers to is there and long enough;
 4. ``metadata``: the layout is the one expected (:data:`LAYOUT`): the item's tree
    metadata (``_METADATA``) reads and holds MaxText's TrainState, ``_sharding``
    and ``manifest.ocdbt`` are there, and ``array_metadatas/process_*`` list every array
@@ -52,8 +54,10 @@ The loss checks restore one checkpoint's parameters at a time (memory: the
 parameters plus :data:`LOGITS_BYTES` of logits) and run only when a forward pass
 costs at most :data:`LOSS_CHECK_FLOPS`; else they are reported as skipped.
 
-The verdict is PASS when every check passes. Exit status: 0 on PASS, 1 on
-FAIL, 2 when the verifier itself could not run (the report says why).
+The verdict is PASS when every check passes; a check that could not run on this
+checkpoint (``skipped: true``) does not fail it, and is listed in the report's
+``skipped``. Exit status: 0 on PASS, 1 on FAIL, 2 when the verifier itself could
+not run (the report says why).
 """
 
 from __future__ import annotations
@@ -177,6 +181,11 @@ def expected_params(maxtext_args: list[str]) -> dict[str, tuple[tuple[int, ...],
 
 def _check(name: str, passed: bool, detail: str) -> dict[str, Any]:
     return {"name": name, "passed": bool(passed), "detail": detail}
+
+
+def _skipped(name: str, detail: str) -> dict[str, Any]:
+    """A check that could not run on this checkpoint: it does not fail the verdict, and is never shown as PASS."""
+    return {"name": name, "passed": True, "skipped": True, "detail": detail}
 
 
 def choose_samples(sizes: dict[str, int], budget: int) -> list[str]:
@@ -482,23 +491,39 @@ def checksum_check(step_dir: Any, step: int, report: dict[str, Any]) -> dict[str
     """``checksums``: every file of the step has the size and CRC-32C recorded when it committed.
 
     The record is :data:`multislice.trainer.digests.DIGEST_FILE`, written by the stage's leader process after
-    the commit. A step without one (written before the worker recorded digests, or by another tool) passes
-    with that said: the other checks still run. An unreadable record fails.
+    the commit; the leader also writes :data:`multislice.trainer.digests.LEDGER_FILE` in the checkpoint directory.
+    A step without a record fails when that ledger is there (this project's trainer wrote the directory: the
+    record was deleted, or never written), and is SKIPPED (``skipped: true``, not failing the verdict) when it is
+    not (a checkpoint from elsewhere, or from before digests were recorded): its bytes cannot be checked, only
+    what the OCDBT manifest refers to (a missing or short file fails either way). An unreadable record fails.
     """
     found, why = digests.read_record(step_dir)
     if found is None and why == "absent":
         problems, files = digests.reference_problems(step_dir)
-        report["checksums"] = {"recorded": False, "referenced_files": files, "problems": problems}
+        ledger, ledger_why = digests.read_ledger(step_dir.parent)
+        ours = ledger_why != "absent"
+        report["checksums"] = {"recorded": False, "ledger": ours, "referenced_files": files, "problems": problems}
+        if ours:
+            return _check(
+                "checksums",
+                False,
+                f"step {step}: its digest record {digests.DIGEST_FILE} is missing, though this checkpoint directory "
+                f"was written with digests ({digests.LEDGER_FILE}"
+                + (f": {ledger_why}" if ledger_why else "")
+                + "): the record was deleted or never written, so changed bytes cannot be found; restore the record "
+                "with the step (a copy of both), or treat the step as suspect and resume from an earlier one"
+                + ("; also " + "; ".join(problems[:6]) if problems else ""),
+            )
         absent = (
-            f"step {step}: no digests recorded ({digests.DIGEST_FILE} absent: a checkpoint written before the "
-            "worker recorded them), so changed bytes cannot be found"
+            f"step {step}: no digests recorded ({digests.DIGEST_FILE} and {digests.LEDGER_FILE} absent: a checkpoint "
+            "not written by this project's trainer, or from before it recorded digests), so changed bytes cannot be "
+            "found"
         )
         if problems:
             return _check("checksums", False, f"{absent}; but " + "; ".join(problems[:6]))
-        return _check(
+        return _skipped(
             "checksums",
-            True,
-            f"{absent}; the {files} data files the OCDBT manifest refers to are all there and long enough; "
+            f"SKIPPED: {absent}; the {files} data files the OCDBT manifest refers to are all there and long enough; "
             "the other checks still run",
         )
     if found is None:
@@ -777,6 +802,7 @@ def _compare(name: str, step: int, computed: float | None, why: str, reference: 
 def _finish(report: dict[str, Any], checks: list[dict[str, Any]], started: float) -> dict[str, Any]:
     report["checks"] = checks
     report["verdict"] = "PASS" if checks and all(c["passed"] for c in checks) else "FAIL"
+    report["skipped"] = [c["name"] for c in checks if c.get("skipped")]
     report["seconds"] = round(time.time() - started, 2)
     return report
 

@@ -97,6 +97,17 @@ def local_plan(tmp_path):
     return make_plan(config.load_profile("local", {"output_dir": str(tmp_path / "out"), "run_name": "pages"}))
 
 
+def test_a_skipped_check_is_shown_as_skipped_never_as_pass():
+    """A checkpoint from elsewhere (no digest record, no ledger) has ``checksums`` skipped: not a PASS (issue 43)."""
+    report = VerificationReport.model_validate(
+        {"verdict": "PASS", "checks": [{"name": "checksums", "passed": True, "skipped": True, "detail": "SKIPPED: x"},
+                                       {"name": "finite_arrays", "passed": True, "detail": "all finite"}]}
+    )  # fmt: skip
+    assert [c.result for c in report.checks] == ["SKIPPED", "PASS"]
+    text = artifacts.verification_markdown("s", report)
+    assert "| checksums | SKIPPED | SKIPPED: x |" in text and "| finite_arrays | PASS |" in text
+
+
 def test_verification_markdown_with_a_mesh_given_as_text():
     report = VerificationReport(verdict="PASS", written_mesh="fsdp=8")
     assert "written with mesh fsdp=8" in artifacts.verification_markdown("s", report)

@@ -63,7 +63,8 @@ def a_weight_bit_flipped_and_arrays_only_sampled(trainer_python, stage, checkpoi
     # A large checkpoint's arrays are only sampled; force that with a zero full-check size and a
     # sample too small for the damaged array. Bit 30 of one weight makes it 2**128 times larger,
     # still finite: only the final checkpoint's loss shows it.
-    (checkpoints / str(stage.final_step) / digests.DIGEST_FILE).unlink()  # as one written before digests
+    (checkpoints / str(stage.final_step) / digests.DIGEST_FILE).unlink()  # as one written before digests:
+    (checkpoints / digests.LEDGER_FILE).unlink()  # no record, no ledger
     items = checkpoints / str(stage.final_step) / "items"
     done = run_in_trainer(trainer_python, REWRITE, str(items), SAMPLED_OUT, "bit")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -341,7 +342,12 @@ def garbage_tree_metadata(trainer_python, final):
 
 def truncate_a_data_file_of_a_checkpoint_without_digests(trainer_python, final):
     (final / digests.DIGEST_FILE).unlink()
+    (final.parent / digests.LEDGER_FILE).unlink()  # as one written before digests: no ledger either
     truncate_the_largest_data_file(trainer_python, final)
+
+
+def delete_the_digest_record(trainer_python, final):
+    (final / digests.DIGEST_FILE).unlink()  # the directory's ledger stays: the record was ours
 
 
 def nan_in_the_optimizer_state(trainer_python, final):
@@ -404,6 +410,11 @@ DAMAGE = {
     "garbage tree metadata": (garbage_tree_metadata, {"checksums": ("garbage: items/_METADATA (the tree metadata)",)}),
     "truncated data file": (truncate_the_largest_data_file, {"checksums": ("truncated: " + DATA_FILE, "holding ")}),
     "deleted data file": (delete_the_largest_data_file, {"checksums": ("missing: " + DATA_FILE, "holding ")}),
+    # issue 43: the record deleted from a checkpoint this project wrote (its ledger says so) no longer passes
+    "digest record deleted": (
+        delete_the_digest_record,
+        {"checksums": (f"its digest record {digests.DIGEST_FILE} is missing", digests.LEDGER_FILE)},
+    ),
     # a checkpoint from before digests: the OCDBT manifest's references are still checked
     "truncated data file, no digests": (
         truncate_a_data_file_of_a_checkpoint_without_digests,
@@ -605,6 +616,44 @@ print(json.dumps({"intact": intact, "rerecorded": recorder.recorded, "gone": gon
     assert found["intact"][0] == [] and found["intact"][1]["files"] > 10
     assert found["rerecorded"] == [2] and found["now"] == []
     assert found["gone"] is False and not (copy / "9").exists()  # never recreated
+
+
+# Runs the verifier's checksums check on step 2 of a copy of the tiny checkpoint, its record (and ledger) deleted.
+CHECKSUMS = """
+import json, sys
+from etils import epath
+from multislice.trainer import verify
+report = {}
+print(json.dumps({"check": verify.checksum_check(epath.Path(sys.argv[1]), 2, report), "report": report}))
+"""
+
+
+@pytest.mark.parametrize("ledger", ["kept", "deleted"])
+def test_a_step_without_its_record_fails_if_ours_and_is_skipped_if_foreign(
+    trainer_python, tiny_checkpoint, tmp_path, ledger
+):
+    """QA deleted a step's multislice_digests.json: ``checksums`` passed ("no digests recorded") and the verdict rested
+    on finiteness. The recorder's ledger in the checkpoint directory says the directory's steps have records, so a
+    missing one fails; a checkpoint with no ledger (from elsewhere) is SKIPPED, never PASS."""
+    directory, _ = tiny_checkpoint
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.orbax-checkpoint-tmp-*"))
+    assert json.loads((copy / digests.LEDGER_FILE).read_text())["writer"] == digests.WRITER  # the recorder wrote it
+    (copy / "2" / digests.DIGEST_FILE).unlink()
+    if ledger == "deleted":
+        (copy / digests.LEDGER_FILE).unlink()
+    done = run_in_trainer(trainer_python, CHECKSUMS, str(copy / "2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    check, report = found["check"], found["report"]["checksums"]
+    assert check["name"] == "checksums" and report["recorded"] is False
+    if ledger == "kept":
+        assert check["passed"] is False and not check.get("skipped"), check
+        assert f"step 2: its digest record {digests.DIGEST_FILE} is missing" in check["detail"]
+        assert digests.LEDGER_FILE in check["detail"] and report["ledger"] is True
+    else:
+        assert check.get("skipped") is True and check["detail"].startswith("SKIPPED: step 2: no digests recorded")
+        assert report["ledger"] is False
 
 
 def test_digests_on_cloud_storage_come_from_the_objects_crc32c(trainer_python, tiny_checkpoint, gcs, monkeypatch):

@@ -50,7 +50,6 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 "(docs/gke-setup.md)",
             )
         )
-    if spec.backend == "gke" and not remote:
     if ray_stages and spec.node_pools.additional_node_networks and spec.service_accounts.tpu_host_network:
         # A Ray stage's TPU workers claim DRANET network devices on these node pools (multislice.render.ray), and
         # DRANET refuses a host-network pod that claims a device: its NRI hook RunPodSandbox returns "using host
@@ -69,6 +68,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 "or drop node_pools.additional_node_networks",
             )
         )
+    if spec.backend == "gke" and not remote:
         issues.append(
             (
                 "output_dir",

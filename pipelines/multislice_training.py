@@ -253,6 +253,8 @@ def build_pipeline(
                 for task in [exit_task, *plans, *tasks]:
                     kubernetes.apply(task, task.component_spec.name.replace("-", "_"), spec)
                 kubernetes.mount_webhook_secret(exit_task)
+                for plan_task in plans:  # the stages' Hub tokens, as their training pods get them: hf:// listing
+                    kubernetes.mount_hub_tokens(plan_task, spec)
 
     body.__signature__ = signature
     body.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}

@@ -31,7 +31,7 @@ import logging
 import os
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -690,14 +690,19 @@ def quiet_storage_loggers() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def data_issues(spec: RunSpec, site_packages: str | None = None) -> list[tuple[str, str]]:
+def data_issues(
+    spec: RunSpec, site_packages: str | None = None, hub_tokens: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
     """Every stage's data checks that read files or buckets (the plan step runs them before provision).
 
     A ``gs://`` path that cannot be read (no credentials, no network, no such bucket) is one issue naming
     the field; the storage client's own log of the failed request is not printed (:func:`quiet_storage_loggers`).
+    ``hub_tokens``: stage name -> the Hugging Face token its ``hf://`` globs are listed with (the one its training
+    pods get: :func:`multislice.steps.plan.stage_hub_tokens`); a stage not named lists with ``$HF_TOKEN``.
     """
     issues: list[tuple[str, str]] = []
     with quiet_storage_loggers():
         for i, stage in enumerate(spec.stages):
-            issues += stage_data_issues(f"stages[{i}] ({stage.name})", stage, site_packages)
+            with hub.listing_with((hub_tokens or {}).get(stage.name, "")):
+                issues += stage_data_issues(f"stages[{i}] ({stage.name})", stage, site_packages)
     return issues

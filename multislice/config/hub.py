@@ -12,6 +12,9 @@ followed through the ``Link: <...>; rel="next"`` header (``utils/_pagination.py`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import json
 import os
 import re
@@ -79,8 +82,41 @@ def glob_regex(glob: str) -> re.Pattern[str]:
     return re.compile(glob_translate(glob))
 
 
+#: Prefix of the variable a stage's Kubernetes Secret token reaches the plan step in on KFP
+#: (:func:`plan_token_env`).
+PLAN_TOKEN_ENV_PREFIX = "MULTISLICE_HF_TOKEN_"
+
+
+def plan_token_env(secret: str) -> str:
+    """The variable the plan task of a KFP run gets key ``token`` of Kubernetes Secret ``secret`` in (a stage's
+    ``data.hf_token_kubernetes_secret``): :data:`PLAN_TOKEN_ENV_PREFIX` and the name, upper-case, other characters
+    as ``_``, then 8 hex digits of its SHA-256 (``a-b`` and ``a.b`` stay apart). One per Secret: two stages may
+    read their data with different tokens, and the plan lists each stage's ``hf://`` globs with its own."""
+    digest = hashlib.sha256(secret.encode()).hexdigest()[:8]
+    return PLAN_TOKEN_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", secret.upper()) + "_" + digest
+
+
+_STAGE_TOKEN: contextvars.ContextVar[str] = contextvars.ContextVar("hub_stage_token", default="")
+
+
+@contextlib.contextmanager
+def listing_with(token: str):
+    """Within it, :func:`list_files` sends ``token`` (the one a stage's training pods get), else ``$HF_TOKEN``.
+
+    The plan step lists each stage's ``hf://`` globs with that stage's token
+    (:func:`multislice.steps.plan.stage_hub_tokens`); ``''`` keeps ``$HF_TOKEN``. The token is never printed.
+    """
+    reset = _STAGE_TOKEN.set(token)
+    try:
+        yield
+    finally:
+        _STAGE_TOKEN.reset(reset)
+
+
 def list_files(pattern: str, *, timeout: float = TIMEOUT_SECONDS) -> list[str]:
     """The paths inside the dataset (sorted) of the files ``pattern`` (``hf://datasets/...``) matches.
+
+    The token sent: the stage's (:func:`listing_with`), else ``$HF_TOKEN``, else none.
 
     Raises:
         ValueError: ``pattern`` is not of the shape.
@@ -95,8 +131,9 @@ def list_files(pattern: str, *, timeout: float = TIMEOUT_SECONDS) -> list[str]:
         f"{endpoint}/api/datasets/{hub.repo}/tree/{urllib.parse.quote(hub.revision, safe='')}{path}?recursive=true"
     )
     headers = {"Accept": "application/json"}
-    if os.environ.get(TOKEN_ENV):
-        headers["Authorization"] = f"Bearer {os.environ[TOKEN_ENV]}"
+    token = _STAGE_TOKEN.get() or os.environ.get(TOKEN_ENV)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     found: list[str] = []
     for _ in range(MAX_PAGES):
         if url is None:

@@ -70,6 +70,29 @@ class KubernetesConfig:
             task, secret_name=self.webhook_secret, secret_key_to_env={"url": WEBHOOK_ENV}, optional=True
         )
 
+    def mount_hub_tokens(self, task: Any, spec: RunSpec) -> list[str]:
+        """Give a plan task the Hugging Face token of each stage whose data names a Kubernetes Secret, as the
+        stage's training pods get it (:func:`multislice.render.jobset.data_token_env`: key ``token``, by reference).
+
+        kfp-kubernetes ``use_secret_as_env`` per distinct ``data.hf_token_kubernetes_secret``, into
+        :func:`multislice.config.hub.plan_token_env` of its name (one variable per Secret: stages may use different
+        tokens; the plan step lists each stage's ``hf://`` globs with its own,
+        :func:`multislice.steps.plan.stage_hub_tokens`). ``optional``: KFP's pods run in
+        ``service_accounts.pipeline_namespace``, which may not hold the Secret (the trainer pods read it in
+        ``namespace``); without it the plan lists with no token and a private dataset is refused there, naming
+        the token. The compiled YAML names the Secrets, never a token. Returns the Secrets mounted.
+        """
+        from kfp import kubernetes
+
+        from multislice.config import hub
+
+        secrets = sorted({s for stage in spec.stages if (s := getattr(stage.data, "hf_token_kubernetes_secret", ""))})
+        for secret in secrets:
+            kubernetes.use_secret_as_env(
+                task, secret_name=secret, secret_key_to_env={"token": hub.plan_token_env(secret)}, optional=True
+            )
+        return secrets
+
     def deadlines(self, spec: RunSpec) -> dict[str, int]:
         """Every step's pod deadline for a run spec, seconds: ``timeouts`` where given, else the spec's."""
         return {step: int(self.timeouts.get(step, timings.step_deadline(spec, step))) for step in timings.STEPS}

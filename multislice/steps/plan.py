@@ -7,6 +7,7 @@ so that a bad value anywhere fails the run before any resource is asked for.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from multislice import cancel, config, ownership
@@ -93,7 +94,9 @@ def run(
             removal.hold_for = (plan, pipeline_run_id, "plan", teller("plan"))
             removal.backend = backend_of(plan, backend, "plan")
         # The stages' data (paths, globs, splits, Parquet files) read now, before anything is created.
-        issues = data.data_issues(spec, trainer_site_packages() if spec.backend == "local" else None)
+        issues = data.data_issues(
+            spec, trainer_site_packages() if spec.backend == "local" else None, stage_hub_tokens(spec)
+        )
         # Each export's tokenizer files, destination and (locally) Hub token, before anything is created.
         issues += config.export_environment_issues(spec, {s.name: s.export_dir for s in plan.stages if s.export_dir})
         if issues:
@@ -118,3 +121,45 @@ def run(
         cancel.point("plan:report")
         write_report(plan, PlanReport(plan=plan), stages[0] if stage else None)
         return plan
+
+
+def stage_hub_tokens(spec: config.RunSpec) -> dict[str, str]:
+    """Stage name -> the Hugging Face token the plan lists the stage's ``hf://`` globs with: the one its training
+    pods get, so a private or gated dataset the pods can read is not refused at plan.
+
+    For each ``gke`` stage whose data has an ``hf://`` glob: with ``data.hf_token_kubernetes_secret``, the variable
+    the compiled KFP pipeline fills from that Secret (:func:`multislice.config.hub.plan_token_env`,
+    :meth:`multislice.delivery.targets.KubernetesConfig.mount_hub_tokens`); with ``data.hf_token_secret``, the
+    Secret Manager version read now with the step's Google credentials (the run's service account on Vertex AI, the
+    pipeline's Workload Identity on KFP: both need ``roles/secretmanager.secretAccessor`` on it, as the trainer's
+    does), as the trainer pods read it (:func:`multislice.trainer.hub_token.read_secret`). A stage left out (no token
+    found, a local run) lists with ``$HF_TOKEN``. The tokens are never printed or written.
+
+    Raises:
+        multislice.config.ConfigError: a ``data.hf_token_secret`` that cannot be read, naming the field and the fix.
+    """
+    from multislice.config import hub
+
+    tokens: dict[str, str] = {}
+    if spec.backend != "gke":
+        return tokens
+    for index, stage in enumerate(spec.stages):
+        globs = [str(getattr(stage.data, name, "") or "") for name in ("train_files", "eval_files")]
+        if not any(data.HF_PREFIX in text for text in globs):
+            continue
+        secret = getattr(stage.data, "hf_token_kubernetes_secret", "")
+        version = getattr(stage.data, "hf_token_secret", "")
+        if secret and os.environ.get(hub.plan_token_env(secret)):
+            tokens[stage.name] = os.environ[hub.plan_token_env(secret)]
+        elif version:
+            from multislice.trainer import hub_token  # google-auth: only for a stage whose token is in Secret Manager
+
+            try:
+                tokens[stage.name] = hub_token.read_secret(version)
+            except hub_token.TokenUnavailable as error:
+                raise config.ConfigError([(
+                    f"stages[{index}] ({stage.name}).data.hf_token_secret",
+                    f"{error}: the plan lists the stage's hf:// files with the token its pods get; grant the "
+                    "pipeline's Google service account roles/secretmanager.secretAccessor on the secret",
+                )]) from None  # fmt: skip
+    return tokens

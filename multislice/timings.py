@@ -58,9 +58,16 @@ class Timings:
         admit_timeout: How long admit waits for Kueue to admit the Workload.
         launch_timeout: How long launch waits for every pod to run.
         unschedulable_grace: How long a pod may stay Unschedulable before launch fails (within launch_timeout).
-        job_unschedulable_grace: How long the pod of a one-pod trainer Job (an AOT compile, the checkpoint
-            verifier) may stay Unschedulable before the Job is deleted and the step fails with the scheduler's
-            message: a CPU pod that the cluster autoscaler can place is placed well within a minute.
+        job_unschedulable_grace: How long the pod of a trainer Job on a CPU node pool (an AOT compile, the shard
+            workers, the verify-and-export Job) may stay Unschedulable before the Job is deleted and the step fails
+            with the scheduler's message, when the cluster autoscaler is not adding a node for it (no autoscaler
+            event on the pod, or ``NotTriggerScaleUp``: no node group it may grow would fit the pod).
+        job_scale_up_grace: How long such a pod may stay Unschedulable while the cluster autoscaler is adding a node
+            for it (its newest event on the pod ``TriggeredScaleUp``, :func:`multislice.backends.gke.pods.
+            autoscaler_verdict`): a new node takes minutes (an M3 export node more), and the autoscaler itself gives
+            a node ``--max-node-provision-time``, 15 minutes by default (kubernetes/autoscaler
+            ``cluster-autoscaler/FAQ.md``), before it gives up on it. The time a Job's pod waited for a node
+            (at most this) does not count against the Job's own timeout (``compile``, ``verify``, ``prepare_data``).
         train_timeout: How long train follows a JobSet before giving up.
         readmit_timeout: How long train waits for an evicted Workload to be admitted again (within train_timeout).
         verify_timeout: How long the checkpoint verifier may run.
@@ -85,6 +92,7 @@ class Timings:
     launch_timeout: float = 1800.0
     unschedulable_grace: float = 600.0
     job_unschedulable_grace: float = 60.0
+    job_scale_up_grace: float = 900.0
     train_timeout: float = 7 * 24 * 3600.0
     readmit_timeout: float = 6 * 3600.0
     verify_timeout: float = 1800.0
@@ -99,21 +107,23 @@ class Timings:
 
         ``preflight``: one stage's compile plus the alternative search (one task per stage);
         ``cleanup``: deleting what is left (two lists and their deletes, each retried for at
-        most ``api_deadline``) plus the webhook post.
+        most ``api_deadline``) plus the webhook post. The steps that run a trainer Job on a CPU
+        node pool (``prepare_data``, ``preflight``, ``verify_checkpoint``, ``export``) may also
+        wait ``job_scale_up_grace`` for the cluster autoscaler to add a node for it.
 
         Raises:
             KeyError: not a step of the pipeline.
         """
         waits = {
             "plan": 0.0,
-            "prepare_data": self.prepare_data_timeout,
-            "preflight": self.compile_timeout + self.alternative_budget,
+            "prepare_data": self.prepare_data_timeout + self.job_scale_up_grace,
+            "preflight": self.compile_timeout + self.alternative_budget + self.job_scale_up_grace,
             "provision": self.provision_timeout,
             "admit": self.admit_timeout,
             "launch": self.launch_timeout,
             "train": self.train_timeout,
-            "verify_checkpoint": self.verify_timeout,
-            "export": self.verify_timeout,  # the exporter runs under the verifier's timeout
+            "verify_checkpoint": self.verify_timeout + self.job_scale_up_grace,
+            "export": self.verify_timeout + self.job_scale_up_grace,  # the exporter runs under the verifier's timeout
             "cleanup": self.delete_timeout + 4 * self.api_deadline + NOTIFY_SECONDS,
         }
         return waits[step]
@@ -150,6 +160,7 @@ SPEC_FIELDS = {
     "admit": "admit_timeout",
     "launch": "launch_timeout",
     "unschedulable_grace": "unschedulable_grace",
+    "scale_up_grace": "job_scale_up_grace",
     "train": "train_timeout",
     "readmit": "readmit_timeout",
     "verify": "verify_timeout",

@@ -44,11 +44,16 @@ the JobSets the earlier run left finished.
 
 Retries: the steps that are idempotent against the cluster get a task retry
 policy (:data:`RETRIED_STEPS`, :data:`RETRY`; kfp ``PipelineTask.set_retry``,
-kept in the PipelineSpec, so KFP and Vertex AI both honour it): provision
-applies what exists already, admit adopts its JobSet by spec hash, launch and
-train re-attach to the running JobSet, verify_checkpoint reads. plan and
-preflight are not retried: their failures (a bad value, a model that does not
-fit) are the same on every try. The exit handler is not retried. ``multislice
+kept in the PipelineSpec, so KFP and Vertex AI both honour it): prepare_data
+adopts its shard workers' Indexed Job by spec hash (a retried worker reuses the
+parts it finished) and reuses shards whose manifest has the same fingerprint,
+preflight adopts its compile Jobs by spec hash and reads verdicts from the
+verdict cache (a model that does not fit fails again in seconds, after the
+backoff), provision applies what exists already, admit adopts its JobSet by
+spec hash, launch and train re-attach to the running JobSet, verify_checkpoint
+reads. What they retry: a CPU Job's pod that found no node in time, an API or
+node blip, a lost component pod. plan is not retried: its failures (a bad
+value) are the same on every try. The exit handler is not retried. ``multislice
 run`` (kfp.local, which also honours the policy) compiles without it: a local
 failure is reported at once.
 
@@ -78,7 +83,7 @@ from multislice.delivery import targets
 
 PIPELINE_NAME = "multislice-training"
 #: Steps (component names) that get the task retry policy: idempotent against the cluster.
-RETRIED_STEPS = ("provision", "admit", "launch", "train", "verify-checkpoint")
+RETRIED_STEPS = ("prepare-data", "preflight", "provision", "admit", "launch", "train", "verify-checkpoint")
 #: ``set_retry`` arguments: 2 retries, 60 s then 120 s apart (a node or API blip, a lost component pod).
 RETRY: dict[str, Any] = {"num_retries": 2, "backoff_duration": "60s", "backoff_factor": 2.0,
                          "backoff_max_duration": "600s"}  # fmt: skip

@@ -16,8 +16,10 @@ RayJob's status, a worker killed and replaced, the garbage collector).
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +274,26 @@ class Play:
         body = {"metadata": {"name": f"{pod}.{reason.lower()}", "namespace": self.ns},
                 "involvedObject": {"kind": involved, "name": pod, "namespace": self.ns},
                 "reason": reason, "message": message, "type": kind}  # fmt: skip
+        self.core.create_namespaced_event(self.ns, body)
+
+    def autoscaler_event(self, pod: str, *, triggered: bool, detail: str) -> None:
+        """The cluster autoscaler's verdict on pending pod ``pod`` after a scale-up attempt, as an Event on it as
+        kubernetes/autoscaler writes it (``cluster-autoscaler/processors/status/eventing_scale_up_processor.go``,
+        ``EventingScaleUpStatusProcessor.Process``; type Normal, source ``cluster-autoscaler``): ``TriggeredScaleUp``
+        "pod triggered scale-up: [{<group> 0->1 (max: 1)}]" (``detail`` the ``ScaleUpInfo`` list,
+        ``processors/nodegroupset``, ``ScaleUpInfo.String``) when it is adding a node for the pod, else
+        ``NotTriggerScaleUp`` "pod didn't trigger scale-up: <reasons>" (``detail``, e.g. ``1 Insufficient memory``,
+        ``1 in backoff after failed scale-up``). Each event is its own object named as client-go's recorder names
+        it (``<pod>.<hex nanoseconds>``, ``tools/record/event.go``), its ``lastTimestamp`` now. Not modelled: the
+        autoscaler's loop itself (when it looks, which group it picks, its backoff), and the recorder's
+        aggregation of repeats into one object with a count."""
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        reason = "TriggeredScaleUp" if triggered else "NotTriggerScaleUp"
+        message = f"pod triggered scale-up: {detail}" if triggered else f"pod didn't trigger scale-up: {detail}"
+        body = {"metadata": {"name": f"{pod}.{time.time_ns():x}", "namespace": self.ns},
+                "involvedObject": {"kind": "Pod", "name": pod, "namespace": self.ns},
+                "reason": reason, "message": message, "type": "Normal", "source": {"component": "cluster-autoscaler"},
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}  # fmt: skip
         self.core.create_namespaced_event(self.ns, body)
 
     def log(self, pod: str, text: str) -> None:

@@ -1009,6 +1009,11 @@ class TimeoutsSpec(_Strict):
     admit: Timeout = Field(default=None, description="Waiting for Kueue to admit a stage's Workload.")
     launch: Timeout = Field(default=None, description="Waiting for every pod of a stage to run.")
     unschedulable_grace: Timeout = Field(default=None, description="A pod Unschedulable this long fails launch.")
+    scale_up_grace: Timeout = Field(
+        default=None,
+        description="How long a CPU Job's pod (a compile, the shard workers, the export) may wait Unschedulable "
+        "while the cluster autoscaler adds a node for it (TriggeredScaleUp); default 900.",
+    )
     train: Timeout = Field(default=None, description="Following a stage's training to its end.")
     readmit: Timeout = Field(default=None, description="Waiting for an evicted Workload to be admitted again.")
     verify: Timeout = Field(default=None, description="The checkpoint verifier.")

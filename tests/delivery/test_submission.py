@@ -352,8 +352,8 @@ def test_idempotent_steps_get_a_retry_policy_on_both_targets(tmp_path, target):
     path = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "p.yaml"), target=target)
     tasks = next(yaml.safe_load_all(open(path)))["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     retried = {name for name, task in tasks.items() if "retryPolicy" in task}
-    assert retried == {f"{step}{suffix}" for step in ("admit", "launch", "train", "verify-checkpoint")
-                       for suffix in ("", "-2")} | {"provision"}  # fmt: skip
+    steps = ("prepare-data", "preflight", "admit", "launch", "train", "verify-checkpoint")
+    assert retried == {f"{step}{suffix}" for step in steps for suffix in ("", "-2")} | {"provision"}
     assert tasks["train"]["retryPolicy"] == {"maxRetryCount": 2, "backoffDuration": "60s", "backoffFactor": 2.0,
                                              "backoffMaxDuration": "600s"}  # fmt: skip
     local = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "l.yaml"), target=target, retries=False)

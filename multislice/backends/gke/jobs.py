@@ -8,7 +8,11 @@ conditions ``Complete`` and ``Failed``. While it runs, its pod (label
 ``job-name``) is read too: a pod the scheduler cannot place (``PodScheduled``
 False, reason ``Unschedulable``, core v1 ``PodCondition``) for
 ``timings.job_unschedulable_grace`` ends the wait with the scheduler's message
-(:class:`JobUnschedulable`), instead of waiting out the Job's whole timeout; a container that cannot start
+(:class:`JobUnschedulable`), instead of waiting out the Job's whole timeout, unless the cluster autoscaler is
+adding a node for it (its newest event on the pod ``TriggeredScaleUp``, :func:`.pods.autoscaler_verdict`): then
+the pod may wait ``timings.job_scale_up_grace``, and a later ``NotTriggerScaleUp`` (the scale-up failed, or no
+node group it may grow fits) ends it with the autoscaler's message. The time the pod waited for a node does not
+count against the Job's timeout (at most ``job_scale_up_grace`` of it). A container that cannot start
 and will not by waiting (:data:`.pods.FATAL_WAITING_REASONS`: an image that cannot be pulled, a Secret or
 ConfigMap its environment names that does not exist: ``CreateContainerConfigError``) ends it at once
 (:class:`JobPodStuck`), as it ends a JobSet's launch.
@@ -31,9 +35,11 @@ from multislice.errors import RunFailed
 
 
 class JobUnschedulable(RunFailed):
-    """A trainer Job's pod stayed Unschedulable past ``timings.job_unschedulable_grace``; the Job was deleted.
+    """A trainer Job's pod stayed Unschedulable past ``timings.job_unschedulable_grace`` (past
+    ``timings.job_scale_up_grace`` while the cluster autoscaler was adding a node for it); the Job was deleted.
 
-    The message quotes the scheduler (e.g. ``0/3 nodes are available: 3 Insufficient cpu.``).
+    The message quotes the scheduler (e.g. ``0/3 nodes are available: 3 Insufficient cpu.``) and the cluster
+    autoscaler's newest event on the pod, when it wrote one.
     """
 
 
@@ -84,8 +90,9 @@ def run_job(
 
     Raises:
         TimeoutError: not finished within ``timeout`` seconds (the Job was deleted, so nothing runs on).
-        JobUnschedulable: its pod stayed Unschedulable for ``kube.timings.job_unschedulable_grace`` seconds
-            (the Job was deleted); the message has the scheduler's reason.
+        JobUnschedulable: its pod stayed Unschedulable for ``kube.timings.job_unschedulable_grace`` seconds, or
+            ``job_scale_up_grace`` while the cluster autoscaler was adding a node for it (the Job was deleted); the
+            message has the scheduler's reason and the autoscaler's.
         JobPodStuck: its container cannot start (a missing Secret, an image that cannot be pulled; the Job was
             deleted); the message has the kubelet's reason.
         multislice.backends.gke.jobset.JobSetConflict: a Job of that name with another spec exists.
@@ -120,14 +127,16 @@ def _delete(kube: Kube, name: str, owner: str | None = None) -> bool:
         raise
 
 
-def _pod_problems(kube: Kube, name: str) -> tuple[str | None, str | None]:
-    """``(scheduler's message when the Job's newest pod is Unschedulable, its fatal waiting state)``, each or None."""
+def _pod_problems(kube: Kube, name: str) -> tuple[str | None, str | None, str | None]:
+    """``(scheduler's message when the Job's newest pod is Unschedulable, its fatal waiting state, its name)``, each
+    or None."""
     found = kube.call(
         kube.core.list_namespaced_pod, kube.namespace, label_selector=f"job-name={name}", what=f"list pods of {name}"
     )
     if not found.items:
-        return None, None
-    return pod_state.unschedulable(found.items[-1]), pod_state.waiting_problem(found.items[-1])
+        return None, None, None
+    pod = found.items[-1]
+    return pod_state.unschedulable(pod), pod_state.waiting_problem(pod), pod.metadata.name
 
 
 def _running_log(kube: Kube, name: str) -> tuple[str, str | None]:
@@ -170,8 +179,10 @@ def _run_job(
         wanted = body["metadata"]["annotations"][jobsets.SPEC_HASH_ANNOTATION]
         jobsets.adopt_or_conflict("Job", existing, wanted, kube.namespace)
         on_progress(f"{what} {name} exists with the same spec; adopted")
+    timings = kube.timings
     deadline = time.monotonic() + timeout
     unschedulable_since: float | None = None
+    waited_before = 0.0  # seconds the Job's pods waited Unschedulable before the current wait
     told = None
     while True:
         job = _job_dict(kube, name)
@@ -179,14 +190,17 @@ def _run_job(
         if state:
             break
         now = time.monotonic()
-        if now > deadline:
+        waiting = now - unschedulable_since if unschedulable_since is not None else 0.0
+        waited_for_node = min(waited_before + waiting, timings.job_scale_up_grace)
+        if now > deadline + waited_for_node:  # the time spent waiting for a node is not the Job's to run
             _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
-            raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s")
+            waited = f" (besides {waited_for_node:.0f} s waiting for a node)" if waited_for_node >= 1 else ""
+            raise TimeoutError(f"{what} {name} still running after {timeout:.0f} s{waited}")
         if until is not None:
             log, pod = _running_log(kube, name)
             if pod is not None and until(log) is not None:
                 return "Running", log, pod
-        message, stuck = _pod_problems(kube, name)
+        message, stuck, pod_name = _pod_problems(kube, name)
         if stuck is not None:
             _delete(kube, name)
             raise JobPodStuck(
@@ -194,19 +208,41 @@ def _run_job(
                 "a missing Secret: create it in the namespace (docs/gke-setup.md); an image that cannot be pulled: "
                 "check images.trainer and that the nodes may pull it",
             )
-        if message is None:
+        if message is None or pod_name is None:
+            if unschedulable_since is not None:
+                waited_before += now - unschedulable_since
             unschedulable_since = None
         else:
             unschedulable_since = unschedulable_since if unschedulable_since is not None else now
-            if message != told:
-                on_progress(f"{what} {name}: pod Unschedulable: {message}")
-                told = message
-            if now - unschedulable_since >= kube.timings.job_unschedulable_grace:
+            autoscaler = pod_state.autoscaler_verdict(kube, pod_name)
+            scaling_up = autoscaler is not None and autoscaler[0] == pod_state.SCALE_UP_TRIGGERED
+            grace = timings.job_scale_up_grace if scaling_up else timings.job_unschedulable_grace
+            if (message, autoscaler) != told:
+                said = f"{what} {name}: pod Unschedulable: {message}"
+                if autoscaler is not None:
+                    said += f"; cluster autoscaler: {autoscaler[0]}: {autoscaler[1]}"
+                if scaling_up:
+                    said += f" (waiting up to {grace:.0f} s for the node, timeouts.scale_up_grace)"
+                on_progress(said)
+                told = (message, autoscaler)
+            if now - unschedulable_since >= grace:
                 _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
+                if scaling_up:
+                    why = (
+                        f"; the cluster autoscaler was adding a node for it ({autoscaler[1]}) and it did not come "
+                        f"within timeouts.scale_up_grace ({grace:.0f} s)"
+                    )
+                elif autoscaler is not None:
+                    why = f"; cluster autoscaler: {autoscaler[1]}"
+                else:
+                    why = ""
                 raise JobUnschedulable(
-                    f"{what} {name}: its pod stayed Unschedulable for {now - unschedulable_since:.0f} s: {message} "
-                    "(the Job was deleted)",
-                    "give the Job's pod a node that fits its requests: a CPU node pool with free capacity, or "
+                    f"{what} {name}: its pod stayed Unschedulable for {now - unschedulable_since:.0f} s: {message}"
+                    f"{why} (the Job was deleted)",
+                    "raise timeouts.scale_up_grace if the node pool's nodes take longer to start; else check the "
+                    "node pool's quota and the autoscaler's events (kubectl describe pod)"
+                    if scaling_up
+                    else "give the Job's pod a node that fits its requests: a CPU node pool with free capacity, or "
                     "autoscaling on one",
                 )
         time.sleep(kube.timings.poll_seconds)

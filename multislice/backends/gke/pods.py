@@ -12,7 +12,9 @@ Failure causes read from pod status (core v1 ``ContainerStateWaiting.reason``,
 ``ImagePullBackOff``, ``InvalidImageName``), ``CrashLoopBackOff`` and
 ``CreateContainerConfigError`` fail at once; ``Unschedulable`` fails only
 after a grace period, since the cluster autoscaler or a node pool being
-created may still make room. Messages quote the pod's events.
+created may still make room (the autoscaler's own verdict on a pod, its
+``TriggeredScaleUp``/``NotTriggerScaleUp`` events: :func:`autoscaler_verdict`).
+Messages quote the pod's events.
 """
 
 from __future__ import annotations
@@ -77,6 +79,45 @@ def events(kube: Kube, pod_name: str, lines: int = EVENT_LINES) -> str:
         return ""
     items = found.items[-lines:]
     return "\n".join(f"    {e.type or 'Normal'} {e.reason}: {e.message}" for e in items)
+
+
+#: The cluster autoscaler's events on a pending pod after each scale-up attempt (type Normal, source
+#: ``cluster-autoscaler``; kubernetes/autoscaler
+#: ``cluster-autoscaler/processors/status/eventing_scale_up_processor.go``, ``EventingScaleUpStatusProcessor.Process``):
+#: it is adding nodes for the pod ("pod triggered scale-up: [{<node group> 0->1 (max: 1)}]") ...
+SCALE_UP_TRIGGERED = "TriggeredScaleUp"
+#: ... or no node group it may grow would fit the pod ("pod didn't trigger scale-up: 1 Insufficient memory, 1 in
+#: backoff after failed scale-up"; its reasons per node group, ``ReasonsMessage``).
+SCALE_UP_NOT_TRIGGERED = "NotTriggerScaleUp"
+
+
+def autoscaler_verdict(kube: Kube, pod_name: str) -> tuple[str, str] | None:
+    """The cluster autoscaler's newest scale-up event on the pod: ``(reason, message)`` with reason
+    :data:`SCALE_UP_TRIGGERED` or :data:`SCALE_UP_NOT_TRIGGERED`; None when it wrote none (no autoscaler, or it has
+    not looked at the pod yet) or the events cannot be read.
+
+    Newest by the event's ``lastTimestamp`` (a repeated event is one object whose count and ``lastTimestamp`` grow,
+    client-go ``tools/record``), else ``eventTime``, ``firstTimestamp``, its creation; equal times keep the API's
+    order (by name: ``<pod>.<creation time in hex nanoseconds>``).
+    """
+    try:
+        found = kube.call(
+            kube.core.list_namespaced_event, kube.namespace,
+            field_selector=f"involvedObject.name={pod_name}", what=f"list events of pod {pod_name}",
+        )  # fmt: skip
+    except ApiException:
+        return None
+    ours = [(i, e) for i, e in enumerate(found.items) if e.reason in (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED)]
+    if not ours:
+        return None
+
+    def when(item: tuple[int, Any]) -> tuple[float, int]:
+        index, event = item
+        stamp = event.last_timestamp or event.event_time or event.first_timestamp or event.metadata.creation_timestamp
+        return (stamp.timestamp() if stamp is not None else 0.0, index)
+
+    _, newest = max(ours, key=when)
+    return newest.reason, newest.message or newest.reason
 
 
 def waiting_problem(pod: Any) -> str | None:

@@ -12,8 +12,11 @@ import dataclasses
 
 import pytest
 
-from multislice import reports, timings
-from multislice.backends.gke import GkeBackend, exporter, jobs
+from multislice import config, reports, timings
+from multislice.backends.gke import GkeBackend, aot, exporter, jobs
+from multislice.backends.gke import data_workers as gke_workers
+from multislice.plan import make_plan
+from multislice.preflight import request_for
 from multislice.steps import verify_checkpoint
 from tests.backends.gke.harness import RUN_ID, Background, stage_of
 from tests.kube_cluster import FAST
@@ -90,9 +93,7 @@ def test_a_scale_up_that_fails_ends_the_wait_at_the_autoscalers_next_verdict(ser
     assert "pod didn't trigger scale-up: 1 in backoff after failed scale-up" in failed.value.message
 
 
-def test_a_node_that_does_not_come_within_the_scale_up_grace_ends_the_job_naming_the_setting(
-    served, play, plan, told
-):
+def test_a_node_that_does_not_come_within_the_scale_up_grace_ends_the_job_naming_the_setting(served, play, plan, told):
     waits = dataclasses.replace(FAST, job_unschedulable_grace=0, job_scale_up_grace=0.5)
     stage, name = stage_of(plan), exporter.job_name(stage_of(plan))
     trained(plan)
@@ -119,3 +120,19 @@ def test_the_scale_up_grace_is_a_profile_timeout_and_counts_in_the_cpu_job_steps
     for step in ("prepare_data", "preflight", "verify_checkpoint", "export"):
         assert changed.longest_wait(step) - gke.longest_wait(step) == 900, step
     assert changed.longest_wait("launch") == gke.longest_wait("launch")
+
+
+@pytest.mark.parametrize("profile", ["gke-v6e-16x2", "gke-v6e-16x2-seed"])
+def test_the_shipped_profiles_put_every_cpu_job_on_a_cpu_node_pool(profile):
+    """The compile Jobs and the shard workers go where the Ray head goes (the CPU pool), the export Job to its own
+    pool: none is left to land on any untainted pool (the export's M3 pool among them)."""
+    shipped = make_plan(config.load_profile(profile))
+    stage = shipped.stages[0]
+    cpu_pool = {"cloud.google.com/gke-nodepool": "cpu-pool"}
+    assert shipped.spec.ray.head_node_selector == cpu_pool
+    compile_job = aot.render_job(shipped, request_for(shipped, stage), None, RUN_ID)
+    workers = gke_workers.render_job(shipped, stage, {"workers": 2, "fingerprint": "0123456789ab"}, RUN_ID)
+    export = exporter.render_job(shipped, stage, RUN_ID)
+    assert compile_job["spec"]["template"]["spec"]["nodeSelector"] == cpu_pool
+    assert workers["spec"]["template"]["spec"]["nodeSelector"] == cpu_pool
+    assert export["spec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "export-highmem"}

@@ -34,8 +34,15 @@ def path(location: str | epath.PathLike) -> epath.Path:
 
 
 def join(base: str, *parts: str) -> str:
-    """``base/part/...`` as text, for local paths and URLs alike (no normalisation of ``gs://``)."""
-    return "/".join([str(base).rstrip("/"), *parts])
+    """``base/part/...`` as text, for local paths and URLs alike (no normalisation of ``gs://``).
+
+    A URL keeps its ``scheme://``: trailing slashes are stripped from what follows it only, so ``gs://`` joined
+    with ``run`` is ``gs:///run`` (a URL without a bucket, which Cloud Storage clients refuse), never the local
+    path ``gs:/run``.
+    """
+    scheme, sep, rest = str(base).partition("://")
+    head = scheme + sep + rest.rstrip("/") if sep else scheme.rstrip("/")
+    return "/".join([head, *parts])
 
 
 def is_remote(location: str | epath.PathLike) -> bool:

@@ -6,6 +6,7 @@ import math
 
 from multislice import exporting, libtpu_flags, maxtext, names
 from multislice.config import models
+from multislice.config.data import SITE_PACKAGES_PREFIX
 from multislice.config.elastic import elastic_issues
 from multislice.config.models import RunSpec, Stage
 
@@ -133,6 +134,7 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
         issues += emergency_checkpoint_issues(spec, stage, where)
         issues += export_issues(spec, stage, where)
         issues += _data_token_issues(spec, stage, where)
+        issues += _data_source_issues(spec, stage, where)
         declared = getattr(stage.data, "sequences", None)
         lasts = declared is not None and models.data_lasts_issue(stage, declared, global_batch)
         if lasts:
@@ -185,6 +187,30 @@ def cross_field_issues(spec: RunSpec) -> list[tuple[str, str]]:
                 + (f", or shorten stage name {stage_name!r}" if room < 8 else ""),
             )
         )
+    return issues
+
+
+def _data_source_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]]:
+    """Where a ``text`` stage's sources can be read on its backend: on GKE, prepare_data's shard workers are pods
+    (an Indexed Job of the trainer image), which read their sources from Cloud Storage; a ``site-packages:`` glob
+    points into this machine's trainer environment and a local path into this machine's disk, neither of which a
+    pod has (:mod:`multislice.steps.prepare_data` refuses them again before it starts a worker)."""
+    files = getattr(stage.data, "files", None) if getattr(stage.data, "kind", None) == "text" else None
+    if spec.backend != "gke" or not files:
+        return []
+    issues = []
+    for i, pattern in enumerate(files):
+        if pattern.startswith("gs://"):
+            continue
+        where_it_is = (
+            "the local trainer environment's Python install"
+            if pattern.startswith(SITE_PACKAGES_PREFIX)
+            else "a local path"
+        )
+        issues.append((f"{where}.data.files[{i}]", f"{pattern!r} points into {where_it_is}, which a GKE pod does not "
+                       "have (prepare_data's shard workers are pods that read Cloud Storage): copy the corpus to a "
+                       "gs:// bucket the trainer's service account may read and give its glob, or use backend: "
+                       "local"))  # fmt: skip
     return issues
 
 

@@ -40,6 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from multislice import maxtext
 from multislice.config import hub, values
 
+
+def _value_check(problem: str | None, value: Any) -> Any:
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 if TYPE_CHECKING:
     from multislice.config.models import RunSpec
 
@@ -63,6 +70,18 @@ LLAMA3_VOCAB_SIZE = 128256
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _visible(cls, value: Any) -> Any:
+        """Every name and path of a data spec (a string, or strings in a tuple) holds no control or invisible format
+        character (:func:`.values.control_problem`: a newline, U+202E...), which no file, column or Hub name has."""
+        texts = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(
+            value, tuple) else []  # fmt: skip
+        for text in texts:
+            if problem := values.control_problem(text):
+                raise ValueError(problem)
+        return value
 
 
 class TokenizerSpec(_Strict):
@@ -368,6 +387,16 @@ class HFData(_HubToken):
     streaming: Literal[True] = True
     column: str = "text"
 
+    @field_validator("path")
+    @classmethod
+    def _hub_name(cls, value: str) -> str:
+        """A local directory (``/...``, ``./...``, ``../...``), else a Hub name, checked with huggingface_hub's
+        repository-id rules (:func:`.values.hub_repo_id_problem`), as ``datasets.load_dataset`` resolves it when the
+        stage starts."""
+        if value.startswith(("/", ".")):
+            return value
+        return _value_check(values.hub_repo_id_problem(value), value)
+
 
 class TFDSData(_Strict):
     """A TFDS dataset as prepared on disk
@@ -500,7 +529,9 @@ HF_PREFIX = "hf://"
 def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
     """Whether an ``hf://`` glob has the shape ``HfFileSystem`` lists (``hf://datasets/OWNER/NAME[@REVISION]/GLOB``)
     and matches files of the dataset, listed through the Hub's API (:mod:`multislice.config.hub`; nothing is
-    downloaded). MaxText lists it again when the stage starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
+    downloaded), each a Parquet file by its name (``.parquet``): MaxText reads ``hf://`` files as Parquet only
+    (``make_parquet_iter_dataset``), and the bytes are not read here. MaxText lists the glob again when the stage
+    starts (``find_data_files``), with the pods' ``$HF_TOKEN``.
     """
     try:
         hub.HubGlob.parse(pattern)
@@ -510,10 +541,19 @@ def _hf_glob_issue(field: str, pattern: str) -> tuple[str, str] | None:
             "(or hf://datasets/OWNER/NAME@REVISION/GLOB), e.g. hf://datasets/allenai/c4/en/c4-train.*.json.gz"
         )
     try:
-        if hub.list_files(pattern):
-            return None
+        found = hub.list_files(pattern)
     except hub.HubListingError as error:
         return field, f"{pattern}: {error}"
+    others = [name for name in found if not name.endswith(".parquet")]
+    if others:
+        return field, (
+            f"{pattern} matches {len(others)} file(s) that are not Parquet ({', '.join(others[:3])}"
+            f"{', ...' if len(others) > 3 else ''}): MaxText reads hf:// files as Parquet only "
+            "(input_pipeline_utils.py make_parquet_iter_dataset); narrow the glob to the dataset's *.parquet files, "
+            "or read JSON or text datasets with data kind hf"
+        )
+    if found:
+        return None
     return field, (
         f"{pattern} matches no file of the dataset (listed through the Hub's API); check the glob against the "
         "dataset's Files tab (`*` stays within a directory, `**` crosses them)"
@@ -549,6 +589,37 @@ def _parquet_issue(field: str, files: list[str], column: str) -> tuple[str, str]
             return field, f"{name} is not a readable Parquet file ({type(error).__name__}: {error}); replace it"
         if names is not None and column not in names:
             return field, f"{name} has no column {column!r} (columns: {', '.join(names)}); set the column"
+    return None
+
+
+#: The first 64 bytes of every Riegeli/records file, which ArrayRecord files are (array_record writes its records
+#: as Riegeli chunks): the file signature chunk, fixed by the format (google/riegeli
+#: ``doc/riegeli_records_file_format.md``, "File signature"); array_record 0.8's ``ArrayRecordWriter`` writes it too.
+RIEGELI_SIGNATURE = bytes.fromhex(
+    "83af70d10d884a3f 0000000000000000 4000000000000000 91bac23c9287e1a9"
+    "0000000000000000 e19f13c0e9b1c372 7300000000000000 0000000000000000".replace(" ", "")
+)
+
+
+def _arrayrecord_issue(field: str, files: list[str], fix: str) -> tuple[str, str] | None:
+    """Whether the first files are ArrayRecord files: each must begin with :data:`RIEGELI_SIGNATURE`.
+
+    Read here, in the plan step (the pipeline image has no array_record; the 64 bytes need none), so that a file
+    that is not ArrayRecord (text under an ``.arrayrecord`` name, a file cut short) is refused before anything is
+    created; array_record's own reader does not refuse such a file when it opens it (it reports 0 records), and
+    MaxText's grain pipeline would fail only when the stage reads it. ``fix``: how to name the files' own format.
+    """
+    for name in files[:16]:
+        try:
+            with _open_binary(name) as handle:
+                head = handle.read(len(RIEGELI_SIGNATURE))
+        except Exception as error:  # noqa: BLE001 - any failure of the storage client (OSError, a bad answer) is this
+            return field, f"{name} cannot be read ({type(error).__name__}: {error}); give readable ArrayRecord files"
+        if head != RIEGELI_SIGNATURE:
+            return field, (
+                f"{name} is not an ArrayRecord file (it does not begin with the Riegeli/records file signature); "
+                f"replace it, or {fix}"
+            )
     return None
 
 
@@ -643,6 +714,10 @@ def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list
                 elif data.file_type == "parquet":
                     issue = _parquet_issue(f"{where}.data.{name}", expand_files((pattern,)), data.column)
                     issues += [issue] if issue else []
+                elif data.file_type == "arrayrecord":
+                    fix = "set data.file_type to the files' format (parquet, tfrecord), or use data kind text for text"
+                    issue = _arrayrecord_issue(f"{where}.data.{name}", expand_files((pattern,)), fix)
+                    issues += [issue] if issue else []
     elif isinstance(data, HFData):
         local = Path(data.path)
         if data.path.startswith(("/", ".")) and not local.is_dir():
@@ -668,6 +743,11 @@ def stage_data_issues(where: str, stage: Any, site_packages: str | None) -> list
                 issues.append((f"{where}.data.{split_field}", f"no {data.file_format} files of split {split!r}: "
                                f"{pattern!r} matches none (the TFDS layout MaxText reads); check dataset_path, "
                                "dataset_name, the split and file_format"))  # fmt: skip
+            elif data.file_format == "array_record":
+                found = expand_files((pattern,), (), site_packages)
+                fix = "set data.file_format to the format TFDS wrote the dataset in (tfrecord)"
+                issue = _arrayrecord_issue(f"{where}.data.{split_field}", found, fix)
+                issues += [issue] if issue else []
     return issues
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.config import values
 from multislice.config.data import HF_PREFIX as HF_GLOB_PREFIX
 from multislice.config.data import DataSpec, SyntheticData, TokenizerSpec, tokenizer_vocab_issue
-from multislice.config.values import INT32_MAX, INT32_MIN, MAX_TIMEOUT_SECONDS
+from multislice.config.values import INT32_MAX, INT32_MIN, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
 
 #: A Compute Engine zone (``us-east5-b``); a region has no final letter (``us-east5``).
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -54,6 +54,38 @@ MAX_DIM = INT32_MAX
 def _value_check(problem: str | None, value: Any) -> Any:
     if problem:
         raise ValueError(problem)
+    return value
+
+
+def _wait_seconds(value: float | None) -> float | None:
+    """``value`` (a timeout or wait, seconds) when unset or at least :data:`MIN_TIMEOUT_SECONDS`.
+
+    Raises:
+        ValueError: a shorter one (``1e-300``, 0, a negative): the waits become whole-second fields, where it
+            would be no wait at all (:data:`multislice.config.values.MIN_TIMEOUT_SECONDS`).
+    """
+    if value is not None and not value >= MIN_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"{value:g} s is under {MIN_TIMEOUT_SECONDS:g} s, the shortest wait a step can be given (waits become "
+            "whole-second fields such as a pod's activeDeadlineSeconds, where less than a second is no wait at "
+            f"all); give at least {MIN_TIMEOUT_SECONDS:g} s"
+        )
+    return value
+
+
+def _selector_check(value: dict[str, str], field: str) -> dict[str, str]:
+    """``value`` when it is a nodeSelector the API server accepts: every key a label key and every value a label
+    value (:func:`.values.label_key_problem`, :func:`.values.label_value_problem`: Kubernetes' ``IsQualifiedName``
+    and ``IsValidLabelValue``).
+
+    Raises:
+        ValueError: naming ``field``, the key and the fix.
+    """
+    fix = f"e.g. {field}: {{cloud.google.com/gke-nodepool: cpu-pool}}"
+    for key, label in value.items():
+        problem = values.label_key_problem(key) or values.label_value_problem(label)
+        if problem:
+            raise ValueError(f"{field}[{key[:80]!r}]: {problem}; {fix}")
     return value
 
 
@@ -626,7 +658,13 @@ class ClusterSpec(_Strict):
     @field_validator("kubeconfig_context")
     @classmethod
     def _context(cls, value: str | None) -> str | None:
-        return value if value is None else _value_check(values.control_problem(value), value)
+        # A context name is a kubeconfig key (client-go clientcmd: any string), but one starting with '-' reads as
+        # an option wherever it is passed on (``kubectl --context``, ``kubectl config use-context --help``).
+        if value is None:
+            return value
+        if not value.strip():
+            raise ValueError(f"{value!r} is empty; give a kubeconfig context, or leave it unset for the current one")
+        return _value_check(values.control_problem(value) or values.option_like_problem(value), value)
 
 
 #: GKE limits node pool names to 40 characters: lower-case letters, digits and '-', starting with a letter
@@ -700,9 +738,8 @@ class NodePoolSpec(_Strict):
     queued_provisioning: bool = Field(
         default=False, description="flex-start only: nodes come only through Kueue ProvisioningRequests."
     )
-    max_wait_for_capacity_seconds: float | None = Field(
+    max_wait_for_capacity_seconds: Annotated[float | None, AfterValidator(_wait_seconds)] = Field(
         default=None,
-        gt=0,
         le=MAX_TIMEOUT_SECONDS,
         description="flex-start only: how long admit and launch wait for Dynamic Workload Scheduler to find the "
         "capacity (pods Unschedulable, a ProvisioningRequest pending), seconds; default 7 days "
@@ -711,9 +748,8 @@ class NodePoolSpec(_Strict):
     additional_node_networks: tuple[AdditionalNodeNetwork, ...] = Field(
         default=(), description="Extra VPC networks on every TPU node, e.g. for DCN traffic."
     )
-    operation_timeout_seconds: float = Field(
+    operation_timeout_seconds: Annotated[float, AfterValidator(_wait_seconds)] = Field(
         default=3600,
-        gt=0,
         le=MAX_TIMEOUT_SECONDS,
         description="How long provision waits for one node pool operation, seconds.",
     )
@@ -976,6 +1012,11 @@ class PreflightSpec(_Strict):
     def _cache_dir(cls, value: str | None) -> str | None:
         return value if value is None else _value_check(values.output_dir_problem(value), value)
 
+    @field_validator("node_selector")
+    @classmethod
+    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
+        return _selector_check(value, "node_selector")
+
 
 class CostSpec(_Strict):
     """Inputs of the cost estimate in the preflight report; no price is looked up on the network.
@@ -990,16 +1031,18 @@ class CostSpec(_Strict):
     assumed_mfu: float = Field(default=0.4, gt=0, le=1, description="Model FLOPs utilisation assumed for step time.")
 
 
-#: A step's wait in seconds, unset (the backend's default) or in (0, :data:`MAX_TIMEOUT_SECONDS`].
-Timeout = Annotated[float | None, Field(gt=0, le=MAX_TIMEOUT_SECONDS)]
+#: A step's wait in seconds, unset (the backend's default) or in [:data:`MIN_TIMEOUT_SECONDS`,
+#: :data:`MAX_TIMEOUT_SECONDS`].
+Timeout = Annotated[float | None, Field(le=MAX_TIMEOUT_SECONDS), AfterValidator(_wait_seconds)]
 
 
 class TimeoutsSpec(_Strict):
     """How long the steps wait, seconds; unset fields keep the backend's defaults (:mod:`multislice.timings`).
 
-    Each is at most :data:`MAX_TIMEOUT_SECONDS` (365 days): the values become pod deadlines
-    (``activeDeadlineSeconds``) and the CPU pods' ``jax.distributed`` timeouts, which take whole
-    seconds as an int32, and a larger value is a typo, not a wait.
+    Each is at least :data:`MIN_TIMEOUT_SECONDS` (1 s) and at most :data:`MAX_TIMEOUT_SECONDS` (365 days): the
+    values become pod deadlines (``activeDeadlineSeconds``) and the CPU pods' ``jax.distributed`` timeouts, which
+    take whole seconds as an int32, where less than a second is no wait at all, and a larger value is a typo, not
+    a wait.
 
     The compiled pipeline's pod deadlines are derived from the same values, so
     raising one here raises the step's deadline with it.
@@ -1063,12 +1106,7 @@ class RaySpec(_Strict):
     @field_validator("head_node_selector")
     @classmethod
     def _head_node_selector(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, label in value.items():
-            if not key or not names.LABEL_VALUE.fullmatch(key.rsplit("/", 1)[-1]) or len(key.rsplit("/", 1)[-1]) > 63:
-                raise ValueError(f"head_node_selector: {key!r} is not a valid label key")
-            if not names.LABEL_VALUE.fullmatch(label) or len(label) > 63:
-                raise ValueError(f"head_node_selector[{key}]: {label!r} is not a valid label value")
-        return value
+        return _selector_check(value, "head_node_selector")
 
 
 def _secret_version(value: str, looks_secret: bool, kind: str, empty_means: str) -> str:
@@ -1128,10 +1166,7 @@ class ExporterSpec(_Strict):
     @field_validator("node_selector")
     @classmethod
     def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, label in value.items():
-            if not names.LABEL_VALUE.fullmatch(label) or len(label) > 63:
-                raise ValueError(f"node_selector[{key}]: {label!r} is not a valid label value")
-        return value
+        return _selector_check(value, "node_selector")
 
 
 #: A Secret Manager secret version name.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ INT32_MIN = -(2**31)
 #: (``activeDeadlineSeconds``) and ``jax.distributed`` timeouts (whole seconds, an int32); no run here
 #: waits longer, and a larger value (``1e308``) is a typo that would overflow those fields.
 MAX_TIMEOUT_SECONDS = 365 * 24 * 3600
+#: The shortest timeout or wait a profile or option may set, seconds: the waits become whole-second fields (a pod's
+#: ``activeDeadlineSeconds``, which the API server wants at least 1; ``jax.distributed``'s int timeouts), where a
+#: fraction of a second would be 0, no wait at all; and no step's API call, poll or compile ends in under a second.
+MIN_TIMEOUT_SECONDS = 1.0
 
 # The docker reference grammar (github.com/distribution/reference ``regexp.go``).
 _ALNUM = r"[a-z0-9]+"
@@ -50,13 +55,17 @@ GKE_CLUSTER = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?")
 GCP_LOCATION = re.compile(r"[a-z]+-[a-z]+[0-9]+(?:-[a-z])?")
 #: Characters of a Cloud Storage bucket name (https://cloud.google.com/storage/docs/buckets#naming).
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
-#: Label keys and values (Kubernetes ``validation.IsQualifiedName`` / ``IsValidLabelValue``).
+#: Label keys and values (Kubernetes ``validation.IsQualifiedName`` / ``IsValidLabelValue``,
+#: k8s.io/apimachinery/pkg/util/validation/validation.go: ``qualifiedNameFmt``, at most 63 characters).
 _LABEL_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 
 #: Local directories that are not storage: the kernel's and devices' pseudo file systems.
 FORBIDDEN_LOCAL_ROOTS: tuple[str, ...] = ("/proc", "/sys", "/dev")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: Unicode's control (Cc: newline, tab, NUL, DEL, C1) and format (Cf: the bidirectional overrides such as U+202E,
+#: zero-width spaces and joiners, the BOM, the soft hyphen) characters: never in a name or a path, where they are
+#: invisible or reorder what is shown (https://www.unicode.org/reports/tr9/, "Explicit Directional Overrides").
+_INVISIBLE_CATEGORIES = ("Cc", "Cf")
 #: Syntaxes expanded inside the container: Kubernetes ``$(VAR)`` in args and env values (the kubelet expands
 #: it; https://kubernetes.io/docs/tasks/inject-data-application/define-command-argument-container/) and
 #: OmegaConf ``${...}`` interpolation in the values MaxText resolves (``maxtext/configs/pyconfig.py``).
@@ -138,41 +147,60 @@ def gcs_path_problem(value: str) -> str | None:
     parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
     if any(part in ("", ".", "..") for part in parts):
         return f"{value!r}: the path after the bucket may not hold empty, '.' or '..' parts; use gs://BUCKET/PATH"
-    if _CONTROL.search(value):
-        return f"{value!r} holds a control character; remove it"
-    return None
+    return control_problem(value)
 
 
 def output_dir_problem(value: str) -> str | None:
     """Why ``value`` cannot be the base output directory, or None.
 
-    ``gs://BUCKET[/PREFIX]`` (:func:`gcs_path_problem`), or a local path that holds no control character,
-    is not under ``/proc``, ``/sys`` or ``/dev`` and is not an existing file. A relative path is taken
-    against the current directory, as :func:`multislice.identity.run_identity` does.
+    ``gs://BUCKET[/PREFIX]`` (:func:`gcs_path_problem`), or a local path that is not empty, holds no control or
+    format character (:func:`control_problem`), is not under ``/proc``, ``/sys`` or ``/dev``, and whose nearest
+    existing part is a directory: not a file, and not a symbolic link that leads nowhere (dangling, or a loop:
+    the directory could never be created through it). A relative path is taken against the current directory,
+    as :func:`multislice.identity.run_identity` does.
     """
+    if not value.strip():
+        return f"{value!r} is empty; give a directory path or gs://BUCKET/PATH"
     if value.startswith("gs://"):
         return gcs_path_problem(value)
     if "://" in value:
         return f"{value!r}: only gs:// and local paths are supported; use gs://BUCKET/PATH or a directory"
-    if _CONTROL.search(value):
-        return f"{value!r} holds a control character; give a plain directory path"
+    if problem := control_problem(value):
+        return problem
     path = Path(os.path.abspath(value))
     for root in FORBIDDEN_LOCAL_ROOTS:
         if path == Path(root) or Path(root) in path.parents:
             return f"{value!r} is under {root}, a pseudo file system, not storage; use a directory on disk"
-    try:
-        if path.exists() and not path.is_dir():
-            return f"{value!r} is an existing file, not a directory; give a directory (or a new path)"
-    except OSError as error:
-        return f"{value!r} cannot be inspected ({error.strerror}); give a directory path"
+    for part in (path, *path.parents):
+        if not os.path.lexists(part):
+            continue
+        try:
+            os.stat(part)  # follows symbolic links: a dangling one raises ENOENT, a loop ELOOP
+        except OSError as error:
+            return (
+                f"{value!r}: {part} is a symbolic link that leads nowhere ({error.strerror}); the directory could "
+                "never be created there: remove or fix the link, or give another directory"
+            )
+        if not part.is_dir():
+            what = "an existing file" if part == path else f"under {part}, an existing file"
+            return f"{value!r} is {what}, not a directory; give a directory (or a new path)"
+        return None
     return None
 
 
 def label_key_problem(key: str) -> str | None:
-    """Why ``key`` is not a Kubernetes label key (``[prefix/]name``), or None."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (not _DNS1123_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253):
-        return f"label key {key!r}: the prefix must be a DNS-1123 subdomain (lower-case, at most 253 characters)"
+    """Why ``key`` is not a Kubernetes label key (``[prefix/]name``), or None.
+
+    ``IsQualifiedName`` (k8s.io/apimachinery/pkg/util/validation/validation.go), which the API server applies to
+    label and node selector keys: at most one '/'; a prefix, when there is a '/', that is a non-empty DNS-1123
+    subdomain of at most 253 characters; a name of 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends.
+    """
+    parts = key.split("/")
+    if len(parts) > 2:
+        return f"label key {key!r} holds more than one '/': a key is [PREFIX/]NAME"
+    prefix, name = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    if prefix is not None and (not _DNS1123_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253):
+        return f"label key {key!r}: the prefix must be a non-empty DNS-1123 subdomain (lower-case, at most 253 chars)"
     if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         return f"label key {key!r}: the name must be 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends"
     return None
@@ -197,6 +225,36 @@ def pipeline_run_id_problem(value: str) -> str | None:
         f"{shown!r} is not a pipeline run id: a Kubernetes label value of 1 to {names.MAX_LABEL_LENGTH} letters, "
         "digits, '-', '_' or '.', alphanumeric at both ends"
     )
+
+
+#: huggingface_hub's repository id (``utils/_validators.py``, ``REPO_ID_REGEX``, huggingface_hub 2.4.0): an optional
+#: namespace and a name, each 1-96 of ``[A-Za-z0-9_.-]`` starting and ending with a letter, digit or '_'.
+_HUB_REPO_ID = re.compile(
+    r"""(\b[\w\-.]{1,96}\b/)?  # optional namespace (username or organization)
+    \b[\w\-.]{1,96}\b        # repo_name""",
+    flags=re.VERBOSE | re.ASCII,
+)
+
+
+def hub_repo_id_problem(value: str) -> str | None:
+    """Why ``value`` is not a Hugging Face Hub repository id (``NAME`` or ``OWNER/NAME``), or None.
+
+    huggingface_hub's ``validate_repo_id`` (``utils/_validators.py``; the pipeline image has no huggingface_hub, so
+    its rules are kept here): at most one '/', each part 1-96 letters, digits, '-', '_' or '.', not starting or
+    ending with '-' or '.', no '--' or '..', not ending in '.git'.
+    """
+    shown = value if len(value) <= 100 else value[:97] + "..."
+    fix = "give a Hub name, NAME or OWNER/NAME (letters, digits, '-', '_', '.'; e.g. allenai/c4), or a local directory"
+    if value.count("/") > 1:
+        return f"{shown!r} is not a Hugging Face Hub repository id: more than one '/'; {fix}"
+    if not _HUB_REPO_ID.fullmatch(value):
+        return (
+            f"{shown!r} is not a Hugging Face Hub repository id: at most 96 characters a part, not starting or "
+            f"ending with '-' or '.'; {fix}"
+        )
+    if "--" in value or ".." in value or value.endswith(".git"):
+        return f"{shown!r} is not a Hugging Face Hub repository id: no '--' or '..', nor a final '.git'; {fix}"
+    return None
 
 
 def expansion_issues(data: Any, where: str = "", _seen: set[int] | None = None) -> Iterator[tuple[str, str]]:
@@ -233,11 +291,46 @@ def _expansion_message(value: str) -> str:
     )
 
 
+def invisible_character(value: str) -> str | None:
+    """The first Unicode control (Cc) or format (Cf) character of ``value`` (:data:`_INVISIBLE_CATEGORIES`), or
+    None."""
+    return next((c for c in value if unicodedata.category(c) in _INVISIBLE_CATEGORIES), None)
+
+
 def control_problem(value: str) -> str | None:
-    """Why ``value`` (a value that reaches a container argument) is refused for a control character, or None."""
-    if _CONTROL.search(value):
-        return f"{value!r} holds a control character (newline, tab, NUL...); remove it"
+    """Why ``value`` (a name, a path, a value that reaches a container argument) is refused for a control or an
+    invisible format character (a newline, a tab, NUL, U+202E RIGHT-TO-LEFT OVERRIDE...), or None."""
+    found = invisible_character(value)
+    if found is None:
+        return None
+    name = unicodedata.name(found, "a control character")
+    return (
+        f"{value[:80]!r} holds U+{ord(found):04X} ({name}), a control or invisible format character (newline, "
+        "tab, NUL, a right-to-left override...); remove it"
+    )
+
+
+def option_like_problem(value: str) -> str | None:
+    """Why ``value``, which is passed on as a command-line argument or a name a tool takes as one, is refused for
+    starting with '-' (a program would read it as an option: ``--help``), or None."""
+    if value.startswith("-"):
+        return f"{value[:80]!r} starts with '-', so a program given it would read an option, not a name; give the name"
     return None
+
+
+def run_name_problem(value: str) -> str | None:
+    """Why ``value`` is not a run name, or None: a DNS-1035 label (lower-case letters, digits and '-', starting with
+    a letter, ending with a letter or digit) of at most 63 characters, since it is the value of the
+    ``multislice-pipelines/run-name`` label and starts every JobSet name (:mod:`multislice.names`)."""
+    if names.DNS1035_LABEL.fullmatch(value) and len(value) <= names.MAX_LABEL_LENGTH:
+        return None
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    if names.DNS1035_LABEL.fullmatch(value):
+        return f"{shown!r} is {len(value)} characters; a run name is at most {names.MAX_LABEL_LENGTH} (a label value)"
+    return (
+        f"{shown!r} is not a run name: a DNS-1035 label of at most {names.MAX_LABEL_LENGTH} lower-case letters, "
+        "digits and '-', starting with a letter and ending with a letter or digit"
+    )
 
 
 #: A Secret Manager secret version's resource name (https://cloud.google.com/secret-manager/docs/reference/rest/v1/

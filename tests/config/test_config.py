@@ -306,7 +306,7 @@ def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():
     }
     [(field, message)] = issues({"ray.head_node_selector": {"cloud.google.com/gke-nodepool": "cpu pool"}},
                                 profile="gke-v6e-16x2-seed")  # fmt: skip
-    assert field == "ray.head_node_selector" and "'cpu pool' is not a valid label value" in message
+    assert field == "ray.head_node_selector" and "label value 'cpu pool': at most 63 letters" in message
 
 
 def test_ray_workers_claiming_dranet_devices_are_refused_on_the_host_network():

@@ -13,6 +13,7 @@ import pytest
 from multislice import config
 from multislice.config.data import (
     HF_LLAMA3_TOKENIZER,
+    RIEGELI_SIGNATURE,
     SyntheticData,
     TokenizerSpec,
     mixture_parts,
@@ -23,6 +24,7 @@ from multislice.config.data import (
 from multislice.config.hub import ENDPOINT_ENV, TOKEN_ENV
 from multislice.plan import make_plan
 from multislice.steps import plan as plan_step
+from tests.conftest import run_in_trainer
 from tests.hf_hub import FakeHub
 
 TOKEN = "hf_" + "aB3" * 12  # the shape of a Hugging Face user access token (not a real one)
@@ -42,7 +44,8 @@ def profile_with(tmp_path, data, *, backend_gke=False, **stage):
 
 
 #: Datasets of the loopback Hub (tests/hf_hub.py) the plan lists ``hf://`` globs on.
-HUB = {"allenai/c4": {"main": ["en/c4-train.00000-of-00002.parquet", "en/c4-train.00001-of-00002.parquet"]},
+HUB = {"allenai/c4": {"main": ["en/c4-train.00000-of-00002.parquet", "en/c4-train.00001-of-00002.parquet",
+                              "en/c4-train.00000-of-01024.json.gz", "en/c4-train.00001-of-01024.json.gz"]},
        "me/private": {"main": ["data/train-0.parquet"]}}  # fmt: skip
 
 
@@ -58,12 +61,19 @@ def files(tmp_path, monkeypatch):
 
 def _make_files(tmp_path):
     (tmp_path / "empty").mkdir()
-    for name in ("web-0.array_record", "code-0.array_record"):
-        (tmp_path / name).write_bytes(b"")
+    for name in ("web-0.array_record", "code-0.array_record"):  # what the plan reads of an ArrayRecord file
+        (tmp_path / name).write_bytes(RIEGELI_SIGNATURE)
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "web-0.arrayrecord").write_text("a text file under an ArrayRecord name\n")
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "c4-train.00000-of-01024.json.gz").write_bytes(b"\x1f\x8b\x08\x00 gzip, not Parquet")
     tfds = tmp_path / "tfds" / "c4" / "en" / "3.1.0"
     tfds.mkdir(parents=True)
     (tfds / "c4-train.tfrecord-00000-of-00001").write_bytes(b"")
+    text_tfds = tmp_path / "tfds-text" / "c4" / "en" / "3.1.0"
+    text_tfds.mkdir(parents=True)
+    (text_tfds / "c4-train.array_record-00000-of-00001").write_text("not an ArrayRecord file\n")
     (tmp_path / "garbage.tiktoken").write_text("this is not a tiktoken file\n")
     (tmp_path / "garbage.model").write_bytes(b"\xff\xff\xff\xff\x0f not a protobuf")
     (tmp_path / "hf-no-json").mkdir()
@@ -114,6 +124,33 @@ HOSTILE = {
         {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/me/private/data/*.parquet"}, {},
         "data.train_files", "HTTP 401",
     ),
+    "hf-glob-json-as-parquet": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "hf://datasets/allenai/c4/en/c4-train.*.json.gz"}, {},
+        "data.train_files", "2 file(s) that are not Parquet (en/c4-train.00000-of-01024.json.gz",
+    ),
+    "grain-json-as-parquet": (
+        {"kind": "grain", "file_type": "parquet", "train_files": "{t}/json/*.json.gz"}, {}, "data.train_files",
+        "is not a readable Parquet file",
+    ),
+    "grain-text-as-arrayrecord": (
+        {"kind": "grain", "train_files": "{t}/text/*.arrayrecord"}, {}, "data.train_files",
+        "web-0.arrayrecord is not an ArrayRecord file (it does not begin with the Riegeli/records file signature)",
+    ),
+    "tfds-text-as-array-record": (
+        {"kind": "tfds", "dataset_path": "{t}/tfds-text", "dataset_name": "c4/en:3.1.0", "file_format": "array_record"},
+        {}, "data.train_split", "is not an ArrayRecord file",
+    ),
+    "hf-path-right-to-left-override": (
+        {"kind": "hf", "path": "allenai/c4\u202e"}, {}, "data.hf.path", "U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    ),
+    "hf-path-zero-width-space-in-data-dir": (
+        {"kind": "hf", "path": "allenai/c4", "data_dir": "en\u200b"}, {}, "data.hf.data_dir", "U+200B",
+    ),
+    "text-glob-with-a-newline": ({"kind": "text", "files": ["{t}/a.txt\n"]}, {}, "data.text.files", "U+000A"),
+    "hf-path-not-a-hub-name": (
+        {"kind": "hf", "path": "allenai/c4/en"}, {}, "data.hf.path", "is not a Hugging Face Hub repository id",
+    ),
+    "hf-path-double-dash": ({"kind": "hf", "path": "allenai/c4--en"}, {}, "data.hf.path", "no '--' or '..'"),
     "hf-glob-arrayrecord": (
         {"kind": "grain", "train_files": "hf://datasets/a/b/*.array_record"}, {}, "data.train_files",
         "as Parquet only",
@@ -335,3 +372,64 @@ def test_tokenizer_vocabularies_are_read_without_the_tokenizer_libraries(files):
     # a minimal ModelProto: two pieces (field 1, length-delimited) and a trainer spec (field 2)
     assert sentencepiece_pieces(b"\x0a\x03\x0a\x01a" + b"\x0a\x03\x0a\x01b" + b"\x12\x00") == 2
     assert SyntheticData().kind == "synthetic"
+
+
+def test_an_arrayrecord_file_array_record_writes_passes_the_plans_check(files, trainer_python):
+    """The signature the plan compares is the one array_record itself writes (a file made in the trainer
+    environment), and such a file is planned; the same bytes as text under an ArrayRecord name are refused."""
+    written = files / "real" / "web-00000.array_record"
+    written.parent.mkdir()
+    script = (
+        "import sys\n"
+        "from array_record.python.array_record_module import ArrayRecordWriter\n"
+        "writer = ArrayRecordWriter(sys.argv[1], 'group_size:1')\n"
+        "writer.write(b'a record')\n"
+        "writer.close()\n"
+    )
+    done = run_in_trainer(trainer_python, script, str(written), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert written.read_bytes()[: len(RIEGELI_SIGNATURE)] == RIEGELI_SIGNATURE
+    plan = plan_step.run(profile_with(files, {"kind": "grain", "train_files": f"{written.parent}/*.array_record"}), {})
+    assert plan.stages[0].maxtext_args
+
+
+def test_hub_names_follow_huggingface_hubs_own_rules(trainer_python):
+    """:func:`multislice.config.values.hub_repo_id_problem` keeps huggingface_hub's ``validate_repo_id`` rules (the
+    pipeline image has no huggingface_hub): both agree on each name, checked against the library in the trainer
+    environment."""
+    from multislice.config.values import hub_repo_id_problem
+
+    names = ["allenai/c4", "c4", "HuggingFaceFW/fineweb-edu", "a_b/c.d-e", "_x/y_", "a/b/c", "-a/b", "a/b-", ".a",
+             "a--b", "a..b", "x.git", "x/y.git", "a" * 96, "a" * 97, "o/" + "n" * 96, "café/x", "a b", "", "a/",
+             "/a", "datasets/a/b", "a:b", "a\u202e"]  # fmt: skip
+    script = (
+        "import json, sys\n"
+        "from huggingface_hub.utils import HFValidationError, validate_repo_id\n"
+        "def ok(name):\n"
+        "    try:\n"
+        "        validate_repo_id(name)\n"
+        "    except HFValidationError:\n"
+        "        return False\n"
+        "    return True\n"
+        "print(json.dumps([ok(n) for n in json.loads(sys.argv[1])]))\n"
+    )
+    done = run_in_trainer(trainer_python, script, json.dumps(names), timeout=120)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [hub_repo_id_problem(name) is None for name in names]
+    assert ours == theirs, [(n, o, t) for n, o, t in zip(names, ours, theirs, strict=True) if o != t]
+
+
+def test_text_sources_a_gke_pod_cannot_read_are_refused_by_the_config(tmp_path):
+    """A ``site-packages:`` glob (this machine's trainer environment) or a local path as a ``text`` stage's source on
+    GKE: refused when the spec is loaded (render, compile, submit, the plan), naming the field and the fix, not when
+    prepare_data's pods would start."""
+    for pattern in ("site-packages:*.dist-info/METADATA", str(tmp_path / "*.txt")):
+        profile = profile_with(tmp_path, {"kind": "text", "files": ["gs://corpus/a/*.txt", pattern]}, backend_gke=True)
+        with pytest.raises(config.ConfigError) as caught:
+            config.load_spec(profile)
+        message = str(caught.value)
+        assert ".data.files[1]" in message and "a GKE pod does not have" in message, message
+        assert "copy the corpus to a gs:// bucket" in message and ".data.files[0]" not in message
+    profile = profile_with(tmp_path, {"kind": "text", "files": ["gs://corpus/a/*.txt"]}, backend_gke=True)
+    assert config.load_spec(profile).stages[0].data.files == ("gs://corpus/a/*.txt",)

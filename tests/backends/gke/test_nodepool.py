@@ -253,7 +253,9 @@ def test_operation_error_is_a_clear_failure(gke):
 
 def test_operation_deadline(gke):
     gke.polls_until_done = 10**6
-    plan = make(**{"node_pools.operation_timeout_seconds": 0.05})
+    spec = make().spec  # 0.05 s is under a profile's 1 s minimum (MIN_TIMEOUT_SECONDS): set past validation
+    plan = make_plan(spec.model_copy(update={"node_pools": spec.node_pools.model_copy(
+        update={"operation_timeout_seconds": 0.05})}))  # fmt: skip
     with pytest.raises(nodepool.NodePoolOperationFailed, match="still RUNNING after 0 s"):
         ensure(plan, gke)
 

@@ -149,9 +149,12 @@ def build_pipeline(
         A KFP pipeline (GraphComponent): call it under ``kfp.local`` or compile it.
 
     Raises:
-        multislice.config.ConfigError: the profile is invalid, or (``remote``) its ``run_name`` is too long
+        multislice.config.ConfigError: the profile is invalid, ``base_image`` is given but is not a container
+            image reference (``''`` included: it is not the default), or (``remote``) its ``run_name`` is too long
             for the runs the compiled defaults start (``unique_run_name`` true appends each run's id).
     """
+    if base_image is not None and (problem := config.values.image_problem(base_image)):
+        raise config.ConfigError([("base_image", f"{problem}; or leave base_image unset for images.pipeline")])
     spec = config.load_spec(profile)
     if remote and COMPILED_DEFAULTS["unique_run_name"] and not spec.unique_run_name:
         config.load_spec(profile, {"unique_run_name": True})  # each run with the defaults gets the suffix

@@ -17,6 +17,7 @@ import argparse
 import sys
 from typing import Any
 
+from multislice.cli.common import check_output_dir
 from multislice.errors import UserError
 from multislice.remote_call import attach, list_calls
 
@@ -66,6 +67,7 @@ def _state(job: Any) -> str:
 
 def cmd_calls_list(args: argparse.Namespace) -> int:
     """Print one line per call: id, function, state, hosts, backend, creation time (oldest first)."""
+    check_output_dir("--output-dir", args.output_dir, "the calls' output_dir")
     jobs = list_calls(args.output_dir)
     if not jobs:
         print("no remote calls under " + (args.output_dir or "the local profile's output_dir"))
@@ -83,6 +85,7 @@ def cmd_calls_list(args: argparse.Namespace) -> int:
 
 def cmd_calls_logs(args: argparse.Namespace) -> int:
     """Print one host's log of a call; with ``--follow``, each line as it comes until the host's pod ends."""
+    check_output_dir("--output-dir", args.output_dir, "the call's output_dir")
     job = attach(args.call_id, output_dir=args.output_dir)
     job.logs(follow=args.follow, host=args.host, out=sys.stdout)
     return 0

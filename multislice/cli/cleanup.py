@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from multislice import backends, config, names, storage
+from multislice import backends, config, storage
 from multislice.cli.common import locate_run, run_spec_of, with_profile
 from multislice.errors import InputError
 
@@ -43,13 +43,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             "give the pipeline run id its workloads carry (label pipeline/runid, e.g. from `kubectl get jobsets "
             "--show-labels`), or leave --pipeline-run-id out to clean up every abandoned run of --run",
         )
-    if not names.DNS1035_LABEL.match(args.run or ""):
-        raise InputError(
-            f"--run {args.run!r} is not a run name (a DNS-1035 label: lower-case letters, digits and '-', "
-            "starting with a letter)",
-            "give the run_name of the run to clean up, e.g. --run e2e (the last path part of its run directory)",
-        )
-    spec, found = locate_run(args)
+    spec, found = locate_run(args)  # --run and --output-dir checked first
     spec = spec or run_spec_of(found.run_dir)
     backend_name = (spec or {}).get("backend", "local")
     if backend_name == "local" and not storage.path(found.run_dir).is_dir():

@@ -63,6 +63,18 @@ def check_output(option: str, value: str, *, directory: bool, suffixes: tuple[st
     return path
 
 
+def check_output_dir(option: str, value: str | None, what: str) -> None:
+    """An ``--output-dir`` option (None: not given) checked as a run spec's ``output_dir`` is
+    (:func:`multislice.config.values.output_dir_problem`): not empty, ``gs://`` with a bucket name, no control
+    character, not a file or a link that leads nowhere.
+
+    Raises:
+        InputError: naming ``option`` and what to give (``what``).
+    """
+    if value is not None and (problem := config.values.output_dir_problem(value)):
+        raise InputError(f"{option}: {problem}", f"give {option} {what}: a directory or gs://BUCKET/PATH")
+
+
 def check_cache_dir(option: str, value: str, *, remote_ok: bool) -> None:
     """A verdict cache directory, checked before anything is compiled: ``gs://`` (where ``remote_ok``) or a
     local directory that exists and is writable, or can be created in a writable directory.
@@ -124,8 +136,13 @@ def locate_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, identit
     ``output_dir`` is ``--output-dir``, else the profile's.
 
     Raises:
-        InputError: neither gives an output directory.
+        InputError: ``--run`` is not a run name (:func:`multislice.config.values.run_name_problem`), ``--output-dir``
+            is not an output directory (:func:`multislice.config.values.output_dir_problem`: empty, ``gs://`` without
+            a bucket...), or neither it nor the profile gives one.
     """
+    if problem := config.values.run_name_problem(args.run or ""):
+        raise InputError(f"--run: {problem}", "give the run's run_name (the last path part of its run directory)")
+    check_output_dir("--output-dir", args.output_dir, "the run's output_dir")
     spec: dict[str, Any] | None = None
     if args.profile:
         profile, overrides = profile_and_overrides(args)

@@ -53,8 +53,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.multislice_training import compile_pipeline  # kfp (2-5 s): only for the verbs that compile
 
     check_output("--output", args.output, directory=False, suffixes=(".yaml", ".yml"))
-    if args.base_image and (problem := config.values.image_problem(args.base_image)):
-        raise InputError(f"--base-image: {problem}", "give a container image reference")
+    if args.base_image is not None and (problem := config.values.image_problem(args.base_image)):
+        raise InputError(f"--base-image: {problem}", "give an image reference, or leave --base-image out")
     profile, overrides = profile_and_overrides(args)
     built = images.built_references(args.images)
     if "trainer" in built and not any(k in overrides for k in ("trainer_image", "images.trainer")):

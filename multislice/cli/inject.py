@@ -42,9 +42,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
     """
     from multislice.backends.local import capacity  # jsonschema and the CRDs (0.5 s): local runs only
 
-    if not names.DNS1035_LABEL.fullmatch(args.run or ""):
-        raise InputError(f"--run {args.run!r} is not a run name (a DNS-1035 label)", "give the run's run_name")
-    spec, found = locate_run(args)
+    spec, found = locate_run(args)  # --run and --output-dir checked first
     spec = run_spec_of(found.run_dir) or spec
     if spec is None or not storage.path(found.run_dir).is_dir():
         raise InputError(f"--run {args.run}: no run directory {found.run_dir}", "check --run and --output-dir")

@@ -9,7 +9,7 @@ from typing import Any
 
 from multislice import config, storage, timings, tpu
 from multislice.cli.common import check_cache_dir, check_output, preflight_plan, with_profile, write_json
-from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS
+from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS
 from multislice.preflight import planner, user_cache_dir
 
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
@@ -62,9 +62,10 @@ def _plan_option_issues(args: argparse.Namespace, chips: int, first_slices: int)
     whole("--seq", args.seq, 1, 2**20, "a sequence length")
     whole("--want", args.want, 1, MAX_PLAN_WANT, "a count of fitting configs")
     whole("--global-batch", args.global_batch, 1, INT32_MAX, "a global batch (sequences per step)")
-    if not (math.isfinite(args.budget) and 0 < args.budget <= MAX_TIMEOUT_SECONDS):
-        issues.append(("--budget", f"{args.budget:g} s: give seconds of compiling, more than 0 and at most "
-                                   f"{MAX_TIMEOUT_SECONDS:,}"))  # fmt: skip
+    if not (math.isfinite(args.budget) and MIN_TIMEOUT_SECONDS <= args.budget <= MAX_TIMEOUT_SECONDS):
+        issues.append(("--budget", f"{args.budget:g} s: give seconds of compiling, at least {MIN_TIMEOUT_SECONDS:g} "
+                                   "(a shorter budget is spent before a single candidate is looked up, even in the "
+                                   f"verdict cache) and at most {MAX_TIMEOUT_SECONDS:,}"))  # fmt: skip
     if args.global_batch is not None and not issues and not _batch_fits(args.global_batch, chips, first_slices,
                                                                         args.max_slices):  # fmt: skip
         last = max(first_slices, args.max_slices)

@@ -145,12 +145,15 @@ class Cron:
         """Validate a user's cron expression and zone.
 
         Raises:
-            ConfigError: (field ``cron``) not 5 fields, a field with other
-                characters, or an out-of-range value; (field ``timezone``) an
-                unknown zone.
+            ConfigError: (field ``cron``) a control or format character (a
+                trailing newline, a tab: refused, never stripped), not 5 fields,
+                a field with other characters, or an out-of-range value; (field
+                ``timezone``) an unknown zone.
         """
         from croniter import croniter
 
+        if problem := config.values.control_problem(expression):
+            raise ConfigError([("cron", f"{problem}: separate the 5 fields with spaces, e.g. '0 3 * * *'")])
         fields = expression.split()
         if len(fields) != 5:
             raise ConfigError(

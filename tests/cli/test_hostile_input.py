@@ -10,6 +10,7 @@ regression tests follow for each class of input QA found accepted or crashing.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import re
@@ -376,6 +377,17 @@ REFUSED_SETS = {
     "timeouts.train=31536001": "train",
     "node_pools.operation_timeout_seconds=.inf": "operation_timeout_seconds",
     "stages.0.data={kind: synthetic}": "stages.0.data.kind=synthetic",
+    # issue 43: accepted though they could not work
+    "exporter.node_selector.bad key!=x": "exporter.node_selector",
+    "exporter.node_selector./gke-nodepool=x": "exporter.node_selector",
+    "preflight.node_selector.a/b/c=x": "preflight.node_selector",
+    "ray.head_node_selector.Bad_Prefix/pool=x": "ray.head_node_selector",
+    "cluster.kubeconfig_context=--help": "kubeconfig_context",
+    "cluster.kubeconfig_context=gke_p_l_c\u200b": "kubeconfig_context",
+    "timeouts.verify=1e-300": "timeouts.verify",
+    "timeouts.launch=0.5": "timeouts.launch",
+    "node_pools.operation_timeout_seconds=1e-300": "operation_timeout_seconds",
+    "output_dir=runs\u202e": "output_dir",
 }
 
 
@@ -469,6 +481,103 @@ def test_verify_checkpoint_refuses_hostile_paths(tmp_path):
         assert_refused(code, err, "checkpoint")
 
 
+# ---------------------------------------------------------------- regressions: accepted though they could not work
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop", "under a loop"])
+def test_an_output_dir_through_a_link_that_leads_nowhere_is_refused(tmp_path, kind):
+    """The directory could never be created through a dangling link or a loop of links: refused when the spec is
+    loaded (CLI and Python API), naming output_dir, nothing written."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    target = {"dangling": "dangling", "loop": "loop-a", "under a loop": "loop-a/runs"}[kind]
+    overrides = {"output_dir": str(tmp_path / target)}
+    code, _, err = run_cli("render", "--profile", "local", "--set", f"output_dir={tmp_path / target}", "--output",
+                           str(tmp_path / "out"))  # fmt: skip
+    assert_refused(code, err, "output_dir")
+    assert "is a symbolic link that leads nowhere" in err
+    with pytest.raises(config.ConfigError, match="leads nowhere"):
+        config.load_profile("local", overrides)
+    assert _tree(tmp_path) == ["dangling", "loop-a", "loop-b"]
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [("allenai/c4\u202e", "U+202E (RIGHT-TO-LEFT OVERRIDE)"), ("allenai/c4/en", "more than one '/'"),
+     ("-c4", "not starting or ending with '-' or '.'")],
+)  # fmt: skip
+def test_an_hf_stage_needs_a_hub_name_without_invisible_characters(tmp_path, path, words):
+    """An ``hf`` stage's dataset, when not a local directory, is a Hub repository id (huggingface_hub's rules):
+    refused when the profile is read, naming data.hf.path, nothing written."""
+    profile = copy.deepcopy(LOCAL)
+    for stage in profile["stages"]:
+        stage.update(data={"kind": "hf", "path": path}, eval_interval=-1)
+    (tmp_path / "hf.yaml").write_text(yaml.safe_dump(profile, allow_unicode=True), encoding="utf-8")
+    code, _, err = run_cli("render", "--profile", str(tmp_path / "hf.yaml"), "--output", str(tmp_path / "out"))
+    assert_refused(code, err, "data.hf.path")
+    assert words in err, err
+    assert _tree(tmp_path) == ["hf.yaml"]
+
+
+def test_calls_refuse_an_empty_or_bucketless_output_dir_instead_of_the_default(tmp_path, monkeypatch):
+    """``calls list --output-dir ''`` used to list the local profile's output_dir silently."""
+    from multislice import remote_call
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["list", "--output-dir", ""], ["list", "--output-dir", "gs://"], ["logs", "c0ffee00", "--output-dir",
+                                                                                   " "]):  # fmt: skip
+        code, out, err = run_cli("calls", *argv)
+        assert_refused(code, err, "--output-dir")
+        assert "no remote calls" not in out
+    with pytest.raises(UserError, match="is empty"):
+        remote_call.list_calls("")
+    with pytest.raises(UserError, match="is empty"):
+        remote_call.attach("c0ffee00", output_dir="")
+    assert _tree(tmp_path) == []
+
+
+def test_compile_refuses_an_empty_base_image_instead_of_the_default(tmp_path):
+    from pipelines.multislice_training import compile_pipeline
+
+    code, _, err = run_cli("compile", "--profile", "local", "--output", str(tmp_path / "p.yaml"), "--base-image", "")
+    assert_refused(code, err, "--base-image")
+    assert "'' is not a container image reference" in err
+    with pytest.raises(config.ConfigError) as refused:
+        compile_pipeline(LOCAL, str(tmp_path / "p.yaml"), base_image="")
+    assert refused.value.issues[0][0] == "base_image"
+    assert _tree(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [["cleanup"], ["inject", "preempt-slice", "--stage", "tiny-8b-recipe"]])
+def test_run_commands_refuse_an_overlong_run_or_an_output_dir_without_a_bucket(tmp_path, command):
+    """A 200-character ``--run`` is no run name (a label value: at most 63); ``--output-dir gs://`` has no bucket and
+    was joined as the local path ``gs:/demo``. Both refused before the run is looked for."""
+    from multislice import storage
+
+    (tmp_path / "demo").mkdir()
+    code, _, err = run_cli(*command, "--run", "r" * 200, "--output-dir", str(tmp_path))
+    assert_refused(code, err, "--run")
+    assert "is 200 characters; a run name is at most 63" in err
+    for output_dir in ("gs://", "", "gs://Bad_Bucket!"):
+        code, out, err = run_cli(*command, "--run", "demo", "--output-dir", output_dir)
+        assert_refused(code, err, "--output-dir")
+        assert "gs:/demo" not in err + out
+    assert _tree(tmp_path) == ["demo"]
+    assert storage.join("gs://", "demo") == "gs:///demo" and storage.join("gs://b/", "demo") == "gs://b/demo"
+
+
+def test_a_site_packages_corpus_is_refused_on_gke_before_anything(tmp_path):
+    """The local profile's corpus lives in this machine's trainer environment (``site-packages:``), which no GKE pod
+    has: refused when the spec is loaded with backend gke, naming the source and the fix."""
+    code, _, err = run_cli("render", "--profile", "local", "--set", "backend=gke", "--set",
+                           "output_dir=gs://team-bucket/runs", "--output", str(tmp_path / "out"))  # fmt: skip
+    assert_refused(code, err, "data.files[0]")
+    assert "'site-packages:*.dist-info/METADATA' points into the local trainer environment's Python install" in err
+    assert "copy the corpus to a gs:// bucket" in err
+    assert _tree(tmp_path) == []
+
+
 # ---------------------------------------------------------------- regressions: schedule and plan
 
 
@@ -558,7 +667,7 @@ def _accepted_value_is_valid(option: str, value: str) -> None:
     elif option == "--want":
         assert 1 <= int(value) <= 1024, value
     elif option == "--budget":
-        assert 0 < float(value) <= MAX_TIMEOUT_SECONDS, value
+        assert values.MIN_TIMEOUT_SECONDS <= float(value) <= MAX_TIMEOUT_SECONDS, value
     elif option == "--fix":
         assert value.partition("=")[0] in ("per_device_batch_size", "remat_policy", "optimizer_offload",
                                             "parameter_offload", "weight_dtype"), value  # fmt: skip

@@ -72,6 +72,10 @@ DELIVERY_CASES = [
     ("never fires vertex", [*SCHEDULE, "--cron", "0 3 30 2 *"], "vertex", "cron", "never fires"),
     ("31 in a 30-day month", [*SCHEDULE, "--cron", "0 3 31 4,6,9,11 *"], "kfp", "cron", "never fires"),
     ("name with a newline", [*SCHEDULE, "--cron", "0 3 * * *", "--name", "bad name\n"], "kfp", "name", "control"),
+    # issue 43: split() used to drop these silently and send the rest; nothing is stripped now
+    ("cron with a trailing newline", [*SCHEDULE, "--cron", "0 3 * * *\n"], "kfp", "cron", "U+000A"),
+    ("cron with a tab", [*SCHEDULE, "--cron", "0\t3 * * *"], "vertex", "cron", "U+0009"),
+    ("cron with a right-to-left override", [*SCHEDULE, "--cron", "0 3 * * *\u202e"], "kfp", "cron", "U+202E"),
     ("name too long", [*SCHEDULE, "--cron", "0 3 * * *", "--name", "n" * 129], "vertex", "name", "at most 128"),
     ("KFP concurrency", [*SCHEDULE, "--cron", "0 3 * * *", "--max-concurrent-runs", "1000000"], "kfp",
      "max_concurrent_runs", "1 to 10"),
@@ -155,6 +159,17 @@ def test_a_cron_that_ends_before_it_fires_is_refused(fake):
     assert fake.state.requests == []
 
 
+def test_a_cron_with_a_control_character_is_refused_through_the_python_api(fake):
+    from multislice.delivery import schedule, submission
+
+    for cron in ("0 3 * * *\n", "0 3 * * *\r", "\u200b0 3 * * *"):
+        with pytest.raises(ConfigError) as refused:
+            schedule.create(PROFILE, {"output_dir": "gs://b/r"}, target="kfp", cron=cron,
+                            kfp=submission.KfpTarget(host=fake.url))  # fmt: skip
+        assert refused.value.issues[0][0] == "cron" and "separate the 5 fields with spaces" in str(refused.value)
+    assert fake.state.requests == []
+
+
 # ---------------------------------------------------------------- plan and preflight
 
 
@@ -189,7 +204,9 @@ def no_compile(monkeypatch, tmp_path):
         (["plan", "--num-slices", "0"], "--num-slices", "0 slices cannot train"),
         (["plan", "--seq", "0"], "--seq", "a sequence length"),
         (["plan", "--tpu-type", "v6e-17"], "--tpu-type", "v6e"),
-        (["plan", "--budget", "nan"], "--budget", "more than 0"),
+        (["plan", "--budget", "nan"], "--budget", "at least 1"),
+        (["plan", "--budget", "1e-300"], "--budget", "at least 1 (a shorter budget is spent before a single candidate"),
+        (["plan", "--budget", "0.5"], "--budget", "at least 1"),
         (["plan", "--want", "100000"], "--want", "1 to 1,024"),
         (["plan", "--max-slices", "0"], "--max-slices", "a slice count"),
         (["plan", "--report", "/proc/self/plan.json"], "--report", "/proc"),

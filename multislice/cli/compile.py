@@ -55,6 +55,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     check_output("--output", args.output, directory=False, suffixes=(".yaml", ".yml"))
     if args.base_image is not None and (problem := config.values.image_problem(args.base_image)):
         raise InputError(f"--base-image: {problem}", "give an image reference, or leave --base-image out")
+    selector = _node_selector(args.node_selector) if args.node_selector else None  # refused before any warning
     profile, overrides = profile_and_overrides(args)
     built = images.built_references(args.images)
     if "trainer" in built and not any(k in overrides for k in ("trainer_image", "images.trainer")):
@@ -66,10 +67,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     spec = config.load_spec(profile, overrides)
     data = config.spec_to_data(spec)
     _warn_unbuilt(args, spec)
-    kubernetes = None
-    if args.node_selector:
-        selector = _node_selector(args.node_selector)
-        kubernetes = KubernetesConfig(node_selector=selector)
+    kubernetes = KubernetesConfig(node_selector=selector) if selector is not None else None
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     compile_pipeline(data, args.output, args.base_image, target=args.target, kubernetes=kubernetes)
     print(f"pipeline for profile {args.profile} compiled for {args.target} to {args.output}")

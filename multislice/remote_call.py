@@ -91,7 +91,7 @@ import cloudpickle
 
 from multislice import backends, config, storage
 from multislice.backends.base import AdmissionTimeout, Backend, LaunchFailed
-from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, output_dir_problem
+from multislice.config.values import INT32_MAX, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS, output_dir_problem
 from multislice.errors import ConfigError, InputError, RunFailed
 from multislice.plan import make_plan
 from multislice.trainer.remote_worker import MARK
@@ -345,9 +345,10 @@ def option_issues(options: dict[str, Any]) -> list[tuple[str, str]]:
     Types: ``tpu_type`` a string; ``num_slices`` a whole number 1 to 2^31-1 (JobSet replicas); ``backend``
     ``local``, ``gke`` or a :class:`~multislice.backends.base.Backend`; ``output_dir`` None or a path or
     ``gs://`` URL; ``profile`` None, a name or path, or a profile's content (a dict); ``call_id`` None or 1-8
-    lower-case letters and digits; ``collective_timeout`` seconds, more than 0 and at most
-    :data:`multislice.config.values.MAX_TIMEOUT_SECONDS`; ``tell`` None or a callable; ``out`` None or an
-    object with ``write``; ``by_value`` modules; ``keep`` and ``wait`` true or false.
+    lower-case letters and digits; ``collective_timeout`` seconds, at least
+    :data:`multislice.config.values.MIN_TIMEOUT_SECONDS` and at most
+    :data:`~multislice.config.values.MAX_TIMEOUT_SECONDS`; ``tell`` None or a callable; ``out`` None or an object
+    with ``write``; ``by_value`` modules; ``keep`` and ``wait`` true or false.
     """
     issues: list[tuple[str, str]] = []
     for name in options:
@@ -383,8 +384,9 @@ def option_issues(options: dict[str, Any]) -> list[tuple[str, str]]:
         bad("call_id", "1 to 8 lower-case letters and digits")
     timeout = o["collective_timeout"]
     number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-    if not (number and math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_SECONDS):
-        bad("collective_timeout", f"seconds, more than 0 and at most {MAX_TIMEOUT_SECONDS:,}")
+    if not (number and math.isfinite(timeout) and MIN_TIMEOUT_SECONDS <= timeout <= MAX_TIMEOUT_SECONDS):
+        bad("collective_timeout", f"seconds, at least {MIN_TIMEOUT_SECONDS:g} (jax.distributed takes whole seconds) "
+                                  f"and at most {MAX_TIMEOUT_SECONDS:,}")  # fmt: skip
     if o["tell"] is not None and not callable(o["tell"]):
         bad("tell", "a callable taking one line (or None for stderr)")
     if o["out"] is not None and not callable(getattr(o["out"], "write", None)):

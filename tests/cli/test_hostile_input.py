@@ -856,7 +856,7 @@ def test_any_remote_arguments_are_refused_naming_one_or_planned(monkeypatch, opt
         if name in options:
             assert isinstance(options[name], kind) and (kind is bool or not isinstance(options[name], bool))
     assert options.get("num_slices", 1) >= 1 and options.get("backend", "local") in ("local", "gke")
-    assert 0 < options.get("collective_timeout", 1) <= values.MAX_TIMEOUT_SECONDS
+    assert values.MIN_TIMEOUT_SECONDS <= options.get("collective_timeout", 1) <= values.MAX_TIMEOUT_SECONDS
     assert options.get("tell") is None and options.get("out") is None  # no generated value is callable/writable
     assert options.get("call_id") is None or re.fullmatch(r"[a-z0-9]{1,8}", options["call_id"])
     assert options.get("output_dir") is None or isinstance(options["output_dir"], str)

@@ -363,6 +363,7 @@ def _shard(rows, keep=None, tpu_type=None):
         (lambda: remote_call.run_remote(_shard, [1], wait="no"), "wait"),
         (lambda: remote_call.remote(_shard, wait=0), "wait"),
         (lambda: remote_call.run_remote(_shard, [1], collective_timeout=1e308), "collective_timeout"),
+        (lambda: remote_call.run_remote(_shard, [1], collective_timeout=1e-300), "collective_timeout"),
         (lambda: remote_call.run_remote(_shard, threading.Lock()), "args[0]"),
         (lambda: remote_call.run_remote(_shard, [1], kwargs={"keep": threading.Lock()}), "kwargs['keep']"),
         (lambda: remote_call.run_remote(_shard, [1], rows_extra=1), "rows_extra"),

@@ -141,7 +141,7 @@ def locate_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, identit
             a bucket...), or neither it nor the profile gives one.
     """
     if problem := config.values.run_name_problem(args.run or ""):
-        raise InputError(f"--run: {problem}", "give the run's run_name (the last path part of its run directory)")
+        raise InputError(f"--run {problem}", "give the run_name of the run (the last path part of its run directory)")
     check_output_dir("--output-dir", args.output_dir, "the run's output_dir")
     spec: dict[str, Any] | None = None
     if args.profile:

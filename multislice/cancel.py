@@ -19,6 +19,16 @@ in the child (``preexec_fn=die_with_parent()``): Linux's ``PR_SET_PDEATHSIG`` (`
 them SIGKILL when the thread that started them exits, which covers the SIGKILL
 no handler can catch.
 
+A step of ``multislice run`` must not outlive the run's driver unnoticed: a SIGKILLed
+driver runs no handler, and kfp.local's step processes (``sh -c ... python3 -m
+kfp.dsl.executor_main``) would go on training headless. ``multislice run`` names
+itself in ``MULTISLICE_DRIVER`` (:func:`driver_value`: its pid and start time, so a
+reused pid is not mistaken for it); :func:`install` and the local JobSet
+supervisor call :func:`watch_driver`, a thread that waits on the driver's pidfd
+(the kernel reports its end, however it ends) and then sends this process
+SIGTERM: the step cancels itself, and the supervisor deletes its JobSet, exactly
+as on SIGTERM.
+
 Tests drive a step to a named state with :func:`point`: with
 ``MULTISLICE_CANCEL_AT=<point>`` and ``MULTISLICE_CANCEL_FIFO=<fifo>`` in its
 environment, the step writes the point's name to the FIFO when it gets there
@@ -31,7 +41,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
+import stat
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +54,8 @@ from typing import Any
 ENV_POINT = "MULTISLICE_CANCEL_AT"
 #: Environment variable naming the FIFO a step announces the point on.
 ENV_FIFO = "MULTISLICE_CANCEL_FIFO"
+#: Environment variable naming the ``multislice run`` driver of the steps (:func:`driver_value`).
+ENV_DRIVER = "MULTISLICE_DRIVER"
 #: The signals that cancel a step.
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Programs that only wrap a step: kfp.local runs each lightweight component as ``sh -c "... && python3 -m
@@ -66,6 +82,7 @@ class _State:
     cancelled: int | None = None  # the signal that cancelled this process, once one did
     shield = 0
     pending: int | None = None
+    watched: str | None = None  # the driver this process watches (ENV_DRIVER's value), once it does
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -89,6 +106,7 @@ def install() -> None:
         return
     _State.installed = 1
     _State.previous = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
+    watch_driver()
 
 
 @contextlib.contextmanager
@@ -178,6 +196,68 @@ def become_subreaper() -> None:
     if _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error)}")
+
+
+def _start_ticks(pid: int) -> str | None:
+    """A process's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # fields 3.. follow the command name's ")"; 22 is the 20th
+
+
+def driver_value(pid: int | None = None) -> str:
+    """:data:`ENV_DRIVER`'s value naming process ``pid`` (default this one): ``<pid>:<start time in ticks>``."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_ticks(pid)}"
+
+
+def watch_driver() -> bool:
+    """When :data:`ENV_DRIVER` names a driver, start a daemon thread that sends this process SIGTERM once the
+    driver has ended (at once if it already has, or its pid is now another process's); idempotent.
+
+    The thread blocks on the driver's pidfd (``pidfd_open(2)``: readable when the process ends, SIGKILL
+    included), so no polling. Returns True when a driver is (now or already) watched.
+    """
+    value = os.environ.get(ENV_DRIVER, "")
+    if not value or _State.watched == value:
+        return bool(value)
+    pid_text, _, ticks = value.partition(":")
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    _State.watched = value
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+    if pidfd is not None and _start_ticks(pid) != ticks:  # the pid is reused: the driver is gone
+        os.close(pidfd)
+        pidfd = None
+
+    def wait() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+            os.close(pidfd)
+        # kfp.local reads a step's output through pipes the driver held: with it gone, a write would raise
+        # BrokenPipeError in the middle of the cancellation. Such output has no reader left: it goes to /dev/null.
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+        os.close(null)
+        with contextlib.suppress(OSError):
+            print(
+                f"multislice: the run's driver (multislice run, pid {pid}) has ended: cancelling as on SIGTERM",
+                file=sys.stderr,
+                flush=True,
+            )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="multislice-driver-watch", daemon=True).start()
+    return True
 
 
 def child_pids(pid: int) -> list[int]:

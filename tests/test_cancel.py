@@ -304,3 +304,70 @@ def test_sigterm_to_multislice_run_is_passed_on_to_the_running_step(tmp_path):
     assert run.returncode == 130, output
     assert "interrupted" in output and "Traceback" not in output.split("interrupted")[-1]
     assert not wait_gone(steps, timeout=60)  # the step got the signal and ended; it was not orphaned
+
+
+@pytest.mark.parametrize(
+    ("point", "step", "holder"),
+    [("train:following", "train", "the train step"), ("launch:entry", "launch", "the JobSet's supervisor")],
+)
+def test_a_sigkilled_driver_ends_its_run_as_sigterm_would(driver, tmp_path, point, step, holder):
+    """Issue 43: a SIGKILLed ``multislice run`` left its train step, supervisor and pods training headless. The steps
+    and the supervisors watch the driver ``MULTISLICE_DRIVER`` names (here a stand-in process, SIGKILLed while the
+    step waits at ``point``) and cancel as on SIGTERM: the step deletes its JobSet; where no step can (``:entry``,
+    before its handler), the supervisor deletes it."""
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import signal; signal.pause()"], preexec_fn=cancel.die_with_parent()
+    )
+    fifo = tmp_path / "cancel.fifo"
+    os.mkfifo(fifo)
+    output = tmp_path / "out"
+    env = {
+        **os.environ, "PYTHONPATH": str(ROOT), cancel.ENV_POINT: point, cancel.ENV_FIFO: str(fifo),
+        cancel.ENV_DRIVER: cancel.driver_value(stand_in.pid),
+    }  # fmt: skip
+    pidfd = driver.start([str(tmp_path / "runs"), step, "sleep"], env, output)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready, _, _ = select.select([reader, pidfd], [], [], LIMIT)
+        assert reader in ready, f"{point} not reached:\n{output.read_text()}"
+        assert os.read(reader, 200).decode().strip() == point
+        assert [s.phase for s in jobset_states(tmp_path)] == ["Running"]
+        stand_in.kill()  # the driver dies without a word: no handler runs, nothing is forwarded
+        stand_in.wait(timeout=LIMIT)
+        code = driver.wait(timeout=LIMIT)  # the step ended on its own
+    finally:
+        os.close(reader)
+        driver.finish()
+        stand_in.kill()
+        stand_in.wait(timeout=LIMIT)
+    text = output.read_text()
+    assert code != 0, text
+    assert f"the run's driver (multislice run, pid {stand_in.pid}) has ended: cancelling as on SIGTERM" in text
+    if holder == "the train step":
+        assert "cancelled (SIGTERM)" in text, text
+    else:
+        assert code == -signal.SIGTERM, text  # before its handler: the default action
+    left = wait_gone(run_processes(tmp_path), timeout=60)  # the supervisor and the pods end too
+    assert not left, f"processes of the run still alive: {left}\n{text}"
+    assert [(s.phase, s.reason) for s in jobset_states(tmp_path)] == [("Deleted", "Deleted")], text
+
+
+def test_a_step_of_a_sigkilled_multislice_run_ends_instead_of_running_on(tmp_path):
+    """``kill -9 <multislice run>``: the step kfp.local was running notices its driver is gone and ends."""
+    fifo = tmp_path / "cancel.fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, cancel.ENV_POINT: "plan:report", cancel.ENV_FIFO: str(fifo)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "multislice.cli", "run", "--profile", "local",
+         "--set", "run_name=sigkill", "--set", f"output_dir={tmp_path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+        preexec_fn=cancel.die_with_parent(),
+    )  # fmt: skip
+    with open(fifo, encoding="utf-8") as announced:  # the plan step (a child of the CLI) is at the point
+        assert announced.read().strip() == "plan:report"
+    steps = set(cancel.step_pids(run.pid))
+    assert any("kfp.dsl.executor_main" in Path(f"/proc/{pid}/cmdline").read_text() for pid in steps), steps
+    run.kill()
+    run.communicate(timeout=LIMIT)
+    assert run.returncode == -signal.SIGKILL
+    assert not wait_gone(steps, timeout=LIMIT), "the step runs on without its driver"

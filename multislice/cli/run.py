@@ -95,10 +95,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = ownership.new_run_id()
     with ownership.claim(plan.run_dir, run_id) as claim:
         os.environ[ownership.ENV_CLAIM] = run_id  # the plan step records its pipeline run id in the owner record
+        # The steps (and the JobSet supervisors they start) end the run if this process ends unannounced (SIGKILL):
+        # multislice.cancel.watch_driver.
+        os.environ[cancel.ENV_DRIVER] = cancel.driver_value()
         try:
             return _run_owned(spec, plan, run_dir, run_id, claim, started)
         finally:
             os.environ.pop(ownership.ENV_CLAIM, None)
+            os.environ.pop(cancel.ENV_DRIVER, None)
 
 
 def _run_owned(

@@ -32,6 +32,9 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
 - completes the JobSet when every pod has succeeded;
 - on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
   SIGKILL after the pod's ``terminationGracePeriodSeconds``;
+- when the ``multislice run`` that started its run ends unannounced (SIGKILL: no
+  step is left to delete the JobSet), deletes it as on SIGTERM
+  (:func:`multislice.cancel.watch_driver`; a JobSet of a pipeline run without such a driver is left alone);
 - if it is itself SIGKILLed, its pods get SIGKILL from the kernel
   (``PR_SET_PDEATHSIG``, :func:`multislice.cancel.die_with_parent`), and the
   steps watching the JobSet see it Failed with reason ``SupervisorLost``.
@@ -56,7 +59,7 @@ from typing import Any
 
 import yaml
 
-from multislice import maxtext
+from multislice import cancel, maxtext
 from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.inotify import Watch
@@ -361,6 +364,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_delete)
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        cancel.watch_driver()  # the run's driver gone: SIGTERM to this process, a delete
         self.watch.add_wakeup(wake_read)
         run_dir = self.state_dir.parent.parent
         try:

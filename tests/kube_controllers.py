@@ -38,13 +38,16 @@ CRDS = Path(__file__).resolve().parents[1] / "multislice" / "crds"
 
 @functools.cache
 def upstream_crds() -> list[dict[str, Any]]:
-    """The CRDs in multislice/crds (JobSet v0.12.0, Kueue v0.19.2), schemas dropped (the emulator ignores them)."""
+    """The CRDs in multislice/crds (JobSet v0.12.0, Kueue v0.19.2, KubeRay v1.7.0). The emulator does not validate
+    against their schemas, so they are dropped, except KubeRay's: provision reads those to check the cluster's KubeRay
+    release (:func:`multislice.backends.gke.kuberay.check_kuberay`)."""
     found = []
     for path in sorted(CRDS.glob("*/*.yaml")):
         crd = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         if crd.get("kind") == "CustomResourceDefinition":
-            for version in crd["spec"]["versions"]:
-                version.pop("schema", None)
+            if crd["spec"]["group"] != "ray.io":
+                for version in crd["spec"]["versions"]:
+                    version.pop("schema", None)
             found.append(crd)
     return found
 
@@ -61,7 +64,8 @@ class Play:
     # -- installation ------------------------------------------------------
 
     def install_crds(self, skip: tuple[str, ...] = ()) -> None:
-        """Create the upstream JobSet and Kueue CRDs, established, except the names in ``skip``."""
+        """Create the upstream JobSet, Kueue and KubeRay CRDs (:func:`upstream_crds`), established, except the names in
+        ``skip``."""
         for crd in upstream_crds():
             if crd["metadata"]["name"] in skip:
                 continue

@@ -118,8 +118,9 @@ class GkeBackend(Backend):
 
         Before any node pool is asked for: the pipeline's rights for every request the run's steps make
         (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
-        needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, the KubeRay TPU webhook or GKE's
-        Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping). The LocalQueue is always applied
+        needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, KubeRay v1.7.0's fields in its
+        CRDs and the KubeRay TPU webhook or GKE's Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping).
+        The LocalQueue is always applied
         (server-side apply, fixed field manager); the cluster-scoped objects only with
         ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin
         (:mod:`multislice.render.rbac`).
@@ -129,7 +130,8 @@ class GkeBackend(Backend):
             cluster.CrdsMissing: JobSet or Kueue (or, for a stage launched by Ray, KubeRay) not installed at the
                 needed versions.
             prerequisites.PrerequisiteMissing: for a stage launched by Ray, neither the KubeRay TPU webhook nor the
-                Ray Operator add-on.
+                Ray Operator add-on; or (:class:`.kuberay.KubeRayTooOld`) KubeRay's CRDs lack a field of the rendered
+                RayJob or KubeRay v1.7.0's (an older KubeRay, e.g. that of GKE's add-on).
             cluster.KueueMisconfigured: with DRANET, Kueue's Configuration does not map its DeviceClass to the
                 resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.

@@ -26,7 +26,7 @@ from multislice.backends.base import (
     TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.gke import jobset, logs, nodepool, pods, prerequisites, rayjob, watch, workload
+from multislice.backends.gke import jobset, kuberay, logs, nodepool, pods, prerequisites, rayjob, watch, workload
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.backends.launcher import Launcher
 from multislice.plan import Plan, StagePlan
@@ -396,17 +396,32 @@ class RayJobLauncher(GkeLauncher):
 
     kind = launchers.KINDS["ray"]
     workload_kind = "RayJob"
-    #: KubeRay's RayJob (``ray.io/v1``, KubeRay v1.7.0).
-    crds = {f"{rayjob.RAYJOB_PLURAL}.{rayjob.RAY_GROUP}": rayjob.RAY_VERSION}
+    #: KubeRay's RayJob and the RayCluster it creates (``ray.io/v1``, KubeRay v1.7.0).
+    crds = {
+        f"{rayjob.RAYJOB_PLURAL}.{rayjob.RAY_GROUP}": rayjob.RAY_VERSION,
+        kuberay.RAYCLUSTERS_CRD: kuberay.SERVED_VERSION,
+    }
 
     def check_prerequisites(self, plan: Plan) -> list[str]:
-        """The KubeRay TPU webhook, or GKE's Ray Operator add-on (:func:`.prerequisites.check_tpu_webhook`).
+        """KubeRay v1.7.0's fields in the cluster's CRDs, walked with each Ray stage's rendered RayJob
+        (:func:`.kuberay.check_kuberay`: GKE's Ray Operator add-on may run an older KubeRay), then the KubeRay TPU
+        webhook, or GKE's Ray Operator add-on (:func:`.prerequisites.check_tpu_webhook`).
 
         Raises:
-            multislice.backends.gke.prerequisites.PrerequisiteMissing: neither is installed.
+            multislice.backends.gke.kuberay.KubeRayTooOld: the CRDs lack a field the RayJob renders or KubeRay
+                v1.7.0's.
+            multislice.backends.gke.prerequisites.PrerequisiteMissing: neither the webhook nor the add-on.
             multislice.backends.gke.nodepool.NodePoolError: the GKE API refused to read the cluster.
         """
-        return [prerequisites.check_tpu_webhook(self.kube, plan, lambda p: nodepool.ray_operator_enabled(p))]
+        rendered = {
+            stage.name: self.kind.render(plan, stage, "tpu", "")  # the run id only labels: no field of its own
+            for stage in plan.stages
+            if launchers.kind_of(stage).name == self.kind.name
+        }
+        return [
+            kuberay.check_kuberay(self.kube, rendered),
+            prerequisites.check_tpu_webhook(self.kube, plan, lambda p: nodepool.ray_operator_enabled(p)),
+        ]
 
     def __init__(self, backend: GkeBackend):
         super().__init__(backend)

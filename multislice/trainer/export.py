@@ -612,14 +612,21 @@ def rss_peak_bytes() -> int:
 
 
 def convert_streaming(
-    reader: CheckpointReader, config: Any, hf: dict[str, Any], dtype: str, out_dir: Path, per_shard: int
+    reader: CheckpointReader,
+    config: Any,
+    hf: dict[str, Any],
+    dtype: str,
+    out_dir: Path,
+    per_shard: int,
+    reference: MaxTextReference | None = None,
 ) -> dict[str, Any]:
     """Convert the checkpoint group by group (:func:`layer_groups`) into safetensors shards in ``out_dir``.
 
     Each group's slices are read (:meth:`CheckpointReader.read`), mapped with MaxText's tables
     (``process_maxtext_param`` with the group's one HF name per key), cast to ``dtype``, written as
     ``model-0000K-of-0000N.safetensors`` and freed before the next group; ``model.safetensors.index.json`` maps
-    each tensor to its shard.
+    each tensor to its shard. With ``reference``, the same slices, as read, are handed to MaxText's side of the
+    check before they are freed (:func:`feed`): the checkpoint is read once for both.
 
     Returns:
         ``{"parameter_count", "shards", "total_bytes", "largest_group_bytes"}`` (bytes as written).
@@ -655,6 +662,7 @@ def convert_streaming(
     for number, group in enumerate(groups, start=1):
         name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
         tensors = {}
+        read: list[tuple[str, int | None, Any]] = []
         for key, layer, hf_name in group:
             path = paths[key]
             if layer is None:
@@ -665,18 +673,42 @@ def convert_streaming(
                 weight = reader.read(path, axis, layer, layer + 1).squeeze(axis)
             for out_name, value in process_maxtext_param(key, weight, {key: hf_name}, hooks, shapes, config):
                 tensors[out_name] = _to_torch(value, dtype)
+            if reference is not None:
+                read.append((path, layer, weight))
             del weight
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         save_file(tensors, str(out_dir / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
         count += sum(t.numel() for t in tensors.values())
+        del tensors
+        if reference is not None:
+            feed(reference, read)
+        del read
         total += size
         largest = max(largest, size)
-        del tensors
         gc.collect()
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return {"parameter_count": count, "shards": len(groups), "total_bytes": total, "largest_group_bytes": largest}
+
+
+def feed(reference: MaxTextReference, read: list[tuple[str, int | None, Any]]) -> None:
+    """Hand one conversion group's arrays (``(checkpoint path, stacked layer index or None, array)`` as read) to
+    MaxText's side of the check: the embedding, each decoder layer in order, or the final norm and output head."""
+    layers: dict[int, dict[str, tuple[str, Any]]] = {}
+    final: dict[str, tuple[str, Any]] = {}
+    for path, stacked, array in read:
+        found = layer_key(path)
+        if found is not None:
+            layers.setdefault(stacked if found[0] is None else found[0], {})[found[1]] = (path, array)
+        elif path.endswith("token_embedder/embedding"):
+            reference.embedding_rows(path, array, 0)
+        else:
+            final[path.rsplit("/", 2)[-2]] = (path, array)
+    for index in sorted(layers):
+        reference.layer(layers[index])
+    if final:
+        reference.head(final["decoder_norm"], final["logits_dense"])
 
 
 def _without_rope_permutation(fns: Any) -> Any:
@@ -757,29 +789,15 @@ def sample_positions(count: int, fraction: float, seed: int = 0) -> list[int]:
 
 
 def reference_params(reader: CheckpointReader, dtype: str, head_dim: int) -> dict[str, Any]:
-    """The checkpoint's parameters as the export holds them: path -> float32 ``jax.Array``, rounded to ``dtype``.
-
-    Read one array at a time, so the process holds the model once in float32 (the check's memory) and one array
-    beside it. In ``bfloat16`` the query kernel is rounded after the export's scale by sqrt(head_dim) (MaxText's
-    ``scale_query_layer``) and scaled back, as the export's loaders see it.
-    """
+    """The whole checkpoint's parameters as the export holds them (path -> float32 ``jax.Array``,
+    :func:`as_exported`), for :func:`maxtext_logits`' whole-model forward: a test's reference for
+    :func:`maxtext_layerwise`, which the check uses (this holds the model once in float32)."""
     import jax.numpy as jnp
-    import numpy as np
-    import torch
-
-    scale = np.float32(np.sqrt(head_dim))
-
-    def rounded(array: Any) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(array, np.float32)).to(torch.bfloat16).float().numpy()
 
     out = {}
     for path in reader.leaves:
         array = reader.read(path)
-        if dtype != "float32" and path.endswith("self_attention/query/kernel"):
-            array = rounded(array * scale) * np.float32(1 / np.sqrt(head_dim))
-        elif dtype != "float32":
-            array = rounded(array)
-        out[path] = jnp.asarray(array, jnp.float32)
+        out[path] = jnp.asarray(as_exported(path, array, dtype, head_dim), jnp.float32)
         del array
     return out
 
@@ -815,6 +833,157 @@ def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
 
     logits = jax.jit(forward)(params, jnp.asarray([tokens], jnp.int32))
     return np.asarray(logits[0], np.float32)
+
+
+def as_exported(path: str, array: Any, dtype: str, head_dim: int) -> Any:
+    """A checkpoint array (float32 numpy) as the export's loaders see it: rounded to ``dtype`` and back.
+
+    In ``bfloat16`` the query kernel is rounded after the export's scale by sqrt(head_dim) (MaxText's
+    ``scale_query_layer``) and scaled back; in ``float32`` nothing changes.
+    """
+    import numpy as np
+
+    if dtype == "float32":
+        return np.asarray(array, np.float32)
+    import torch
+
+    def rounded(values: Any) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(values, np.float32)).to(torch.bfloat16).float().numpy()
+
+    if path.endswith("self_attention/query/kernel"):
+        scale = np.float32(np.sqrt(head_dim))
+        return rounded(np.asarray(array, np.float32) * scale) * np.float32(1 / np.sqrt(head_dim))
+    return rounded(array)
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a/b/c": x}`` as ``{"a": {"b": {"c": x}}}``."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, name = key.split("/")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = value
+    return tree
+
+
+def layer_key(path: str) -> tuple[int | None, str] | None:
+    """``(layer index or None for stacked layers, key inside the layer)`` of a decoder layer's checkpoint path
+    (``params/params/decoder/layers/mlp/wi_0/kernel``, ``.../decoder/layers_3/mlp/wi_0/kernel``); None for the
+    embedding, the final norm and the output head."""
+    found = re.search(r"/decoder/layers(?:_(\d+))?/(.+)$", path)
+    if not found:
+        return None
+    return (int(found.group(1)) if found.group(1) is not None else None), found.group(2)
+
+
+class MaxTextReference:
+    """MaxText's side of the logits check, computed one layer at a time as the conversion reads the checkpoint.
+
+    The conversion (:func:`convert_streaming`) hands it each group's arrays as it reads them (float32 numpy, the
+    layer's slice of a stacked array): the embedding (:meth:`embedding`: the rows of ``ids``), each decoder layer
+    (:meth:`layer`: applied with MaxText's own ``LlamaDecoderLayer``, ``maxtext/models/llama2.py``, in its Linen form
+    ``LlamaDecoderLayerToLinen``; one ``jax.jit`` program serves every layer, the shapes being the same), then the
+    final norm and output head (:meth:`head`: MaxText's RMSNorm, ``x * rsqrt(mean(x^2) + eps) * scale``,
+    ``maxtext/layers/normalizations.py``, and ``decoder/logits_dense/kernel`` ``[emb, vocab]``). Every array is taken
+    as exported (:func:`as_exported`). So the checkpoint is read once for both the conversion and the check, and the
+    check's memory is one group's, not the model's. Its logits equal :func:`maxtext_logits`' whole-model forward to
+    float32 rounding (``tests/trainer/test_export.py``).
+
+    Attributes:
+        states: Hidden states ``[len(ids), emb]`` (float32 numpy) after the embedding and after each layer.
+        logits: ``[len(positions), vocab]`` once :meth:`head` ran, else None.
+    """
+
+    def __init__(self, config: Any, dtype: str, ids: list[int], positions: list[int]) -> None:
+        import jax
+        import jax.numpy as jnp
+        from maxtext.common.common_types import MODEL_MODE_TRAIN
+        from maxtext.models.llama2 import LlamaDecoderLayerToLinen
+        from maxtext.utils import maxtext_utils
+
+        self.config, self.dtype, self.ids, self.positions = config, dtype, list(ids), list(positions)
+        self.head_dim = int(config.head_dim)
+        self.states: list[Any] = []
+        self.logits: Any = None
+        self._hidden: Any = None
+        mesh = maxtext_utils.get_mesh_from_config(config)
+        layer = LlamaDecoderLayerToLinen(config=config, model_mode=MODEL_MODE_TRAIN, mesh=mesh, quant=None)
+        segments = jnp.ones((1, len(ids)), jnp.int32)
+        token_positions = jnp.arange(len(ids), dtype=jnp.int32)[None]
+
+        def apply(params: Any, hidden: Any) -> Any:
+            out = layer.apply({"params": params}, hidden, segments, token_positions, True, MODEL_MODE_TRAIN)
+            return out[0] if isinstance(out, tuple) else out
+
+        self._apply = jax.jit(apply)
+
+    def embedding_rows(self, path: str, block: Any, start: int) -> None:
+        """Take rows ``start : start + len(block)`` of the embedding table: those of ``ids`` among them."""
+        import numpy as np
+
+        if self._hidden is None:
+            self._hidden = np.zeros((len(self.ids), block.shape[1]), np.float32)
+        wanted = np.asarray(self.ids)
+        chosen = (wanted >= start) & (wanted < start + block.shape[0])
+        if chosen.any():
+            self._hidden[chosen] = as_exported(path, block[wanted[chosen] - start], self.dtype, self.head_dim)
+
+    def layer(self, arrays: dict[str, Any]) -> None:
+        """Apply the next decoder layer: ``arrays`` maps each key inside the layer (``mlp/wi_0/kernel``) to
+        ``(checkpoint path, float32 numpy array)``."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        if not self.states:
+            self.states.append(np.asarray(self._hidden, np.float32).copy())
+            self._hidden = jnp.asarray(self._hidden)[None]
+        params = _nest({
+            key: jnp.asarray(as_exported(path, array, self.dtype, self.head_dim), jnp.float32)
+            for key, (path, array) in arrays.items()
+        })  # fmt: skip
+        self._hidden = self._apply(params, self._hidden)
+        self.states.append(np.asarray(self._hidden[0], np.float32))
+
+    def head(self, norm: tuple[str, Any], kernel: tuple[str, Any]) -> None:
+        """The final RMSNorm (``(path, scale)``) and the output head (``(path, kernel [emb, vocab])``): sets
+        :attr:`logits`."""
+        import numpy as np
+
+        x = np.asarray(self._hidden[0], np.float32)[self.positions]
+        scale = as_exported(norm[0], norm[1], self.dtype, self.head_dim)
+        eps = np.float32(self.config.normalization_layer_epsilon)
+        normed = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
+        self.logits = normed @ as_exported(kernel[0], kernel[1], self.dtype, self.head_dim)
+
+
+def maxtext_layerwise(
+    config: Any, reader: CheckpointReader, dtype: str, ids: list[int], positions: list[int]
+) -> MaxTextReference:
+    """:class:`MaxTextReference` fed straight from the checkpoint, one array at a time, without a conversion (a
+    test's and a tool's reference)."""
+    reference = MaxTextReference(config, dtype, ids, positions)
+    prefix = "params/params/"
+    embedding = prefix + "token_embedder/embedding"
+    reference.embedding_rows(embedding, reader.read(embedding), 0)
+    scan_axis = int(config.param_scan_axis)
+    for index in range(int(config.num_decoder_layers)):
+        arrays = {}
+        for path, leaf in reader.leaves.items():
+            found = layer_key(path)
+            if found is None or found[0] not in (None, index):
+                continue
+            if found[0] is None:
+                axis = scan_axis if len(leaf.shape) > scan_axis else 0
+                arrays[found[1]] = (path, reader.read(path, axis, index, index + 1).squeeze(axis))
+            else:
+                arrays[found[1]] = (path, reader.read(path))
+        reference.layer(arrays)
+    head = prefix + "decoder/logits_dense/kernel"
+    norm = prefix + "decoder/decoder_norm/scale"
+    reference.head((norm, reader.read(norm)), (head, reader.read(head)))
+    return reference
 
 
 def hf_logits(export_dir: str, tokens: list[int]) -> Any:
@@ -966,22 +1135,37 @@ def available_memory_bytes() -> int | None:
     return min(found) if found else None
 
 
-def check_bytes_at_once(parameters: int, dtype: str) -> int:
-    """Memory of the whole check at once, bytes, for ``parameters`` exported in ``dtype``: MaxText's side (3 float32
-    copies in bfloat16, 2 in float32: :mod:`multislice.exporting`'s ``REFERENCE_FLOAT32_COPIES``) and each loader
-    (the exported weights read and the model in float32), plus 1 GiB per process for the interpreters."""
-    reference = (3 if dtype == "bfloat16" else 2) * 4 * parameters
-    loader = ((2 if dtype == "bfloat16" else 4) + 4) * parameters
-    return reference + len(LOADER_NAMES) * loader + (1 + len(LOADER_NAMES)) * 2**30
+def layer_parameters(config: Any) -> int:
+    """Parameters of one decoder layer of the stage's Llama (attention, SwiGLU MLP, two norms)."""
+    emb, heads, kv, head_dim = (
+        int(config.emb_dim),
+        int(config.num_query_heads),
+        int(config.num_kv_heads),
+        int(config.head_dim),
+    )
+    return emb * head_dim * (2 * heads + 2 * kv) + 3 * emb * int(config.mlp_dim) + 2 * emb
 
 
-def concurrent_check(parameters: int, dtype: str) -> bool:
-    """Whether MaxText's logits and both loaders may run at once: when the whole check
-    (:func:`check_bytes_at_once`) takes at most half the available memory (:func:`available_memory_bytes`). Else
-    they run one after the other, as the GKE export Job's memory request assumes (``multislice.exporting.sizing``):
-    a large model's check is never run three times over in memory."""
+#: A loader's bytes per parameter of the layer it holds: the layer's tensors read in float32 and the
+#: ``LlamaDecoderLayer`` they are loaded into (:func:`multislice.trainer.hf_loader.layerwise_logits`).
+LOADER_BYTES_PER_LAYER_PARAMETER = 8
+#: A loader's memory beyond its layer: the interpreter, torch and transformers, and one block of the embedding or
+#: the output head (``hf_loader.BLOCK_BYTES``, 256 MiB, and the block's float32 copy).
+LOADER_BASELINE_BYTES = 2**30 + 2 * 256 * 2**20
+
+
+def loader_bytes(layer_params: int) -> int:
+    """Peak memory of one loader process, bytes: one decoder layer (:data:`LOADER_BYTES_PER_LAYER_PARAMETER`) and
+    :data:`LOADER_BASELINE_BYTES`; flat in the model's depth."""
+    return LOADER_BYTES_PER_LAYER_PARAMETER * layer_params + LOADER_BASELINE_BYTES
+
+
+def concurrent_check(layer_params: int) -> bool:
+    """Whether both loaders may run at once: when their memory (:func:`loader_bytes` each) takes at most half the
+    available memory (:func:`available_memory_bytes`); else one after the other, as the GKE export Job's memory
+    request assumes (``multislice.exporting.sizing``)."""
     available = available_memory_bytes()
-    return available is not None and check_bytes_at_once(parameters, dtype) <= available // 2
+    return available is not None and len(LOADER_NAMES) * loader_bytes(layer_params) <= available // 2
 
 
 def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
@@ -1015,36 +1199,52 @@ def compare_logits(reference: Any, other: Any, atol: float = ATOL, rtol: float =
     }
 
 
+def compare_hidden(reference: list[Any], other: Any, atol: float = ATOL, rtol: float = RTOL) -> dict[str, Any]:
+    """Hidden states after the embedding and after each layer, MaxText's (``reference``) against a loader's
+    (``other``, ``[layers + 1, tokens, emb]``): per layer ``max |other - reference|`` and ``max |reference|``, and
+    the first layer whose difference exceeds ``atol + rtol * max |reference|`` (None when none does; layer 0 is
+    the embedding). It locates a wrong conversion; the verdict is the logits' (:func:`compare_logits`).
+
+    Returns:
+        ``{"layers", "max_abs_diff" (per layer), "max_abs_hidden" (per layer), "first_divergent_layer"}``.
+    """
+    import numpy as np
+
+    if len(reference) != len(other):
+        return {"layers": len(other) - 1, "first_divergent_layer": 0,
+                "detail": f"{len(other) - 1} layers in the export, {len(reference) - 1} in the checkpoint"}  # fmt: skip
+    diffs = [float(np.abs(o - r).max()) for r, o in zip(reference, other, strict=True)]
+    sizes = [float(np.abs(r).max()) for r in reference]
+    first = next((i for i, (d, m) in enumerate(zip(diffs, sizes, strict=True)) if d > atol + rtol * m), None)
+    return {"layers": len(reference) - 1, "max_abs_diff": diffs, "max_abs_hidden": sizes,
+            "first_divergent_layer": first}  # fmt: skip
+
+
 def check_export(
-    config: Any,
-    reader: CheckpointReader,
+    reference: MaxTextReference,
     export_dir: Path,
-    ids: list[int],
     options: Any,
     loaders: dict[str, Loader],
     concurrent: bool = False,
 ) -> dict[str, Any]:
-    """MaxText's logits against each loader's (``loaders``: :func:`start_loaders`, transformers 5 and 4.57).
+    """MaxText's logits and hidden states (``reference``, computed during the conversion) against each loader's
+    (``loaders``: :func:`start_loaders`, transformers 5 and 4.57, each computing layer by layer from the export).
 
-    ``concurrent`` (:func:`concurrent_check`): the loaders are handed the export before MaxText's logits are
-    computed, so the three run at once; else MaxText's side first and its memory freed, then each loader alone.
+    ``concurrent`` (:func:`concurrent_check`): both loaders are handed the export at once; else one after the other.
+    A loader passes when its logits match (:func:`compare_logits`) and the export has exactly the tensors
+    ``LlamaForCausalLM`` expects (its ``structure``); its hidden states are compared per layer
+    (:func:`compare_hidden`) to say where a failure starts.
 
     Returns:
-        ``{"passed", "positions", "sample_fraction", "loaders": {name: compare_logits(...) + version}}`` plus
-        the transformers 5 comparison's fields at the top (what the run summary and lineage read).
+        ``{"passed", "positions", "sample_fraction", "loaders": {name: compare_logits(...) + version + hidden}}``
+        plus the transformers 5 comparison's fields at the top (what the run summary and lineage read).
     """
-    import gc
-
     import numpy as np
 
-    positions = sample_positions(len(ids), options.sample_fraction)
+    ids, positions = reference.ids, reference.positions
     if concurrent:
         for loader in loaders.values():
             loader.hand(str(export_dir), ids, positions)
-    flat = reference_params(reader, options.dtype, int(config.head_dim))
-    reference = maxtext_logits(config, flat, ids)[positions]
-    del flat
-    gc.collect()
     compared_by_name = {}
     for name in LOADER_NAMES:
         loader = loaders[name]
@@ -1055,8 +1255,13 @@ def check_export(
             compared_by_name[name] = {"passed": False, "detail": loaded["error"], "atol": options.atol,
                                       "rtol": options.rtol}  # fmt: skip
             continue
-        compared = compare_logits(reference, np.load(loaded.pop("logits_file")), options.atol, options.rtol)
-        compared_by_name[name] = {**compared, **loaded}
+        compared = compare_logits(reference.logits, np.load(loaded.pop("logits_file")), options.atol, options.rtol)
+        hidden = compare_hidden(reference.states, np.load(loaded.pop("hidden_file")), options.atol, options.rtol)
+        structure = loaded.get("structure") or {}
+        clean = not any(structure.values())
+        if not clean:
+            compared["detail"] += f"; the export's tensors differ from LlamaForCausalLM's: {structure}"
+        compared_by_name[name] = {**compared, "passed": compared["passed"] and clean, **loaded, "hidden": hidden}
     first = compared_by_name["transformers5"]
     return {
         **first,
@@ -1065,6 +1270,7 @@ def check_export(
         "tokens": len(ids),
         "sample_fraction": options.sample_fraction,
         "concurrent": concurrent,
+        "layerwise": True,
         "loaders": compared_by_name,
     }
 
@@ -1125,7 +1331,8 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     reader = CheckpointReader(digests.item_dir(checkpoint / str(options.step)))
     before = rss_bytes()
     phases = reset_rss_peak()  # each phase's peak is its own, not the warm-up's or the other phase's
-    written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard)
+    reference = MaxTextReference(config, dtype, ids, sample_positions(len(ids), options.sample_fraction))
+    written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard, reference)
     conversion_peak = rss_peak_bytes()
     reset_rss_peak()
     card = {"run": options.run_name, "stage": options.stage, "data_fingerprint": options.data_fingerprint,
@@ -1133,8 +1340,8 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
             "checkpoint": published_path(f"{checkpoint}/{options.step}"),
             "tokenizer": "{} {}".format(*published_source(tokenizer_source))}  # fmt: skip
     write_metadata(local, hf, tokenizer, card)
-    concurrent = concurrent_check(written["parameter_count"], dtype)
-    check = check_export(config, reader, local, ids, options, loaders, concurrent)
+    concurrent = concurrent_check(layer_parameters(config))
+    check = check_export(reference, local, options, loaders, concurrent)
     files = sorted(p.name for p in local.iterdir())
     if remote:
         destination = verify.checkpoint_path(options.output)

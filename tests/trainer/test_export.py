@@ -395,16 +395,152 @@ def test_a_warmed_up_export_has_its_set_up_and_waiting_loaders_and_stops_unused_
         assert not Path(scratch).exists()
 
 
-def test_the_check_runs_at_once_only_when_it_fits_in_half_the_available_memory(monkeypatch):
-    # Llama 3 8B in bfloat16: MaxText's 3 float32 copies (12 B) and 2 loaders x (2 + 4 B), plus 3 GiB.
-    assert export.check_bytes_at_once(8_030_000_000, "bfloat16") == 24 * 8_030_000_000 + 3 * 2**30
+def test_the_loaders_run_at_once_only_when_both_fit_in_half_the_available_memory(monkeypatch):
+    # A loader holds one decoder layer (8 B a parameter: read in float32 and loaded), not the model.
+    eight_b_layer = export.layer_parameters(
+        SimpleNamespace(emb_dim=4096, num_query_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336)
+    )
+    assert eight_b_layer == 218_112_000  # Llama 3 8B: (8.03e9 - 2 x 128256 x 4096 - 4096) / 32
+    assert export.loader_bytes(eight_b_layer) == 8 * eight_b_layer + export.LOADER_BASELINE_BYTES
     monkeypatch.setattr(export, "available_memory_bytes", lambda: 20 * 2**30)  # this machine, about
-    assert export.concurrent_check(16_539_968, "float32")  # the local profile's stage 2 (float32 export)
-    assert not export.concurrent_check(8_030_000_000, "bfloat16")
-    monkeypatch.setattr(export, "available_memory_bytes", lambda: 793 * 2**30)  # the 70B export Job's request
-    assert not export.concurrent_check(70_550_000_000, "bfloat16")  # one after the other, as its sizing assumes
+    assert export.concurrent_check(eight_b_layer)  # 2 x 3.1 GiB: at once
+    seventy_b_layer = 855_654_400  # Llama 3 70B: emb 8192, mlp 28672, 64 heads, 8 KV heads of 128
+    assert not export.concurrent_check(seventy_b_layer)  # 2 x 7.9 GiB > 10 GiB
     monkeypatch.setattr(export, "available_memory_bytes", lambda: None)  # unknown: never at once
-    assert not export.concurrent_check(1000, "float32")
+    assert not export.concurrent_check(1000)
+
+
+LAYERWISE = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from multislice.trainer import digests, export
+checkpoints, args = Path(sys.argv[1]), sys.argv[2:]
+config = export.stage_config(args)
+reader = export.CheckpointReader(digests.item_dir(checkpoints / "3"))
+ids, positions = list(range(3, 40)), list(range(0, 37, 2))
+out = {}
+for dtype in ("float32", "bfloat16"):
+    whole = export.maxtext_logits(config, export.reference_params(reader, dtype, int(config.head_dim)), ids)
+    layered = export.maxtext_layerwise(config, reader, dtype, ids, positions)
+    out[dtype] = {"diff": float(np.abs(layered.logits - whole[positions]).max()),
+                  "largest": float(np.abs(whole).max()), "states": len(layered.states)}
+print(json.dumps(out))
+"""
+
+
+def test_maxtexts_side_one_layer_at_a_time_equals_its_whole_model_forward(sp_stage, trainer_python):
+    # The check's reference (MaxText's own LlamaDecoderLayer applied layer by layer as the conversion reads the
+    # checkpoint) computes the whole model's logits: float32 rounding apart, in both export dtypes.
+    done = run_in_trainer(trainer_python, LAYERWISE, str(sp_stage.root / "checkpoints"), *sp_stage.args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    for dtype, compared in found.items():
+        assert compared["states"] == 2 + 1, dtype  # after the embedding and after each of the 2 layers
+        assert compared["diff"] <= 1e-5 * compared["largest"], (dtype, compared)
+
+
+LOADER_LAYERWISE = """
+import json, shutil, sys
+from pathlib import Path
+import numpy as np, torch, transformers
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
+from multislice.trainer import hf_loader
+source, scratch = sys.argv[1], Path(sys.argv[2])
+ids, positions = list(range(1, 40)), list(range(0, 39, 3))
+kwargs = {"dtype": torch.float32} if transformers.__version__.startswith("5") else {"torch_dtype": torch.float32}
+with torch.no_grad():
+    whole = LlamaForCausalLM.from_pretrained(source, **kwargs).eval()(input_ids=torch.tensor([ids])).logits[0]
+whole = whole[positions].numpy()
+request = {"export_dir": source, "ids": ids, "positions": positions, "out": str(scratch / "logits.npy")}
+(scratch / "request.json").write_text(json.dumps(request))
+hf_loader.main([str(scratch / "request.json")])
+layered = np.load(scratch / "logits.npy")
+hidden = np.load(scratch / "logits.hidden.npy")
+# an export that lost a tensor: from_pretrained would leave it random ("missing keys"); the check must say so
+broken = scratch / "broken"
+shutil.copytree(source, broken)
+index = json.loads((broken / "model.safetensors.index.json").read_text())
+shard = broken / index["weight_map"]["model.layers.1.mlp.up_proj.weight"]
+tensors = load_file(shard)
+del tensors["model.layers.1.mlp.up_proj.weight"]
+save_file(tensors, shard, metadata={"format": "pt"})
+del index["weight_map"]["model.layers.1.mlp.up_proj.weight"]
+(broken / "model.safetensors.index.json").write_text(json.dumps(index))
+config = transformers.AutoConfig.from_pretrained(broken)
+print(json.dumps({"diff": float(np.abs(layered - whole).max()), "largest": float(np.abs(whole).max()),
+                  "hidden": list(hidden.shape), "version": transformers.__version__,
+                  "broken": hf_loader.structure(config, hf_loader._tensors(str(broken)))}))
+"""
+
+
+def test_each_loader_computes_the_whole_models_logits_layer_by_layer_and_sees_a_missing_tensor(
+    sp_stage, trainer_python, tmp_path
+):
+    # The loaders never hold the model: transformers' own LlamaDecoderLayer, one at a time, from the shards. Their
+    # logits are LlamaForCausalLM.from_pretrained's, in transformers 5 and 4.57; a tensor the export lacks is named.
+    for python in (trainer_python, loader4(trainer_python)):
+        scratch = tmp_path / python.parent.parent.name
+        scratch.mkdir()
+        done = run_in_trainer(python, LOADER_LAYERWISE, str(sp_stage.export), str(scratch))
+        assert done.returncode == 0, done.stderr[-3000:]
+        found = json.loads(done.stdout.splitlines()[-1])
+        assert found["diff"] <= 1e-5 * found["largest"], found
+        assert found["hidden"] == [2 + 1, 39, 64]
+        assert found["broken"] == {"missing": ["model.layers.1.mlp.up_proj.weight"], "unexpected": [],
+                                   "misshapen": []}  # fmt: skip
+
+
+SCRAMBLE_LAYER = """
+import json, shutil, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+shutil.copytree(source, target)
+index = json.loads((target / "model.safetensors.index.json").read_text())
+name = "model.layers.1.self_attn.o_proj.weight"
+shard = target / index["weight_map"][name]
+tensors = load_file(shard)
+tensors[name] = tensors[name].flip(0).contiguous()  # a wrong layout in layer 1 only
+save_file(tensors, shard, metadata={"format": "pt"})
+"""
+
+
+def test_a_wrong_layer_fails_the_check_and_is_located(sp_stage, trainer_python, tmp_path):
+    done = run_in_trainer(trainer_python, SCRAMBLE_LAYER, str(sp_stage.export), str(tmp_path / "scrambled"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = sp_stage.report["logits_check"]
+    for loaded in check["loaders"].values():  # the good export: no layer diverges, its tensors are LlamaForCausalLM's
+        assert loaded["hidden"]["first_divergent_layer"] is None and loaded["hidden"]["layers"] == 2
+        assert loaded["structure"] == {"missing": [], "unexpected": [], "misshapen": []}
+    found = run_in_trainer(trainer_python, RECHECK, str(sp_stage.root / "checkpoints"), str(tmp_path / "scrambled"),
+                           *sp_stage.args)  # fmt: skip
+    assert found.returncode == 0, found.stderr[-3000:]
+    result = json.loads(found.stdout.splitlines()[-1])
+    assert not result["passed"]
+    assert [c["hidden"]["first_divergent_layer"] for c in result["loaders"].values()] == [2, 2]  # after layer 1
+
+
+RECHECK = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from multislice.trainer import digests, export
+checkpoints, export_dir, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+config, tokenizer, _ = export.stage_setup(args)
+reader = export.CheckpointReader(digests.item_dir(checkpoints / "3"))
+ids = export.check_ids(tokenizer, int(config.vocab_size), 32)
+reference = export.maxtext_layerwise(config, reader, "float32", ids, list(range(len(ids))))
+options = SimpleNamespace(atol=export.ATOL, rtol=export.RTOL, sample_fraction=1.0)
+loaders = export.start_loaders()
+try:
+    print(json.dumps(export.check_export(reference, export_dir, options, loaders)))
+finally:
+    for loader in loaders.values():
+        loader.stop()
+"""
 
 
 PHASE_PEAKS = """

@@ -32,6 +32,7 @@ from multislice.backends.gke import (
     access,
     cluster,
     data_workers,
+    export_pool,
     exporter,
     jobset,
     launchers,
@@ -119,7 +120,8 @@ class GkeBackend(Backend):
         Before any node pool is asked for: the pipeline's rights for every request the run's steps make
         (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
         needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, KubeRay v1.7.0's fields in its
-        CRDs and the KubeRay TPU webhook or GKE's Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping).
+        CRDs and the KubeRay TPU webhook or GKE's Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping), and
+        that the node pool of the export Jobs can hold them (:func:`.export_pool.check`).
         The LocalQueue is always applied
         (server-side apply, fixed field manager); the cluster-scoped objects only with
         ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin
@@ -134,6 +136,8 @@ class GkeBackend(Backend):
                 RayJob or KubeRay v1.7.0's (an older KubeRay, e.g. that of GKE's add-on).
             cluster.KueueMisconfigured: with DRANET, Kueue's Configuration does not map its DeviceClass to the
                 resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
+            export_pool.ExportPoolUnfit: the node pool ``exporter.node_selector`` names is missing or cannot hold a
+                stage's verify-and-export Job (memory, CPU, boot disk: :func:`.export_pool.check`).
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
         reviewed = prerequisites.check_access(self.kube, plan)
@@ -147,6 +151,8 @@ class GkeBackend(Backend):
         for launcher in runs_with:
             for line in launcher.check_prerequisites(plan):
                 tell(line)
+        for line in export_pool.check(plan, self.node_pool_client):  # the export Job's pool, before any pool is made
+            tell(line)
         self.cluster = self.cluster or plan.spec.cluster
         pools = nodepool.ensure_node_pools(
             plan, self.node_pool_client, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout,

@@ -12,7 +12,7 @@ import pytest
 
 from multislice import config
 from multislice import steps as step_lines
-from multislice.backends.gke import GkeBackend, nodepool
+from multislice.backends.gke import GkeBackend, export_pool, nodepool
 from multislice.plan import make_plan
 from multislice.render import jobset as render_jobset
 from multislice.render import kueue, rbac, schema
@@ -93,8 +93,10 @@ def run_storage(gcs):
 
 @pytest.fixture
 def node_pools(monkeypatch):
-    """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded."""
+    """``ensure_node_pools`` (tested against its own GKE fake in test_nodepool.py), recorded; the export pool's check
+    (tested against the GKE fake in test_export_pool.py) passes."""
     calls = []
+    monkeypatch.setattr(export_pool, "check", lambda plan, client=None: [])
 
     def ensure_node_pools(plan, client=None, *, on_progress=print, deadline=None, pipeline_run_id=""):
         calls.append(plan.spec.run_name)

@@ -189,11 +189,14 @@ def _tokenizer_spec(config: Any) -> tuple[str, str, bool, bool]:
 
 
 def stage_config(maxtext_args: list[str]) -> Any:
-    """MaxText's config of the stage for the export: float32 activations, highest matmul precision (shapes are
-    unchanged), and whether the stage named its tokenizer (:func:`_tokenizer_spec`)."""
+    """MaxText's config of the stage for the export: float32 activations and weights, highest matmul precision
+    (shapes are unchanged), and whether the stage named its tokenizer (:func:`_tokenizer_spec`)."""
     # the plan names the maxtext package's tokenizers as maxtext:assets/... (resolved as the trainer does)
     maxtext_args = resolve_package_paths(maxtext_args)
-    config = verify._config([*maxtext_args, "dtype=float32", "matmul_precision=highest"])
+    # weight_dtype float32 too: MaxText's conversion casts each converted tensor to it (utils._process's
+    # save_dtype), so a bfloat16-trained stage's query (x sqrt(head_dim)) would be rounded to bfloat16 before the
+    # export's own cast; the export's dtype is --dtype's alone
+    config = verify._config([*maxtext_args, "dtype=float32", "weight_dtype=float32", "matmul_precision=highest"])
     named = any(a.startswith("tokenizer_path=") for a in maxtext_args)
     object.__setattr__(config, "_stage_names_tokenizer", named)
     return config
@@ -671,6 +674,8 @@ def convert_streaming(
                 ndim = len(reader.leaves[path].shape)
                 axis = int(config.param_scan_axis) if ndim > int(config.param_scan_axis) else 0
                 weight = reader.read(path, axis, layer, layer + 1).squeeze(axis)
+            # float32 before MaxText's hooks: scale_query_layer casts its product back to the input's dtype
+            weight = weight.astype("float32", copy=False)
             for out_name, value in process_maxtext_param(key, weight, {key: hf_name}, hooks, shapes, config):
                 tensors[out_name] = _to_torch(value, dtype)
             if reference is not None:
@@ -835,6 +840,11 @@ def maxtext_logits(config: Any, flat: dict[str, Any], tokens: list[int]) -> Any:
     return np.asarray(logits[0], np.float32)
 
 
+#: Bytes of float32 of the output head that MaxText's side rounds to the export's dtype at a time (beside the head
+#: the conversion holds).
+HEAD_BLOCK_BYTES = 256 * 2**20
+
+
 def as_exported(path: str, array: Any, dtype: str, head_dim: int) -> Any:
     """A checkpoint array (float32 numpy) as the export's loaders see it: rounded to ``dtype`` and back.
 
@@ -955,7 +965,13 @@ class MaxTextReference:
         scale = as_exported(norm[0], norm[1], self.dtype, self.head_dim)
         eps = np.float32(self.config.normalization_layer_epsilon)
         normed = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * scale
-        self.logits = normed @ as_exported(kernel[0], kernel[1], self.dtype, self.head_dim)
+        path, weights = kernel
+        vocab = weights.shape[1]
+        step = max(1, HEAD_BLOCK_BYTES // (4 * weights.shape[0]))  # columns rounded at a time: bounded memory
+        self.logits = np.empty((len(self.positions), vocab), np.float32)
+        for start in range(0, vocab, step):
+            block = as_exported(path, weights[:, start : start + step], self.dtype, self.head_dim)
+            self.logits[:, start : start + step] = normed @ block
 
 
 def maxtext_layerwise(
@@ -1332,7 +1348,9 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     before = rss_bytes()
     phases = reset_rss_peak()  # each phase's peak is its own, not the warm-up's or the other phase's
     reference = MaxTextReference(config, dtype, ids, sample_positions(len(ids), options.sample_fraction))
+    converting = time.time()
     written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard, reference)
+    conversion_seconds = time.time() - converting
     conversion_peak = rss_peak_bytes()
     reset_rss_peak()
     card = {"run": options.run_name, "stage": options.stage, "data_fingerprint": options.data_fingerprint,
@@ -1341,7 +1359,10 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
             "tokenizer": "{} {}".format(*published_source(tokenizer_source))}  # fmt: skip
     write_metadata(local, hf, tokenizer, card)
     concurrent = concurrent_check(layer_parameters(config))
+    checking = time.time()
     check = check_export(reference, local, options, loaders, concurrent)
+    check["seconds"] = round(time.time() - checking, 2)
+    check["conversion_seconds"] = round(conversion_seconds, 2)  # MaxText's side ran inside the conversion
     files = sorted(p.name for p in local.iterdir())
     if remote:
         destination = verify.checkpoint_path(options.output)

@@ -565,3 +565,37 @@ def test_each_export_phase_reports_its_own_peak_not_the_processs_lifetime_peak(t
     assert peaks["reset"] is True
     assert peaks["lifetime"] - peaks["after"] >= 300 * 2**20, peaks
     assert peaks["after"] >= peaks["now"] - 16 * 2**20
+
+
+QUERY_AS_CONVERTED = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from safetensors import safe_open
+from multislice.trainer import digests, export
+checkpoints, export_dir = Path(sys.argv[1]), Path(sys.argv[2])
+reader = export.CheckpointReader(digests.item_dir(checkpoints / "3"))
+query = reader.read("params/params/decoder/layers_0/self_attention/query/kernel").astype(np.float32)
+index = json.loads((export_dir / "model.safetensors.index.json").read_text())["weight_map"]
+name = "model.layers.0.self_attn.q_proj.weight"
+with safe_open(str(export_dir / index[name]), "np") as shard:
+    exported = shard.get_tensor(name)
+emb, heads, head_dim = query.shape
+expected = (query * np.float32(np.sqrt(head_dim))).reshape(emb, heads * head_dim).T
+print(json.dumps({"dtype": str(exported.dtype), "diff": float(np.abs(exported - expected).max())}))
+"""
+
+
+def test_a_bfloat16_trained_stage_exports_its_query_unrounded_in_float32(sp_stage, trainer_python, tmp_path):
+    # The seed's 70B stage trains with weight_dtype bfloat16. MaxText's conversion casts each converted tensor to
+    # the stage's weight_dtype: the query, scaled by sqrt(head_dim), came out rounded to bfloat16 in a float32
+    # export, and at real widths the logits missed MaxText's by 4e-3 (the check FAILed).
+    # head_dim 32: sqrt(32) is no power of two (the tiny preset's sqrt(16) = 4 scales bfloat16 values exactly)
+    args = [a for a in sp_stage.args if not a.startswith("head_dim=")] + ["head_dim=32", "weight_dtype=bfloat16"]
+    write_checkpoint(tmp_path / "checkpoints", 3, args)
+    status, report = exporter(trainer_python, tmp_path / "checkpoints", tmp_path / "export", args, "--dtype", "float32")
+    assert status == 0 and report["logits_check"]["passed"], report
+    done = run_in_trainer(trainer_python, QUERY_AS_CONVERTED, str(tmp_path / "checkpoints"), str(tmp_path / "export"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["dtype"] == "float32" and found["diff"] == 0.0, found

@@ -14,7 +14,10 @@ check's peak. Results go to ``benchmarks/results/export_memory.json``::
 than the process's baseline and a conversion that held every layer would show it. ``--shape`` takes a real Llama 3
 width (:data:`SHAPES`: the dims of Meta's ``config.json``) with its depth from ``--depths``, written in bfloat16
 (``weight_dtype=bfloat16``, as a bf16 checkpoint of that model) with MaxText's own initialisation (no
-scaling), and exported in bfloat16 (the default from a billion parameters). Each row has the writer's, the
+scaling) and unscanned layers (``scan_layers=false``: each layer its own arrays; a scanned checkpoint's stacked
+arrays are one storage chunk each here, a single device's, so every layer's read would decode all layers: the
+read amplification docs/delivery.md describes, which measures the storage, not the exporter's memory), and
+exported in the default dtype (bfloat16 from a billion parameters). Each row has the writer's, the
 exporter's (conversion and check, each its own peak) and each loader's peak RSS, and the phases' seconds.
 """
 
@@ -55,8 +58,11 @@ cfg = verify._config(args)
 model = model_creation_utils.from_config(cfg)
 ids = jnp.zeros((1, 8), jnp.int32)
 key = jax.random.PRNGKey(0)
-params = nn.unbox(model.init({"params": key, "aqt": key, "dropout": key}, ids, jnp.arange(8)[None],
-                             decoder_segment_ids=jnp.ones_like(ids), enable_dropout=False))
+# one XLA program: the parameters are made in weight_dtype, not op by op through float32 copies (an 8B model's
+# 16 GB in bfloat16 is written in 24 GiB)
+init = jax.jit(lambda key: nn.unbox(model.init({"params": key, "aqt": key, "dropout": key}, ids, jnp.arange(8)[None],
+                                               decoder_segment_ids=jnp.ones_like(ids), enable_dropout=False)))
+params = init(key)
 def spread(x):
     return x * 10 if x.ndim >= 2 else x + 0.01 * jnp.arange(x.size).reshape(x.shape)
 if os.environ.get("SPREAD", "1") == "1":
@@ -102,7 +108,7 @@ def arguments(shape: str | None, depth: int, emb: int) -> list[str]:
     """MaxText arguments of one row: a real width (:data:`SHAPES`, bfloat16 weights) or the tiny preset at ``emb``."""
     if shape:
         base = [a for a in TINY if not a.startswith(("base_num_query_heads", "base_num_kv_heads", "head_dim"))]
-        return [*base, *SHAPES[shape], f"base_num_decoder_layers={depth}", "weight_dtype=bfloat16"]
+        return [*base, *SHAPES[shape], f"base_num_decoder_layers={depth}", "weight_dtype=bfloat16", "scan_layers=false"]
     args = [*TINY, f"base_num_decoder_layers={depth}", f"base_emb_dim={emb}", f"base_mlp_dim={4 * emb}"]
     if emb != 64:
         args = [a for a in args if not a.startswith(("base_num_query_heads", "base_num_kv_heads"))]

@@ -491,10 +491,13 @@ class CheckpointReader:
         ValueError: the item has no usable tree metadata (``verify._tree``'s reason).
     """
 
-    def __init__(self, items_dir: Any) -> None:
+    def __init__(self, items_dir: Any, scratch: Path | None = None) -> None:
         import orbax.checkpoint as ocp
 
         self.items_dir = items_dir
+        self.scratch = scratch
+        self._layers: dict[str, tuple[Path, Any, tuple[int, ...]]] = {}
+        self.destacked_bytes = 0
         tree, why = verify._tree(items_dir)
         if tree is None:
             raise ValueError(why)
@@ -516,6 +519,56 @@ class CheckpointReader:
             context = tensorstore_utils.get_ts_context(use_ocdbt=self.use_ocdbt)
             self._open[path] = ts.open(spec, context=context, open=True, read=True).result()
         return self._open[path]
+
+    def layer(self, path: str, axis: int, index: int) -> Any:
+        """Layer ``index`` of a stacked array (MaxText's scanned layers, stacked along ``axis``), as numpy, the layer
+        axis removed.
+
+        Without ``scratch``, :meth:`read` of that layer: the storage chunks of a stacked array span every layer
+        (the layer axis is never sharded), so each layer's read decodes all of them, ``num_layers`` times over a
+        conversion. With ``scratch`` (a local directory), the first read of the array splits it once, a storage
+        chunk at a time, into one raw file per layer there (:attr:`destacked_bytes` in all), and each layer is then
+        read from its file: the checkpoint is read and decoded once, for the price of the stacked arrays' bytes on
+        local disk. Memory: one storage chunk and one layer.
+        """
+        import numpy as np
+
+        if self.scratch is None:
+            return self.read(path, axis, index, index + 1).squeeze(axis)
+        if path not in self._layers:
+            self._destack(path, axis)
+        directory, dtype, shape = self._layers[path]
+        return np.fromfile(directory / f"{index}.raw", dtype=dtype).reshape(shape)
+
+    def _destack(self, path: str, axis: int) -> None:
+        """Split the stacked array at ``path`` into ``<scratch>/<n>/<layer>.raw`` (see :meth:`layer`)."""
+        import numpy as np
+
+        assert self.scratch is not None
+        store = self.array(path)
+        shape = tuple(store.shape)
+        dtype = store.dtype.numpy_dtype
+        layer_shape = shape[:axis] + shape[axis + 1 :]
+        directory = self.scratch / str(len(self._layers))
+        directory.mkdir(parents=True, exist_ok=True)
+        for index in range(shape[axis]):
+            np.memmap(directory / f"{index}.raw", dtype=dtype, mode="w+", shape=layer_shape).flush()
+        chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
+        ranges = []
+        for dim, (n, c) in enumerate(zip(shape, chunk, strict=True)):
+            step = n if dim == axis else max(1, int(c))
+            ranges.append([slice(a, min(a + step, n)) for a in range(0, n, step)])
+        for cell in itertools.product(*ranges):
+            block = store[cell].read().result()  # every layer of one storage chunk, decoded once
+            region = cell[:axis] + cell[axis + 1 :]
+            for index in range(shape[axis]):
+                target = np.memmap(directory / f"{index}.raw", dtype=dtype, mode="r+", shape=layer_shape)
+                target[region] = np.take(block, index, axis=axis)
+                target.flush()
+                del target
+            del block
+        self.destacked_bytes += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        self._layers[path] = (directory, dtype, layer_shape)
 
     def read(self, path: str, axis: int | None = None, start: int = 0, stop: int | None = None) -> Any:
         """``array[..., start:stop, ...]`` along ``axis`` (the whole array when ``axis`` is None), as numpy.
@@ -673,7 +726,7 @@ def convert_streaming(
             else:
                 ndim = len(reader.leaves[path].shape)
                 axis = int(config.param_scan_axis) if ndim > int(config.param_scan_axis) else 0
-                weight = reader.read(path, axis, layer, layer + 1).squeeze(axis)
+                weight = reader.layer(path, axis, layer)
             # float32 before MaxText's hooks: scale_query_layer casts its product back to the input's dtype
             weight = weight.astype("float32", copy=False)
             for out_name, value in process_maxtext_param(key, weight, {key: hf_name}, hooks, shapes, config):
@@ -1344,7 +1397,8 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     local = scratch / "model" if remote else Path(options.output)
     local.mkdir(parents=True, exist_ok=True)
     checkpoint = verify.checkpoint_path(str(options.checkpoint_dir))
-    reader = CheckpointReader(digests.item_dir(checkpoint / str(options.step)))
+    # stacked layers split once into local files beside the export (CheckpointReader.layer): no read amplification
+    reader = CheckpointReader(digests.item_dir(checkpoint / str(options.step)), scratch / "layers")
     before = rss_bytes()
     phases = reset_rss_peak()  # each phase's peak is its own, not the warm-up's or the other phase's
     reference = MaxTextReference(config, dtype, ids, sample_positions(len(ids), options.sample_fraction))
@@ -1352,6 +1406,7 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard, reference)
     conversion_seconds = time.time() - converting
     conversion_peak = rss_peak_bytes()
+    shutil.rmtree(scratch / "layers", ignore_errors=True)  # the split layers: read, converted, no longer needed
     reset_rss_peak()
     card = {"run": options.run_name, "stage": options.stage, "data_fingerprint": options.data_fingerprint,
             "steps": options.steps, "train_loss": options.train_loss, "eval_loss": options.eval_loss,
@@ -1401,13 +1456,13 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
             "largest_group_bytes": written["largest_group_bytes"],
             "check_peak_rss_bytes": rss_peak_bytes(),
             "peaks_per_phase": phases,
+            "destacked_bytes": reader.destacked_bytes,
         },
         "logits_check": check,
         "hub": hub,
         "seconds": round(time.time() - started, 2),
     }
-    if remote:
-        shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)  # the copy to gs:// (remote), else only the split layers' place
     return report
 
 

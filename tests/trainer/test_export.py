@@ -599,3 +599,39 @@ def test_a_bfloat16_trained_stage_exports_its_query_unrounded_in_float32(sp_stag
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["dtype"] == "float32" and found["diff"] == 0.0, found
+
+
+DESTACK = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from multislice.trainer import digests, export
+checkpoints, scratch = Path(sys.argv[1]), Path(sys.argv[2])
+plain = export.CheckpointReader(digests.item_dir(checkpoints / "3"))
+split = export.CheckpointReader(digests.item_dir(checkpoints / "3"), scratch)
+decoded = []
+original = split._destack
+split._destack = lambda path, axis: (decoded.append(path), original(path, axis))[1]
+stacked = {p: l for p, l in split.leaves.items() if "/decoder/layers/" in p}
+same = True
+for layer in range(2):
+    for path, leaf in stacked.items():
+        axis = 1 if len(leaf.shape) > 1 else 0
+        same &= bool(np.array_equal(split.layer(path, axis, layer), plain.layer(path, axis, layer)))
+total = sum(int(np.prod(l.shape)) * 4 for l in stacked.values())
+print(json.dumps({"same": same, "decoded": sorted(decoded) == sorted(stacked), "bytes": [split.destacked_bytes, total],
+                  "files": len(list(scratch.rglob("*.raw")))}))
+"""
+
+
+def test_stacked_layers_are_split_once_into_local_files_not_decoded_per_layer(trainer_python, tmp_path):
+    # A scanned checkpoint's storage chunks span every layer: reading layer i decoded them all, num_layers times
+    # over a conversion (80 for 70B). With a scratch directory each stacked array is decoded once, into a raw file
+    # per layer, and each layer read from its file is the same array.
+    args = [*TINY, "base_num_decoder_layers=2", "base_emb_dim=64", "base_mlp_dim=256", "scan_layers=true"]
+    write_checkpoint(tmp_path / "checkpoints", 3, args)
+    done = run_in_trainer(trainer_python, DESTACK, str(tmp_path / "checkpoints"), str(tmp_path / "layers"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["same"] and found["decoded"] and found["bytes"][0] == found["bytes"][1]
+    assert found["files"] == 9 * 2  # 9 stacked arrays (attention 4, MLP 3, 2 norms), a file per layer each

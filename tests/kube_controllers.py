@@ -291,7 +291,7 @@ class Play:
         it (``<pod>.<hex nanoseconds>``, ``tools/record/event.go``), its ``lastTimestamp`` now. Not modelled: the
         autoscaler's loop itself (when it looks, which group it picks, its backoff), and the recorder's
         aggregation of repeats into one object with a count."""
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         reason = "TriggeredScaleUp" if triggered else "NotTriggerScaleUp"
         message = f"pod triggered scale-up: {detail}" if triggered else f"pod didn't trigger scale-up: {detail}"
         body = {"metadata": {"name": f"{pod}.{time.time_ns():x}", "namespace": self.ns},

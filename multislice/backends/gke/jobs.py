@@ -227,7 +227,7 @@ def _run_job(
                 told = (message, autoscaler)
             if now - unschedulable_since >= grace:
                 _delete(kube, name, (body["metadata"].get("labels") or {}).get(names.LABEL_PIPELINE_RUN_ID))
-                if scaling_up:
+                if scaling_up and autoscaler is not None:
                     why = (
                         f"; the cluster autoscaler was adding a node for it ({autoscaler[1]}) and it did not come "
                         f"within timeouts.scale_up_grace ({grace:.0f} s)"

@@ -123,9 +123,10 @@ def declares(schema: dict[str, Any], path: str) -> bool:
     """Whether ``schema`` declares the field at ``path`` (``a.b[].c``, as :data:`RELEASE_FIELDS`)."""
     for part in path.split("."):
         name, items = (part[:-2], True) if part.endswith("[]") else (part, False)
-        schema = (schema.get("properties") or {}).get(name)
-        if schema is None:
+        found = (schema.get("properties") or {}).get(name)
+        if not isinstance(found, dict):
             return False
+        schema = found
         if items:
             schema = schema.get("items") or {}
     return True

@@ -7,24 +7,36 @@ Used by the plan (the export's dtype, :func:`default_dtype`), the config checks 
 :mod:`multislice.trainer.export` (trainer image); what it supports is its :data:`~multislice.trainer.export.SUPPORTED`,
 mirrored here from the stage's config, without MaxText.
 
-Memory of the export (:func:`sizing`), ``P`` parameters, ``b`` bytes per exported element (2 for bfloat16, 4 for
-float32), from the exporter's phases, which run one after the other (:mod:`multislice.trainer.export`):
+Memory of the export (:func:`sizing`), from the exporter's phases, which run one after the other in one process
+(:mod:`multislice.trainer.export`), with ``G`` the parameters of its largest conversion group (the embedding or the
+output head, ``vocab x emb``) and ``Y`` those of one decoder layer:
 
-* the streamed conversion (read a layer group of the checkpoint, convert it, write its safetensors shard, free
-  it): the largest group in float32 plus its converted copy, ``2 x 4 x max(one layer, vocab x emb)`` bytes (the
-  embedding and the output head are the largest single arrays of a Llama 3 model; :data:`CONVERSION_GROUP_COPIES`);
-* MaxText's side of the logits check: the restored parameters in float32, their copy rounded to the export's dtype
-  (bfloat16 only: the check compares against MaxText on the weights the loaders see), and the model's own JAX
-  arrays: :data:`REFERENCE_FLOAT32_COPIES` float32 copies, ``3 x 4 P`` in bfloat16, ``2 x 4 P`` in float32;
-* each loader (a separate process, after MaxText's side is freed): the exported weights read (``b P``) and the
-  model in float32 (``4 P``);
-* :data:`OVERHEAD_BYTES` for the interpreter, JAX, torch and the tokenizer, on top of the largest phase.
+* the streamed conversion with MaxText's side of the logits check fed by it: a group's arrays read in float32,
+  MaxText's hooks' output, the cast copy and safetensors' serialised copy, :data:`GROUP_BYTES_PER_PARAMETER`
+  (12) bytes a parameter of the largest group, measured 8.6 to 10.4 for Llama 3 8B at 4 and 32 layers
+  (``benchmarks/results/export_memory.json``); a decoder layer's group also holds MaxText's rounded and JAX
+  copies of the layer, :data:`LAYER_BYTES_PER_PARAMETER` (14) bytes a parameter; plus one decoded storage chunk
+  of a stacked array (the stacked layers are split once into local files, a chunk at a time:
+  :meth:`multislice.trainer.export.CheckpointReader.layer`), the largest stacked weight over its shards;
+* each loader (a separate process, layer by layer): one layer in float32 and its tensors read,
+  :data:`LOADER_BYTES_PER_LAYER_PARAMETER` (8) bytes a parameter of a layer, plus a block of the embedding or head;
+* :data:`OVERHEAD_BYTES` for the interpreter, JAX, MaxText, torch and the tokenizer, on top of the largest phase.
 
-So Llama 3 8B (8.03e9 parameters) in bfloat16: 12 x 8.03e9 + 4 GiB = 100.6e9 bytes, a request of 94 GiB; Llama 3
-70B (70.55e9): 12 x 70.55e9 + 4 GiB = 850.9e9 bytes, 793 GiB. MaxText's side dominates; an exporter that rounds in
-place or feeds its arrays to JAX without a copy lowers :data:`REFERENCE_FLOAT32_COPIES` and these requests with it.
-The scratch volume holds the export before it is copied to ``gs://``: ``b P`` plus :data:`SCRATCH_MARGIN`
-(tokenizer files, the safetensors index; 10 %) and 1 GiB: 18 GiB for 8B, 146 GiB for 70B in bfloat16.
+So Llama 3 8B (G = 525M, Y = 218M): max(12 x 525M, 14 x 218M) + 4 GiB = 10.6e9 bytes, and one storage chunk;
+Llama 3 70B (G = 1.05B, Y = 856M): max(12.6e9, 14 x 856M = 12.0e9) + 4 GiB = 16.9e9 bytes and one chunk, decoded
+and its layer's copy (2 x 4 B x 80 x 8192 x 28672 / 32 = 4.7e9 for the seed's float32 checkpoint sharded 32 ways;
+2.3e9 in bfloat16): requests of 21 GiB and 18 GiB (793 GiB when the check restored the model). Depth enters only
+through the chunk (a stacked weight spans every layer).
+The scratch volume holds the export before it is copied to ``gs://`` (``b P``, ``b`` bytes per exported element)
+and the split stacked layers while they are converted (the checkpoint's bytes of the layers, 2 or 4 a parameter by
+the stage's ``weight_dtype``; each layer's file is deleted once converted, so the most at once is all of them
+beside the embedding's shard, or the whole export at the end), plus :data:`SCRATCH_MARGIN` (tokenizer files, the
+safetensors index; 10 %) and 1 GiB.
+
+Time (:attr:`ExportSizing.seconds`): the exporter's conversion and check are CPU-bound; measured on the development
+machine (2 cores) at Llama 3 8B's width, :data:`CONVERSION_PARAMETERS_PER_SECOND` and
+:data:`CHECK_PARAMETERS_PER_SECOND`; the export Job gets twice the estimate (:data:`TIME_MARGIN`) after the
+verifier's own timeout. Llama 3 8B: 2 x (8.03e9 / 45e6 + 8.03e9 / 55e6) = 649 s; 70B: 5,701 s.
 """
 
 from __future__ import annotations
@@ -40,13 +52,22 @@ from multislice.memory import model_dims
 BFLOAT16_FROM_PARAMETERS = 10**9
 #: Bytes per element of the export's dtypes.
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
-#: MaxText's side of the logits check, float32 copies of the parameters held at once, by export dtype: the restored
-#: parameters, the copy rounded to the export's dtype (bfloat16 only), the model's JAX arrays.
-REFERENCE_FLOAT32_COPIES = {"bfloat16": 3, "float32": 2}
-#: The conversion's largest group: read (float32) and converted, so two float32 copies of it.
-CONVERSION_GROUP_COPIES = 2
-#: Interpreter, JAX, torch, tokenizer and logits, bytes.
+#: Bytes a parameter of the conversion's largest group (embedding or output head) while it is converted (measured
+#: at Llama 3 8B's width: 8.6 at 4 layers, 10.4 at 32: benchmarks/results/export_memory.json, ``llama3-8b``).
+GROUP_BYTES_PER_PARAMETER = 12
+#: Bytes a parameter of a decoder layer while it is converted and MaxText's side of the check applies it.
+LAYER_BYTES_PER_PARAMETER = 14
+#: A loader's bytes a parameter of the layer it holds (multislice.trainer.export.LOADER_BYTES_PER_LAYER_PARAMETER).
+LOADER_BYTES_PER_LAYER_PARAMETER = 8
+#: Interpreter, JAX, MaxText, torch, tokenizer and logits, bytes.
 OVERHEAD_BYTES = 4 * 2**30
+#: Parameters a second the exporter converts (and MaxText's side of the check applies), measured at Llama 3 8B on
+#: the development machine (2 cores: 8.03e9 in 152 s, 53e6; benchmarks/results/export_memory.json, ``llama3-8b``).
+CONVERSION_PARAMETERS_PER_SECOND = 45e6
+#: Parameters a second the two loaders check, layer by layer (same measurement: both loaders in 121 s, 66e6).
+CHECK_PARAMETERS_PER_SECOND = 55e6
+#: The export Job's time: this many times the estimate.
+TIME_MARGIN = 2.0
 #: Scratch volume beyond the weights: 10 %, plus 1 GiB.
 SCRATCH_MARGIN = 0.10
 #: The MaxText model names whose config the exporter accepts (decoder block ``llama2``, SwiGLU, untied embeddings,
@@ -89,13 +110,15 @@ class ExportSizing:
         parameters: The model's parameters.
         dtype: The exported dtype.
         memory_bytes: Peak resident memory of the exporter, bytes.
-        scratch_bytes: Local disk for the export before it is copied to ``gs://``, bytes.
+        scratch_bytes: Local disk for the export and the split layers before the copy to ``gs://``, bytes.
+        seconds: The export's run time to allow (conversion and check, :data:`TIME_MARGIN` over the estimate).
     """
 
     parameters: int
     dtype: str
     memory_bytes: int
     scratch_bytes: int
+    seconds: float
 
     @staticmethod
     def quantity(count: int) -> str:
@@ -103,8 +126,18 @@ class ExportSizing:
         return f"{max(1, math.ceil(count / 2**30))}Gi"
 
 
-def sizing(stage: Any, dtype: str) -> ExportSizing:
-    """The export's memory and scratch disk for a stage (``multislice.config.Stage``) in ``dtype``.
+def checkpoint_bytes_per_parameter(stage: Any) -> int:
+    """Bytes a parameter in the stage's checkpoint: 2 when it trains with ``weight_dtype: bfloat16``, else 4
+    (MaxText's default float32)."""
+    weight_dtype = str(stage.maxtext_overrides.get("weight_dtype", "float32"))
+    return 2 if weight_dtype in ("bfloat16", "bf16") else 4
+
+
+def sizing(stage: Any, dtype: str, weight_shards: int = 1) -> ExportSizing:
+    """The export's memory, scratch disk and time for a stage (``multislice.config.Stage``) in ``dtype``.
+
+    ``weight_shards``: how many ways the training sharded each weight (its checkpoint's storage chunks of a stacked
+    weight: one decoded at a time); 1 counts a whole stacked weight.
 
     Raises:
         ValueError: the model's dimensions are unknown (:func:`model_issue` refuses such a stage at plan).
@@ -113,13 +146,25 @@ def sizing(stage: Any, dtype: str) -> ExportSizing:
     if dims is None:
         raise ValueError(f"stage {stage.name}: the model's dimensions are unknown; cannot size its export")
     width = DTYPE_BYTES[dtype]
-    largest = max(dims.layer_parameters, dims.vocab_size * dims.emb_dim)
-    conversion = CONVERSION_GROUP_COPIES * 4 * largest
-    reference = REFERENCE_FLOAT32_COPIES[dtype] * 4 * dims.parameters
-    loader = (4 + width) * dims.parameters
-    memory = max(conversion, reference, loader) + OVERHEAD_BYTES
-    scratch = math.ceil(width * dims.parameters * (1 + SCRATCH_MARGIN)) + 2**30
-    return ExportSizing(parameters=dims.parameters, dtype=dtype, memory_bytes=memory, scratch_bytes=scratch)
+    stored = checkpoint_bytes_per_parameter(stage)
+    layer = dims.layer_parameters
+    group = dims.vocab_size * dims.emb_dim
+    largest_weight = dims.num_decoder_layers * dims.emb_dim * max(dims.mlp_dim, dims.num_query_heads * dims.head_dim)
+    chunk = 2 * stored * largest_weight // max(1, weight_shards)  # one decoded chunk and its layer's copy
+    conversion = max(GROUP_BYTES_PER_PARAMETER * group, LAYER_BYTES_PER_PARAMETER * layer) + chunk
+    loader = LOADER_BYTES_PER_LAYER_PARAMETER * layer + 2**30
+    memory = max(conversion, loader) + OVERHEAD_BYTES
+    # the split layers are deleted as each is converted: at most all of them beside the embedding's shard, or the
+    # whole export at the end
+    layers_bytes = stored * layer * dims.num_decoder_layers
+    disk = max(layers_bytes + width * group, width * dims.parameters)
+    scratch = math.ceil(disk * (1 + SCRATCH_MARGIN)) + 2**30
+    seconds = TIME_MARGIN * (
+        dims.parameters / CONVERSION_PARAMETERS_PER_SECOND + dims.parameters / CHECK_PARAMETERS_PER_SECOND
+    )
+    return ExportSizing(
+        parameters=dims.parameters, dtype=dtype, memory_bytes=memory, scratch_bytes=scratch, seconds=seconds
+    )
 
 
 def model_issue(stage: Any) -> str | None:

@@ -143,18 +143,24 @@ def test_export_dtype_defaults_to_bfloat16_from_a_billion_parameters():
     assert forced.stages[0].export_dtype == "float32"
 
 
-def test_export_memory_and_scratch_follow_the_arithmetic_in_the_docs():
-    """docs/delivery.md: the largest phase, MaxText's side of the check (three float32 copies in bfloat16, two in
-    float32), + 4 GiB; scratch: the exported weights + 10 % + 1 GiB."""
+def test_export_memory_scratch_and_time_follow_the_arithmetic_in_the_docs():
+    """docs/delivery.md and multislice/exporting.py: memory is the largest phase of one layer group (12 B a
+    parameter of the embedding, 14 of a decoder layer) plus one storage chunk of a stacked weight, + 4 GiB;
+    scratch: the split layers beside the embedding's shard, or the export; time from the parameters."""
     spec = config.load_profile("gke-v6e-16x2-seed")
-    eight, seventy = (exporting.sizing(stage, "bfloat16") for stage in spec.stages)
+    plan = make_plan(spec)
+    eight, seventy = (exporter._sizing(plan, stage) for stage in plan.stages)
     assert eight.parameters == 8_030_261_248 and seventy.parameters == 70_553_706_496
-    assert eight.memory_bytes == 12 * 8_030_261_248 + 4 * 2**30
-    assert (eight.quantity(eight.memory_bytes), eight.quantity(eight.scratch_bytes)) == ("94Gi", "18Gi")
-    assert (seventy.quantity(seventy.memory_bytes), seventy.quantity(seventy.scratch_bytes)) == ("793Gi", "146Gi")
-    assert exporting.sizing(spec.stages[0], "float32").memory_bytes == 8 * 8_030_261_248 + 4 * 2**30
-    resources = exporter.resources(make_plan(spec), make_plan(spec).stages[1])
-    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "793Gi"
+    assert [exporter.weight_shards(stage) for stage in plan.stages] == [16, 32]  # fsdp 4 x tensor 4 (x DCN fsdp 2)
+    # 70B: max(12 x 128256 x 8192, 14 x 855,654,400) + 2 x 4 B x 80 x 8192 x 28672 / 32 + 4 GiB
+    assert seventy.memory_bytes == 12 * 128256 * 8192 + 2 * 4 * 80 * 8192 * 28672 // 32 + 4 * 2**30
+    assert (seventy.quantity(seventy.memory_bytes), seventy.quantity(seventy.scratch_bytes)) == ("21Gi", "284Gi")
+    assert (eight.quantity(eight.memory_bytes), eight.quantity(eight.scratch_bytes)) == ("11Gi", "31Gi")
+    assert round(eight.seconds) == 649 and round(seventy.seconds) == 5701
+    resources = exporter.resources(plan, plan.stages[1])
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == "21Gi"  # was 793Gi (an M3 node)
+    production = make_plan(config.load_profile("gke-v6e-16x2"))  # its 70B trains in bfloat16: half the chunk
+    assert exporter.resources(production, production.stages[1])["requests"]["memory"] == "18Gi"
 
 
 def test_the_exporter_command_carries_dtype_hub_repo_and_report_but_never_a_token():

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from multislice import timings
+from multislice import exporting, timings
 from multislice.config import ConfigError
 from multislice.delivery.notify import WEBHOOK_ENV
 
@@ -94,8 +95,12 @@ class KubernetesConfig:
         return secrets
 
     def deadlines(self, spec: RunSpec) -> dict[str, int]:
-        """Every step's pod deadline for a run spec, seconds: ``timeouts`` where given, else the spec's."""
-        return {step: int(self.timeouts.get(step, timings.step_deadline(spec, step))) for step in timings.STEPS}
+        """Every step's pod deadline for a run spec, seconds: ``timeouts`` where given, else the spec's; the export
+        step's grows by its largest export's own time from the model's size (:func:`export_seconds`)."""
+        found = {step: int(self.timeouts.get(step, timings.step_deadline(spec, step))) for step in timings.STEPS}
+        if "export" not in self.timeouts:
+            found["export"] += math.ceil(export_seconds(spec))
+        return found
 
     def apply(self, task: Any, step: str, spec: RunSpec) -> None:
         """Set the node selector and the step's deadline on a pipeline task (a ``kfp.dsl.PipelineTask``)."""
@@ -104,6 +109,21 @@ class KubernetesConfig:
         for key, value in sorted(self.node_selector.items()):
             kubernetes.add_node_selector(task, label_key=key, label_value=value)
         kubernetes.set_timeout(task, self.deadlines(spec)[step])
+
+
+def export_seconds(spec: RunSpec) -> float:
+    """The longest export's own run time of the spec's stages, seconds (:func:`multislice.exporting.sizing`; the
+    training's weight sharding unknown here, so a stacked weight's whole chunk counted); 0 without an export or
+    when a model's size is unknown (plan refuses that export)."""
+    longest = 0.0
+    for stage in spec.stages:
+        if not stage.export:
+            continue
+        try:
+            longest = max(longest, exporting.sizing(stage, exporting.default_dtype(stage)).seconds)
+        except ValueError:  # the model's size is unknown: plan refuses its export
+            continue
+    return longest
 
 
 def check_target(target: str) -> str:

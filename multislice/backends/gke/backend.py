@@ -463,19 +463,22 @@ class GkeBackend(Backend):
         """One Job of the trainer image per compile, on a CPU node (:mod:`.aot`)."""
         return JobAotSession(self.kube, plan, cache_dir, pipeline_run_id, tell)
 
-    def _stage_job(self, run: Any, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell, fix: str) -> Any:
+    def _stage_job(
+        self, run: Any, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell, fix: str, timeout: float = 0
+    ) -> Any:
         """``run`` (:func:`.verifier.run`, :func:`.exporter.run_verification` or :func:`.exporter.run`) for the stage,
-        bounded by the verify timeout, its Job labelled with the pipeline run id on the stage's JobSet (the run that
-        trained it; else ``pipeline_run_id``), so that a cancel of that run, and only of that run, deletes it.
+        bounded by ``timeout`` (at least the verify timeout), its Job labelled with the pipeline run id on the
+        stage's JobSet (the run that trained it; else ``pipeline_run_id``), so that a cancel of that run, and only
+        of that run, deletes it.
 
         Raises:
-            VerifierTimeout: not finished within ``timings.verify_timeout`` (the Job was deleted); ``fix`` says
-                what to raise.
+            VerifierTimeout: not finished within the timeout (the Job was deleted); ``fix`` says what to raise.
         """
         js = self.kube.get_jobset(stage.workload) or {}
         run_id = js.get("metadata", {}).get("labels", {}).get(names.LABEL_PIPELINE_RUN_ID, pipeline_run_id)
         try:
-            return run(self.kube, plan, stage, run_id, timeout=self.timings.verify_timeout, on_progress=tell)
+            limit = max(self.timings.verify_timeout, timeout)
+            return run(self.kube, plan, stage, run_id, timeout=limit, on_progress=tell)
         except TimeoutError as error:
             raise VerifierTimeout(f"{error}; the Job was deleted", fix) from None
 
@@ -499,6 +502,9 @@ class GkeBackend(Backend):
 
     def run_exporter(self, plan: Plan, stage: StagePlan, pipeline_run_id: str, tell: Tell) -> ExportReport:
         """The verify step's verify-and-export Job on a CPU node pool (:mod:`.exporter`), adopted and read to its end
-        (created when it is gone), labelled with the run id of the stage's JobSet, bounded by the verify timeout."""
+        (created when it is gone), labelled with the run id of the stage's JobSet, bounded by the verify timeout plus
+        the export's own time from the model's size (:func:`.exporter.export_seconds`)."""
         fix = "raise timeouts.verify if the export takes that long"
-        return ExportReport.model_validate(self._stage_job(exporter.run, plan, stage, pipeline_run_id, tell, fix))
+        limit = self.timings.verify_timeout + exporter.export_seconds(plan, stage)
+        job = self._stage_job(exporter.run, plan, stage, pipeline_run_id, tell, fix, limit)
+        return ExportReport.model_validate(job)

@@ -35,6 +35,7 @@ Never in the Job's arguments or the compiled pipeline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,30 @@ def job_name(stage: StagePlan) -> str:
     return verifier.job_name(stage)
 
 
+def weight_shards(stage: StagePlan) -> int:
+    """How many ways the stage's training shards each weight: its chips over its data-parallel degree (ICI and DCN
+    ``data``), the other mesh axes (FSDP, tensor, ...) shard weights. Each storage chunk of a stacked weight in its
+    checkpoint is one such shard (Orbax writes a chunk per device shard)."""
+    chips = math.prod(stage.ici.values()) * math.prod(stage.dcn.values())
+    return max(1, chips // max(1, stage.ici.get("data", 1) * stage.dcn.get("data", 1)))
+
+
+def _sizing(plan: Plan, stage: StagePlan) -> exporting.ExportSizing:
+    spec_stage = next(s for s in plan.spec.stages if s.name == stage.name)
+    dtype = stage.export_dtype or exporting.default_dtype(spec_stage)
+    return exporting.sizing(spec_stage, dtype, weight_shards(stage))
+
+
+def export_seconds(plan: Plan, stage: StagePlan) -> float:
+    """The export's own run time to allow after the verifier's, seconds: from the model's size
+    (:func:`multislice.exporting.sizing`); 0 for a stage without an export."""
+    return _sizing(plan, stage).seconds if stage.export else 0.0
+
+
 def resources(plan: Plan, stage: StagePlan) -> dict[str, Any]:
     """The export pod's requests and limits: memory (request = limit) and scratch (``ephemeral-storage`` request)
     from the model (:func:`multislice.exporting.sizing`), ``exporter.cpu`` CPUs."""
-    spec_stage = next(s for s in plan.spec.stages if s.name == stage.name)
-    size = exporting.sizing(spec_stage, stage.export_dtype or exporting.default_dtype(spec_stage))
+    size = _sizing(plan, stage)
     memory, scratch = size.quantity(size.memory_bytes), size.quantity(size.scratch_bytes)
     return {
         "requests": {"cpu": str(plan.spec.exporter.cpu), "memory": memory, "ephemeral-storage": scratch},

@@ -36,7 +36,7 @@ def gke():
     fake.stop()
 
 
-def add_export_pool(gke, machine_type="m3-megamem-64", disk_gb=300, image_type="COS_CONTAINERD", **config_fields):
+def add_export_pool(gke, machine_type="n2-highmem-16", disk_gb=600, image_type="COS_CONTAINERD", **config_fields):
     node_config = container_v1.NodeConfig(
         machine_type=machine_type, disk_size_gb=disk_gb, image_type=image_type, **config_fields
     )
@@ -97,8 +97,9 @@ def test_a_pool_that_holds_the_export_passes_and_is_described(gke):
     add_export_pool(gke)
     lines = export_pool.check(make(), gke.client())
     assert gke.calls("GET") == [(POOL_PATH, None)] and gke.calls("POST") == []
-    assert lines[0].startswith("export node pool export-highmem: m3-megamem-64 in us-east5-a: about 934.1 GiB of")
-    assert lines[1].startswith("export node pool export-highmem: 300 GB boot disk, about 162.0 GiB of ephemeral")
+    # the export holds a layer group, not the model: a standard high-memory node (128 GB), not an M3
+    assert lines[0].startswith("export node pool export-highmem: n2-highmem-16 in us-east5-a: about 116.3 GiB of")
+    assert lines[1].startswith("export node pool export-highmem: 600 GB boot disk, about 427.7 GiB of ephemeral")
 
 
 def test_a_missing_pool_is_refused_with_the_command_that_creates_one_that_fits(gke):
@@ -126,7 +127,7 @@ def test_a_missing_pool_is_refused_with_the_command_that_creates_one_that_fits(g
 
 
 def test_a_pool_with_too_little_memory_and_cpu_is_refused_naming_both(gke):
-    add_export_pool(gke, machine_type="n2-highmem-8")  # 64 GiB and 8 vCPUs: 7.91 CPUs allocatable
+    add_export_pool(gke, machine_type="n2-standard-4")  # 16 GiB and 4 vCPUs: 3.92 CPUs allocatable
     plan = make()
     memory, _ = requests_of(plan)
     with pytest.raises(export_pool.ExportPoolUnfit) as refused:
@@ -134,11 +135,11 @@ def test_a_pool_with_too_little_memory_and_cpu_is_refused_naming_both(gke):
     error = refused.value
     assert error.message.startswith("node pool export-highmem (exporter.node_selector) cannot hold the verify-and-")
     assert (
-        f"its n2-highmem-8 nodes (64.0 GiB) have about 57.2 GiB of memory allocatable, below the {memory / GIB:.1f} "
+        f"its n2-standard-4 nodes (16.0 GiB) have about 12.9 GiB of memory allocatable, below the {memory / GIB:.1f} "
         "GiB the export Job of stage llama3-70b asks for" in error.message
     )
-    assert "its n2-highmem-8 nodes (8 vCPUs) have 7.91 CPUs allocatable, below exporter.cpu 8" in error.message
-    assert "boot disk" not in error.message  # 300 GB holds the scratch
+    assert "its n2-standard-4 nodes (4 vCPUs) have 3.92 CPUs allocatable, below exporter.cpu 8" in error.message
+    assert "boot disk" not in error.message  # 600 GB holds the scratch
     assert "gcloud container node-pools update export-highmem --cluster=tpu-cluster" in error.fix
     assert "exporter.node_selector to {cloud.google.com/gke-nodepool: export-" in error.fix
 
@@ -156,7 +157,7 @@ def test_a_boot_disk_too_small_for_the_scratch_after_gkes_reservation_is_refused
     error = refused.value
     assert f"its {disk} GB boot disk leaves about" in error.message
     assert f"below the {scratch / GIB:.1f} GiB scratch volume of stage llama3-70b's export" in error.message
-    assert "memory allocatable" not in error.message  # m3-megamem-64 holds it
+    assert "memory allocatable" not in error.message  # n2-highmem-16 holds it
     needed = export_pool.disk_for(scratch)
     assert f"--disk-size={needed}" in error.fix
     assert (
@@ -169,8 +170,8 @@ def test_a_boot_disk_too_small_for_the_scratch_after_gkes_reservation_is_refused
 def test_the_disk_size_of_the_boot_disk_field_and_the_api_default(gke):
     """``config.bootDisk.sizeGb`` replaces ``diskSizeGb``; neither set is the API's 100 GB default (too small for
     the 70B scratch)."""
-    add_export_pool(gke, disk_gb=0, boot_disk=container_v1.BootDisk(size_gb=400))
-    assert "400 GB boot disk" in export_pool.check(make(), gke.client())[1]
+    add_export_pool(gke, disk_gb=0, boot_disk=container_v1.BootDisk(size_gb=700))
+    assert "700 GB boot disk" in export_pool.check(make(), gke.client())[1]
     gke.pools.clear()
     add_export_pool(gke, disk_gb=0)
     with pytest.raises(export_pool.ExportPoolUnfit, match="its 100 GB boot disk leaves about 43.8 GiB"):
@@ -181,7 +182,7 @@ def test_an_unknown_machine_type_is_said_not_checked_and_the_disk_still_is(gke):
     add_export_pool(gke, machine_type="e2-highmem-16")
     lines = export_pool.check(make(), gke.client())
     assert lines[0] == "export node pool export-highmem: unknown machine type e2-highmem-16: memory and CPU not checked"
-    assert "300 GB boot disk" in lines[1]
+    assert "600 GB boot disk" in lines[1]
 
 
 def test_local_ssd_ephemeral_storage_is_said_not_checked(gke):

@@ -76,7 +76,7 @@ def gke(plan, monkeypatch):
     fake.add_pool(nodepool.node_pool_body("other-run-pool", shape, "run-2222"))
     fake.add_pool(nodepool.node_pool_body("platform-pool", shape))
     # The export Jobs' pool (exporter.node_selector), which provision checks holds them (test_export_pool.py).
-    export = container_v1.NodeConfig(machine_type="m3-megamem-64", disk_size_gb=300)
+    export = container_v1.NodeConfig(machine_type="n2-highmem-16", disk_size_gb=600)
     fake.add_pool(container_v1.NodePool(name="export-highmem", config=export, locations=["us-east5-b"]))
     assert isinstance(fake.client(), container_v1.ClusterManagerClient)
     monkeypatch.setattr(nodepool, "ensure_node_pools", functools.partial(nodepool.ensure_node_pools, poll_seconds=0))

@@ -39,20 +39,23 @@ What it does:
    with its special tokens, converted by ``transformers``' ``TikTokenConverter``), sentencepiece (the ``.model``'s
    BPE or unigram pieces and normalizer, as MaxText's ``SentencePieceTokenizer`` encodes) or a Hugging Face
    tokenizer directory, written as ``tokenizer.json`` with ``tokenizer_class: PreTrainedTokenizerFast``.
-4. **The check, twice.** MaxText's own model (float32 activations, highest matmul precision) computes logits
-   on the exported tokenizer's encoding of :data:`TEXT` (real token ids, each below the model's vocab: a
-   tokenizer with more tokens than the model is an error); then each loader, a separate process
-   (:mod:`multislice.trainer.hf_loader`), loads the export with ``LlamaForCausalLM`` in float32 and computes
-   its logits: the trainer environment's transformers 5 and the pinned transformers 4.57 environment
-   (``requirements/loader-hf4.txt``, ``make env``). Both must pass. ``--sample-fraction`` compares a seeded
-   random fraction of the positions (the report states it) for large vocabularies and long inputs.
+4. **The check, twice, layer by layer.** MaxText's own model (float32 activations, highest matmul precision)
+   computes, as the conversion reads each group (:class:`MaxTextReference`: its ``LlamaDecoderLayer`` one layer
+   at a time, then the final norm and head), the hidden states and logits of the exported tokenizer's encoding of
+   :data:`TEXT` (real token ids, each below the model's vocab: a tokenizer with more tokens than the model is an
+   error); then each loader, a separate process (:mod:`multislice.trainer.hf_loader`), computes them from the
+   export one ``LlamaDecoderLayer`` at a time in float32, and checks the export has exactly ``LlamaForCausalLM``'s
+   tensors: the trainer environment's transformers 5 and the pinned transformers 4.57 environment
+   (``requirements/loader-hf4.txt``, ``make env``). Both must pass; the per-layer differences say where a wrong
+   conversion starts. ``--sample-fraction`` compares a seeded random fraction of the positions (the report
+   states it) for large vocabularies and long inputs. Memory is a layer group's, not the model's: flat in depth.
 
 Tolerance: ``|hf - maxtext| <= atol + rtol * |maxtext|`` elementwise, with ``atol`` :data:`ATOL` and
 ``rtol`` :data:`RTOL`. Both sides compute in float32 on CPU; with ``--dtype float32`` the weights are the same
 and the sides differ only by the order of floating-point operations (order 1e-6 on logits of order 1). With
 ``--dtype bfloat16`` the loaders compute from the bf16-rounded weights (upcast to float32) while MaxText uses
 the checkpoint's float32 ones, so the comparison is against MaxText run on the same bf16-rounded weights
-(:func:`maxtext_logits` rounds them the same way): the check tests the conversion, not the rounding. A wrong
+(:func:`as_exported` rounds them the same way): the check tests the conversion, not the rounding. A wrong
 conversion (an untransposed kernel, RoPE's layout permuted, the query scale missing, the wrong rope_theta)
 moves logits by order 0.1 to 1. The argmax token must agree at every compared position too.
 
@@ -520,7 +523,7 @@ class CheckpointReader:
             self._open[path] = ts.open(spec, context=context, open=True, read=True).result()
         return self._open[path]
 
-    def layer(self, path: str, axis: int, index: int) -> Any:
+    def layer(self, path: str, axis: int, index: int, consume: bool = False) -> Any:
         """Layer ``index`` of a stacked array (MaxText's scanned layers, stacked along ``axis``), as numpy, the layer
         axis removed.
 
@@ -529,7 +532,8 @@ class CheckpointReader:
         conversion. With ``scratch`` (a local directory), the first read of the array splits it once, a storage
         chunk at a time, into one raw file per layer there (:attr:`destacked_bytes` in all), and each layer is then
         read from its file: the checkpoint is read and decoded once, for the price of the stacked arrays' bytes on
-        local disk. Memory: one storage chunk and one layer.
+        local disk. ``consume``: the layer's file is deleted once read (the conversion reads each layer once, so the
+        split arrays' disk shrinks as the export's grows). Memory: one storage chunk and one layer.
         """
         import numpy as np
 
@@ -538,7 +542,10 @@ class CheckpointReader:
         if path not in self._layers:
             self._destack(path, axis)
         directory, dtype, shape = self._layers[path]
-        return np.fromfile(directory / f"{index}.raw", dtype=dtype).reshape(shape)
+        array = np.fromfile(directory / f"{index}.raw", dtype=dtype).reshape(shape)
+        if consume:
+            (directory / f"{index}.raw").unlink()
+        return array
 
     def _destack(self, path: str, axis: int) -> None:
         """Split the stacked array at ``path`` into ``<scratch>/<n>/<layer>.raw`` (see :meth:`layer`)."""
@@ -726,7 +733,7 @@ def convert_streaming(
             else:
                 ndim = len(reader.leaves[path].shape)
                 axis = int(config.param_scan_axis) if ndim > int(config.param_scan_axis) else 0
-                weight = reader.layer(path, axis, layer)
+                weight = reader.layer(path, axis, layer, consume=True)
             # float32 before MaxText's hooks: scale_query_layer casts its product back to the input's dtype
             weight = weight.astype("float32", copy=False)
             for out_name, value in process_maxtext_param(key, weight, {key: hf_name}, hooks, shapes, config):
@@ -757,8 +764,9 @@ def feed(reference: MaxTextReference, read: list[tuple[str, int | None, Any]]) -
     final: dict[str, tuple[str, Any]] = {}
     for path, stacked, array in read:
         found = layer_key(path)
-        if found is not None:
-            layers.setdefault(stacked if found[0] is None else found[0], {})[found[1]] = (path, array)
+        index = found[0] if found is not None and found[0] is not None else stacked
+        if found is not None and index is not None:
+            layers.setdefault(index, {})[found[1]] = (path, array)
         elif path.endswith("token_embedder/embedding"):
             reference.embedding_rows(path, array, 0)
         else:
@@ -972,7 +980,8 @@ class MaxTextReference:
         self.logits: Any = None
         self._hidden: Any = None
         mesh = maxtext_utils.get_mesh_from_config(config)
-        layer = LlamaDecoderLayerToLinen(config=config, model_mode=MODEL_MODE_TRAIN, mesh=mesh, quant=None)
+        # nnx_wrappers.to_linen_class's class: the checker sees its factory's signature, not the Linen module's
+        layer = LlamaDecoderLayerToLinen(config=config, model_mode=MODEL_MODE_TRAIN, mesh=mesh, quant=None)  # pyright: ignore[reportCallIssue]
         segments = jnp.ones((1, len(ids)), jnp.int32)
         token_positions = jnp.arange(len(ids), dtype=jnp.int32)[None]
 
@@ -1362,9 +1371,9 @@ def published_path(path: str, keep: int = 3) -> str:
     """
     if _is_remote(path):
         return str(path)
-    parts = Path(path).parts
+    parts: tuple[str, ...] = Path(path).parts
     if "site-packages" in parts:
-        inside = parts[parts.index("site-packages") + 1 :]
+        inside = list(parts[parts.index("site-packages") + 1 :])
         if inside:
             return f"{inside[0]}:{'/'.join(inside[1:])}" if len(inside) > 1 else inside[0]
     return "/".join(parts[-keep:]) if parts else str(path)

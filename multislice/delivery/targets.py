@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from multislice import exporting, timings
-from multislice.config import ConfigError
+from multislice.config import ConfigError, hub
 from multislice.delivery.notify import WEBHOOK_ENV
 
 if TYPE_CHECKING:
@@ -84,8 +84,6 @@ class KubernetesConfig:
         the token. The compiled YAML names the Secrets, never a token. Returns the Secrets mounted.
         """
         from kfp import kubernetes
-
-        from multislice.config import hub
 
         secrets = sorted({s for stage in spec.stages if (s := getattr(stage.data, "hf_token_kubernetes_secret", ""))})
         for secret in secrets:

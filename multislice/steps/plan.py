@@ -12,7 +12,7 @@ from typing import Any
 
 from multislice import cancel, config, ownership
 from multislice.backends import Backend, manifests
-from multislice.config import data
+from multislice.config import data, hub
 from multislice.identity import run_identity
 from multislice.plan import Plan, make_plan
 from multislice.release import check as release_check
@@ -138,8 +138,6 @@ def stage_hub_tokens(spec: config.RunSpec) -> dict[str, str]:
     Raises:
         multislice.config.ConfigError: a ``data.hf_token_secret`` that cannot be read, naming the field and the fix.
     """
-    from multislice.config import hub
-
     tokens: dict[str, str] = {}
     if spec.backend != "gke":
         return tokens

@@ -203,3 +203,18 @@ def test_the_hub_token_wrapper_reads_secret_manager_and_runs_the_exporter_with_t
         )  # fmt: skip
         assert failed.returncode == 2
         assert f"Secret Manager answered HTTP 404 for {missing}" in failed.stderr and "secretAccessor" in failed.stderr
+
+
+def test_each_export_format_a_stage_can_name_is_one_registered_exporter_format():
+    # The seam (multislice.trainer.export.ExportFormat): a format is one class in FORMATS, under the name the stage's
+    # `export` takes; the reading and MaxText's side of the check are shared.
+    import typing
+
+    from multislice.config.models import Stage
+
+    named = {a for a in typing.get_args(typing.get_args(Stage.model_fields["export"].annotation)[0]) if a}
+    assert named == set(export.FORMATS) == {"huggingface"}
+    assert all(isinstance(form, export.ExportFormat) and form.name == name for name, form in export.FORMATS.items())
+    assert export.parser().parse_args(["--checkpoint-dir", "c", "--step", "1", "--output", "o"]).format == "huggingface"
+    assert "--format" not in export.command("c", 1, "o", ["k=v"])  # the default is left out
+    assert export.command("c", 1, "o", ["k=v"], export_format="gguf")[9:11] == ["--format", "gguf"]

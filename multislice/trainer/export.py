@@ -140,6 +140,7 @@ def command(
     hub_repo: str | None = None,
     report: str | None = None,
     card: dict[str, Any] | None = None,
+    export_format: str = "huggingface",
 ) -> list[str]:
     """The exporter's command line for a stage (an argument list, never a shell string).
 
@@ -155,8 +156,11 @@ def command(
         card: The model card's facts, each given one an option (None values left out): ``run`` (``--run-name``),
             ``stage``, ``data_fingerprint``, ``steps``, ``train_loss``, ``eval_loss``
             (:func:`multislice.reports.model_card`).
+        export_format: ``--format`` (:data:`FORMATS`, the stage's ``export``); the default is left out.
     """
     argv = [python, "-m", MODULE, "--checkpoint-dir", checkpoint_dir, "--step", str(step), "--output", output]
+    if export_format != "huggingface":
+        argv += ["--format", export_format]
     if dtype:
         argv += ["--dtype", dtype]
     if hub_repo:
@@ -1353,6 +1357,78 @@ def check_export(
     }
 
 
+# --- formats: what is written and how it is checked -----------------------------------------------------------
+
+
+class ExportFormat:
+    """One export format: how a checkpoint, read once (:class:`CheckpointReader`) with MaxText's side of the check
+    fed as it is read (:class:`MaxTextReference`), is written and checked.
+
+    What every format shares stays in :func:`export`: the stage's config and tokenizer (:func:`stage_setup`), the
+    reading, MaxText's reference, the per-phase memory figures, the copy to ``gs://``, the report. A second format
+    is one module with one subclass, registered in :data:`FORMATS` under the name ``stages[].export`` takes
+    (``multislice.config.models.Stage.export``) and the exporter's ``--format`` option.
+
+    Attributes:
+        name: The format's name (``stages[].export``, the report's ``format``).
+        architecture: What the export is, for the report (``LlamaForCausalLM``).
+    """
+
+    name = ""
+    architecture = ""
+
+    def convert(
+        self, reader: CheckpointReader, config: Any, tokenizer: Any, dtype: str, out_dir: Path, options: Any,
+        reference: MaxTextReference,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Write the weights into ``out_dir``, feeding ``reference`` as they are read.
+
+        Returns:
+            ``{"parameter_count", "shards", "largest_group_bytes", "metadata"}``: ``metadata`` is what
+            :meth:`write_metadata` writes, with ``max_position_embeddings``.
+        """
+        raise NotImplementedError
+
+    def write_metadata(self, out_dir: Path, metadata: dict[str, Any], tokenizer: Any, card: dict[str, Any]) -> None:
+        """Write the format's metadata, tokenizer and model card into ``out_dir``."""
+        raise NotImplementedError
+
+    def check(
+        self, reference: MaxTextReference, config: Any, out_dir: Path, options: Any, loaders: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The export against MaxText's ``reference``: a dict with ``passed`` and the details the report keeps."""
+        raise NotImplementedError
+
+
+class HuggingFaceLlama(ExportFormat):
+    """Hugging Face's Llama: safetensors shards with MaxText's conversion tables (:func:`convert_streaming`),
+    ``config.json`` and the tokenizer (:func:`write_metadata`), checked by transformers 5 and 4.57 layer by layer
+    (:func:`check_export`)."""
+
+    name = "huggingface"
+    architecture = "LlamaForCausalLM"
+
+    def convert(
+        self, reader: CheckpointReader, config: Any, tokenizer: Any, dtype: str, out_dir: Path, options: Any,
+        reference: MaxTextReference,
+    ) -> dict[str, Any]:  # fmt: skip
+        hf = hf_config(config, tokenizer, dtype)
+        written = convert_streaming(reader, config, hf, dtype, out_dir, options.layers_per_shard, reference)
+        return {**written, "metadata": hf}
+
+    def write_metadata(self, out_dir: Path, metadata: dict[str, Any], tokenizer: Any, card: dict[str, Any]) -> None:
+        write_metadata(out_dir, metadata, tokenizer, card)
+
+    def check(
+        self, reference: MaxTextReference, config: Any, out_dir: Path, options: Any, loaders: dict[str, Any]
+    ) -> dict[str, Any]:
+        return check_export(reference, out_dir, options, loaders, concurrent_check(layer_parameters(config)))
+
+
+#: The export formats by name (``stages[].export``, ``--format``).
+FORMATS: dict[str, ExportFormat] = {form.name: form for form in (HuggingFaceLlama(),)}
+
+
 # --- orchestration --------------------------------------------------------------------------------------------
 
 
@@ -1400,7 +1476,7 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     dtype = options.dtype or default_dtype(config)
     options.dtype = dtype
     ids = check_ids(tokenizer, int(config.vocab_size), min(options.tokens, int(config.max_target_length)))
-    hf = hf_config(config, tokenizer, dtype)
+    form = FORMATS[options.format]
     scratch = Path(tempfile.mkdtemp(prefix="export-"))
     remote = _is_remote(options.output)
     local = scratch / "model" if remote else Path(options.output)
@@ -1412,7 +1488,8 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
     phases = reset_rss_peak()  # each phase's peak is its own, not the warm-up's or the other phase's
     reference = MaxTextReference(config, dtype, ids, sample_positions(len(ids), options.sample_fraction))
     converting = time.time()
-    written = convert_streaming(reader, config, hf, dtype, local, options.layers_per_shard, reference)
+    written = form.convert(reader, config, tokenizer, dtype, local, options, reference)
+    metadata = written["metadata"]
     conversion_seconds = time.time() - converting
     conversion_peak = rss_peak_bytes()
     shutil.rmtree(scratch / "layers", ignore_errors=True)  # the split layers: read, converted, no longer needed
@@ -1421,10 +1498,9 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
             "steps": options.steps, "train_loss": options.train_loss, "eval_loss": options.eval_loss,
             "checkpoint": published_path(f"{checkpoint}/{options.step}"),
             "tokenizer": "{} {}".format(*published_source(tokenizer_source))}  # fmt: skip
-    write_metadata(local, hf, tokenizer, card)
-    concurrent = concurrent_check(layer_parameters(config))
+    form.write_metadata(local, metadata, tokenizer, card)
     checking = time.time()
-    check = check_export(reference, local, options, loaders, concurrent)
+    check = form.check(reference, config, local, options, loaders)
     check["seconds"] = round(time.time() - checking, 2)
     check["conversion_seconds"] = round(conversion_seconds, 2)  # MaxText's side ran inside the conversion
     files = sorted(p.name for p in local.iterdir())
@@ -1444,15 +1520,15 @@ def export(options: Any, maxtext_args: list[str], loaders: dict[str, Loader]) ->
         hub = {"repo": options.hub_repo, "commit": getattr(commit, "oid", None), "url": str(commit)}
     report = {
         "verdict": "PASS" if check["passed"] else "FAIL",
-        "format": "huggingface",
+        "format": form.name,
         "export_dir": str(options.output),
         "checkpoint_dir": str(checkpoint),
         "checkpoint_step": options.step,
         "parameter_count": written["parameter_count"],
         "dtype": dtype,
-        "architecture": "LlamaForCausalLM",
+        "architecture": form.architecture,
         "vocab_size": int(config.vocab_size),
-        "max_position_embeddings": hf["max_position_embeddings"],
+        "max_position_embeddings": metadata["max_position_embeddings"],
         "tokenizer": tokenizer_source,
         "tokenizer_vocab_size": len(tokenizer),
         "scan_layers": bool(config.scan_layers),
@@ -1497,6 +1573,7 @@ def parser(prog: str = f"python -m {MODULE}", description: str = "") -> argparse
     p.add_argument("--step", required=True, type=int, help="the checkpoint step to export")
     p.add_argument("--output", required=True, help="the export directory (local or gs://)")
     p.add_argument("--report", help="write the JSON report here too (local or gs://)")
+    p.add_argument("--format", default="huggingface", choices=sorted(FORMATS), help="the export format")
     p.add_argument(
         "--dtype",
         choices=("bfloat16", "float32"),

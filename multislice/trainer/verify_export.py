@@ -55,12 +55,14 @@ def command(
     hub_repo: str | None = None,
     report: str | None = None,
     card: dict[str, Any] | None = None,
+    export_format: str = "huggingface",
 ) -> list[str]:
     """The command line for a stage: :func:`multislice.trainer.export.command`'s (same arguments, an argument list,
     never a shell string) with ``-m`` this module; ``step`` is the verifier's expected step and the one exported."""
     argv = export.command(
-        checkpoint_dir, step, output, maxtext_args, python, dtype=dtype, hub_repo=hub_repo, report=report, card=card
-    )
+        checkpoint_dir, step, output, maxtext_args, python, dtype=dtype, hub_repo=hub_repo, report=report, card=card,
+        export_format=export_format,
+    )  # fmt: skip
     return [python, "-m", MODULE, *argv[3:]]
 
 

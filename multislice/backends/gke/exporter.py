@@ -113,6 +113,7 @@ def render_job(
         stage.checkpoint_dir, stage.final_step, stage.export_dir, list(stage.maxtext_args),
         dtype=stage.export_dtype, hub_repo=stage.export_hub_repo, report=stage.export_report,
         card=card if card is not None else {"run": plan.spec.run_name, "stage": stage.name},
+        export_format=stage.export,
     )  # fmt: skip
     exporter = plan.spec.exporter
     if stage.export_hub_repo and exporter.hub_token_secret:

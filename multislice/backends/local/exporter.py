@@ -38,6 +38,7 @@ def command(stage: StagePlan, hub_token_secret: str, card: dict[str, Any] | None
     argv = build(
         stage.checkpoint_dir, stage.final_step, str(stage.export_dir), list(stage.maxtext_args), python,
         dtype=stage.export_dtype, hub_repo=stage.export_hub_repo, report=stage.export_report, card=card,
+        export_format=stage.export or "huggingface",
     )  # fmt: skip
     if stage.export_hub_repo and hub_token_secret:
         argv = hub_token.command(hub_token_secret, argv, python)

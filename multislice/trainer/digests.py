@@ -314,16 +314,7 @@ def write_ledger(checkpoint_dir: Any) -> bool:
         {"format": FORMAT, "writer": WRITER, "digest_file": DIGEST_FILE, "written_at": time.time()},
         separators=(",", ":"),
     )
-    if _is_remote(directory):
-        target.write_text(text, encoding="utf-8")
-        return True
-    scratch = directory / f".{LEDGER_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        scratch.write_text(text, encoding="utf-8")
-        os.replace(scratch, target)
-    finally:
-        if scratch.exists():
-            scratch.unlink()
+    storage.write_text(target, text)  # one upload on Cloud Storage, else a rename (the directory exists)
     return True
 
 

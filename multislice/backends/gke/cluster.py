@@ -142,6 +142,24 @@ def check_kueue_configuration(kube: Kube, plan: Plan) -> str | None:
     return f"Kueue maps {', '.join(f'DeviceClass {c} to {r}' for c, r in mappings.items())} ({where})"
 
 
+def read_crd(kube: Kube, name: str) -> dict[str, Any] | None:
+    """The CustomResourceDefinition ``name`` as raw JSON (the client's models would parse its whole OpenAPI schema
+    for nothing), or None when it is not installed.
+
+    Raises:
+        multislice.backends.gke.retry.ApiUnavailable: the API kept failing.
+    """
+    try:
+        response = kube.call(
+            kube.crds.read_custom_resource_definition, name, _preload_content=False, what=f"get CRD {name}"
+        )
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return None
+    return json.loads(response.data)
+
+
 def served_versions(kube: Kube, required: dict[str, str] | None = None) -> dict[str, list[str]]:
     """The served versions of each required CRD (``required``, default :data:`REQUIRED_CRDS`; empty list: not
     installed or not established).
@@ -151,17 +169,10 @@ def served_versions(kube: Kube, required: dict[str, str] | None = None) -> dict[
     """
     found: dict[str, list[str]] = {}
     for name in required or REQUIRED_CRDS:
-        try:
-            # Raw JSON: the client's models would parse every CRD's whole OpenAPI schema for nothing.
-            response = kube.call(
-                kube.crds.read_custom_resource_definition, name, _preload_content=False, what=f"get CRD {name}"
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        crd = read_crd(kube, name)
+        if crd is None:
             found[name] = []
             continue
-        crd = json.loads(response.data)
         conditions = {c.get("type"): c.get("status") for c in crd.get("status", {}).get("conditions") or []}
         established = conditions.get("Established", "True") == "True"
         found[name] = [v["name"] for v in crd["spec"]["versions"] if v.get("served")] if established else []

@@ -32,11 +32,9 @@ reported when an installer added one.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
+from multislice.backends.gke import cluster
 from multislice.backends.gke.client import Kube
 from multislice.backends.gke.prerequisites import PrerequisiteMissing
 
@@ -150,16 +148,9 @@ def _served_schema(kube: Kube, name: str) -> tuple[dict[str, Any], dict[str, Any
         KubeRayTooOld: the CRD is gone or serves no ``v1`` schema (it was checked just before,
             :func:`multislice.backends.gke.cluster.check_crds`).
     """
-    try:
-        # Raw JSON, as cluster.served_versions reads CRDs: the client's models would parse the schema for nothing.
-        response = kube.call(
-            kube.crds.read_custom_resource_definition, name, _preload_content=False, what=f"get CRD {name}"
-        )
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        raise KubeRayTooOld(f"CRD {name} is not installed: KubeRay is incomplete; nothing was created", FIX) from None
-    crd = json.loads(response.data)
+    crd = cluster.read_crd(kube, name)
+    if crd is None:
+        raise KubeRayTooOld(f"CRD {name} is not installed: KubeRay is incomplete; nothing was created", FIX)
     for version in crd.get("spec", {}).get("versions") or []:
         if version.get("name") == SERVED_VERSION and version.get("served"):
             schema = (version.get("schema") or {}).get("openAPIV3Schema")

@@ -68,16 +68,21 @@ def leader(pods: list[Any]) -> Any | None:
     return max(candidates, key=attempt, default=None)
 
 
-def events(kube: Kube, pod_name: str, lines: int = EVENT_LINES) -> str:
-    """The pod's last events as ``reason: message`` lines ('' when none or unreadable)."""
+def _pod_events(kube: Kube, pod_name: str) -> list[Any] | None:
+    """The pod's events (``CoreV1Event``) in the API's order, or None when they cannot be read."""
     try:
         found = kube.call(
             kube.core.list_namespaced_event, kube.namespace,
             field_selector=f"involvedObject.name={pod_name}", what=f"list events of pod {pod_name}",
         )  # fmt: skip
     except ApiException:
-        return ""
-    items = found.items[-lines:]
+        return None
+    return list(found.items)
+
+
+def events(kube: Kube, pod_name: str, lines: int = EVENT_LINES) -> str:
+    """The pod's last events as ``reason: message`` lines ('' when none or unreadable)."""
+    items = (_pod_events(kube, pod_name) or [])[-lines:]
     return "\n".join(f"    {e.type or 'Normal'} {e.reason}: {e.message}" for e in items)
 
 
@@ -100,14 +105,10 @@ def autoscaler_verdict(kube: Kube, pod_name: str) -> tuple[str, str] | None:
     client-go ``tools/record``), else ``eventTime``, ``firstTimestamp``, its creation; equal times keep the API's
     order (by name: ``<pod>.<creation time in hex nanoseconds>``).
     """
-    try:
-        found = kube.call(
-            kube.core.list_namespaced_event, kube.namespace,
-            field_selector=f"involvedObject.name={pod_name}", what=f"list events of pod {pod_name}",
-        )  # fmt: skip
-    except ApiException:
+    found = _pod_events(kube, pod_name)
+    if found is None:
         return None
-    ours = [(i, e) for i, e in enumerate(found.items) if e.reason in (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED)]
+    ours = [(i, e) for i, e in enumerate(found) if e.reason in (SCALE_UP_TRIGGERED, SCALE_UP_NOT_TRIGGERED)]
     if not ours:
         return None
 

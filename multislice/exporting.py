@@ -46,6 +46,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from multislice import maxtext
 from multislice.memory import model_dims
 
 #: Models of at least this many parameters are exported in bfloat16 by default (the issue's "a billion").
@@ -129,8 +130,7 @@ class ExportSizing:
 def checkpoint_bytes_per_parameter(stage: Any) -> int:
     """Bytes a parameter in the stage's checkpoint: 2 when it trains with ``weight_dtype: bfloat16``, else 4
     (MaxText's default float32)."""
-    weight_dtype = str(stage.maxtext_overrides.get("weight_dtype", "float32"))
-    return 2 if weight_dtype in ("bfloat16", "bf16") else 4
+    return maxtext.DTYPE_BYTES.get(str(stage.maxtext_overrides.get("weight_dtype", "float32")), 4)
 
 
 def sizing(stage: Any, dtype: str, weight_shards: int = 1) -> ExportSizing:

@@ -157,6 +157,13 @@ def model_dims(stage: Stage) -> ModelDims | None:
     )
 
 
+def weight_shards(ici: dict[str, int], dcn: dict[str, int]) -> int:
+    """How many chips shard each weight of the train state: all of them but data parallelism's (ICI and DCN
+    ``data``), over which MaxText replicates it. Orbax writes one storage chunk per such shard."""
+    chips = math.prod(ici.values()) * math.prod(dcn.values())
+    return max(1, chips // max(1, ici.get("data", 1) * dcn.get("data", 1)))
+
+
 @dataclass(frozen=True)
 class Knobs:
     """What the planner varies, read from a stage (fields and ``maxtext_overrides``).
@@ -336,9 +343,7 @@ def estimate(dims: ModelDims, knobs: Knobs, max_target_length: int) -> MemoryEst
     """
     if knobs.weight_dtype not in maxtext.DTYPE_BYTES:
         raise ValueError(f"weight_dtype {knobs.weight_dtype!r}: use one of {', '.join(maxtext.DTYPE_BYTES)}")
-    chips = math.prod(knobs.ici.values()) * math.prod(knobs.dcn.values())
-    replicas = knobs.ici.get("data", 1) * knobs.dcn.get("data", 1)
-    shards = chips // replicas
+    shards = weight_shards(knobs.ici, knobs.dcn)
     weight = maxtext.DTYPE_BYTES[knobs.weight_dtype]
     state = dims.parameters * weight / shards
     # Parameter host offload does not lower the step's HBM in MaxText 0.2.5: train_step moves every parameter

@@ -57,7 +57,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from multislice import storage
@@ -324,18 +324,11 @@ def read_ledger(checkpoint_dir: Any) -> tuple[dict[str, Any] | None, str]:
     A ledger that is there but unreadable still says the directory was written with digests: the caller treats
     anything but ``"absent"`` as a ledger present.
     """
-    target = _path(checkpoint_dir) / LEDGER_FILE
-    try:
-        text = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, "absent"
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("writer") != WRITER:
-            raise ValueError(f"not a {WRITER} digest ledger")
-    except ValueError as error:
-        return None, f"{target} unreadable: {summarize_error(error)}"
-    return data, ""
+    return _read_json(
+        _path(checkpoint_dir) / LEDGER_FILE,
+        lambda data: data.get("writer") == WRITER,
+        f"not a {WRITER} digest ledger",
+    )
 
 
 def is_current(step_dir: Any) -> bool:
@@ -416,15 +409,24 @@ def summarize_error(error: BaseException, limit: int = 400) -> str:
 
 def read_record(step_dir: Any) -> tuple[dict[str, Any] | None, str]:
     """``(record, "")``, ``(None, "absent")`` when the step has none, or ``(None, why it is unusable)``."""
-    target = _path(step_dir) / DIGEST_FILE
+    return _read_json(
+        _path(step_dir) / DIGEST_FILE,
+        lambda data: data.get("format") == FORMAT and isinstance(data.get("files"), dict),
+        f"not a format-{FORMAT} digest record",
+    )
+
+
+def _read_json(target: Any, valid: Callable[[dict[str, Any]], bool], invalid: str) -> tuple[dict[str, Any] | None, str]:
+    """``(object, "")`` of a JSON file whose object ``valid`` accepts, ``(None, "absent")`` when there is no file, or
+    ``(None, "<file> unreadable: <why>")`` (``invalid`` when ``valid`` refuses it)."""
     try:
         text = target.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None, "absent"
     try:
         data = json.loads(text)
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
-            raise ValueError(f"not a format-{FORMAT} digest record")
+        if not isinstance(data, dict) or not valid(data):
+            raise ValueError(invalid)
     except ValueError as error:
         return None, f"{target} unreadable: {summarize_error(error)}"
     return data, ""

@@ -428,14 +428,8 @@ def max_positions(config: Any) -> int:
 
 def parameter_count(config: Any) -> int:
     """Parameters of the Llama the MaxText config describes (embedding, layers, final norm, output head)."""
-    emb, heads, kv, head_dim = (
-        int(config.emb_dim),
-        int(config.num_query_heads),
-        int(config.num_kv_heads),
-        int(config.head_dim),
-    )
-    layer = emb * head_dim * (2 * heads + 2 * kv) + 3 * emb * int(config.mlp_dim) + 2 * emb
-    return 2 * int(config.vocab_size) * emb + int(config.num_decoder_layers) * layer + emb
+    emb = int(config.emb_dim)
+    return 2 * int(config.vocab_size) * emb + int(config.num_decoder_layers) * layer_parameters(config) + emb
 
 
 def default_dtype(config: Any) -> str:

@@ -35,11 +35,10 @@ Never in the Job's arguments or the compiled pipeline.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
-from multislice import exporting, reports, storage
+from multislice import exporting, memory, reports, storage
 from multislice.backends.gke import verifier
 from multislice.backends.gke.client import Kube
 from multislice.errors import RunFailed
@@ -64,11 +63,9 @@ def job_name(stage: StagePlan) -> str:
 
 
 def weight_shards(stage: StagePlan) -> int:
-    """How many ways the stage's training shards each weight: its chips over its data-parallel degree (ICI and DCN
-    ``data``), the other mesh axes (FSDP, tensor, ...) shard weights. Each storage chunk of a stacked weight in its
-    checkpoint is one such shard (Orbax writes a chunk per device shard)."""
-    chips = math.prod(stage.ici.values()) * math.prod(stage.dcn.values())
-    return max(1, chips // max(1, stage.ici.get("data", 1) * stage.dcn.get("data", 1)))
+    """How many ways the stage's training shards each weight (:func:`multislice.memory.weight_shards`): each
+    storage chunk of a stacked weight in its checkpoint is one such shard."""
+    return memory.weight_shards(stage.ici, stage.dcn)
 
 
 def _sizing(plan: Plan, stage: StagePlan) -> exporting.ExportSizing:

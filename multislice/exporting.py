@@ -60,6 +60,9 @@ GROUP_BYTES_PER_PARAMETER = 12
 LAYER_BYTES_PER_PARAMETER = 14
 #: A loader's bytes a parameter of the layer it holds (multislice.trainer.export.LOADER_BYTES_PER_LAYER_PARAMETER).
 LOADER_BYTES_PER_LAYER_PARAMETER = 8
+#: A loader's memory beyond its layer: interpreter, torch, transformers and one block of the embedding or head
+#: (multislice.trainer.export.LOADER_BASELINE_BYTES).
+LOADER_BASELINE_BYTES = 2**30 + 2 * 256 * 2**20
 #: Interpreter, JAX, MaxText, torch, tokenizer and logits, bytes.
 OVERHEAD_BYTES = 4 * 2**30
 #: Parameters a second the exporter converts (and MaxText's side of the check applies), measured at Llama 3 8B on
@@ -152,7 +155,7 @@ def sizing(stage: Any, dtype: str, weight_shards: int = 1) -> ExportSizing:
     largest_weight = dims.num_decoder_layers * dims.emb_dim * max(dims.mlp_dim, dims.num_query_heads * dims.head_dim)
     chunk = 2 * stored * largest_weight // max(1, weight_shards)  # one decoded chunk and its layer's copy
     conversion = max(GROUP_BYTES_PER_PARAMETER * group, LAYER_BYTES_PER_PARAMETER * layer) + chunk
-    loader = LOADER_BYTES_PER_LAYER_PARAMETER * layer + 2**30
+    loader = LOADER_BYTES_PER_LAYER_PARAMETER * layer + LOADER_BASELINE_BYTES
     memory = max(conversion, loader) + OVERHEAD_BYTES
     # the split layers are deleted as each is converted: at most all of them beside the embedding's shard, or the
     # whole export at the end

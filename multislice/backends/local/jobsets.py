@@ -167,11 +167,12 @@ class LocalJobSets:
                     "choose another run_name, or delete that JobSet first",
                 )
             kind = "replaced" if replace else "deleted"  # a finished JobSet of an earlier run: its state kept aside
-            aside = state_dir.with_name(f"{name}.{kind}-{int(existing.finished_at or time.time())}")
+            stamp = f"{name}.{kind}-{int(existing.finished_at or time.time())}"
+            aside = state_dir.with_name(stamp)
             for again in itertools.count(1):  # an elastic stage resized twice within a second: each kept apart
                 if not aside.exists():
                     break
-                aside = state_dir.with_name(f"{name}.{kind}-{int(existing.finished_at or time.time())}-{again}")
+                aside = state_dir.with_name(f"{stamp}-{again}")
             state_dir.rename(aside)
         with cancel.shielded():  # a signal cannot split creating the JobSet and recording its supervisor
             state_dir.mkdir(parents=True)

@@ -63,8 +63,6 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 WRAPPERS = frozenset({"sh", "dash", "bash"})
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 PR_SET_PDEATHSIG = 1
-#: ``PR_SET_CHILD_SUBREAPER`` from ``<linux/prctl.h>``.
-PR_SET_CHILD_SUBREAPER = 36
 
 
 class Cancelled(KeyboardInterrupt):
@@ -183,19 +181,6 @@ def die_with_parent() -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
-
-
-def become_subreaper() -> None:
-    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``, Linux ``prctl(2)``): a descendant whose
-    parent ends is reparented to it (not to init), so it can reap that descendant and read its exit status. The
-    local supervisor adopts the pods its fork server forks this way (:mod:`multislice.trainer.spare`).
-
-    Raises:
-        OSError: the kernel refused (``errno``).
-    """
-    if _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(error)}")
 
 
 def _start_ticks(pid: int) -> str | None:

@@ -61,11 +61,7 @@ WORDS = {
 #: The worker's first line: a new attempt's leader log starts with it (``multislice.trainer.worker``).
 WORKER_START = re.compile(r"multislice worker: process \d+ ")
 #: The worker's start-up line: seconds from the process's start to MaxText imported.
-#: A pod the local backend forked from its pre-started interpreter (:mod:`multislice.trainer.spare`) counts from
-#: the fork: ``... s after the pod started (in a pre-started interpreter, ...)``.
-STARTUP_LINE = re.compile(
-    r"multislice worker: MaxText imported (?P<seconds>[0-9.]+) s after the (?:process|pod) started"
-)
+STARTUP_LINE = re.compile(r"multislice worker: MaxText imported (?P<seconds>[0-9.]+) s after the process started")
 #: Orbax's log line at the end of a checkpoint operation (``orbax/checkpoint/_src/logging/event_tracking.py``,
 #: ``OperationRecorder.record_blocking_completion`` and ``record_completion``, orbax-checkpoint as MaxText 0.2.5
 #: pins it), e.g. ``[process=0] [async] Finished blocking save in 0.42 seconds. Continuing save @ gs://...``.

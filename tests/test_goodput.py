@@ -122,25 +122,3 @@ def test_badput_words_name_the_causes_with_time_in_order():
     words = goodput.badput_words({"compile": 44.0, "startup": 40.0, "restore": 0.0, "other": 15.0}, 200.0)
     assert words == "start-up 40.0 s (20%), compile 44.0 s (22%), other 15.0 s (8%)"
     assert goodput.badput_words({}) == "none"
-
-
-def test_a_pod_started_in_a_pre_started_interpreter_counts_its_start_up_from_the_pod_start():
-    """The local backend's fork server (multislice.backends.local.spares) did the imports before the pod was forked:
-    the worker's start-up line counts from the pod's start, and the waiting between attempts ends there."""
-    lines = [
-        (0.0, "multislice worker: process 0 (slice 0, host 0) of 2"),
-        (5.0, "multislice worker: MaxText imported 10.0 s after the process started; heavy packages imported: none"),
-        (21.0, step(0, 2.0)),
-        (23.0, step(1, 2.0)),
-        (30.0, "multislice worker: process 0 (slice 0, host 0) of 2"),
-        (
-            30.5,
-            "multislice worker: MaxText imported 0.5 s after the pod started (in a pre-started interpreter, imports "
-            "done 40.2 s before); heavy packages imported: none",
-        ),
-        (35.0, step(2, 2.0)),
-    ]
-    measured = goodput.measure(lines, wall_seconds=40.0)
-    assert measured.attempts == 2
-    assert measured.badput_seconds["startup"] == pytest.approx(10.5)  # not the 40 s the fork server spent importing
-    assert measured.badput_seconds["waiting"] == pytest.approx(30.0 - 23.0)  # to the pod's start at 30.5 - 0.5

@@ -49,7 +49,7 @@ from multislice.maxtext import (
     ENV_PROCESSES_IN_JOB,
     TRAIN_MODULE,
 )
-from multislice.trainer import compile_cache, digests, elastic_data, lean_imports, spare
+from multislice.trainer import compile_cache, digests, elastic_data, lean_imports
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -161,47 +161,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return options, maxtext_args
 
 
-def warm_up(argv: list[str]) -> None:
-    """Do the pods' imports ahead of their start, in the pre-started interpreter (fork server) of the local backend
-    (:mod:`multislice.trainer.spare`): JAX, MaxText's trainer as :func:`main` imports it (after
-    :func:`multislice.trainer.lean_imports.install`), and the emulated slices. ``argv`` are the pod's arguments.
-
-    Starts no JAX backend (``jax.distributed`` must initialise first, in :func:`main`), nor anything of the run:
-    :func:`main` then finds the modules imported.
-
-    Raises:
-        RuntimeError: the imports started a JAX backend (the fork server is then of no use: pods start cold).
-    """
-    options, maxtext_args = parse_args(argv)
-    import jax  # noqa: F401 (imported ahead, for main: the fork server's whole point)
-    from jax._src import xla_bridge
-
-    lean_imports.install(maxtext_args)
-    import yaml  # noqa: F401 (imported ahead, for main)
-    from absl import app  # noqa: F401 (imported ahead, for main)
-    from maxtext.trainers.pre_train import train  # noqa: F401 (imported ahead, for main)
-
-    maxtext_argv(maxtext_args)  # its imports (maxtext.configs, multislice.config.data)
-    if options.emulate_slices:
-        from multislice.trainer import emulated_slices  # noqa: F401 (imported ahead, for main)
-    if xla_bridge.backends_are_initialized():
-        raise RuntimeError("importing the trainer started a JAX backend: jax.distributed could not initialise after")
-
-
-def seconds_since_pod_start() -> tuple[float, str]:
-    """Seconds since this pod started, and how it started: in a process of its own (its start), or in a pre-started
-    interpreter of the local backend (its activation, :func:`multislice.trainer.spare.activation`): the words for
-    the worker's start-up line."""
-    activated = spare.activation()
-    if activated is None:
-        return seconds_since_process_start(), "the process started"
-    if activated.warmed is None:
-        how = "still importing when the pod started"
-    else:
-        how = f"imports done {activated.activated - activated.warmed:.1f} s before"
-    return activated.seconds_since_pod_start(), f"the pod started (in a pre-started interpreter, {how})"
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run MaxText training with this pod's arguments; exits with MaxText's status."""
     options, maxtext_args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -224,9 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     from absl import app
     from maxtext.trainers.pre_train import train
 
-    seconds, started = seconds_since_pod_start()
     print(
-        f"multislice worker: MaxText imported {seconds:.1f} s after {started}; "
+        f"multislice worker: MaxText imported {seconds_since_process_start():.1f} s after the process started; "
         f"heavy packages imported: {', '.join(lean_imports.loaded()) or 'none'} (of {', '.join(lean_imports.HEAVY)})",
         flush=True,
     )

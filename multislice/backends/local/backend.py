@@ -38,7 +38,6 @@ from multislice.backends.local.environment import InsufficientCapacity
 from multislice.backends.local.inotify import FILE_EVENTS, Watch
 from multislice.backends.local.jobsets import LocalJobSets
 from multislice.backends.local.pods import expand_jobset
-from multislice.backends.local.spares import warmable
 from multislice.backends.local.tools import Runner, run_tool
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import CompileSession, work_dir_for
@@ -50,6 +49,11 @@ from multislice.trainer import verify, verify_export
 #: The pod programs that train a stage: the JobSet worker (MaxText in each pod) and the local RayJob's driver pod
 #: (:data:`multislice.render.jobset.LOCAL_RAYJOB_MODULE`: a Ray head whose JaxTrainer runs MaxText in its workers).
 TRAINING_MODULES = frozenset({maxtext.WORKER_MODULE, LOCAL_RAYJOB_MODULE})
+
+
+def runs_module(argv: list[str], modules: frozenset[str]) -> bool:
+    """Whether a pod's command is ``<python> -m <module> ...`` with ``module`` among ``modules``."""
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2] in modules
 
 
 class LocalBackend(Backend):
@@ -312,7 +316,7 @@ class LocalBackend(Backend):
         stage's driver pod, whose Ray workers run MaxText), not another command (a test's scripted pods)."""
         try:
             manifest = yaml.safe_load((self.jobsets.state_dir(name) / "jobset.yaml").read_text(encoding="utf-8"))
-            return any(warmable(pod.argv, TRAINING_MODULES) for pod in expand_jobset(manifest))
+            return any(runs_module(pod.argv, TRAINING_MODULES) for pod in expand_jobset(manifest))
         except (OSError, yaml.YAMLError, KeyError, TypeError):
             return False
 

@@ -47,6 +47,9 @@ from multislice.backends.local.pods import UnsupportedManifest, expand_jobset
 from multislice.backends.local.state import GRACE_FILE, JobSetState, read_state, write_state
 from multislice.render import schema
 
+#: ``backoffLimit`` of every Job under ``restartStrategy: InPlaceRestart`` (MaxInt32: JobSet v0.12.0,
+#: ``pkg/webhooks/jobset_webhook.go``).
+IN_PLACE_BACKOFF_LIMIT = 2147483647
 #: Phases of a JobSet that holds nothing and may be replaced by another pipeline run of the same name.
 FINISHED = frozenset({"Completed", "Failed"})
 
@@ -252,9 +255,36 @@ class LocalJobSets:
 
     @staticmethod
     def _check_supported(manifest: dict[str, Any]) -> None:
+        """Refuse what the local supervisor cannot carry out as the controllers would. Under ``restartStrategy:
+        InPlaceRestart`` each Job must be as JobSet v0.12.0's webhook requires (``pkg/webhooks/jobset_webhook.go``:
+        ``backoffLimit`` 2147483647, ``podReplacementPolicy: Failed``, ``completions == parallelism``); the
+        supervisor plays the in-place restart agent, so the pod needs none (:mod:`.supervisor`)."""
+        strategy = manifest["spec"].get("failurePolicy", {}).get("restartStrategy", "Recreate")
+        if strategy not in ("Recreate", "InPlaceRestart"):
+            raise UnsupportedManifest(
+                f"spec.failurePolicy.restartStrategy {strategy} is not supported locally: "
+                "use Recreate or InPlaceRestart"
+            )
         for rj in manifest["spec"]["replicatedJobs"]:
             job = rj["template"]["spec"]
-            if job.get("backoffLimit", 6) != 0:
+            if strategy == "InPlaceRestart":
+                where = f"replicatedJobs[{rj['name']}].template.spec"
+                if job.get("backoffLimit") != IN_PLACE_BACKOFF_LIMIT:
+                    raise UnsupportedManifest(
+                        f"{where}.backoffLimit must be {IN_PLACE_BACKOFF_LIMIT} under restartStrategy InPlaceRestart "
+                        f"(JobSet's webhook requires it), not {job.get('backoffLimit')}"
+                    )
+                if job.get("podReplacementPolicy") != "Failed":
+                    raise UnsupportedManifest(
+                        f"{where}.podReplacementPolicy must be Failed under restartStrategy InPlaceRestart "
+                        f"(JobSet's webhook requires it), not {job.get('podReplacementPolicy')}"
+                    )
+                if job.get("completions") is None or job.get("completions") != job.get("parallelism"):
+                    raise UnsupportedManifest(
+                        f"{where}.completions must equal its parallelism under restartStrategy InPlaceRestart "
+                        f"(JobSet's webhook requires it), not {job.get('completions')} and {job.get('parallelism')}"
+                    )
+            elif job.get("backoffLimit", 6) != 0:
                 raise UnsupportedManifest(
                     f"replicatedJobs[{rj['name']}].template.spec.backoffLimit must be 0 on the local backend "
                     "(multislice JobSets use 0: any pod failure fails its Job)"
@@ -351,10 +381,11 @@ class LocalJobSets:
                 watch.wait(left)
 
     def pod_log(self, name: str, job_index: int = 0, completion_index: int = 0, attempt: int | None = None) -> Path:
-        """Log file of a pod (the leader by default) at an attempt (the latest by default)."""
+        """Log file of a pod (the leader by default) at an attempt (:attr:`.state.JobSetState.attempt`, the latest
+        by default)."""
         state = self.get_jobset(name)
         if attempt is None:
-            attempt = state.restarts if state else 0
+            attempt = state.attempt if state else 0
         hostname = names.pod_hostname(name, job_index, completion_index)
         return self.state_dir(name) / "pods" / f"{hostname}.attempt-{attempt}.log"
 

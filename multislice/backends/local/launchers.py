@@ -153,8 +153,9 @@ class JobSetLauncher(Launcher):
         return "local backend: every pod is a process on this machine; a slice is the set of processes of one child Job"
 
     def leader_lines(self, on_line: Callable[[str], None]) -> tuple[Callable[[str], None], RestartsOf]:
-        """``(what the leader's lines go through, the restarts of the ended workload)``: the JobSet's restarts."""
-        return on_line, lambda state: state.restarts
+        """``(what the leader's lines go through, the restarts of the ended workload)``: the JobSet's restarts of
+        either kind (recreated or in place: :attr:`.state.JobSetState.attempt`)."""
+        return on_line, lambda state: state.attempt
 
     def follow(
         self,
@@ -191,20 +192,20 @@ class JobSetLauncher(Launcher):
                 for event in state.events[events_seen:]:
                     tell(f"{what} event {event.reason}: {event.message}")
                 events_seen = len(state.events)
-                watch.add(self.jobsets.pod_log(name, 0, 0, state.restarts), FILE_EVENTS)
+                watch.add(self.jobsets.pod_log(name, 0, 0, state.attempt), FILE_EVENTS)
                 if not state.terminal:
                     watch.add_process(state.supervisor_pid)
-                for attempt in range(state.restarts + 1):
-                    log, final = self.jobsets.pod_log(name, 0, 0, attempt), state.terminal or attempt < state.restarts
+                for attempt in range(state.attempt + 1):
+                    log, final = self.jobsets.pod_log(name, 0, 0, attempt), state.terminal or attempt < state.attempt
                     read[attempt] = pass_on(log, read.get(attempt, 0), on_line, final=final)
                 if state.terminal:
                     break
                 if interrupt is not None and interrupt():
                     # Stop the pods first, then pass on what they logged up to then: no step line is lost.
                     self.jobsets.delete_jobset(name, timeout=self.timings.delete_timeout)
-                    for attempt in range(state.restarts + 1):
+                    for attempt in range(state.attempt + 1):
                         pass_on(self.jobsets.pod_log(name, 0, 0, attempt), read.get(attempt, 0), on_line, final=True)
-                    return Finished(phase="Interrupted", restarts=state.restarts, leader_logs=[],
+                    return Finished(phase="Interrupted", restarts=state.attempt, leader_logs=[],
                                     restart_causes=_restart_causes(state))  # fmt: skip
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -213,7 +214,7 @@ class JobSetLauncher(Launcher):
                         "raise timeouts.train if the stage needs longer",
                     )
                 watch.wait(left if interrupt is None else min(left, self.timings.poll_seconds))
-        logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.restarts + 1)]
+        logs = [str(self.jobsets.pod_log(name, 0, 0, attempt)) for attempt in range(state.attempt + 1)]
         return Finished(phase=state.phase, restarts=restarts_of(state), leader_logs=logs,
                         restart_causes=_restart_causes(state))  # fmt: skip
 
@@ -222,7 +223,7 @@ class JobSetLauncher(Launcher):
         state = self.jobsets.get_jobset(name)
         if state is None:
             return f"{self.what} {name} does not exist"
-        lines = [f"{self.what} {name} {state.phase}: {state.reason}: {state.message} (restarts: {state.restarts})"]
+        lines = [f"{self.what} {name} {state.phase}: {state.reason}: {state.message} (restarts: {state.attempt})"]
         for pod in state.pods:
             if pod.phase == "Failed" or pod.exit_code not in (None, 0):
                 lines.append(
@@ -309,6 +310,7 @@ class RayLauncher(JobSetLauncher):
 
 
 def _restart_causes(state: Any) -> list[str]:
-    """Why each of the JobSet's restarts happened: the supervisor's ``JobFailed`` event of each restarted
-    attempt (the Job, the pod and its exit code, the failure policy rule), in order."""
-    return [e.message for e in state.events if e.reason == "JobFailed"][: state.restarts]
+    """Why each of the JobSet's restarts happened: the supervisor's ``JobFailed`` event (the Job, the pod and its
+    exit code, the failure policy rule) or, under in-place restart, ``PodFailed`` event of each restarted attempt,
+    in order."""
+    return [e.message for e in state.events if e.reason in ("JobFailed", "PodFailed")][: state.attempt]

@@ -90,8 +90,15 @@ def _resolve_env(container: dict[str, Any], labels: dict[str, str], annotations:
     return env
 
 
-def expand_jobset(manifest: dict[str, Any], restart_attempt: int = 0) -> list[LocalPod]:
+def expand_jobset(
+    manifest: dict[str, Any], restart_attempt: int = 0, annotated: dict[str, dict[str, str]] | None = None
+) -> list[LocalPod]:
     """The pods of a JobSet at a restart attempt, in (replicated job, job index, pod index) order.
+
+    ``annotated`` gives, by hostname, annotations set on a pod since its creation (the in-place restart agent's
+    ``jobset.sigs.k8s.io/in-place-restart-attempt``): the environment is resolved with them, as the kubelet
+    resolves a container's Downward API variables from the pod as it is when the container starts
+    (``pkg/kubelet/kubelet_pods.go``, ``makeEnvironmentVariables``, at each container start).
 
     Raises:
         UnsupportedManifest: more than one container, or a fieldRef the local
@@ -128,7 +135,11 @@ def expand_jobset(manifest: dict[str, Any], restart_attempt: int = 0) -> list[Lo
                 hostname = names.pod_hostname(jobset, job_index, pod_index, rj["name"])
                 meta = {**jobset_meta, names.JOB_COMPLETION_INDEX_KEY: str(pod_index), "job-name": job}
                 labels = {**pod_template.get("metadata", {}).get("labels", {}), **meta}
-                annotations = {**pod_template.get("metadata", {}).get("annotations", {}), **meta}
+                annotations = {
+                    **pod_template.get("metadata", {}).get("annotations", {}),
+                    **meta,
+                    **(annotated or {}).get(hostname, {}),
+                }
                 container = containers[0]
                 env = _resolve_env(container, labels, annotations)
                 argv = [expand_vars(a, env) for a in [*container.get("command", []), *container.get("args", [])]]

@@ -5,7 +5,8 @@ Layout of a JobSet's state directory (``<run_dir>/jobsets/<jobset>/``)::
     jobset.yaml                      the manifest as created
     state.json                       JobSetState, rewritten atomically by the supervisor
     supervisor.log                   the supervisor's own log
-    pods/<hostname>.attempt-<N>.log  stdout+stderr of each pod, per restart attempt
+    pods/<hostname>.attempt-<N>.log  stdout+stderr of each pod, per attempt (N: JobSetState.attempt, every
+                                     restart of the pods' processes, recreated or in place)
 
 Only the supervisor writes ``state.json``; readers may see it at any moment
 (writes go to a temporary file and are renamed into place).
@@ -30,6 +31,13 @@ TERMINAL: frozenset[str] = frozenset({"Completed", "Failed", "Deleted"})
 #: manifest's ``terminationGracePeriodSeconds``.
 GRACE_FILE = "delete-grace"
 
+#: ``spec.failurePolicy.restartStrategy`` values the local supervisor carries out (JobSet v0.12.0,
+#: ``api/jobset/v1alpha2/jobset_types.go``: ``Recreate``, the default, and ``InPlaceRestart``, KEP-467).
+RestartStrategy = Literal["Recreate", "InPlaceRestart"]
+#: The pod annotation the in-place restart agent keeps (``InPlaceRestartAttemptKey``, JobSet v0.12.0,
+#: ``api/jobset/v1alpha2/jobset_types.go``).
+IN_PLACE_RESTART_ATTEMPT_KEY = "jobset.sigs.k8s.io/in-place-restart-attempt"
+
 
 class PodState(BaseModel):
     """One pod (process) of the current restart attempt.
@@ -38,15 +46,17 @@ class PodState(BaseModel):
         hostname: Pod hostname, ``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>``.
         job_index: Child Job (slice) index.
         completion_index: Pod index within its Job (host within the slice).
-        attempt: JobSet restart attempt the pod belongs to.
-        pid: Process id while running (also its process group id).
+        attempt: The attempt of the JobSet's pods (:attr:`JobSetState.attempt`) its current process belongs to.
+        pid: Process id of its current process while running (also its process group id).
         phase: Pending, Running, Succeeded or Failed.
         exit_code: Container exit code: the process's status, or 128 + signal number.
         log: Path of the pod's log for this attempt.
-        started_at: Unix time the pod started (its process, or its fork from the pre-started interpreter), seconds.
+        started_at: Unix time its current process started, seconds.
         finished_at: Unix time it exited, seconds.
-        prestarted: Whether it was forked from the interpreter the supervisor pre-started with the pods' imports
-            done (:mod:`.spares`), rather than started as a new process.
+        restart_count: Restarts of its container in place (``status.containerStatuses[].restartCount``): under
+            ``InPlaceRestart`` a pod lives through restarts, each a new process; a recreated pod starts at 0.
+        annotations: The annotations the JobSet's agents and controllers keep on the pod; under
+            ``InPlaceRestart``, :data:`IN_PLACE_RESTART_ATTEMPT_KEY`.
     """
 
     hostname: str
@@ -59,7 +69,14 @@ class PodState(BaseModel):
     log: str
     started_at: float | None = None
     finished_at: float | None = None
-    prestarted: bool = False
+    restart_count: int = 0
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def in_place_restart_attempt(self) -> int | None:
+        """The pod's :data:`IN_PLACE_RESTART_ATTEMPT_KEY` annotation, or None where it has none."""
+        value = self.annotations.get(IN_PLACE_RESTART_ATTEMPT_KEY)
+        return None if value is None else int(value)
 
 
 class Event(BaseModel):
@@ -80,9 +97,16 @@ class JobSetState(BaseModel):
         reason: Reason of a terminal phase, as JobSet names it
             (AllJobsCompleted, FailJobSetAction, ReachedMaxRestarts, Deleted, SupervisorLost).
         message: Human explanation of ``reason``.
-        restarts: JobSet restarts so far (``status.restarts``).
-        restarts_count_towards_max: Restarts counted against ``maxRestarts``.
+        restarts: JobSet restarts so far (``status.restarts``): the restarts that recreated every pod. In-place
+            restarts do not count here (the controller leaves ``status.restarts`` alone for them).
+        restarts_count_towards_max: Of those, the ones counted against ``maxRestarts``.
         max_restarts: ``spec.failurePolicy.maxRestarts``.
+        restart_strategy: ``spec.failurePolicy.restartStrategy``.
+        previous_in_place_restart_attempt: ``status.previousInPlaceRestartAttempt`` (``InPlaceRestart`` only).
+        current_in_place_restart_attempt: ``status.currentInPlaceRestartAttempt`` (``InPlaceRestart`` only).
+        attempt: Restarts of the pods' processes so far, of either kind (recreated, in place, or after a lost
+            supervisor): the ``N`` of the pods' logs ``pods/<hostname>.attempt-<N>.log``. A local figure, not a
+            JobSet status field.
         supervisor_pid: Process id of the supervisor keeping this state.
         pods: Pods of the current attempt.
         events: Everything that happened, oldest first.
@@ -98,6 +122,10 @@ class JobSetState(BaseModel):
     restarts: int = 0
     restarts_count_towards_max: int = 0
     max_restarts: int = 0
+    restart_strategy: RestartStrategy = "Recreate"
+    previous_in_place_restart_attempt: int | None = None
+    current_in_place_restart_attempt: int | None = None
+    attempt: int = 0
     supervisor_pid: int | None = None
     pods: list[PodState] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)

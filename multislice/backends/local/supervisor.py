@@ -24,11 +24,18 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   ``RestartJobSetAndIgnoreMaxRestarts`` restarts without counting
   (JobSet KEP-262, ``keps/262-ConfigurableFailurePolicy``); a restart gives the
   surviving pods :data:`RESTART_GRACE_SECONDS` after SIGTERM, not their whole
-  grace period;
-- while a restart could follow, keeps a pre-started interpreter (a fork
-  server) with the trainer pods' imports done, and forks the pods of each
-  later attempt from it (:mod:`.spares`; a pod it cannot fork starts as a new
-  process, as every pod of the first attempt);
+  grace period. Such a restart recreates the pods (``restartStrategy:
+  Recreate``, the default): new pods, ``status.restarts`` + 1;
+- under ``restartStrategy: InPlaceRestart`` (JobSet v0.12.0, KEP-467:
+  ``keps/467-InPlaceRestart/README.md``), plays the in-place restart agent of
+  each pod and the JobSet controller's part (``pkg/controllers/in_place_restart.go``;
+  the agent: ``cmd/in-place-restart-agent/main.go``): a pod failure that does
+  not fail its Job (no ``FailJob`` rule matches: :func:`restarts_in_place`)
+  restarts the pods in place, each keeping its name, host identity and
+  environment, with a new process (cold: nothing of the old one survives but
+  what survives on a node, the files it wrote); see :meth:`Supervisor.restart_in_place`;
+- starts every pod as a new process, whatever the attempt (as a cluster
+  starts a container: nothing is pre-started);
 - completes the JobSet when every pod has succeeded;
 - on SIGTERM (delete), stops every pod: SIGTERM to each process group, then
   SIGKILL after the pod's ``terminationGracePeriodSeconds``;
@@ -40,7 +47,7 @@ It does for one JobSet what the JobSet and Job controllers do on a cluster:
   steps watching the JobSet see it Failed with reason ``SupervisorLost``.
 
 It never leaves a pod process behind: whatever ends the supervisor's loop,
-its ``finally`` stops the pods it started, and its fork server. A supervisor started for a JobSet
+its ``finally`` stops the pods it started. A supervisor started for a JobSet
 whose state already lists pods is taking over from a lost one
 (:meth:`.jobsets.LocalJobSets.take_over`): it kills what is left of the old
 attempt's process groups and starts the next attempt, as a restart that does
@@ -52,6 +59,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,8 +72,16 @@ from multislice.backends.local import capacity
 from multislice.backends.local.environment import free_port
 from multislice.backends.local.inotify import Watch
 from multislice.backends.local.pods import LocalPod, expand_jobset
-from multislice.backends.local.spares import PodProcess, Spares, identity_env, warmable_modules
-from multislice.backends.local.state import GRACE_FILE, JobSetState, Phase, PodState, read_state, write_state
+from multislice.backends.local.state import (
+    GRACE_FILE,
+    IN_PLACE_RESTART_ATTEMPT_KEY,
+    JobSetState,
+    Phase,
+    PodState,
+    read_state,
+    write_state,
+)
+from multislice.cancel import die_with_parent
 
 #: The longest the supervisor sleeps where no event can wake it (no inotify or pidfds: :mod:`.inotify`), seconds.
 POLL_SECONDS = 0.25
@@ -79,6 +95,8 @@ IDLE_SECONDS = 60.0
 #: the child Jobs (foreground, no grace override: JobSet v0.12.0, ``pkg/controllers/jobset_controller.go``,
 #: ``deleteJobs``), so there the survivors get their whole grace period (docs/testing.md).
 RESTART_GRACE_SECONDS = 2.0
+#: ``spec.failurePolicy.restartStrategy`` of in-place restart (JobSet v0.12.0, ``api/jobset/v1alpha2/jobset_types.go``).
+IN_PLACE = "InPlaceRestart"
 
 
 def exit_code_of(returncode: int) -> int:
@@ -131,6 +149,27 @@ def failure_policy_action(
     return "RestartJobSet", "(default)"
 
 
+def restarts_in_place(job_spec: dict[str, Any], container: dict[str, Any], exit_code: int | None) -> bool:
+    """Whether, under ``restartStrategy: InPlaceRestart``, a pod whose container exited with ``exit_code`` is
+    restarted in place rather than failing its Job.
+
+    The container's ``restartPolicyRules`` decide where it has them (Kubernetes' container restart rules, KEP-5307:
+    the first rule whose ``exitCodes`` match; ``RestartAllContainers`` restarts the pod in place, as the KEP-467
+    example's worker rule ``NotIn [0]`` does). Otherwise, and where no rule matched, the pod fails; its Job fails
+    only on a ``podFailurePolicy`` FailJob rule (``backoffLimit`` is 2147483647 under in-place restart: JobSet
+    v0.12.0 ``pkg/webhooks/jobset_webhook.go``), and else the Job replaces the pod (``podReplacementPolicy:
+    Failed``), whose new agent takes the next in-place restart attempt: the same group restart.
+    """
+    for rule in container.get("restartPolicyRules") or []:
+        codes = rule.get("exitCodes") or {}
+        if (exit_code in codes.get("values", [])) == (codes.get("operator") == "In"):
+            if rule.get("action") == "RestartAllContainers":
+                return True
+            break
+    reason, _ = job_failure_reason(job_spec, container["name"], exit_code)
+    return reason != "PodFailurePolicy"
+
+
 class Supervisor:
     """Runs the pods of one JobSet until it completes, fails or is deleted."""
 
@@ -140,15 +179,16 @@ class Supervisor:
         self.manifest = yaml.safe_load((state_dir / "jobset.yaml").read_text(encoding="utf-8"))
         self.state = read_state(state_dir) or JobSetState(name=self.manifest["metadata"]["name"])
         self.state.supervisor_pid = os.getpid()
-        self.procs: dict[str, PodProcess] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
         self.pods: dict[str, LocalPod] = {}
         self.deleting = False
         self.spec = self.manifest["spec"]
         self.failure_policy = self.spec.get("failurePolicy", {})
         self.state.max_restarts = int(self.failure_policy.get("maxRestarts", 0))
+        self.state.restart_strategy = self.failure_policy.get("restartStrategy", "Recreate")
+        self.recreate = True  # the next start creates the pods (first start, Recreate); else restarts them in place
         self.waiting_for_capacity = False
         self.watch = Watch(fallback_seconds=POLL_SECONDS)  # pod exits, signals, the capacity file (run)
-        self.spares = Spares(state_dir / "spares", warmable_modules())  # the fork server of later attempts' pods
 
     # -- pod processes --------------------------------------------------
 
@@ -184,62 +224,167 @@ class Supervisor:
         return float(template.get("terminationGracePeriodSeconds", 30))
 
     def start_attempt(self) -> None:
-        """Start every pod of the current restart attempt."""
-        attempt = self.state.restarts
-        (self.state_dir / "pods").mkdir(exist_ok=True)
-        self.procs.clear()
-        self.pods = {p.hostname: p for p in expand_jobset(self.manifest, restart_attempt=attempt)}
-        self.state.pods = []
-        if any(maxtext.ENV_COORDINATOR_PORT in pod.env for pod in self.pods.values()):
-            port = str(free_port())
-            for pod in self.pods.values():
-                pod.env[maxtext.ENV_COORDINATOR_PORT] = port
-            self.state.event("CoordinatorPort", f"attempt {attempt}: JAX coordinator on 127.0.0.1:{port}")
-        prestarted = 0
-        for pod in self.pods.values():
-            log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
-            proc, from_spare = self.spares.launch(pod.argv, self._pod_env(pod), self.state_dir, log_path)
-            prestarted += from_spare
-            self.procs[pod.hostname] = proc
-            self.state.pods.append(
+        """Start the pods of the current attempt (:attr:`JobSetState.attempt`): create them (the first start, and
+        any restart that recreates them) or restart them in place, each as a new process."""
+        attempt = self.state.attempt
+        if self.recreate:
+            self.state.pods = [
                 PodState(
                     hostname=pod.hostname,
                     job_index=pod.job_index,
                     completion_index=pod.completion_index,
                     attempt=attempt,
-                    pid=proc.pid,
-                    phase="Running",
-                    log=str(log_path),
-                    started_at=time.time(),
-                    prestarted=from_spare,
+                    log="",
                 )
-            )
+                for pod in expand_jobset(self.manifest, restart_attempt=self.state.restarts)
+            ]
+            if self.state.restart_strategy == IN_PLACE:
+                for pod_state in self.state.pods:  # each new pod's agent takes its attempt; the barrier lifts
+                    self._agent_starts(pod_state)
+                self._reconcile_in_place()
+        # Each container's environment as its pod is now (in place: the same pod, its annotations since updated).
+        annotated = {p.hostname: p.annotations for p in self.state.pods}
+        self.pods = {
+            p.hostname: p
+            for p in expand_jobset(self.manifest, restart_attempt=self.state.restarts, annotated=annotated)
+        }
+        (self.state_dir / "pods").mkdir(exist_ok=True)
+        self.procs.clear()
+        if any(maxtext.ENV_COORDINATOR_PORT in pod.env for pod in self.pods.values()):
+            port = str(free_port())
+            for pod in self.pods.values():
+                pod.env[maxtext.ENV_COORDINATOR_PORT] = port
+            self.state.event("CoordinatorPort", f"attempt {attempt}: JAX coordinator on 127.0.0.1:{port}")
+        for pod_state in self.state.pods:
+            pod = self.pods[pod_state.hostname]
+            log_path = self.state_dir / "pods" / f"{pod.hostname}.attempt-{attempt}.log"
+            proc = self._launch(pod.argv, self._pod_env(pod), log_path)
+            self.procs[pod.hostname] = proc
+            pod_state.attempt, pod_state.pid, pod_state.phase = attempt, proc.pid, "Running"
+            pod_state.log, pod_state.started_at = str(log_path), time.time()
+            pod_state.exit_code = pod_state.finished_at = None
         self.state.phase = "Running"
-        how = f" ({prestarted} in pre-started interpreters)" if prestarted else ""
-        self.state.event("Started", f"attempt {attempt}: started {len(self.pods)} pods{how}")
+        if self.recreate:
+            how = "started"
+        else:
+            how = f"restarted in place (in-place restart attempt {self.state.current_in_place_restart_attempt}):"
+        self.state.event("Started", f"attempt {attempt}: {how} {len(self.pods)} pods, each a new process")
         write_state(self.state_dir, self.state)
-        self.start_spares()
 
-    def may_restart(self) -> bool:
-        """Whether a failure could still start another attempt (a restart left below ``maxRestarts``, or a
-        ``RestartJobSetAndIgnoreMaxRestarts`` rule)."""
-        rules = self.failure_policy.get("rules", [])
-        ignoring = any(r.get("action") == "RestartJobSetAndIgnoreMaxRestarts" for r in rules)
-        return ignoring or self.state.restarts_count_towards_max < self.state.max_restarts
+    def _launch(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        """A pod's container as a new process: a session of its own (its pid is its process group's, stopped as
+        one), killed when this supervisor ends, logging to ``log``."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd=self.state_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # a SIGKILLed supervisor's pods die with it
+            )
 
-    def start_spares(self) -> None:
-        """Start the fork server for the next attempts' pods (:mod:`.spares`) unless one runs, after this attempt's
-        pods (their start first), when there can be another attempt; else stop it."""
-        if not self.may_restart():
-            self.spares.stop()
+    # -- in-place restart (JobSet v0.12.0, KEP-467) ---------------------
+
+    def _agent_starts(self, pod_state: PodState) -> None:
+        """What the pod's in-place restart agent does as it starts (``cmd/in-place-restart-agent/main.go``,
+        ``Reconcile``): annotate the pod with the in-place restart attempt after the JobSet's current one (0 when
+        there is none yet)."""
+        current = self.state.current_in_place_restart_attempt
+        pod_state.annotations[IN_PLACE_RESTART_ATTEMPT_KEY] = str(0 if current is None else current + 1)
+
+    def _pod_attempts(self) -> list[int]:
+        """The pods' in-place restart attempts (``getPodInPlaceRestartAttempts``). Every pod counts: under
+        in-place restart no pod's phase is Failed (its containers restart), whatever its process did."""
+        return [p.in_place_restart_attempt for p in self.state.pods if p.in_place_restart_attempt is not None]
+
+    def _in_place_exceeded(self) -> str | None:
+        """Why the controller fails the JobSet with ``ReachedMaxRestarts`` now, or None
+        (``reconcileInPlaceRestart``: a container restarted more than ``maxRestarts`` times, or the highest pod
+        attempt, less the restarts that do not count (``status.restarts - restartsCountTowardsMax``), above
+        ``maxRestarts``: ``exceededMaxRestarts``)."""
+        most = max((p.restart_count for p in self.state.pods), default=0)
+        if most > self.state.max_restarts:
+            return f"a container restarted {most} times"
+        attempts = self._pod_attempts()
+        uncounted = self.state.restarts - self.state.restarts_count_towards_max
+        counted = (max(attempts) if attempts else 0) - uncounted
+        if counted > self.state.max_restarts:
+            return f"in-place restart attempt {counted} (counted towards maxRestarts)"
+        return None
+
+    def _reconcile_in_place(self) -> None:
+        """The JobSet controller's in-place step (``reconcileInPlaceRestart``, after its max-restarts checks): every
+        pod at the same attempt makes it ``status.currentInPlaceRestartAttempt`` (the agents lift their barriers);
+        otherwise, past attempt 0, ``status.previousInPlaceRestartAttempt`` becomes the highest attempt - 1 (never
+        lowered), which makes the agents of the pods at or below it restart theirs."""
+        attempts = self._pod_attempts()
+        if len(attempts) == len(self.state.pods) and attempts and len(set(attempts)) == 1:
+            self.state.current_in_place_restart_attempt = attempts[0]
             return
-        attempt = self.state.restarts + 1
-        self.spares.start(
-            expand_jobset(self.manifest, restart_attempt=attempt),
-            attempt,
-            self._pod_env,
-            self.state_dir,
-            identity_env(self.manifest),
+        if not attempts or max(attempts) == 0:
+            return
+        previous = max(attempts) - 1
+        if (was := self.state.previous_in_place_restart_attempt) is None or previous > was:
+            self.state.previous_in_place_restart_attempt = previous
+
+    def restart_in_place(self, failed: PodState) -> bool:
+        """Restart every pod in place after ``failed``'s container exited (``restartStrategy: InPlaceRestart``).
+        Returns False when the JobSet failed instead (``ReachedMaxRestarts``).
+
+        The protocol of JobSet v0.12.0 (KEP-467), each side played here: the kubelet restarts the failed pod's
+        containers (its ``RestartAllContainers`` rule); its agent starts again and takes attempt current + 1; the
+        controller fails the JobSet past ``maxRestarts`` (:meth:`_in_place_exceeded`), else sets
+        ``previousInPlaceRestartAttempt`` to that attempt - 1; each other pod's agent, its attempt now outdated,
+        exits, and the kubelet restarts that pod's containers too (its worker is stopped: SIGTERM,
+        :data:`RESTART_GRACE_SECONDS`, SIGKILL), and its agent takes the same attempt; every pod at it, the
+        controller makes it ``currentInPlaceRestartAttempt`` and the barriers lift: each pod's worker starts as a
+        new process, with the pod's name, hostname and environment (the pod is the same), logging to the next
+        attempt's log. ``status.restarts`` is unchanged: no pod was recreated.
+        """
+        failed.restart_count += 1
+        self._agent_starts(failed)
+        if (why := self._in_place_exceeded()) is not None:
+            self._reached_max_restarts(failed, why)
+            return False
+        self._reconcile_in_place()
+        previous = self.state.previous_in_place_restart_attempt
+        outdated = [
+            p
+            for p in self.state.pods
+            if p is not failed and previous is not None and (p.in_place_restart_attempt or 0) <= previous
+        ]
+        self.stop_pods(
+            [p for p in outdated if p.phase == "Running"],
+            f"their agents restart them in place after pod {failed.hostname} failed",
+            RESTART_GRACE_SECONDS,
+        )
+        for pod_state in outdated:
+            pod_state.restart_count += 1
+            self._agent_starts(pod_state)
+        if (why := self._in_place_exceeded()) is not None:
+            self._reached_max_restarts(failed, why)
+            return False
+        self._reconcile_in_place()
+        self.state.attempt += 1
+        self.recreate = False
+        self.state.event(
+            "InPlaceRestart",
+            f"in-place restart attempt {self.state.current_in_place_restart_attempt} "
+            f"(previous {self.state.previous_in_place_restart_attempt}) of at most {self.state.max_restarts}: "
+            f"{len(self.state.pods)} pods keep their names and hosts",
+        )
+        self.start_when_capacity()
+        return True
+
+    def _reached_max_restarts(self, pod_state: PodState, why: str) -> None:
+        self._finish(
+            "Failed",
+            "ReachedMaxRestarts",
+            f"jobset failed due to reaching max number of restarts ({self.state.max_restarts}): {why}; "
+            f"last failure: pod {pod_state.hostname} exit code {pod_state.exit_code}",
         )
 
     def _capacity_short(self) -> str | None:
@@ -263,7 +408,7 @@ class Supervisor:
         if not self.waiting_for_capacity:
             self.waiting_for_capacity = True
             self.state.phase, self.state.reason, self.state.message = "Pending", "InsufficientCapacity", short
-            self.state.event("InsufficientCapacity", f"attempt {self.state.restarts} waits: {short}")
+            self.state.event("InsufficientCapacity", f"attempt {self.state.attempt} waits: {short}")
             write_state(self.state_dir, self.state)
 
     def _reap(self) -> list[PodState]:
@@ -286,7 +431,11 @@ class Supervisor:
     def stop_all(self, why: str, grace_seconds: float | None = None) -> None:
         """SIGTERM every running pod's process group, SIGKILL after the grace period (``grace_seconds``, at most
         the pods' own), wait for all."""
-        running = [p for p in self.state.pods if p.phase == "Running" and p.hostname in self.procs]
+        self.stop_pods([p for p in self.state.pods if p.phase == "Running"], why, grace_seconds)
+
+    def stop_pods(self, pods: list[PodState], why: str, grace_seconds: float | None = None) -> None:
+        """:meth:`stop_all` for the running ones of ``pods``."""
+        running = [p for p in pods if p.phase == "Running" and p.hostname in self.procs]
         for pod_state in running:
             _signal_group(pod_state.pid, signal.SIGTERM)
         grace = self._grace_seconds() if grace_seconds is None else min(grace_seconds, self._grace_seconds())
@@ -312,6 +461,15 @@ class Supervisor:
         pod = self.pods[pod_state.hostname]
         rj = next(r for r in self.spec["replicatedJobs"] if r["name"] == pod.replicated_job)
         container = rj["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
+        if self.state.restart_strategy == IN_PLACE and restarts_in_place(
+            rj["template"]["spec"], rj["template"]["spec"]["template"]["spec"]["containers"][0], pod_state.exit_code
+        ):
+            self.state.event(
+                "PodFailed",
+                f"pod {pod.hostname} of Job {pod.job} exited with code {pod_state.exit_code}; restartStrategy "
+                "InPlaceRestart: its containers restart in place, and every other pod's with them",
+            )
+            return self.restart_in_place(pod_state)
         reason, message = job_failure_reason(rj["template"]["spec"], container, pod_state.exit_code)
         action, rule = failure_policy_action(self.failure_policy, reason, message, pod.replicated_job)
         self.state.event(
@@ -325,15 +483,12 @@ class Supervisor:
             self._finish("Failed", "FailJobSetAction", why)
             return False
         if counted and self.state.restarts_count_towards_max >= self.state.max_restarts:
-            self._finish(
-                "Failed",
-                "ReachedMaxRestarts",
-                f"jobset failed due to reaching max number of restarts ({self.state.max_restarts}); "
-                f"last failure: pod {pod.hostname} exit code {pod_state.exit_code}",
-            )
+            self._reached_max_restarts(pod_state, f"{self.state.restarts_count_towards_max} restarts counted")
             return False
         self.stop_all(f"restarting the JobSet after {pod.job} failed", grace_seconds=RESTART_GRACE_SECONDS)
         self.state.restarts += 1
+        self.state.attempt += 1
+        self.recreate = True
         if counted:
             self.state.restarts_count_towards_max += 1
         self.state.event("Restarting", f"restart {self.state.restarts} of at most {self.state.max_restarts} ({action})")
@@ -341,7 +496,6 @@ class Supervisor:
         return True
 
     def _finish(self, phase: Phase, reason: str, message: str) -> None:
-        self.spares.stop()
         self.stop_all(message)
         self.state.phase = phase
         self.state.reason = reason
@@ -404,7 +558,6 @@ class Supervisor:
             self._finish("Failed", "SupervisorError", f"the local supervisor failed: {error!r}")
             raise
         finally:
-            self.spares.stop()
             for pod_state in self.state.pods:
                 if (
                     pod_state.pid
@@ -425,9 +578,11 @@ class Supervisor:
             pod_state.phase = "Failed"
             pod_state.finished_at = time.time()
         self.state.restarts += 1
+        self.state.attempt += 1
+        self.recreate = True  # its pods are recreated, as the JobSet controller recreates lost ones
         self.state.event(
             "SupervisorRestarted",
-            f"the previous supervisor was lost; {len(left)} pods of attempt {self.state.restarts - 1} stopped; "
+            f"the previous supervisor was lost; {len(left)} pods of attempt {self.state.attempt - 1} stopped; "
             f"restart {self.state.restarts} (not counted towards maxRestarts)",
         )
 

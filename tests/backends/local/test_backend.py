@@ -15,7 +15,13 @@ import pytest
 from multislice import cancel, config
 from multislice.backends.base import LaunchFailed
 from multislice.backends.local import AlreadyExists, LocalJobSets, pid_alive
-from multislice.backends.local.supervisor import RESTART_GRACE_SECONDS, failure_policy_action, job_failure_reason
+from multislice.backends.local.pods import UnsupportedManifest
+from multislice.backends.local.supervisor import (
+    RESTART_GRACE_SECONDS,
+    failure_policy_action,
+    job_failure_reason,
+    restarts_in_place,
+)
 from multislice.plan import make_plan
 from multislice.render import jobset
 from multislice.steps import cleanup, train
@@ -24,7 +30,8 @@ from tests.test_cancel import wait_gone
 
 POD = """
 import os, signal, sys, time
-attempt = int(os.environ["RESTART_ATTEMPT"])
+# the pod's attempt: JobSet restarts (recreated pods) plus in-place restarts (the same pod, a new process)
+attempt = int(os.environ["RESTART_ATTEMPT"]) + int(os.environ["IN_PLACE_ATTEMPT"] or 0)
 who = (int(os.environ["JOB_INDEX"]), int(os.environ["JOB_COMPLETION_INDEX"]))
 print("pod", who, "attempt", attempt, "coordinator", os.environ["JAX_COORDINATOR_ADDRESS"],
       "processes", os.environ["JAX_PROCESS_COUNT"], flush=True)
@@ -50,7 +57,7 @@ time.sleep(1 if who != (1, 0) else 0.2)
 """
 
 
-def scripted_jobset(tmp_path, mode, run_name="unit", run_id="run-a", max_restarts=2):
+def scripted_jobset(tmp_path, mode, run_name="unit", run_id="run-a", max_restarts=2, strategy="Recreate"):
     spec = config.load_profile(
         "local", {"run_name": run_name, "output_dir": str(tmp_path), "max_restarts": max_restarts}
     )
@@ -60,13 +67,14 @@ def scripted_jobset(tmp_path, mode, run_name="unit", run_id="run-a", max_restart
     container = pod["containers"][0]
     container["command"] = ["python", "-c", POD]
     container["args"] = [mode]
-    container["env"].append(
-        {
-            "name": "RESTART_ATTEMPT",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"}},
-        }
-    )
+    for name, key in (("RESTART_ATTEMPT", "restart-attempt"), ("IN_PLACE_ATTEMPT", "in-place-restart-attempt")):
+        path = f"metadata.annotations['jobset.sigs.k8s.io/{key}']"
+        container["env"].append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     pod["terminationGracePeriodSeconds"] = 5
+    if strategy == "InPlaceRestart":  # as JobSet v0.12.0's webhook requires (the local supervisor plays the agent)
+        obj["spec"]["failurePolicy"]["restartStrategy"] = "InPlaceRestart"
+        for rj in obj["spec"]["replicatedJobs"]:
+            rj["template"]["spec"].update(backoffLimit=2147483647, podReplacementPolicy="Failed")
     return plan, obj
 
 
@@ -150,34 +158,96 @@ def test_jobsets_of_two_runs_run_at_once_each_with_its_own_coordinator_port(tmp_
 def test_killed_pod_restarts_the_whole_jobset(tmp_path):
     plan, obj = scripted_jobset(tmp_path, "kill-first-attempt")
     backend = LocalJobSets(plan.run_dir)
-    backend.create_jobset(obj)
+    first = backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
-    assert (state.phase, state.restarts, state.restarts_count_towards_max) == ("Completed", 1, 1)
+    assert (state.phase, state.restarts, state.restarts_count_towards_max, state.attempt) == ("Completed", 1, 1, 1)
     reasons = [e.reason for e in state.events]
     assert reasons.index("JobFailed") < reasons.index("Restarting") < reasons.index("AllJobsCompleted")
     failed = next(e for e in state.events if e.reason == "JobFailed")
     assert "BackoffLimitExceeded" in failed.message and "exited with code 137" in failed.message
     for host in range(2):  # every pod of every slice ran again, in attempt 1
         assert "attempt 1" in backend.pod_log(state.name, 0, host, attempt=1).read_text()
+    assert all(p.restart_count == 0 and not p.annotations for p in state.pods)  # new pods, no in-place agent
+    assert not {p.pid for p in first.pods} & {p.pid for p in state.pods}
+    assert (state.previous_in_place_restart_attempt, state.current_in_place_restart_attempt) == (None, None)
 
 
-def test_restarts_stop_at_max_restarts(tmp_path):
-    plan, obj = scripted_jobset(tmp_path, "always-kill", max_restarts=2)
+def test_a_killed_pod_restarts_every_pod_in_place_under_in_place_restart(tmp_path):
+    """restartStrategy InPlaceRestart (JobSet v0.12.0, KEP-467): the same pods, each a new process; their in-place
+    restart attempt annotation and the JobSet's previous/current attempts move as the controller moves them, and
+    status.restarts stays 0 (no pod was recreated)."""
+    plan, obj = scripted_jobset(tmp_path, "kill-first-attempt", strategy="InPlaceRestart")
+    backend = LocalJobSets(plan.run_dir)
+    first = backend.create_jobset(obj)
+    assert first.restart_strategy == "InPlaceRestart"
+    assert [p.in_place_restart_attempt for p in first.pods] == [0] * 4  # each agent's first attempt: 0
+    assert (first.previous_in_place_restart_attempt, first.current_in_place_restart_attempt) == (None, 0)
+    state = finish(backend, obj["metadata"]["name"])
+    assert (state.phase, state.restarts, state.restarts_count_towards_max, state.attempt) == ("Completed", 0, 0, 1)
+    assert (state.previous_in_place_restart_attempt, state.current_in_place_restart_attempt) == (0, 1)
+    assert [p.hostname for p in state.pods] == [p.hostname for p in first.pods]  # the same pods
+    assert [p.in_place_restart_attempt for p in state.pods] == [1] * 4
+    assert [p.restart_count for p in state.pods] == [1] * 4
+    assert not {p.pid for p in first.pods} & {p.pid for p in state.pods}  # each a new process
+    reasons = [e.reason for e in state.events]
+    assert "JobFailed" not in reasons and "Restarting" not in reasons  # no Job failed, nothing was recreated
+    assert reasons.index("PodFailed") < reasons.index("InPlaceRestart") < reasons.index("AllJobsCompleted")
+    assert "exited with code 137" in next(e.message for e in state.events if e.reason == "PodFailed")
+    for slice_, host in ((0, 0), (1, 1)):  # the same hostname, restart-attempt 0, in-place attempt 1 (the env)
+        log = backend.pod_log(state.name, slice_, host, attempt=1).read_text()
+        assert f"pod ({slice_}, {host}) attempt 1 coordinator 127.0.0.1" in log
+    first_port, second_port = [e.message.rsplit(":", 1)[1] for e in state.events if e.reason == "CoordinatorPort"]
+    assert first_port != second_port  # each start of the pods' processes gets its coordinator port
+
+
+@pytest.mark.parametrize("strategy", ["Recreate", "InPlaceRestart"])
+def test_restarts_stop_at_max_restarts(tmp_path, strategy):
+    plan, obj = scripted_jobset(tmp_path, "always-kill", max_restarts=2, strategy=strategy)
     backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
-    assert (state.phase, state.reason, state.restarts) == ("Failed", "ReachedMaxRestarts", 2)
+    assert (state.phase, state.reason, state.attempt) == ("Failed", "ReachedMaxRestarts", 2)
     assert "max number of restarts (2)" in state.message
+    if strategy == "Recreate":
+        assert state.restarts == 2
+    else:  # the third failure restarted a container a third time, > maxRestarts: the controller's first check
+        # (before exceededMaxRestarts); nothing was recreated
+        assert (state.restarts, state.current_in_place_restart_attempt) == (0, 2)
+        assert "a container restarted 3 times" in state.message
+    assert not any(pid_alive(p.pid) for p in state.pods)
 
 
-def test_a_python_error_fails_the_jobset_without_restarting(tmp_path):
-    plan, obj = scripted_jobset(tmp_path, "python-error")
+@pytest.mark.parametrize("strategy", ["Recreate", "InPlaceRestart"])
+def test_a_python_error_fails_the_jobset_without_restarting(tmp_path, strategy):
+    """Exit 1 matches the podFailurePolicy FailJob rule: the Job fails under either strategy (under InPlaceRestart
+    the pod is not restarted in place), and the failure policy fails the JobSet."""
+    plan, obj = scripted_jobset(tmp_path, "python-error", strategy=strategy)
     backend = LocalJobSets(plan.run_dir)
     backend.create_jobset(obj)
     state = finish(backend, obj["metadata"]["name"])
-    assert (state.phase, state.reason, state.restarts) == ("Failed", "FailJobSetAction", 0)
+    assert (state.phase, state.reason, state.restarts, state.attempt) == ("Failed", "FailJobSetAction", 0, 0)
     assert "PodFailurePolicy" in state.message
     assert not any(pid_alive(p.pid) for p in state.pods)
+
+
+def test_an_in_place_jobset_must_be_as_jobsets_webhook_requires(tmp_path):
+    plan, obj = scripted_jobset(tmp_path, "ok", strategy="InPlaceRestart")
+    obj["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0
+    with pytest.raises(UnsupportedManifest, match=r"backoffLimit must be 2147483647 under restartStrategy InPlace"):
+        LocalJobSets(plan.run_dir).create_jobset(obj)
+
+
+def test_restarts_in_place_follows_the_containers_rules_then_the_pod_failure_policy():
+    job = {
+        "podFailurePolicy": {
+            "rules": [{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [42, 137]}}]
+        }
+    }
+    plain = {"name": "maxtext"}
+    assert restarts_in_place(job, plain, 137) and not restarts_in_place(job, plain, 1)
+    ruled = {"name": "maxtext", "restartPolicyRules": [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]}  # fmt: skip
+    assert restarts_in_place(job, ruled, 1)  # the container's rule restarts it before the pod can fail
 
 
 def test_delete_stops_every_process_and_frees_the_name(tmp_path):

@@ -63,7 +63,7 @@ def test_the_tools_exit_status_is_the_verifiers(tmp_path):
     "argv",
     [
         stand_in_argv(maxtext=("steps=4",)),  # warmed up for other MaxText arguments (its lean imports differ)
-        [str(trainer_env() / "bin" / "python"), "-m", "tests.spare_pod", "--", "steps=3"],  # another module
+        [str(trainer_env() / "bin" / "python"), "-m", "tests.processes", "--", "steps=3"],  # another module
     ],
     ids=["other-maxtext-arguments", "another-module"],
 )

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from multislice import config, memory
-from multislice.goodput_model import Restart, Stage, expected_goodput
+from multislice.goodput_model import Interruption, Phase, Restart, Stage, expected_goodput
 from multislice.plan import make_plan
 
 PROFILE = "gke-v6e-16x2-seed"
@@ -48,10 +48,11 @@ FIGURES: dict[str, tuple[float, str, str]] = {
         "8B x 12 B = 96 GB, 70B x 12 B = 847 GB)",
     ),
     "device_to_host_per_chip": (
-        10 * GB,
+        32 * GB,
         "B/s",
-        "assumed: an async save blocks for the HBM -> host copy; v6e chips reach the host over PCIe "
-        "Gen5 (cloud.google.com/tpu/docs/v6e), 64 GB/s per x16 direction, taken at about 1/6",
+        "cited: an async save blocks for the HBM -> host copy, 'device/host transfer bandwidth (e.g. 32 GB/s with "
+        "TPU PCIe Gen5)', Orbax's Maximizing Performance guide (orbax.readthedocs.io, "
+        "guides/checkpoint/v1/maximizing_performance)",
     ),
     "gcs_read_per_host": (
         1 * GB,
@@ -115,6 +116,177 @@ FIGURES: dict[str, tuple[float, str, str]] = {
         "checkpoint manager replicates across slices; losing every slice at once falls back to the persistent tier)",
     ),
 }
+
+
+#: The restart-cost model's figures (:func:`interruptions`): (value, unit, source). "measured here" figures are in
+#: ``benchmarks/results/restart_phases.json`` (``python -m benchmarks.restart_phases``) or the files named.
+RESTART_FIGURES: dict[str, tuple[float, str, str]] = {
+    "detection": (
+        1.0,
+        "s",
+        "cited: the kubelet notices a container's exit at its next PLEG relist, every 1 s "
+        "(kubernetes pkg/kubelet/kubelet.go, genericPlegRelistPeriod = time.Second * 1); the Job and JobSet "
+        "controllers act on the watch event that follows",
+    ),
+    "recreate": (
+        60.0,
+        "s",
+        "assumed (the figure the goodput model had, 'detect_and_reschedule'): the JobSet controller deletes every "
+        "child Job, the pods terminate (terminationGracePeriodSeconds 30, rendered), new Jobs and pods are created "
+        "and scheduled (JobSet KEP-467 'Motivation': 'several minutes' at >= 1,000 nodes); the local supervisor "
+        "does its equivalent in about 13 s (benchmarks/README.md)",
+    ),
+    "in_place": (
+        4.0,
+        "s",
+        "cited parts, summed: the training container exits on SIGTERM at once (Python's default action) and "
+        "the kubelet restarts all containers of the pod (RestartAllContainers, KEP-5532) after a PLEG relist "
+        "(1 s, above); each restarted agent patches its pod's in-place-restart-attempt annotation, the JobSet "
+        "controller raises previousInPlaceRestartAttempt, the other agents exit, then all agents' attempts agree "
+        "and the controller sets currentInPlaceRestartAttempt (jobset v0.12.0 pkg/controllers/in_place_restart.go, "
+        "cmd/in-place-restart-agent/main.go): two API round trips, **assumed** 1 s each; the agent's startup "
+        "probe polls every 1 s (periodSeconds: 1, the upstream example jobset-sidecar-container-mode.yaml)",
+    ),
+    "pod_start_recreate": (
+        5.0,
+        "s",
+        "assumed: a new pod's sandbox, volumes (the checkpointing CSI driver's, the service account token) and "
+        "containers on a node that has the image (imagePullPolicy IfNotPresent, rendered)",
+    ),
+    "imports": (
+        10.33,
+        "s",
+        "measured here: median wall of a fresh trainer interpreter importing what the worker imports, with the "
+        "worker's multislice.trainer.lean_imports (benchmarks/results/train_startup.json, 'lean'; 16.97 s as MaxText "
+        "0.2.5 imports without it), 2 cores at load 3-10; a TPU host has 180 vCPUs (ct6e-standard-4t, "
+        "cloud.google.com/tpu/docs/v6e)",
+    ),
+    "tpu_runtime_init": (10.0, "s", "assumed: libtpu initialisation and the slice's ICI handshake"),
+    "jax_distributed": (
+        0.97,
+        "s",
+        "measured here: jax.distributed.initialize of 2 processes on a new coordinator port, the slowest of "
+        "3 repeats, 0.005-0.97 s (benchmarks/results/restart_phases.json); the barrier is already met: the "
+        "agents lift it together",
+    ),
+    "local_tier_read_per_core": (
+        0.42e9,
+        "B/s",
+        "measured here: Orbax StandardCheckpointer restoring float32 arrays from tmpfs (/dev/shm), CPU-bound: "
+        "0.41-0.45 GB/s on 1 core, 0.78-0.89 GB/s on 2 (benchmarks/results/restart_phases.json, "
+        "orbax_restore_tmpfs)",
+    ),
+    "tpu_host_vcpus": (180, "", "cited: ct6e-standard-4t, 180 vCPUs (cloud.google.com/tpu/docs/v6e)"),
+    "local_tier_parallel_efficiency": (
+        0.25,
+        "",
+        "assumed: the share of the host's vCPUs the restore's per-core rate scales to (2 cores gave 1.7x 1 core here)",
+    ),
+    "local_period_steps/llama3-8b": (10, "steps", "a choice: local_checkpoint_period of the 8B stage"),
+    "local_period_steps/llama3-70b": (5, "steps", "a choice: local_checkpoint_period of the 70B stage"),
+}
+
+
+def restart_figure(key: str) -> float:
+    """A restart-cost figure's value (:data:`RESTART_FIGURES`)."""
+    return float(RESTART_FIGURES[key][0])
+
+
+def _source(key: str) -> str:
+    return RESTART_FIGURES[key][2] if key in RESTART_FIGURES else FIGURES[key][2]
+
+
+def interruptions() -> list[tuple[Interruption, Interruption]]:
+    """Per seed stage, one interruption before (``Recreate``, persistent checkpoints only, restored from Cloud
+    Storage) and after issue 41 (``InPlaceRestart``, the emergency tier restored from the node), phase by phase.
+
+    Both assume the interruption leaves the nodes (a process or runtime failure, a link flap): a lost node adds the
+    capacity wait and a replacement node's image pull to either (:func:`seed_stages`' ``capacity_wait``).
+    """
+    out = []
+    for stage in seed_stages():
+        name = stage.name
+        plan_stage = _plan_stage(name)
+        step = stage.step_seconds
+        per_host, per_chip = plan_stage
+        restart = stage.restart
+        h2d = per_chip / figure("device_to_host_per_chip")
+        save = h2d  # an async save blocks for the device-to-host copy (same PCIe figure)
+        local_read = restart_figure("local_tier_read_per_core") * restart_figure("tpu_host_vcpus")
+        local_read *= restart_figure("local_tier_parallel_efficiency")
+        local_period = int(restart_figure(f"local_period_steps/{name}"))
+        local_choice = RESTART_FIGURES[f"local_period_steps/{name}"][2]
+        common_head = [Phase("detection", restart_figure("detection"), _source("detection"))]
+        starting = [
+            Phase("image (already on the node)", 0.0, "imagePullPolicy IfNotPresent (rendered); same nodes"),
+            Phase("imports", restart_figure("imports"), _source("imports")),
+            Phase("TPU runtime init", restart_figure("tpu_runtime_init"), _source("tpu_runtime_init")),
+            Phase("jax.distributed", restart_figure("jax_distributed"), _source("jax_distributed")),
+            Phase("compile (cache hit)", round(restart.compile_cached, 2), _source("compile_cached_fraction")),
+        ]
+        first = Phase("first step", 0.0, "counted productive at the steady step time; its excess is the compile")
+        persistent_tau = stage.persistent_period_steps * step
+        before = Interruption(
+            name,
+            "Recreate",
+            (
+                *common_head,
+                Phase("JobSet restart (Recreate)", restart_figure("recreate"), _source("recreate")),
+                Phase("pod start", restart_figure("pod_start_recreate"), _source("pod_start_recreate")),
+                *starting,
+                Phase(
+                    "restore (Cloud Storage)",
+                    round(per_host / figure("gcs_read_per_host"), 2),
+                    _source("gcs_read_per_host"),
+                ),  # fmt: skip
+                Phase(
+                    f"steps redone (half of {stage.persistent_period_steps})",
+                    round(persistent_tau / 2, 2),
+                    "half the persistent period on average (checkpoint_period, the profile)",
+                ),  # fmt: skip
+                first,
+            ),
+            save / (persistent_tau + save),
+        )
+        local_tau = local_period * step
+        after = Interruption(
+            name,
+            "InPlaceRestart",
+            (
+                *common_head,
+                Phase("in-place restart", restart_figure("in_place"), _source("in_place")),
+                Phase("pod start (the pod stays)", 0.0, "no new pod: containers restart in place (KEP-467)"),
+                *starting,
+                Phase(
+                    "restore (local tier)",
+                    round(per_host / local_read + h2d, 2),
+                    f"{_source('local_tier_read_per_core')}; x {_source('tpu_host_vcpus')} x "
+                    f"{restart_figure('local_tier_parallel_efficiency')} (assumed efficiency); plus host to HBM at "
+                    "the device_to_host_per_chip figure",
+                ),  # fmt: skip
+                Phase(
+                    f"steps redone (half of {local_period})",
+                    round(local_tau / 2, 2),
+                    f"half the local period on average ({local_choice})",
+                ),  # fmt: skip
+                first,
+            ),
+            save / (persistent_tau + save) + save / (local_tau + save),
+        )
+        out.append((before, after))
+    return out
+
+
+def _plan_stage(name: str) -> tuple[float, float]:
+    """The stage's train state per host and per chip, bytes (12 B per parameter; replicated over DCN data)."""
+    plan = make_plan(config.load_spec(config.read_profile(PROFILE)))
+    stage = next(s for s in plan.spec.stages if s.name == name)
+    dims = memory.model_dims(stage)
+    assert dims is not None, name
+    state = dims.parameters * figure("checkpoint_bytes_per_parameter")
+    replicas = stage.dcn.get("data", plan.spec.num_slices if not stage.dcn else 1)
+    return (state * replicas / (plan.slice.hosts * plan.spec.num_slices),
+            state * replicas / (plan.slice.chips * plan.spec.num_slices))  # fmt: skip
 
 
 def figure(key: str) -> float:
@@ -222,7 +394,7 @@ def calibration(soak: Path = Path(__file__).parent / "results" / "kill_soak.json
     The soak's wall time is the undisturbed run's plus, per kill, a restart and the steps trained again:
     ``wall = undisturbed + kills x R + steps_lost x step``. Predicted with ``R`` the sum of this machine's
     measured phases (:data:`MEASURED_PHASES`), and ``R`` solved from the measured wall; goodput is the
-    undisturbed time over the wall, as the soak reports it.
+    undisturbed time over the wall (a wall-time ratio, not Google's goodput).
     """
     data = json.loads(soak.read_text(encoding="utf-8"))
     wall, kills = data["soak"]["seconds"], data["soak"]["kills_done"]
@@ -236,8 +408,8 @@ def calibration(soak: Path = Path(__file__).parent / "results" / "kill_soak.json
         "restart_from_measured_phases_seconds": round(phases, 1),
         "restart_implied_by_soak_seconds": round((wall - undisturbed - lost) / kills, 1),
         "predicted_wall_seconds": round(predicted_wall, 1),
-        "goodput_predicted": round(undisturbed / predicted_wall, 3),
-        "goodput_measured": data["soak"]["goodput"],
+        "undisturbed_over_wall_predicted": round(undisturbed / predicted_wall, 3),
+        "undisturbed_over_wall_measured": round(undisturbed / wall, 3),
     }
 
 
@@ -258,6 +430,28 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def interruption_table(pairs: list[tuple[Interruption, Interruption]]) -> str:
+    """One interruption of each seed stage, phase by phase, before and after, as docs/goodput.md holds it."""
+    lines = ["| phase | " + " | ".join(f"{b.stage} before | {b.stage} after" for b, _ in pairs) + " |",
+             "|---|" + "---:|---:|" * len(pairs)]  # fmt: skip
+    names = [[p.name.split(" (")[0] for p in i.phases] for pair in pairs for i in pair]
+    for row, phase in enumerate(names[0]):
+        cells = []
+        for before, after in pairs:
+            cells += [f"{before.phases[row].seconds:g}", f"{after.phases[row].seconds:g}"]
+        before_name, after_name = pairs[0][0].phases[row].name, pairs[0][1].phases[row].name
+        label = phase if before_name.split(" (")[0] != after_name.split(" (")[0] else before_name.split(" (")[0]
+        if before_name.split(" (")[0] != after_name.split(" (")[0]:
+            label = f"{before_name} / {after_name}"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| **one interruption** | " + " | ".join(
+        f"**{b.seconds:.0f} s** | **{a.seconds:.0f} s**" for b, a in pairs) + " |")  # fmt: skip
+    for hours in (4, 24):
+        lines.append(f"| goodput at one per {hours} h | " + " | ".join(
+            f"{b.goodput(hours * 3600):.4f} | {a.goodput(hours * 3600):.4f}" for b, a in pairs) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Print the predictions (and write them as JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
@@ -265,17 +459,27 @@ def main() -> None:
     args = parser.parse_args()
     result = predictions()
     result["calibration"] = calibration()
+    pairs = interruptions()
+    result["interruptions"] = [
+        {"stage": i.stage, "strategy": i.strategy, "seconds": round(i.seconds, 1),
+         "checkpoint_overhead": round(i.checkpoint_overhead, 4),
+         "goodput": {f"{h} h": round(i.goodput(h * 3600.0), 4) for h in HOURS},
+         "phases": [{"name": p.name, "seconds": p.seconds, "source": p.source} for p in i.phases]}
+        for pair in pairs for i in pair
+    ]  # fmt: skip
     for stage in result["stages"]:
         phases = ", ".join(f"{k} {v:g} s" for k, v in stage["restart_seconds"].items())
         print(f"{stage['name']}: step {stage['step_seconds']} s, save blocks {stage['save_blocking_seconds']} s "
               f"every {stage['persistent_period_steps']} steps; restart phases: {phases}")  # fmt: skip
     print(markdown(result))
+    print(interruption_table(pairs))
     c = result["calibration"]
     print(
         f"calibration (this machine's kill soak, {c['kills']} kills): restart from the measured phases "
         f"{c['restart_from_measured_phases_seconds']} s, implied by the soak's wall "
         f"{c['restart_implied_by_soak_seconds']} s; predicted wall {c['predicted_wall_seconds']} s vs "
-        f"{c['soak_wall_seconds']} s measured, goodput {c['goodput_predicted']} vs {c['goodput_measured']}"
+        f"{c['soak_wall_seconds']} s measured, undisturbed/wall {c['undisturbed_over_wall_predicted']} vs "
+        f"{c['undisturbed_over_wall_measured']}"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -199,3 +199,53 @@ def expected_goodput(
 def with_period(stage: Stage, persistent_period_steps: int) -> Stage:
     """``stage`` with another persistent checkpoint period (steps)."""
     return replace(stage, persistent_period_steps=persistent_period_steps)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One component of an interruption's cost.
+
+    Attributes:
+        name: What it is (``detection``, ``in-place restart``, ``imports``, ``restore (local tier)``, ...).
+        seconds: Its duration, seconds.
+        source: Where the figure comes from: measured here (a benchmark file), cited (a document or a source
+            file), or assumed (said so).
+    """
+
+    name: str
+    seconds: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """What one interruption of a stage costs, phase by phase, from the failure to the first productive step.
+
+    Attributes:
+        stage: The stage's name.
+        strategy: How the JobSet restarts (``Recreate``: every pod deleted and created again;
+            ``InPlaceRestart``: the pods stay on their nodes and their containers restart, JobSet KEP-467).
+        phases: The phases in order; the steps trained again after the restore are one of them.
+        checkpoint_overhead: Fraction of the step loop's time the checkpoint saves block (``sum c_i / tau_i``).
+    """
+
+    stage: str
+    strategy: str
+    phases: tuple[Phase, ...]
+    checkpoint_overhead: float
+
+    @property
+    def seconds(self) -> float:
+        """The interruption's total cost, seconds."""
+        return sum(phase.seconds for phase in self.phases)
+
+    def goodput(self, mtbi: float) -> float:
+        """Expected goodput with one such interruption every ``mtbi`` seconds (the model above, phase-summed):
+        ``(1 - checkpoint_overhead) * (1 - seconds / mtbi)``, clamped at 0.
+
+        Raises:
+            ValueError: a non-positive MTBI.
+        """
+        if mtbi <= 0:
+            raise ValueError(f"{self.stage}: need mtbi > 0, got {mtbi}")
+        return max(0.0, 1.0 - self.checkpoint_overhead) * max(0.0, 1.0 - self.seconds / mtbi)

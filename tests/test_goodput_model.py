@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multislice.goodput_model import Restart, Stage, daly_period, expected_goodput, with_period, young_period
+from multislice.goodput_model import (
+    Interruption,
+    Phase,
+    Restart,
+    Stage,
+    daly_period,
+    expected_goodput,
+    with_period,
+    young_period,
+)
 
 RESTART = Restart(detect_and_reschedule=60, image_pull=40, startup=30, compile_cold=300, compile_cached=10,
                   restore_persistent=50, restore_emergency=5)  # fmt: skip
@@ -142,3 +151,26 @@ def test_docs_hold_the_table_the_benchmark_prints():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "goodput.md").read_text(encoding="utf-8")
     assert benchmark.markdown(benchmark.predictions()) in doc
+
+
+def test_an_interruption_is_its_phases_and_costs_its_share_of_the_mtbi():
+    cost = Interruption("s", "InPlaceRestart", (Phase("a", 20.0, "x"), Phase("b", 40.0, "y")), checkpoint_overhead=0.01)
+    assert cost.seconds == 60.0
+    assert cost.goodput(600.0) == pytest.approx(0.99 * 0.9)
+    assert Interruption("s", "Recreate", (Phase("a", 900.0, "x"),), 0.0).goodput(600.0) == 0.0
+    with pytest.raises(ValueError, match="mtbi > 0"):
+        cost.goodput(0.0)
+
+
+def test_docs_hold_the_restart_cost_model_the_benchmark_prints():
+    """docs/goodput.md's one-interruption table is what the benchmark computes, and every phase names its source."""
+    from pathlib import Path
+
+    from benchmarks import goodput_model as benchmark
+
+    pairs = benchmark.interruptions()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "goodput.md").read_text(encoding="utf-8")
+    assert benchmark.interruption_table(pairs) in doc
+    for pair in pairs:
+        assert [phase.name.split(" (")[0] for phase in pair[0].phases][-3:] == ["restore", "steps redone", "first step"]
+        assert all(phase.source for interruption in pair for phase in interruption.phases)

@@ -49,7 +49,7 @@ from multislice.maxtext import (
     ENV_PROCESSES_IN_JOB,
     TRAIN_MODULE,
 )
-from multislice.trainer import compile_cache, digests, elastic_data, lean_imports
+from multislice.trainer import compile_cache, digests, elastic_data, lean_imports, tiered_checkpoint
 
 
 def process_index_from_env(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -172,8 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     if options.emulate_slices:  # before anything of MaxText's can start a JAX backend
+        import jax  # noqa: F401 (timed apart from jax.distributed's join below)
+
+        joining = seconds_since_process_start()  # Python's start and ``import jax``
         initialize_cpu_distributed(max(1, round(options.distributed_timeout)))
-        print(f"multislice worker: jax.distributed initialised (coordinator {coordinator_address()})", flush=True)
+        joined = seconds_since_process_start()
+        print(
+            f"multislice worker: jax.distributed initialised (coordinator {coordinator_address()}) "
+            f"{joined:.1f} s after the process started, {joined - joining:.1f} s of it joining",
+            flush=True,
+        )
 
     lean_imports.install(maxtext_args)  # no torch, transformers... for the step loop
     compile_cache.report_compiles()
@@ -189,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     elastic_data.install(maxtext_args)  # an elastic stage's grain iterator restores on any process count
+    tiered_checkpoint.install(maxtext_args)  # multi-tier checkpoints keep the stage's persistent ones
     base_yml, argv_for_maxtext = maxtext_argv(maxtext_args)
     # The leader records each committed checkpoint step's digests (the verifier checks them).
     with digests.recording(maxtext_args, leader=process_index == 0):

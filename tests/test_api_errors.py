@@ -107,7 +107,7 @@ def test_env_install_builds_a_trainer_environment_the_local_backend_accepts(tmp_
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     trainer = tmp_path / "envs" / "trainer"
-    assert f"--requirement {locks / 'trainer.txt'}" in out
+    assert f"pip sync --compile-bytecode --python {trainer / 'bin' / 'python'} {locks / 'trainer.txt'}" in out
     assert out.strip().endswith(f"trainer environment ready: export MULTISLICE_TRAINER_ENV={trainer}")
     monkeypatch.setenv("MULTISLICE_TRAINER_ENV", str(trainer))
     assert environment.trainer_env() == trainer

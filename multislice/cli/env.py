@@ -19,9 +19,11 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
     env = sub.add_parser(
         "env",
         help="build the trainer environment (MaxText) that local runs and remote calls need, without a checkout",
-        description="Build the trainer environment `make env` builds, from the lock files this package carries: "
-        "DIR/trainer (MaxText 0.2.5 with JAX, Orbax, torch, Ray: about 8 GB; this package copied in) and "
-        "DIR/loader-hf4 (the export check's transformers 4.57). Then set MULTISLICE_TRAINER_ENV=DIR/trainer.",
+        description="Build the trainer environment `make env` builds, with uv (the `uv` package this one depends "
+        "on, or uv on PATH) from the lock files this package carries: DIR/trainer (MaxText 0.2.5 with JAX, Orbax, "
+        "torch, Ray: about 8 GB; this package copied in) and DIR/loader-hf4 (the export check's transformers "
+        "4.57). uv's output is shown as it comes, with a line at least every 10 s; downloads stay in uv's cache, "
+        "so an interrupted install resumes. Then set MULTISLICE_TRAINER_ENV=DIR/trainer.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     env.add_argument("action", choices=["install"])

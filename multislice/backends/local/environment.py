@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from importlib import metadata
 from pathlib import Path
 
 from multislice.config import PROJECT_ROOT
 from multislice.errors import InputError, RunFailed
+from multislice.heartbeat import Heartbeat, heartbeat
 
 #: Names the trainer environment (a venv directory); else :data:`DEFAULT_TRAINER_ENV`.
 TRAINER_ENV_VAR = "MULTISLICE_TRAINER_ENV"
@@ -103,6 +107,72 @@ def copy_packages(site_packages: Path) -> list[Path]:
     return [*written, info]
 
 
+def find_uv() -> str:
+    """The uv executable ``multislice env install`` runs: ``uv`` on PATH, else the one the ``uv`` package (a
+    dependency of the ``pipeline`` extra; its wheel ships the binary) installed beside this Python.
+
+    Raises:
+        InputError: neither is there.
+    """
+    found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # the uv package's own lookup (its scripts directory)
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        raise InputError(
+            "no uv executable: not on PATH, not beside " + sys.executable,
+            "install it with `pip install uv` (or install this package with its extra: "
+            "`pip install 'multislice-pipelines[pipeline]'`, which brings it)",
+        ) from None
+
+
+def _count_dists(site_packages: Path) -> int:
+    return sum(1 for _ in site_packages.glob("*.dist-info")) if site_packages.is_dir() else 0
+
+
+def _lock_pins(lock: Path) -> int:
+    return sum(
+        1 for line in Path(lock).read_text().splitlines() if line.strip() and not line.lstrip().startswith(("#", "-"))
+    )
+
+
+def run_streamed(
+    argv: list[str],
+    what: str,
+    tell: Callable[[str], object],
+    *,
+    every: float = 10.0,
+    detail: Callable[[], str] | None = None,
+    beats: Callable[..., AbstractContextManager[Heartbeat]] = heartbeat,
+) -> None:
+    """Run ``argv`` (an argument list, no shell), telling each line of its output as it comes (indented), and a
+    heartbeat (``what``, elapsed time, ``detail``) after each ``every`` seconds without one.
+
+    Raises:
+        RunFailed: it exited non-zero (its exit status and the end of its output in the message).
+    """
+    tell("$ " + shlex.join(argv))
+    tail: deque[str] = deque(maxlen=30)
+    with beats(what, tell, every, detail=detail) as beat:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+            assert proc.stdout is not None  # stdout=PIPE
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail.append(line)
+                beat.tell("  " + line)
+            returncode = proc.wait()
+    if returncode != 0:
+        output = "\n".join(tail)
+        raise RunFailed(
+            f"{Path(argv[0]).name} exited {returncode}: {output[-2000:]}",
+            "fix what the output says, then rerun `multislice env install` (it reuses the venvs, and uv's cache "
+            "keeps what was downloaded)",
+        )
+
+
 def install_trainer_env(
     directory: str | Path,
     *,
@@ -110,26 +180,37 @@ def install_trainer_env(
     trainer_lock: Path = TRAINER_LOCK,
     loader_lock: Path = LOADER_HF4_LOCK,
     tell: Callable[[str], object] = print,
+    every: float = 10.0,
+    beats: Callable[..., AbstractContextManager[Heartbeat]] = heartbeat,
 ) -> Path:
     """Build the trainer environment ``make env`` builds, for a package installed without a checkout.
 
-    ``directory/trainer``: a venv of ``python`` (3.12) with the trainer lock file (MaxText 0.2.5, JAX,
-    Orbax, torch, Ray: about 8 GB) installed ``--no-deps`` as pinned, and this package copied in
-    (:func:`copy_packages`); ``directory/loader-hf4``: the export check's transformers 4.57 loader, a venv
-    of its three pins layered over the trainer's packages (a ``.pth`` file), where
-    :mod:`multislice.trainer.export` looks for it (beside the trainer environment). Every command is an
-    argument list; each is told before it runs.
+    As the Makefile's ``.venvs/trainer`` and ``.venvs/loader-hf4`` targets do, with uv (:func:`find_uv`):
+    ``directory/trainer``: ``uv venv`` of ``python`` (3.12), ``uv pip sync --compile-bytecode`` of the trainer
+    lock file (MaxText 0.2.5, JAX, Orbax, torch, Ray: about 8 GB, as pinned), and this package copied in
+    (:func:`copy_packages`; the Makefile's editable install needs a checkout); ``directory/loader-hf4``: the
+    export check's transformers 4.57 loader, a venv of its three pins (``uv pip install --no-deps``) layered
+    over the trainer's packages by a ``.pth`` file, where :mod:`multislice.trainer.export` looks for it (beside
+    the trainer environment). Downloads go to uv's cache (``uv cache dir``), which is kept: an interrupted
+    install rerun fetches only what is missing, and a machine that ran ``make env`` downloads nothing.
+
+    Every command is an argument list, told before it runs; its output is told line by line as it comes,
+    and a heartbeat line (elapsed time, the last phase uv named, packages installed so far) after each
+    ``every`` seconds without one (:func:`run_streamed`).
 
     Args:
         directory: Where to put both venvs (created).
         python: The interpreter the venvs are made from.
         trainer_lock, loader_lock: The pinned requirements (default: the packaged lock files).
+        tell: Where the lines go.
+        every: Seconds of silence before a heartbeat line.
+        beats: The heartbeat (:func:`multislice.heartbeat.heartbeat`; a test's stand-in).
 
     Returns:
         The trainer environment's directory: set ``MULTISLICE_TRAINER_ENV`` to it.
 
     Raises:
-        InputError: a lock file is missing, or ``python`` is not Python 3.12 (the lock files' version).
+        InputError: a lock file is missing, ``python`` is not Python 3.12 (the lock files' version), or no uv.
         RunFailed: a command failed (its exit status and the end of its output in the message).
     """
     root = Path(directory).expanduser().resolve()
@@ -141,26 +222,26 @@ def install_trainer_env(
     if version.stdout.strip() != "3.12":
         raise InputError(f"{python} is Python {version.stdout.strip() or '?'}, not 3.12",
                          "give --python /path/to/python3.12 (the lock files pin packages for 3.12)")  # fmt: skip
+    uv = find_uv()
     trainer, loader = root / "trainer", root / "loader-hf4"
+    site = trainer / "lib" / "python3.12" / "site-packages"
+    pins = _lock_pins(trainer_lock)
 
-    def step(argv: list[str]) -> None:
-        tell("$ " + " ".join(argv))
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode != 0:
-            raise RunFailed(
-                f"{argv[0]} exited {done.returncode}: {done.stdout.strip()[-2000:]}",
-                "fix what the output says, then rerun `multislice env install` (it reuses the venvs)",
-            )
+    def installed() -> str:
+        return f"{_count_dists(site)} of {pins} packages in {site}"
 
-    step([python, "-m", "venv", str(trainer)])
-    pip = [str(trainer / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check"]
-    step([*pip, "--requirement", str(trainer_lock)])
+    def step(argv: list[str], what: str, detail: Callable[[], str] | None = None) -> None:
+        run_streamed(argv, what, tell, every=every, detail=detail, beats=beats)
+
+    step([uv, "venv", "--allow-existing", "--python", python, str(trainer)], f"uv venv {trainer}")
+    step([uv, "pip", "sync", "--compile-bytecode", "--python", str(trainer / "bin" / "python"), str(trainer_lock)],
+         f"uv pip sync of {Path(trainer_lock).name} (downloads to uv's cache, then installs)", installed)  # fmt: skip
     site = _site_packages(trainer / "bin" / "python")
     tell(f"copying {', '.join(PACKAGES)} into {site}")
     copy_packages(site)
-    step([python, "-m", "venv", str(loader)])
-    step([str(loader / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-          "--requirement", str(loader_lock)])  # fmt: skip
+    step([uv, "venv", "--allow-existing", "--python", python, str(loader)], f"uv venv {loader}")
+    step([uv, "pip", "install", "--no-deps", "--compile-bytecode", "--python", str(loader / "bin" / "python"),
+          "--requirement", str(loader_lock)], f"uv pip install of {Path(loader_lock).name}")  # fmt: skip
     layered = _site_packages(loader / "bin" / "python") / "zz-trainer.pth"
     layered.write_text(f"import site; site.addsitedir({str(site)!r})\n")
     tell(f"trainer environment ready: export {TRAINER_ENV_VAR}={trainer}")

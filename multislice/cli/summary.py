@@ -104,9 +104,12 @@ def summary_lines(plan: Plan, seconds: float, outcome: str, local_dir: Path, run
             written = verify.written_mesh or {}
             mesh = ", ".join(f"{k}={v}" for k, v in written.items()) if isinstance(written, dict) else written
             dcn = ", ".join(f"{k}={v}" for k, v in stage.dcn.items() if v != 1) or "none, one slice"
-            passed = sum(c.passed for c in verify.checks)
+            passed = sum(c.passed and not c.skipped for c in verify.checks)
+            skipped = [c.name for c in verify.checks if c.skipped]
             lines.append(
-                f"  verification  {verify.verdict} ({passed}/{len(verify.checks)} checks, "
+                f"  verification  {verify.verdict} ({passed}/{len(verify.checks)} checks passed"
+                + (f", {len(skipped)} SKIPPED: {', '.join(skipped)}" if skipped else "")
+                + ", "
                 f"{verify.parameter_count or 0:,} parameters, sharded over mesh {mesh}; DCN {dcn})"
             )
         else:

@@ -737,7 +737,7 @@ def loss_checks(
     )
     if skip or devices is None:  # devices is None only with a skip
         report["loss_check"] = f"skipped: {skip}"
-        return [_check("loss_replay", True, f"skipped: {skip}")]
+        return [_skipped("loss_replay", f"skipped: {skip}")]
     tensorboard = (
         checkpoint_path(f"{args['base_output_directory']}/{args['run_name']}/tensorboard")
         if "base_output_directory" in args and "run_name" in args
@@ -747,7 +747,7 @@ def loss_checks(
     flops = 2 * report.get("parameter_count", 0) * devices * config.per_device_batch_size * config.max_target_length
     if flops > max_flops:
         report["loss_check"] = f"skipped: {flops:.2e} FLOPs per forward pass > {max_flops:.2e}"
-        return [_check("loss_replay", True, f"skipped: a forward pass costs {flops:.2e} FLOPs > {max_flops:.2e}")]
+        return [_skipped("loss_replay", f"skipped: a forward pass costs {flops:.2e} FLOPs > {max_flops:.2e}")]
     losses, source, rounding = logged_losses(metrics_file, tensorboard)
     candidates = [s for s in steps if s + 1 in losses]
     if not candidates:

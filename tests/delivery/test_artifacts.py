@@ -108,6 +108,16 @@ def test_a_skipped_check_is_shown_as_skipped_never_as_pass():
     assert "| checksums | SKIPPED | SKIPPED: x |" in text and "| finite_arrays | PASS |" in text
 
 
+def test_a_loss_replay_an_older_trainer_image_reported_as_passed_with_skipped_detail_shows_as_skipped():
+    """Trainer images before issue 44 wrote a skipped ``loss_replay`` as ``passed`` with a ``skipped: ...`` detail."""
+    detail = "skipped: only a synthetic-data stage's batch can be rebuilt"
+    report = VerificationReport.model_validate(
+        {"verdict": "PASS", "checks": [{"name": "loss_replay", "passed": True, "detail": detail}]}
+    )
+    assert [(c.result, c.skipped) for c in report.checks] == [("SKIPPED", True)]
+    assert f"| loss_replay | SKIPPED | {detail} |" in artifacts.verification_markdown("s", report)
+
+
 def test_verification_markdown_with_a_mesh_given_as_text():
     report = VerificationReport(verdict="PASS", written_mesh="fsdp=8")
     assert "written with mesh fsdp=8" in artifacts.verification_markdown("s", report)

@@ -173,7 +173,13 @@ def test_run_summary_of_a_one_slice_stage_says_it_has_no_dcn_axis(tmp_path):
                                 parameter_count=10, written_mesh={"fsdp": 2}, latest_step=4)  # fmt: skip
     write(one, report, stage)
     lines = summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
-    assert "  verification  PASS (1/1 checks, 10 parameters, sharded over mesh fsdp=2; DCN none, one slice)" in lines
+    assert "  verification  PASS (1/1 checks passed, 10 parameters, sharded over mesh fsdp=2; DCN none, " \
+        "one slice)" in lines  # fmt: skip
+    skipped = Check(name="loss_replay", passed=True, skipped=True, detail="skipped: not synthetic data")
+    write(one, report.model_copy(update={"checks": [*report.checks, skipped]}), stage)
+    lines = summary_lines(one, 60.0, "SUCCEEDED", tmp_path, "0a1b2c3d")
+    assert "  verification  PASS (1/2 checks passed, 1 SKIPPED: loss_replay, 10 parameters, sharded over mesh " \
+        "fsdp=2; DCN none, one slice)" in lines  # fmt: skip
 
 
 def test_run_summary_tells_an_elastic_stages_resizes_and_goodput(plan, tmp_path):

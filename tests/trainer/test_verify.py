@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from multislice.trainer import digests
-from multislice.trainer.verify import _devices, choose_samples, logged_losses
+from multislice.trainer.verify import _devices, choose_samples, logged_losses, loss_checks
 from tests.conftest import ROOT, run_in_trainer
 
 # Runs the verifier once per request (JSON lines: name, argv) in one trainer process, so JAX, Orbax and MaxText
@@ -187,6 +187,14 @@ def test_devices_of_a_stage_come_from_its_ici_and_dcn_parallelism():
     # the synthetic batch has per_device_batch_size x devices rows; a -1 (fill in) leaves it unknown
     assert _devices(["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "dcn_data_parallelism=2", "steps=20"]) == 16
     assert _devices(["ici_fsdp_parallelism=-1", "dcn_data_parallelism=2"]) is None
+
+
+def test_a_loss_replay_that_cannot_run_is_skipped_not_passed(tmp_path):
+    # A stage of real data (not synthetic): its batch cannot be rebuilt, so the replay does not run (issue 44).
+    args = ["dataset_type=hf", "ici_fsdp_parallelism=4", "per_device_batch_size=1"]
+    report: dict = {}
+    [check] = loss_checks(tmp_path, [3], args, tmp_path / "metrics.txt", 1e-3, report)
+    assert (check["name"], check["skipped"]) == ("loss_replay", True) and check["detail"].startswith("skipped: ")
 
 
 def test_logged_losses_fall_back_to_the_metrics_lines_and_their_rounding(tmp_path):

@@ -118,8 +118,16 @@ class PreflightTarget(BaseModel):
 
 
 class CostEstimate(BaseModel):
-    """Chip-hours and price of a stage's steps, from MaxText's model FLOPs (:func:`.preflight.cost_estimate`)."""
+    """Chip-hours and price of a stage's steps (:func:`.preflight.cost_estimate`).
 
+    Attributes:
+        basis: ``step_time``: at the stage's estimated step time (its report's ``step_time``; ``assumed_mfu`` is
+            then that estimate's MFU); ``assumed_mfu``: no step-time estimate, so at the profile's
+            ``cost.assumed_mfu`` of peak bf16 FLOP/s (reports written before ``basis`` are such).
+        assumed_mfu: The model FLOPs utilisation the step seconds imply, 0-1.
+    """
+
+    basis: Literal["step_time", "assumed_mfu"] = "assumed_mfu"
     assumed_mfu: float
     peak_bf16_flops_per_chip: float
     estimated_step_seconds: float

@@ -33,7 +33,14 @@ from multislice import memory, storage
 from multislice.errors import RunFailed
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import step_time
-from multislice.reports import CostEstimate, ElasticVerdict, HbmUse, PreflightReport, PreflightTarget
+from multislice.reports import (
+    CostEstimate,
+    ElasticVerdict,
+    HbmUse,
+    PreflightReport,
+    PreflightTarget,
+    StepTimeEstimate,
+)
 
 GIB = 1024**3
 AOT_MODULE = "multislice.trainer.aot"
@@ -128,10 +135,14 @@ def unknown_flag_fix(log: str) -> str:
     )
 
 
-def cost_estimate(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> CostEstimate | None:
-    """Chip-hours and price of the stage's steps, from MaxText's model FLOPs per step per chip.
+def cost_estimate(
+    plan: Plan, stage: StagePlan, result: dict[str, Any], estimated: StepTimeEstimate | None = None
+) -> CostEstimate | None:
+    """Chip-hours and price of the stage's steps: one figure, from the step-time estimate when there is one.
 
-    step seconds = model TFLOP per step per chip x 1e12 / (peak bf16 FLOP/s per chip x assumed MFU);
+    step seconds = the compiled program's estimated step time (``estimated``, :func:`step_time.estimate`, whose MFU
+    the report carries) when there is one (``basis="step_time"``); else model TFLOP per step per chip x 1e12 /
+    (peak bf16 FLOP/s per chip x the profile's ``cost.assumed_mfu``) (``basis="assumed_mfu"``).
     chip-hours = steps x step seconds x chips / 3600; cost = chip-hours x ``cost.price_per_chip_hour``.
     Returns None when the compile gave no FLOP count.
     """
@@ -140,10 +151,14 @@ def cost_estimate(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> CostE
         return None
     cost = plan.spec.cost
     peak = plan.spec.slice_type.peak_bf16_flops_per_chip
-    step_seconds = tflops * 1e12 / (peak * cost.assumed_mfu)
+    if estimated is not None and estimated.step_seconds > 0:
+        step_seconds, mfu, basis = estimated.step_seconds, estimated.mfu, "step_time"
+    else:
+        step_seconds, mfu, basis = tflops * 1e12 / (peak * cost.assumed_mfu), cost.assumed_mfu, "assumed_mfu"
     chip_hours = stage.steps * step_seconds * plan.total_chips / 3600
     return CostEstimate(
-        assumed_mfu=cost.assumed_mfu,
+        basis=basis,
+        assumed_mfu=cost.assumed_mfu if mfu is None else mfu,
         peak_bf16_flops_per_chip=peak,
         estimated_step_seconds=round(step_seconds, 3),
         steps=stage.steps,
@@ -166,6 +181,7 @@ def stage_report(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> Prefli
     shape = plan.spec.slice_type
     available = shape.usable_hbm_bytes_per_chip
     verdict = result.get("verdict", "error")
+    estimated = step_time.estimate(result, shape)
     fields: dict[str, Any] = {}
     if verdict == "fits":
         memory = HbmUse.model_validate(result["memory"])
@@ -199,8 +215,8 @@ def stage_report(plan: Plan, stage: StagePlan, result: dict[str, Any]) -> Prefli
         mesh=result.get("mesh"),
         versions=result.get("versions"),
         maxtext_args=result.get("maxtext_args", list(stage.maxtext_args)),
-        cost=cost_estimate(plan, stage, result),
-        step_time=step_time.estimate(result, shape),
+        cost=cost_estimate(plan, stage, result, estimated),
+        step_time=estimated,
         **fields,
     )
 
@@ -229,15 +245,20 @@ def summary_line(report: PreflightReport) -> str:
         )
     else:
         line = f"no verdict on {where}: {(report.error or '')[:300]}"
-    cost = report.cost
-    if cost and report.verdict == "fits":
-        line += (
-            f"; about {cost.chip_hours:,.3g} chip-hours for {cost.steps} steps at an assumed "
-            f"{cost.assumed_mfu:.0%} MFU"
-            + (f", {cost.estimated_cost:,.3g} {cost.currency}" if cost.price_per_chip_hour else "")
-        )
     if report.step_time is not None:
         line += "; " + step_time.line(report.step_time)
+    cost = report.cost
+    if cost and report.verdict == "fits":
+        basis = (
+            "at that step time"
+            if cost.basis == "step_time"
+            else f"at an assumed {cost.assumed_mfu:.0%} MFU (no step-time estimate)"
+        )
+        line += (
+            f"; about {cost.chip_hours:,.3g} chip-hours"
+            + (f" ({cost.estimated_cost:,.3g} {cost.currency})" if cost.price_per_chip_hour else "")
+            + f" for {cost.steps} steps {basis}"
+        )
     if report.elastic:
         line += "; " + elastic_line(report.elastic)
     return line

@@ -99,7 +99,7 @@ def run(
         with backend.aot_session(plan, cache, pipeline_run_id, teller("preflight")) as session:
             found = check_stages(
                 plan, stages, session, timings.compile_timeout,
-                on_report=lambda r: say("preflight", summary_line(r), r.stage),
+                on_report=lambda r: say("preflight", summary_line(r), r.stage), tell=teller("preflight"),
             )  # fmt: skip
             reports, problems = [], []
             for report in found:
@@ -194,8 +194,9 @@ def result_page(plan: Plan, reports: list[PreflightReport]) -> str:
         )
     note = (
         "<p>AOT compile of each stage's train step for its TPU topology (MaxText train_compile, libtpu); "
-        "GiB = 2<sup>30</sup> bytes. Cost: model FLOPs / (peak bf16 FLOP/s x assumed MFU) x steps x chips x "
-        "price per chip-hour from the profile. Step time: the compiled program's roofline (FLOPs, HBM bytes, "
+        "GiB = 2<sup>30</sup> bytes. Cost: the estimated step time x steps x chips x price per chip-hour from "
+        "the profile (without a step-time estimate: model FLOPs / (peak bf16 FLOP/s x the profile's assumed "
+        "MFU) as the step time). Step time: the compiled program's roofline (FLOPs, HBM bytes, "
         "ICI and DCN collectives over the generation's peak figures, overlapped) over an efficiency fitted on "
         "MaxText's published recipe runs.</p>"
     )

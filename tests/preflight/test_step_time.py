@@ -65,6 +65,26 @@ def test_roofline_terms_bound_and_calibrated_step():
     assert "estimated step 4 s, 2,048 tokens/s/device, MFU 10.9%" in line and "dcn-bound" in line
 
 
+def test_the_cost_is_one_figure_from_the_step_time_estimate_and_the_assumed_mfu_only_without_one():
+    spec = config.load_profile("gke-v6e-16x2-seed")
+    plan = make_plan(spec)
+    stage = plan.stages[0]
+    result = fits_result(918e12, 820e9, 224e9, 25e9)
+    report = preflight.stage_report(plan, stage, result)
+    estimated, cost = report.step_time, report.cost
+    assert cost.basis == "step_time" and cost.estimated_step_seconds == pytest.approx(estimated.step_seconds, abs=1e-3)
+    assert cost.assumed_mfu == estimated.mfu  # the MFU the cost implies is the estimate's, not the profile's 40%
+    assert cost.chip_hours == pytest.approx(stage.steps * estimated.step_seconds * plan.total_chips / 3600, rel=1e-3)
+    line = preflight.summary_line(report)
+    assert "assumed" not in line and f"MFU {estimated.mfu:.1%}" in line
+    assert f"about {cost.chip_hours:,.3g} chip-hours" in line and "at that step time" in line
+    # Without a step-time estimate (no step_cost: an older trainer image's result) the profile's MFU, said so.
+    report = preflight.stage_report(plan, stage, {k: v for k, v in result.items() if k != "step_cost"})
+    assert report.step_time is None and report.cost.basis == "assumed_mfu"
+    assert report.cost.assumed_mfu == spec.cost.assumed_mfu
+    assert "at an assumed 40% MFU (no step-time estimate)" in preflight.summary_line(report)
+
+
 def test_no_estimate_without_a_fit_a_step_cost_or_peak_figures():
     shape = tpu.parse_tpu_type("v6e-16")
     assert step_time.estimate({"verdict": "does_not_fit"}, shape) is None

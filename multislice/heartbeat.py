@@ -109,7 +109,7 @@ class Heartbeat:
 def heartbeat(
     what: str,
     tell: Callable[[str], object] = print,
-    every: float = DEFAULT_EVERY,
+    every: float | None = None,
     *,
     detail: Callable[[], str] | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -123,11 +123,11 @@ def heartbeat(
     Args:
         what: What is running, as the beat names it.
         tell: Where lines go (``print``, or a step's :func:`multislice.steps.teller`).
-        every: Seconds of silence before a beat (:data:`DEFAULT_EVERY`).
+        every: Seconds of silence before a beat (default :data:`DEFAULT_EVERY`, read at each call).
         detail: Called at each beat for more words (e.g. packages installed so far), or ``''``.
         clock, stop: The monotonic clock and the event the thread waits on (a test's stand-ins).
     """
-    beat = Heartbeat(what, tell, every, detail=detail, clock=clock, stop=stop)
+    beat = Heartbeat(what, tell, DEFAULT_EVERY if every is None else every, detail=detail, clock=clock, stop=stop)
     beat.start()
     try:
         yield beat

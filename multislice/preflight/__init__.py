@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from multislice import memory, storage
 from multislice.errors import RunFailed
+from multislice.heartbeat import heartbeat
 from multislice.plan import Plan, StagePlan
 from multislice.preflight import step_time
 from multislice.reports import (
@@ -133,6 +134,23 @@ def unknown_flag_fix(log: str) -> str:
         "the stage's libtpu_flags.add, or list it in libtpu_flags.remove if it comes from the recipe table "
         "(multislice.libtpu_flags), or use a libtpu version that has it"
     )
+
+
+def compile_stage(
+    plan: Plan, stage: StagePlan, session: CompileSession, timeout: float, tell: Callable[[str], object] | None
+) -> dict[str, Any]:
+    """``session.compile`` of the stage's request (:func:`request_for`); while it works, a line naming what
+    compiles and for how long every 30 s (:func:`multislice.heartbeat.heartbeat`) through ``tell`` (none if None).
+    """
+    request = request_for(plan, stage)
+    if tell is None:
+        return session.compile(request, timeout=timeout)
+    what = (
+        f"AOT-compiling stage {stage.name} for {plan.spec.num_slices} x {plan.spec.tpu_type} "
+        f"({plan.spec.slice_type.maxtext_topology}), at most {timeout:.0f} s"
+    )
+    with heartbeat(what, tell):
+        return session.compile(request, timeout=timeout)
 
 
 def cost_estimate(
@@ -283,8 +301,16 @@ def memory_floor_bytes(plan: Plan, stage: StagePlan, slices: int) -> int | None:
     return found.lower_bound_bytes + extra
 
 
-def check_elastic(plan: Plan, stage: StagePlan, session: CompileSession, timeout: float) -> list[ElasticVerdict]:
+def check_elastic(
+    plan: Plan,
+    stage: StagePlan,
+    session: CompileSession,
+    timeout: float,
+    tell: Callable[[str], object] | None = None,
+) -> list[ElasticVerdict]:
     """Verdicts for every slice count an elastic stage may shrink to, most slices first (``[]`` if not elastic).
+
+    ``tell`` gets a heartbeat line every 30 s of each compile (:func:`compile_stage`).
 
     The full count is the stage's own report. Each smaller runnable count is first checked against the memory
     model's lower bound (:func:`memory_floor_bytes`): over the usable HBM, it is ``does_not_fit`` without a
@@ -317,7 +343,7 @@ def check_elastic(plan: Plan, stage: StagePlan, session: CompileSession, timeout
             )
             continue
         smaller, target = plan.on_slices(stage, count.slices)
-        report = stage_report(smaller, target, session.compile(request_for(smaller, target), timeout=timeout))
+        report = stage_report(smaller, target, compile_stage(smaller, target, session, timeout, tell))
         verdicts.append(
             ElasticVerdict(
                 **known,
@@ -354,13 +380,18 @@ def check_stages(
     session: CompileSession,
     timeout: float,
     on_report: Callable[[PreflightReport], None] | None = None,
+    tell: Callable[[str], object] | None = None,
 ) -> list[PreflightReport]:
-    """AOT-compile each stage in ``session`` (each within ``timeout`` seconds); their reports in order."""
+    """AOT-compile each stage in ``session`` (each within ``timeout`` seconds); their reports in order.
+
+    ``tell`` gets a line naming the stage compiling and its elapsed time every 30 s while it compiles
+    (:func:`compile_stage`); a compile takes minutes on a loaded machine.
+    """
     reports = []
     for stage in stages:
-        report = stage_report(plan, stage, session.compile(request_for(plan, stage), timeout=timeout))
+        report = stage_report(plan, stage, compile_stage(plan, stage, session, timeout, tell))
         if stage.elastic and report.verdict == "fits":
-            report = report.model_copy(update={"elastic": check_elastic(plan, stage, session, timeout)})
+            report = report.model_copy(update={"elastic": check_elastic(plan, stage, session, timeout, tell)})
         reports.append(report)
         if on_report:
             on_report(report)

@@ -37,6 +37,7 @@ from typing import Any
 
 from multislice import memory
 from multislice.config import RunSpec, Stage
+from multislice.heartbeat import heartbeat
 from multislice.plan import make_plan, resolve_degrees
 from multislice.preflight import CompileSession, CompileTimeout, request_for, stage_report
 from multislice.reports import PreflightReport
@@ -426,7 +427,11 @@ def search(
                 break
             plan = make_plan(spec.with_stages(candidate.stage).model_copy(update={"num_slices": slices}))
             try:
-                compiled = session.compile(request_for(plan, plan.stages[0]), timeout=min(remaining, compile_timeout))
+                what = f"  AOT-compiling {candidate.describe()} on {slices} x {spec.tpu_type}"
+                with heartbeat(what, on_progress):
+                    compiled = session.compile(
+                        request_for(plan, plan.stages[0]), timeout=min(remaining, compile_timeout)
+                    )
             except CompileTimeout:
                 result.exhausted = False
                 on_progress(f"  stopped: {candidate.describe()} (its compile outran the {budget_seconds:.0f} s budget)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from multislice import cancel, storage
 from multislice.backends import Backend
 from multislice.backends.base import AdmissionTimeout
+from multislice.heartbeat import heartbeat
 from multislice.plan import Plan, StagePlan
 from multislice.render import manifests, schema
 from multislice.reports import AdmitReport
@@ -77,9 +78,13 @@ def run(plan: Plan, stage: StagePlan, pipeline_run_id: str, *, backend: Backend 
             stage.name,
         )
         try:
-            with backend.holding(stage.workload, "admit", teller("admit", stage)):
+            what = f"waiting for queue {plan.spec.queue} to admit {manifest.get('kind', 'JobSet')} {stage.workload}"
+            with (
+                backend.holding(stage.workload, "admit", teller("admit", stage)),
+                heartbeat(what, teller("admit", stage)) as beat,
+            ):
                 cancel.point("admit:waiting")
-                admission = backend.wait_admitted(plan, stage, teller("admit", stage))
+                admission = backend.wait_admitted(plan, stage, beat.tell)
         except AdmissionTimeout as error:
             if submitted.adopted:
                 raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 from multislice import cancel
 from multislice.backends import Backend
 from multislice.errors import InputError, RunFailed
+from multislice.heartbeat import heartbeat
 from multislice.plan import Plan, StagePlan
 from multislice.reports import ExportReport, report_path
 from multislice.steps import backend_of, cancellable, say, stage_labels, teller, write_report
@@ -39,7 +40,9 @@ def run(
         raise InputError(f"stages.{stage.name}.export is not set", f"set stages.{stage.name}.export: huggingface")
     with cancellable("export", stage, stage_labels(plan, stage, pipeline_run_id), plan) as removal:
         removal.backend = backend = backend_of(plan, backend, "export", stage)
-        report = backend.run_exporter(plan, stage, pipeline_run_id, teller("export", stage))
+        what = f"{stage.export} export and logits check of {stage.checkpoint_dir} step {stage.final_step}"
+        with heartbeat(what, teller("export", stage)) as beat:
+            report = backend.run_exporter(plan, stage, pipeline_run_id, beat.tell)
         cancel.point("export:report")
         write_report(plan, report, stage)
         check = report.logits_check or {}

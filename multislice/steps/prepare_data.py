@@ -21,6 +21,7 @@ from multislice.config import Stage
 from multislice.config.data import SITE_PACKAGES_PREFIX, TextData
 from multislice.config.models import data_lasts_issue
 from multislice.errors import InputError, RunFailed
+from multislice.heartbeat import heartbeat
 from multislice.plan import Plan, StagePlan, reads_packed
 from multislice.reports import PrepareDataReport
 from multislice.steps import backend_of, cancellable, stage_labels, teller, write_report
@@ -74,12 +75,14 @@ def _prepare(plan: Plan, stage: StagePlan, spec: Stage, pipeline_run_id: str, ba
         f"{spec.tokenizer.path} on {request['workers']} shard workers"
     )
     runner = backend_of(plan, backend, "prepare_data", stage)
-    exits = runner.run_data_workers(plan, stage, request, pipeline_run_id, tell)
-    cancel.point("prepare_data:assemble")
-    try:
-        manifest = prepare_shards.assemble(request, started, tell)
-    except (OSError, ValueError) as error:
-        raise PrepareDataFailed(f"prepare_data failed: {error}", "fix the data spec or its files") from error
+    with heartbeat(f"{request['workers']} shard workers tokenizing {len(sources)} files", tell) as beat:
+        exits = runner.run_data_workers(plan, stage, request, pipeline_run_id, beat.tell)
+        cancel.point("prepare_data:assemble")
+        beat.phase(f"assembling the shards of {len(sources)} files into {out_dir}")
+        try:
+            manifest = prepare_shards.assemble(request, started, beat.tell)
+        except (OSError, ValueError) as error:
+            raise PrepareDataFailed(f"prepare_data failed: {error}", "fix the data spec or its files") from error
     manifest["worker_exits"] = [dataclasses.asdict(e) for e in exits]  # in the report; not in the stored manifest
     return manifest
 

@@ -50,7 +50,9 @@ def test_lower_bound_never_prunes_a_config_aot_says_fits(entry):
         kept, pruned = planner.prune([_candidate(knobs, estimate)], usable)
         assert kept and not pruned
     else:
-        assert estimate.estimate_bytes > usable  # the estimate agrees it does not fit
+        # The estimate does not call it a likely fit (its high figure is over). It may call it possible: the
+        # Llama 3.1 8B v6e-8 recipe ran as published (tests/test_memory_recipes.py) but needs 32.92 GiB here.
+        assert estimate.high_bytes > usable
     if aot > 2**30:  # tiny models are dominated by code and runtime buffers
         # within the fitted band of multislice.memory (ESTIMATE_LOW_BY, ESTIMATE_HIGH_BY)
         assert estimate.low_bytes <= aot <= estimate.high_bytes, (aot / 2**30, estimate.estimate_bytes / 2**30)
@@ -65,9 +67,9 @@ PINNED = [
     ("llama3-70b", "v6e-16", 1.0, 4096, "full", 4, "fsdp", "float32", True, 30.46, -1),  # the seed 70B stage
     ("llama3-70b", "v6e-16", 1.0, 4096, "full", 4, "fsdp", "float32", False, 30.20, -1),
     ("llama3-70b", "v6e-16", 1.0, 4096, "full", 1, "fsdp", "float32", False, 30.00, -1),
-    ("llama3-8b", "v6e-16", 4.0, 4096, "full", 4, "data", "float32", False, 22.41, +1),  # the seed 8B stage
-    ("llama3-70b", "v6e-16", 2.0, 8192, "custom", 1, "fsdp", "bfloat16", True, 28.80, +1),  # production 70B
-    ("llama3-8b", "v6e-16", 3.0, 8192, "custom", 1, "data", "float32", True, 27.61, +1),  # production 8B
+    ("llama3-8b", "v6e-16", 4.0, 4096, "full", 4, "data", "float32", False, 22.41, -1),  # the seed 8B stage
+    ("llama3-70b", "v6e-16", 2.0, 8192, "custom", 1, "fsdp", "bfloat16", True, 28.80, -1),  # production 70B
+    ("llama3-8b", "v6e-16", 3.0, 8192, "custom", 1, "data", "float32", True, 27.61, -1),  # production 8B
 ]
 
 

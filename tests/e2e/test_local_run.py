@@ -28,12 +28,13 @@ def test_run_trains_both_stages_and_verifies_their_checkpoints(local_run):
         assert trained.final_loss < trained.first_loss  # it learned something
         verified = reports.read(reports.VerificationReport, plan, stage)
         assert verified.verdict == "PASS" and verified.latest_step == stage.final_step
-        # Start-up: no torch, transformers or goodput recorder for the step loop (multislice.trainer.lean_imports);
+        # Start-up: no torch, transformers, goodput recorder or Vertex AI SDK for the step loop
+        # (multislice.trainer.lean_imports);
         # each process compiled the train step once, and said so (multislice.trainer.compile_cache).
         for host in range(plan.slice.hosts):
             log = LocalJobSets(plan.run_dir).pod_log(stage.jobset, 0, host, attempt=0).read_text()
             heavy = log.split("heavy packages imported: ")[1].split(" (of ")[0].split(", ")
-            assert not {"torch", "transformers", "ml_goodput_measurement"} & set(heavy), heavy
+            assert not {"torch", "transformers", "ml_goodput_measurement", "cloud_accelerator_diagnostics"} & set(heavy)
             assert "multislice worker: XLA compile of jit(train_step): " in log
         assert [c["function"] for c in trained.compiles].count("jit(train_step)") == 1
         for step in ("plan", "preflight", "admit", "launch"):  # every step left its report

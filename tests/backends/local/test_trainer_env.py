@@ -6,6 +6,7 @@ import subprocess
 
 from multislice import maxtext
 from multislice.backends.local import trainer_process_env
+from multislice.trainer import lean_imports
 from tests.conftest import run_in_trainer
 
 FACTS = (
@@ -203,6 +204,27 @@ def test_the_train_workers_own_imports_pull_in_no_torch_or_transformers(trainer_
     done = run_in_trainer(trainer_python, WORKER_OWN_IMPORTS)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+VERTEX_TENSORBOARD_IMPORTS = (
+    "import sys, json\n"
+    "from multislice.trainer import lean_imports\n"
+    "lean_imports.install(sys.argv[1:])\n"
+    "from maxtext.trainers.pre_train import train\n"
+    "print(json.dumps([train._vertex_tb_is_stub, 'google.cloud.aiplatform' in sys.modules]))\n"
+)
+
+
+def test_the_vertex_ai_sdk_is_imported_only_for_a_run_that_uploads_to_vertex_tensorboard(trainer_python):
+    """MaxText's trainer imports the Vertex AI SDK at its import, for the TensorBoard uploader a run uses only with
+    use_vertex_tensorboard; without it the worker gets MaxText's no-op stub and no SDK (a third of its imports'
+    CPU time, multislice.trainer.lean_imports). The keys that turn it on are read as MaxText reads them."""
+    done = run_in_trainer(trainer_python, VERTEX_TENSORBOARD_IMPORTS, "steps=3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, False]
+    assert lean_imports.uploads_to_vertex_tensorboard(["use_vertex_tensorboard=True"], environ={})
+    assert lean_imports.uploads_to_vertex_tensorboard([], environ={"UPLOAD_DATA_TO_TENSORBOARD": "1"})
+    assert not lean_imports.uploads_to_vertex_tensorboard(["use_vertex_tensorboard=false"], environ={})
 
 
 def _print_then_wait_for_stdin():

@@ -256,6 +256,9 @@ class ProvisionReport(StepReport):
         crds: CRD name -> versions the cluster serves (GKE).
         capacity: What this machine offers the emulated slices (local).
         trainer_versions: Package -> version in the trainer environment (local).
+        restart_strategy: How the run's TPU JobSets restart, ``InPlaceRestart`` or ``Recreate``, as provision found
+            the cluster accepts (GKE, :mod:`multislice.backends.gke.in_place`); admit renders it. None: not checked.
+        restart_strategy_note: Why that strategy and, for a fallback to Recreate, what to enable.
     """
 
     step: ClassVar[str] = "provision"
@@ -272,6 +275,8 @@ class ProvisionReport(StepReport):
     capacity: dict[str, Any] | None = None
     trainer_env: str | None = None
     trainer_versions: dict[str, str] = Field(default_factory=dict)
+    restart_strategy: str | None = None
+    restart_strategy_note: str = ""
 
 
 class AdmitReport(StepReport):

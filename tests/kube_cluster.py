@@ -15,10 +15,14 @@ get 410 Gone and open watches end).
 Deletes honour ``DeleteOptions.preconditions`` (``uid``, ``resourceVersion``:
 409 Conflict when the stored object differs, as the API server does).
 
+Creates pass the admission hooks a test installs (:attr:`Cluster.admission`: what a validating webhook or the
+API server's feature-gated validation refuses, e.g. :meth:`tests.kube_controllers.Play.feature_gates`), and a
+create with ``dryRun=All`` is admitted and answered without being stored.
+
 Not modelled (tests play these parts through the API): admission webhooks
-and defaulting, validation against CRD schemas, controllers (JobSet, Job,
-Kueue, scheduler, kubelet, garbage collection: deleting a JobSet leaves its
-pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
+other than those hooks, mutation and defaulting, dry runs of anything but create,
+validation against CRD schemas, controllers (JobSet, Job, Kueue, scheduler, kubelet, garbage
+collection: deleting a JobSet leaves its pods), strategic-merge and JSON patches (every patch is a JSON merge patch),
 field ownership in server-side apply (an apply replaces what it names),
 set-based label selectors, authentication (a client's bearer token is taken
 as its user name); of watches: bookmarks (``allowWatchBookmarks`` is ignored),
@@ -113,6 +117,7 @@ class Cluster(kmock.KubernetesEmulator):
     watch_starts: list = attrs.field(factory=list)  # (plural, resourceVersion) each watch request started from
     log_lock: Any = attrs.field(factory=threading.Lock)
     authorizer: Any = None  # tests.kube_rbac.Authorizer once enforce() is called
+    admission: list = attrs.field(factory=list)  # (plural, object) -> (HTTP status, message) or None, on CREATE
 
     def enforce(self, rbac_objects: list[dict[str, Any]]) -> Authorizer:
         """From now on, authorize every request carrying a bearer token by these RBAC objects (as rendered)."""
@@ -261,6 +266,10 @@ class Cluster(kmock.KubernetesEmulator):
                 request = self._replace(request, action=enums.action.CREATE, name=None)
         if request.action == enums.action.DELETE:
             self._check_preconditions(request)
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            self._admit(request)
+            if request.params.get("dryRun") == "All":
+                return self._dry_run(request)
         if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
             self.rv += 1
             meta = request.data.setdefault("metadata", {}) if isinstance(request.data, dict) else {}
@@ -274,6 +283,37 @@ class Cluster(kmock.KubernetesEmulator):
         if request.action in (enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE):
             self._record(request)
         return response
+
+    def _admit(self, request: Any) -> None:
+        """The admission hooks a test installed (:attr:`admission`, what the tests' webhooks and the API server's
+        feature-gated validation play): the first refusal is the answer, as a validating webhook's or the API
+        server's Status (``reason`` Forbidden for 403, Invalid for 422, else BadRequest)."""
+        plural = getattr(request.resource, "plural", "")
+        for hook in self.admission:
+            refused = hook(plural, request.data)
+            if refused is not None:
+                status, message = refused
+                reason = {403: "Forbidden", 422: "Invalid"}.get(status, "BadRequest")
+                raise kmock.KubernetesError(status=status, reason=reason, message=message)
+
+    def _dry_run(self, request: Any) -> aiohttp.web.Response:
+        """A create with ``dryRun=All``: admitted (above), answered with the object as it would be stored (a name from
+        ``generateName``, metadata stamped), nothing stored, no watch event, no resourceVersion taken
+        (k8s.io/apiserver ``pkg/endpoints/handlers/create.go``: the dry-run flag reaches storage, which skips the
+        write). A name already taken is 409 AlreadyExists, as storage answers it."""
+        obj = copy.deepcopy(request.data)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if request.namespace:
+            meta.setdefault("namespace", request.namespace)
+        key = (request.resource, meta.get("namespace"), meta.get("name"))
+        if key in self._objects and not self._objects[key].deleted:
+            raise kmock.KubernetesError(status=409, reason="AlreadyExists", message=f'"{meta.get("name")}" already '
+                                        "exists")  # fmt: skip
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return aiohttp.web.json_response(obj, status=201)
 
     def _check_preconditions(self, request: Any) -> None:
         """A delete's ``DeleteOptions.preconditions`` (``uid``, ``resourceVersion``), as the API server checks them

@@ -6,8 +6,9 @@ QuotaReserved / Admitted / Evicted and unsuspends; it admits only what
 LocalQueue, Kueue Configuration and claim templates stored in the emulator, and
 otherwise writes Kueue's pending condition), the JobSet and Job controllers and the
 kubelet (pods through phases, container states, exit codes, logs, events,
-JobSet conditions and restarts), GKE (nodes labelled with their node pool and
-TPU shape), the installed CRDs (the upstream files in multislice/crds), and
+JobSet conditions and restarts; JobSet v0.12.0's in-place restart: its webhook's feature gate, the
+controller's attempt bookkeeping, the agent sidecar and the kubelet's RestartAllContainers), GKE
+(nodes labelled with their node pool and TPU shape), the installed CRDs (the upstream files in multislice/crds), and
 KubeRay for a stage launched by Ray (:class:`KubeRay`: the RayCluster, its
 head and worker pods, the submitter Job and pod with the driver's log, the
 RayJob's status, a worker killed and replaced, the garbage collector).
@@ -28,6 +29,7 @@ from kubernetes import client as k8s
 
 from multislice import names, tpu
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, KUEUE_GROUP, KUEUE_VERSION
+from multislice.render import in_place
 from multislice.render.ray import DRANET_DEVICE_CLASS
 from multislice.trainer import verify_export
 from tests import kueue_model
@@ -60,6 +62,10 @@ class Play:
         api = served.api(admin=True)  # the controllers are not bound by the pipeline's RBAC
         self.custom, self.core, self.batch = k8s.CustomObjectsApi(api), k8s.CoreV1Api(api), k8s.BatchV1Api(api)
         self.crds = k8s.ApiextensionsV1Api(api)
+        # The feature gates in-place restart needs, at their upstream defaults (off): feature_gates() turns them on.
+        self.gates = {"InPlaceRestart": False, "RestartAllContainers": False}
+        self.cluster.admission.append(self._admission)
+        self._clock = datetime.datetime(2026, 11, 24, 10, 0, 0, tzinfo=datetime.UTC)
 
     # -- installation ------------------------------------------------------
 
@@ -485,6 +491,211 @@ class Play:
         terminal_conditions = [*conditions, {"type": terminal, "status": "True", "reason": reason, "message": message}]
         self.batch.patch_namespaced_job_status(name, self.ns, {"status": {"conditions": terminal_conditions}})
         return job
+
+    # -- in-place restart (JobSet v0.12.0, KEP-467; Kubernetes 1.35 RestartAllContainers) -----------------
+
+    def feature_gates(self, *, in_place_restart: bool, restart_all_containers: bool) -> None:
+        """Turn the emulated feature gates on or off: JobSet's ``InPlaceRestart`` (its controller's
+        ``--feature-gates``) and Kubernetes' ``ContainerRestartRules`` with ``RestartAllContainersOnContainerExits``
+        (the API server's; the kubelet model below acts on the rules whatever they are)."""
+        self.gates = {"InPlaceRestart": in_place_restart, "RestartAllContainers": restart_all_containers}
+
+    def _admission(self, plural: str, obj: dict[str, Any]) -> tuple[int, str] | None:
+        """What refuses a create here (installed as a :attr:`tests.kube_cluster.Cluster.admission` hook).
+
+        JobSet v0.12.0's validating webhook (``pkg/webhooks/jobset_webhook.go``, ``ValidateCreate``): with its gate
+        off, ``restartStrategy: InPlaceRestart`` is refused with the webhook's message; with it on, each replicated
+        Job needs ``backoffLimit`` MaxInt32, ``podReplacementPolicy: Failed`` and ``completions`` == ``parallelism``.
+        A webhook's denial reaches the client as 403, "admission webhook "<name>" denied the request: <errors>".
+
+        The API server's pod validation of a Pod or a Job's template: with the Kubernetes gates off, a container's
+        ``restartPolicyRules`` are refused (422 Invalid; ``pkg/api/pod/util.go`` builds the validation options
+        ``AllowContainerRestartPolicyRules`` and ``AllowRestartAllContainers`` from the gates). The wording of that
+        message is this model's: the field path and "Forbidden", not the API server's exact text.
+        """
+        spec = obj.get("spec") or {}
+        if plural == "jobsets" and (spec.get("failurePolicy") or {}).get("restartStrategy") == "InPlaceRestart":
+            denied = 'admission webhook "vjobset.kb.io" denied the request: '
+            if not self.gates["InPlaceRestart"]:
+                return 403, denied + in_place.GATE_OFF_MESSAGE
+            errors = []
+            for i, rjob in enumerate(spec.get("replicatedJobs") or []):
+                job, where = rjob["template"]["spec"], f"spec.replicatedJobs[{i}].template.spec"
+                if job.get("backoffLimit") != in_place.BACKOFF_LIMIT:
+                    limit = in_place.BACKOFF_LIMIT
+                    errors.append(f"{where}.backoffLimit: Invalid value: replicatedJob {rjob['name']}: must be set "
+                                  f"to {limit} (MaxInt32) when in-place restart is enabled")  # fmt: skip
+                if job.get("podReplacementPolicy") != "Failed":
+                    errors.append(f"{where}.podReplacementPolicy: Invalid value: replicatedJob {rjob['name']}: must "
+                                  "be set to Failed when in-place restart is enabled")  # fmt: skip
+                if job.get("completions") is None or job.get("completions") != job.get("parallelism"):
+                    errors.append(f"{where}.completions: Invalid value: replicatedJob {rjob['name']}: completions "
+                                  "and parallelism must be set and equal to each other when in-place restart is "
+                                  "enabled")  # fmt: skip
+            return (403, denied + "[" + ", ".join(errors) + "]") if errors else None
+        if plural in ("pods", "jobs") and not self.gates["RestartAllContainers"]:
+            pod = spec.get("template", {}).get("spec", {}) if plural == "jobs" else spec
+            prefix = "spec.template.spec" if plural == "jobs" else "spec"
+            for field in ("initContainers", "containers"):
+                for i, container in enumerate(pod.get(field) or []):
+                    if container.get("restartPolicyRules"):
+                        kind = "Job.batch" if plural == "jobs" else "Pod"
+                        name = obj.get("metadata", {}).get("name") or obj.get("metadata", {}).get("generateName", "")
+                        return 422, (f'{kind} "{name}" is invalid: {prefix}.{field}[{i}].restartPolicyRules: '
+                                     "Forbidden: not allowed while the ContainerRestartRules and "
+                                     "RestartAllContainersOnContainerExits feature gates are disabled")  # fmt: skip
+        return None
+
+    def _now(self) -> str:
+        """The kubelet's clock for container states: one second later at each call (order without sleeping)."""
+        self._clock += datetime.timedelta(seconds=1)
+        return self._clock.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _pod(self, name: str) -> dict[str, Any]:
+        """The pod as stored, raw: the official client 30's models predate ``restartPolicyRules`` and drop it."""
+        return json.loads(self.core.read_namespaced_pod(name, self.ns, _preload_content=False).data)
+
+    def in_place_pods(self, jobset: str, slices: int, hosts: int, pools: list[str]) -> list[str]:
+        """The JobSet and Job controllers create the pods of an ``InPlaceRestart`` JobSet (names and labels as
+        :meth:`pods`, the pod spec from the JobSet's template), the kubelet runs them (the agent sidecar started,
+        the trainer running) and each agent annotates its pod (:meth:`agent_starts`); then the controller lifts the
+        barrier (:meth:`in_place_reconcile`)."""
+        js = self.jobset(jobset)
+        template = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        names_ = self.pods(jobset, slices, hosts, pools=pools)
+        for name in names_:
+            spec = {**copy.deepcopy(template), "nodeName": self._pod(name)["spec"]["nodeName"]}
+            self.core.patch_namespaced_pod(name, self.ns, {"spec": spec})
+            started = self._now()
+            self.pod_status(name, {
+                "phase": "Running",
+                "initContainerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
+                                           "imageID": "", "started": True, "state": {"running": {"startedAt": started}}}
+                                          for c in spec.get("initContainers", [])],
+                "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
+                                       "imageID": "", "started": True, "state": {"running": {"startedAt": started}}}
+                                      for c in spec["containers"]],
+            })  # fmt: skip
+            self.agent_starts(jobset, name)
+        self.in_place_reconcile(jobset)
+        return names_
+
+    def agent_starts(self, jobset: str, pod: str) -> int:
+        """The agent of ``pod`` starts (``cmd/in-place-restart-agent/main.go``, ``Reconcile``, start-up): it sets
+        the pod's annotation ``jobset.sigs.k8s.io/in-place-restart-attempt`` to 0 when the JobSet has no
+        ``status.currentInPlaceRestartAttempt`` yet, else to that + 1 (it waits at the barrier until the controller
+        catches up). Returns the attempt."""
+        current = (self.jobset(jobset).get("status") or {}).get("currentInPlaceRestartAttempt")
+        attempt = 0 if current is None else int(current) + 1
+        self.core.patch_namespaced_pod(pod, self.ns, {"metadata": {"annotations": {
+            in_place.ATTEMPT_ANNOTATION: str(attempt)}}})  # fmt: skip
+        return attempt
+
+    def in_place_reconcile(self, jobset: str) -> str:
+        """The JobSet controller's ``reconcileInPlaceRestart`` (``pkg/controllers/in_place_restart.go``), once:
+
+        fail the JobSet (``ReachedMaxRestarts``) when any container's ``restartCount`` exceeds ``maxRestarts``
+        (``getMaxContainerRestartCount``) or when the highest pod attempt, less the restarts that do not count
+        (``status.restarts - status.restartsCountTowardsMax``), does (``exceededMaxRestarts``); else, when every pod
+        (not Failed, annotated) is at the same attempt and they are all there (replicas x parallelism), set
+        ``status.currentInPlaceRestartAttempt`` to it (the agents lift their barriers); else, unless there is no
+        attempt or the highest is 0, set ``status.previousInPlaceRestartAttempt`` to the highest - 1, never lowering
+        it (the agents of pods at or below it restart their pods in place). Returns what it did: ``failed``,
+        ``current``, ``previous`` or ``nothing``.
+        """
+        js = self.jobset(jobset)
+        status, policy = js.get("status") or {}, js["spec"]["failurePolicy"]
+        found = [self._pod(p.metadata.name) for p in self.core.list_namespaced_pod(
+            self.ns, label_selector=f"{names.JOBSET_NAME_KEY}={jobset}").items]  # fmt: skip
+        statuses = [c for pod in found for key in ("initContainerStatuses", "containerStatuses")
+                    for c in pod["status"].get(key, [])]  # fmt: skip
+        counts = [c.get("restartCount", 0) for c in statuses]
+        attempts = [int(pod["metadata"]["annotations"][in_place.ATTEMPT_ANNOTATION]) for pod in found
+                    if pod["status"].get("phase") != "Failed"
+                    and in_place.ATTEMPT_ANNOTATION in (pod["metadata"].get("annotations") or {})]  # fmt: skip
+        uncounted = int(status.get("restarts", 0)) - int(status.get("restartsCountTowardsMax", 0))
+        if (
+            max(counts, default=0) > policy["maxRestarts"]
+            or max(attempts, default=0) - uncounted > policy["maxRestarts"]
+        ):
+            self.jobset_done(
+                jobset, "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"
+            )
+            return "failed"
+        total = sum(r["replicas"] * r["template"]["spec"]["parallelism"] for r in js["spec"]["replicatedJobs"])
+        if len(attempts) == total and len(set(attempts)) == 1:
+            if status.get("currentInPlaceRestartAttempt") != attempts[0]:
+                self.patch_jobset(jobset, {"status": {"currentInPlaceRestartAttempt": attempts[0]}}, status=True)
+            return "current"
+        if not attempts or max(attempts) == 0:
+            return "nothing"
+        previous = max(attempts) - 1
+        if (
+            status.get("previousInPlaceRestartAttempt") is not None
+            and previous <= status["previousInPlaceRestartAttempt"]
+        ):
+            return "nothing"
+        self.patch_jobset(jobset, {"status": {"previousInPlaceRestartAttempt": previous}}, status=True)
+        return "previous"
+
+    def container_exits(self, pod: str, container: str, exit_code: int, reason: str = "Error") -> str:
+        """The kubelet on ``container`` of ``pod`` exiting with ``exit_code``: the first of the container's
+        ``restartPolicyRules`` whose ``exitCodes`` match decides (KEP-5307). ``RestartAllContainers`` (KEP-5532):
+        every container of the pod is stopped and started again in the same pod (same name, node and UID), each
+        status keeping the run that ended as ``lastState.terminated`` (the exiting one with its code, the others
+        stopped by the kubelet, 137) and ``restartCount`` one higher; the log the API serves is the new container's
+        (the old one's leaves it, open follows end). No rule matched (``restartPolicy: Never``): the container stays
+        terminated and the pod fails. Returns ``restarted`` or ``failed``."""
+        body = self._pod(pod)
+        spec = body["spec"]
+        rules = next(c.get("restartPolicyRules") or [] for c in [*spec.get("initContainers", []), *spec["containers"]]
+                     if c["name"] == container)  # fmt: skip
+        action = None
+        for rule in rules:
+            codes = rule["exitCodes"]
+            if (exit_code in codes["values"]) == (codes["operator"] == "In"):
+                action = rule["action"]
+                break
+        ended = self._now()
+        status = body["status"]
+        if action != "RestartAllContainers":
+            for entry in status["containerStatuses"]:
+                if entry["name"] == container:
+                    entry["state"] = {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": ended}}
+            self.pod_status(pod, {"phase": "Failed", "containerStatuses": status["containerStatuses"]})
+            return "failed"
+        self.cluster.rotate_log(self.ns, pod)
+        started = self._now()
+        for key in ("initContainerStatuses", "containerStatuses"):
+            for entry in status.get(key, []):
+                code, why = (exit_code, reason) if entry["name"] == container else (137, "Error")
+                entry["lastState"] = {"terminated": {"exitCode": code, "reason": why, "finishedAt": ended}}
+                entry["restartCount"] = entry.get("restartCount", 0) + 1
+                entry["state"] = {"running": {"startedAt": started}}
+        self.pod_status(pod, {"phase": "Running", "initContainerStatuses": status.get("initContainerStatuses", []),
+                              "containerStatuses": status["containerStatuses"]})  # fmt: skip
+        return "restarted"
+
+    def in_place_restart(self, jobset: str, failed: str, exit_code: int, reason: str = "Error") -> int:
+        """One in-place restart of the whole JobSet as the pieces above play it: the trainer of pod ``failed`` exits
+        with ``exit_code``; the kubelet restarts its pod in place and its agent announces the next attempt; the
+        controller marks the older attempt (``previousInPlaceRestartAttempt``); every other pod's agent, at or below
+        it, exits with its in-place exit code 1 (``DefaultInPlaceRestartExitCode``), which its rule
+        ``RestartAllContainers`` on non-zero turns into an in-place restart of that pod, and announces the attempt
+        too; the controller, all pods agreeing, sets ``currentInPlaceRestartAttempt`` and the barriers lift.
+        Returns the new attempt (the JobSet failed instead when the controller said so)."""
+        assert self.container_exits(failed, names.TRAINER_CONTAINER, exit_code, reason) == "restarted"
+        attempt = self.agent_starts(jobset, failed)
+        if self.in_place_reconcile(jobset) == "failed":
+            return attempt
+        previous = self.jobset(jobset)["status"]["previousInPlaceRestartAttempt"]
+        for pod in self.core.list_namespaced_pod(self.ns, label_selector=f"{names.JOBSET_NAME_KEY}={jobset}").items:
+            name = pod.metadata.name
+            if name != failed and int(pod.metadata.annotations[in_place.ATTEMPT_ANNOTATION]) <= previous:
+                assert self.container_exits(name, in_place.AGENT_CONTAINER, 1) == "restarted"
+                self.agent_starts(jobset, name)
+        self.in_place_reconcile(jobset)
+        return attempt
 
 
 class KubeRay:

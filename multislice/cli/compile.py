@@ -81,6 +81,18 @@ def _warn_unbuilt(args: argparse.Namespace, spec: config.RunSpec) -> None:
     for what, reference, option in (
         ("pipeline", args.base_image or spec.images.pipeline, "--base-image REF (or --set images.pipeline=REF)"),
         ("trainer", spec.images.trainer, "--set images.trainer=REF"),
+        *(
+            [
+                (
+                    "in-place restart agent",
+                    spec.images.in_place_restart_agent,
+                    "--set images.in_place_restart_agent=REF (built from kubernetes-sigs/jobset v0.12.0, "
+                    "cmd/in-place-restart-agent/Dockerfile; docs/gke-setup.md), or --set restart_strategy=recreate",
+                )
+            ]
+            if spec.backend == "gke" and spec.restart_strategy != "recreate"
+            else []
+        ),
     ):
         if problem := images.unpublished_problem(reference):
             print(

@@ -607,13 +607,27 @@ class Stage(_Strict):
         return {**maxtext.DCN_DEFAULTS, **self.dcn}
 
 
+#: The in-place restart agent's image when the profile names none: a placeholder like the trainer's. JobSet v0.12.0
+#: publishes no agent image (kubernetes-sigs/jobset ``Makefile``: ``IN_PLACE_RESTART_AGENT_IMAGE_REGISTRY`` is empty
+#: until in-place restart's beta); it is built from that tag's ``cmd/in-place-restart-agent/Dockerfile``.
+IN_PLACE_RESTART_AGENT_IMAGE = "jobset-in-place-restart-agent:v0.12.0"
+
+
 class Images(_Strict):
-    """Container images: the trainer (MaxText) and the pipeline components."""
+    """Container images: the trainer (MaxText), the pipeline components, and JobSet's in-place restart agent (the
+    sidecar of a TPU JobSet with ``restartStrategy: InPlaceRestart``, :mod:`multislice.render.in_place`)."""
 
     trainer: str = Field(min_length=1)
     pipeline: str = Field(min_length=1)
+    in_place_restart_agent: str = Field(
+        default=IN_PLACE_RESTART_AGENT_IMAGE,
+        min_length=1,
+        description="JobSet v0.12.0's in-place restart agent (built from kubernetes-sigs/jobset at tag v0.12.0, "
+        "cmd/in-place-restart-agent/Dockerfile: upstream publishes none); used with restart_strategy auto or "
+        "in_place on GKE.",
+    )
 
-    @field_validator("trainer", "pipeline")
+    @field_validator("trainer", "pipeline", "in_place_restart_agent")
     @classmethod
     def _reference(cls, value: str) -> str:
         return _value_check(values.image_problem(value), value)
@@ -1212,6 +1226,14 @@ class RunSpec(_Strict):
         ge=0,
         le=INT32_MAX,
         description="JobSet failurePolicy.maxRestarts (an int32); with launcher ray, FailureConfig.max_failures.",
+    )
+    restart_strategy: Literal["auto", "in_place", "recreate"] = Field(
+        default="auto",
+        description="How a TPU JobSet restarts after a host failure (failurePolicy.restartStrategy): in_place "
+        "(InPlaceRestart: pods stay on their nodes, containers restart; JobSet v0.12.0 with its InPlaceRestart "
+        "feature gate and Kubernetes 1.35's ContainerRestartRules and RestartAllContainersOnContainerExits gates), "
+        "recreate (Recreate: every pod recreated), or auto: in place where provision finds the cluster accepts it, "
+        "else Recreate, saying why (docs/gke-setup.md).",
     )
     launcher: Launcher = Field(
         default="jobset", description="How stages are launched: jobset or ray (per stage: launcher)."

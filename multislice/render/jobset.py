@@ -19,6 +19,8 @@ what xpk renders (AI-Hypercomputer/xpk ``src/xpk/commands/workload.py``):
   other exit (a Python error, a bad argument) fails the Job by
   ``PodFailurePolicy`` and the JobSet fails at once, since restarting a
   deterministic error only burns TPU hours. xpk uses the same split.
+  With ``restartStrategy: InPlaceRestart`` (:mod:`multislice.render.in_place`) the same split holds: the
+  restartable codes restart the pods' containers in place, any other exit still fails the JobSet.
 
 The CPU variant is the same JobSet for CPU nodes (or the local backend): no TPU
 selectors or limits, no exclusive placement, and the environment MaxText's
@@ -43,6 +45,7 @@ from typing import Any, Literal
 from multislice import libtpu_flags, maxtext, names, tpu
 from multislice.errors import ConfigError
 from multislice.plan import Plan, StagePlan
+from multislice.render import in_place
 from multislice.timings import timings_for
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -200,7 +203,14 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     return command, [*args, "--", *maxtext_args]
 
 
-def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_run_id: str) -> dict[str, Any]:
+def render_jobset(
+    plan: Plan,
+    stage: StagePlan,
+    *,
+    hardware: Hardware,
+    pipeline_run_id: str,
+    restart_strategy: in_place.Strategy | None = None,
+) -> dict[str, Any]:
     """The multislice JobSet that trains one stage (``launcher: jobset``; a stage's launcher picks its renderer:
     :func:`multislice.render.launchers.kind_of`).
 
@@ -209,6 +219,10 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         stage: The stage to render.
         hardware: ``tpu`` for GKE TPU node pools, ``cpu`` for CPU nodes and the local backend.
         pipeline_run_id: The KFP run id, put in the ``pipeline/runid`` label.
+        restart_strategy: ``InPlaceRestart`` or ``Recreate`` (what provision chose for the cluster,
+            :mod:`multislice.backends.gke.in_place`); None: :func:`multislice.render.in_place.requested` (the dry
+            run's). ``InPlaceRestart`` adds what JobSet v0.12.0 requires (:mod:`multislice.render.in_place`): on TPU
+            with the agent sidecar, on CPU without it (the local supervisor plays the agent).
 
     Returns:
         The JobSet object as plain data (a dict ready for YAML or the API).
@@ -248,7 +262,8 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         if stage.libtpu_flags:  # MaxText's recipe flags for the generation and model (multislice.libtpu_flags)
             container["env"] = [{"name": libtpu_flags.ENV, "value": libtpu_flags.init_args(stage.libtpu_flags)}]
         container["env"] = [*container.get("env", []), *data_token_env(plan, stage), unbuffered_env()]
-        # The trainer's ServiceAccount (multislice.render.rbac): no API rights. With hostNetwork (the default,
+        # The trainer's ServiceAccount (multislice.render.rbac): no API rights in the trainer container (only the
+        # in-place restart agent mounts its token, multislice.render.in_place). With hostNetwork (the default,
         # DCN on the node's network) GKE gives the pods no Workload Identity: they write gs:// as the node's
         # service account (node_pools.service_account and oauth_scopes); service_accounts.tpu_workload_identity
         # drops hostNetwork so the trainer's Google service account applies.
@@ -277,6 +292,28 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
     }
     if annotations:
         metadata["annotations"] = annotations
+    job_spec: dict[str, Any] = {
+        "parallelism": hosts,
+        "completions": hosts,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": names.TRAINER_CONTAINER,
+                        "operator": "NotIn",
+                        "values": list(RESTARTABLE_EXIT_CODES),
+                    },
+                }
+            ]
+        },
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+    }
+    strategy = restart_strategy or in_place.requested(plan, hardware)
+    if strategy == in_place.IN_PLACE:
+        in_place.apply(plan, job_spec, pod_spec, container, RESTARTABLE_EXIT_CODES, agent=hardware == "tpu")
     return {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
@@ -284,7 +321,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
         "spec": {
             "failurePolicy": {
                 "maxRestarts": spec.max_restarts,
-                "restartStrategy": "Recreate",
+                "restartStrategy": strategy,
                 "rules": [
                     {
                         "name": "failJobSetOnNonRetriableExit",
@@ -308,28 +345,7 @@ def render_jobset(plan: Plan, stage: StagePlan, *, hardware: Hardware, pipeline_
                 {
                     "name": names.REPLICATED_JOB,
                     "replicas": spec.num_slices,
-                    "template": {
-                        "metadata": {"labels": dict(labels)},
-                        "spec": {
-                            "parallelism": hosts,
-                            "completions": hosts,
-                            "completionMode": "Indexed",
-                            "backoffLimit": 0,
-                            "podFailurePolicy": {
-                                "rules": [
-                                    {
-                                        "action": "FailJob",
-                                        "onExitCodes": {
-                                            "containerName": names.TRAINER_CONTAINER,
-                                            "operator": "NotIn",
-                                            "values": list(RESTARTABLE_EXIT_CODES),
-                                        },
-                                    }
-                                ]
-                            },
-                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-                        },
-                    },
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": job_spec},
                 }
             ],
         },

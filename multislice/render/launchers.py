@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from multislice.config import parameters
 from multislice.plan import Plan, StagePlan
-from multislice.render import jobset
+from multislice.render import in_place, jobset
 from multislice.render.jobset import Hardware
 
 
@@ -66,9 +66,19 @@ class JobSetKind(LauncherKind):
     kind = "JobSet"
     restarts_are = "JobSet restarts"
 
-    def render(self, plan: Plan, stage: StagePlan, hardware: Hardware, pipeline_run_id: str) -> dict[str, Any]:
-        """The stage's multislice JobSet for ``hardware``."""
-        return jobset.render_jobset(plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id)
+    def render(
+        self,
+        plan: Plan,
+        stage: StagePlan,
+        hardware: Hardware,
+        pipeline_run_id: str,
+        restart_strategy: in_place.Strategy | None = None,
+    ) -> dict[str, Any]:
+        """The stage's multislice JobSet for ``hardware``, restarting by ``restart_strategy`` (None: the dry run's,
+        :func:`multislice.render.in_place.requested`)."""
+        return jobset.render_jobset(
+            plan, stage, hardware=hardware, pipeline_run_id=pipeline_run_id, restart_strategy=restart_strategy
+        )
 
 
 class RayJobKind(LauncherKind):

@@ -101,7 +101,7 @@ from typing import Any
 
 from multislice import names
 from multislice.plan import Plan
-from multislice.render import kueue, launchers, schema
+from multislice.render import in_place, kueue, launchers, schema
 
 RBAC_API = "rbac.authorization.k8s.io/v1"
 #: Annotation linking a Kubernetes ServiceAccount to a Google service account (GKE Workload Identity).
@@ -401,6 +401,7 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
                 "subjects": subjects,
             },
         ]
+    objects += in_place_restart_objects(plan)
     if kueue.dra_mappings(plan):
         config_role = f"{role}-kueue-config"
         objects += [
@@ -425,6 +426,33 @@ def render_rbac_objects(plan: Plan) -> list[dict[str, Any]]:
     return objects
 
 
+def in_place_restart_objects(plan: Plan) -> list[dict[str, Any]]:
+    """What JobSet's in-place restart agent needs as the training pods' ServiceAccount
+    (``service_accounts.trainer``), unless ``restart_strategy: recreate``: a Role in the run's namespace that may
+    ``patch`` pods and ``get, list, watch`` JobSets (:func:`multislice.render.in_place.agent_rules`), its RoleBinding,
+    and a ValidatingAdmissionPolicy with its binding that lets that account change nothing of a pod but the in-place
+    restart attempt annotation (:func:`multislice.render.in_place.admission_policy`; cluster-scoped, named after the
+    namespace and account). Only the agent's container mounts the account's token
+    (:func:`multislice.render.in_place.token_volume`). Rendered also when provision falls back to Recreate: the RBAC
+    is applied once, before any run, for what a run may choose."""
+    spec = plan.spec
+    if spec.restart_strategy == "recreate" or not any(launchers.kind_of(s).name == "jobset" for s in plan.stages):
+        return []
+    account, namespace = spec.service_accounts.trainer, spec.namespace
+    name = f"{account}-in-place-restart"
+    return [
+        {"apiVersion": RBAC_API, "kind": "Role", "metadata": _meta(name, namespace), "rules": in_place.agent_rules()},
+        {
+            "apiVersion": RBAC_API,
+            "kind": "RoleBinding",
+            "metadata": _meta(name, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+        *in_place.admission_policy(namespace, account, f"{name}-{namespace}"),
+    ]
+
+
 def problems(obj: dict[str, Any]) -> list[str]:
     """Why the API server would reject a rendered ServiceAccount or RBAC object; empty when valid.
 
@@ -441,7 +469,11 @@ def problems(obj: dict[str, Any]) -> list[str]:
         "ClusterRole": {"apiVersion", "kind", "metadata", "rules"},
         "RoleBinding": {"apiVersion", "kind", "metadata", "roleRef", "subjects"},
         "ClusterRoleBinding": {"apiVersion", "kind", "metadata", "roleRef", "subjects"},
+        "ValidatingAdmissionPolicy": {"apiVersion", "kind", "metadata", "spec"},
+        "ValidatingAdmissionPolicyBinding": {"apiVersion", "kind", "metadata", "spec"},
     }[kind]
+    if kind.startswith("ValidatingAdmissionPolicy"):
+        return found + _policy_problems(obj)
     found += [f"{key}: unknown field of {kind}" for key in sorted(set(obj) - allowed)]
     for i, rule in enumerate(obj.get("rules", [])):
         where = f"rules[{i}]"
@@ -463,4 +495,33 @@ def problems(obj: dict[str, Any]) -> list[str]:
                 found.append(f"subjects[{j}].kind: {subject.get('kind')!r} is not one of {sorted(_SUBJECT_KINDS)}")
             if subject.get("kind") == "ServiceAccount" and not subject.get("namespace"):
                 found.append(f"subjects[{j}].namespace: a ServiceAccount subject needs its namespace")
+    return found
+
+
+#: The fields of ``admissionregistration.k8s.io/v1`` ValidatingAdmissionPolicy and binding specs this project renders.
+_POLICY_SPEC_KEYS = {
+    "ValidatingAdmissionPolicy": {"failurePolicy", "matchConstraints", "matchConditions", "variables", "validations",
+                                  "paramKind", "auditAnnotations"},
+    "ValidatingAdmissionPolicyBinding": {"policyName", "validationActions", "paramRef", "matchResources"},
+}  # fmt: skip
+
+
+def _policy_problems(obj: dict[str, Any]) -> list[str]:
+    """Why the API server would reject a rendered ValidatingAdmissionPolicy or binding: unknown spec fields, a policy
+    without validations or with an unknown failure policy, a binding without its policy or a known action
+    (``pkg/apis/admissionregistration/validation/validation.go``). The CEL expressions are not compiled here."""
+    kind, spec = obj["kind"], obj.get("spec", {})
+    found = [f"spec.{key}: unknown field of {kind}" for key in sorted(set(spec) - _POLICY_SPEC_KEYS[kind])]
+    if kind == "ValidatingAdmissionPolicy":
+        if spec.get("failurePolicy", "Fail") not in ("Fail", "Ignore"):
+            found.append("spec.failurePolicy: Fail or Ignore")
+        if not spec.get("validations") and not spec.get("auditAnnotations"):
+            found.append("spec.validations: at least one validation or audit annotation")
+        found += [f"spec.validations[{i}].expression: required" for i, v in enumerate(spec.get("validations", []))
+                  if not v.get("expression")]  # fmt: skip
+    else:
+        if not spec.get("policyName"):
+            found.append("spec.policyName: required")
+        if not spec.get("validationActions") or set(spec["validationActions"]) - {"Deny", "Warn", "Audit"}:
+            found.append("spec.validationActions: one or more of Deny, Warn, Audit")
     return found

@@ -279,6 +279,9 @@ BUILTIN_KINDS: dict[tuple[str, str], bool] = {
     ("batch/v1", "CronJob"): True,
     # The Hugging Face export of a stage (multislice.backends.gke.exporter.render_job).
     ("batch/v1", "Job"): True,
+    # What limits JobSet's in-place restart agent to its pod annotation (multislice.render.in_place).
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): False,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): False,
 }
 
 

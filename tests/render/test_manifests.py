@@ -73,7 +73,10 @@ def test_validation_catches_typos_wrong_types_and_cel_violations():
 
 def test_tpu_jobset_is_a_gke_multislice_jobset():
     plan = make_plan(config.load_profile("gke-v6e-16x2-seed"))
-    obj = jobset.render_jobset(plan, plan.stages[1], hardware="tpu", pipeline_run_id="run-7")
+    # Recreate: what provision falls back to; the in-place parts are tests/render/test_in_place.py's
+    obj = jobset.render_jobset(
+        plan, plan.stages[1], hardware="tpu", pipeline_run_id="run-7", restart_strategy="Recreate"
+    )
     meta = obj["metadata"]
     assert meta["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "multislice-queue"
@@ -245,6 +248,7 @@ def test_render_cli_writes_every_manifest_validated(tmp_path):
     assert kinds == {
         "JobSet", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass",
         "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CronJob", "Job",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # the in-place restart agent's limit
     }  # fmt: skip
     # The node pool plan: the GKE API request provision sends for each slice, not a Kubernetes object.
     node_pools = json.loads((tmp_path / run_manifests.NODE_POOL_PLAN).read_text())

@@ -126,14 +126,22 @@ def test_a_ray_run_may_apply_its_cpu_flavor_and_with_dranet_read_kueues_configur
     assert not [k for k in objects(launcher="ray") if k[1] == "multislice-pipeline-kueue-config"]
 
 
-def test_trainer_has_workload_identity_and_no_api_rights():
+def test_trainer_has_workload_identity_and_only_the_in_place_restart_agents_api_rights():
     objs = objects()
     trainer = objs[("ServiceAccount", "multislice-trainer")]
     assert trainer["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": TRAINER_GSA}
     assert trainer["automountServiceAccountToken"] is False
-    for (kind, _), obj in objs.items():
+    for (kind, name), obj in objs.items():
+        if kind.endswith("Binding") and name != "multislice-trainer-in-place-restart":
+            assert all(s["name"] != "multislice-trainer" for s in obj.get("subjects", []))
+    # the agent's Role (multislice.render.in_place; tests/render/test_in_place.py), and with Recreate nothing
+    assert rules_table(objs[("Role", "multislice-trainer-in-place-restart")]) == {
+        ("", "pods"): (["patch"], None), ("jobset.x-k8s.io", "jobsets"): (["get", "list", "watch"], None),
+    }  # fmt: skip
+    recreate = objects(restart_strategy="recreate")
+    for (kind, _), obj in recreate.items():
         if kind.endswith("Binding"):
-            assert all(s["name"] != "multislice-trainer" for s in obj["subjects"])
+            assert all(s["name"] != "multislice-trainer" for s in obj.get("subjects", []))
     plain = objects(**{"service_accounts.trainer_gcp_service_account": None})
     assert "annotations" not in plain[("ServiceAccount", "multislice-trainer")]["metadata"]
 

@@ -34,6 +34,7 @@ from multislice.backends.gke import (
     data_workers,
     export_pool,
     exporter,
+    in_place,
     jobset,
     launchers,
     lease,
@@ -121,7 +122,9 @@ class GkeBackend(Backend):
         (:func:`.prerequisites.check_access`, SelfSubjectAccessReviews), the CRDs served, and what each launcher
         needs besides (:meth:`.launchers.GkeLauncher.check_prerequisites`: for Ray, KubeRay v1.7.0's fields in its
         CRDs and the KubeRay TPU webhook or GKE's Ray Operator add-on; with DRANET, Kueue's DeviceClass mapping), and
-        that the node pool of the export Jobs can hold them (:func:`.export_pool.check`).
+        that the node pool of the export Jobs can hold them (:func:`.export_pool.check`), and whether the cluster
+        accepts in-place restart (:func:`.in_place.check_plan`, dry runs: else Recreate, or a refusal with
+        ``restart_strategy: in_place``).
         The LocalQueue is always applied
         (server-side apply, fixed field manager); the cluster-scoped objects only with
         ``service_accounts.kueue_cluster_objects``, else RBAC leaves them to a cluster admin
@@ -138,6 +141,7 @@ class GkeBackend(Backend):
                 resource the ClusterQueue has quota for (:func:`.cluster.check_kueue_configuration`).
             export_pool.ExportPoolUnfit: the node pool ``exporter.node_selector`` names is missing or cannot hold a
                 stage's verify-and-export Job (memory, CPU, boot disk: :func:`.export_pool.check`).
+            in_place.InPlaceRestartUnavailable: ``restart_strategy: in_place`` and the cluster refuses it.
             nodepool.NodePoolError: a node pool is missing (unmanaged), mismatched, or its creation failed.
         """
         reviewed = prerequisites.check_access(self.kube, plan)
@@ -153,6 +157,9 @@ class GkeBackend(Backend):
                 tell(line)
         for line in export_pool.check(plan, self.node_pool_client):  # the export Job's pool, before any pool is made
             tell(line)
+        decision = in_place.check_plan(self.kube, plan)  # dry runs only; before any node pool is asked for
+        if decision is not None:
+            tell(decision.line(plan.spec.restart_strategy))
         self.cluster = self.cluster or plan.spec.cluster
         pools = nodepool.ensure_node_pools(
             plan, self.node_pool_client, on_progress=tell, deadline=time.monotonic() + self.timings.provision_timeout,
@@ -181,6 +188,8 @@ class GkeBackend(Backend):
             kueue_objects_left_to_admin=left,
             field_manager=FIELD_MANAGER,
             namespace=self.kube.namespace,
+            restart_strategy=decision.strategy if decision else None,
+            restart_strategy_note=(decision.line(plan.spec.restart_strategy).split(": ", 1)[1] if decision else ""),
         )
 
     # -- a stage's workload -------------------------------------------------

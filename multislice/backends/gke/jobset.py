@@ -3,7 +3,8 @@
 JobSet status fields read (JobSet v0.12.0, ``api/jobset/v1alpha2/jobset_types.go``):
 ``status.conditions`` of types ``Completed``, ``Failed`` and ``Suspended``
 (reason and message), ``status.restarts`` (restarts so far under
-``failurePolicy``) and ``status.terminalState``; ``spec.suspend``, which Kueue
+``failurePolicy``), ``status.currentInPlaceRestartAttempt`` (in-place restarts) and
+``status.terminalState``; ``spec.suspend``, which Kueue
 sets while the Workload is not admitted
 (https://kueue.sigs.k8s.io/docs/tasks/run/jobsets/).
 
@@ -162,6 +163,13 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def restarts(obj: dict[str, Any]) -> int:
     """``status.restarts``: how many times the JobSet was restarted (0 at first)."""
     return int(obj.get("status", {}).get("restarts", 0) or 0)
+
+
+def in_place_restarts(obj: dict[str, Any]) -> int:
+    """In-place restarts so far under ``restartStrategy: InPlaceRestart``: ``status.currentInPlaceRestartAttempt``
+    (JobSet v0.12.0 sets it once every pod's agent reached the same attempt, ``pkg/controllers/in_place_restart.go``;
+    0 at first, absent before the first barrier). ``status.restarts`` does not count these."""
+    return int(obj.get("status", {}).get("currentInPlaceRestartAttempt", 0) or 0)
 
 
 def phase(obj: dict[str, Any]) -> str:

@@ -26,10 +26,22 @@ from multislice.backends.base import (
     TrainingFailed,
     WorkloadDeleted,
 )
-from multislice.backends.gke import jobset, kuberay, logs, nodepool, pods, prerequisites, rayjob, watch, workload
+from multislice.backends.gke import (
+    in_place,
+    jobset,
+    kuberay,
+    logs,
+    nodepool,
+    pods,
+    prerequisites,
+    rayjob,
+    watch,
+    workload,
+)
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.backends.launcher import Launcher
 from multislice.plan import Plan, StagePlan
+from multislice.render import jobset as jobset_render
 from multislice.render import launchers
 from multislice.render import ray as render_ray
 from multislice.reports import PodPlacement
@@ -178,6 +190,13 @@ class JobSetLauncher(GkeLauncher):
     kind = launchers.KINDS["jobset"]
     workload_kind = "JobSet"
 
+    def render(self, plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any]:
+        """The stage's TPU JobSet, restarting as provision found the cluster accepts (:func:`.in_place.chosen`: the
+        provision report in the run directory)."""
+        return jobset_render.render_jobset(
+            plan, stage, hardware="tpu", pipeline_run_id=pipeline_run_id, restart_strategy=in_place.chosen(plan)
+        )
+
     def get(self, name: str) -> dict[str, Any] | None:
         """The JobSet, or None."""
         return self.kube.get_jobset(name)
@@ -257,7 +276,10 @@ class JobSetLauncher(GkeLauncher):
         tell: Tell,
         interrupt: Callable[[], bool] | None = None,
     ) -> Finished:
-        """Watch the JobSet (re-listing after 410 Gone) and follow its leader's log across restarts.
+        """Watch the JobSet (re-listing after 410 Gone) and follow its leader's log across restarts: a JobSet
+        restart's new leader pod, or, under ``InPlaceRestart``, the same leader pod's new container (the stream of
+        the old one ends, :class:`.logs.LeaderLog` reads the pod again from its last line's time). Restarts counted
+        are ``status.restarts`` plus the in-place ones (:func:`.jobset.in_place_restarts`).
 
         Tells restarts and Kueue evictions (the JobSet suspended again) while it
         waits to be admitted again, up to ``timings.readmit_timeout``.
@@ -267,7 +289,7 @@ class JobSetLauncher(GkeLauncher):
         follower = logs.LeaderLog(self.kube, stage.workload, lambda pod, line: on_line(line), timings.poll_seconds)
         follower.start()
         started = time.monotonic()
-        seen_restarts, suspended_since, final = 0, None, None
+        seen_restarts, seen_in_place, suspended_since, final = 0, 0, None, None
         causes: list[str] = []
         try:
             # An elastic stage's lost slice shows in pods and nodes, not in the JobSet: each watch request then
@@ -295,6 +317,13 @@ class JobSetLauncher(GkeLauncher):
                     count = f"{seen_restarts}/{plan.spec.max_restarts}"
                     tell(f"JobSet restarted ({count} restarts); following the new leader")
                     tell(f"restart {seen_restarts} cause: {causes[-1]}")
+                if jobset.in_place_restarts(js) > seen_in_place:  # InPlaceRestart: same pods, new containers
+                    seen_in_place = jobset.in_place_restarts(js)
+                    causes.append(pods.in_place_failure(self.kube, stage.workload))
+                    count = f"{seen_restarts + seen_in_place}/{plan.spec.max_restarts}"
+                    tell(f"JobSet restarted in place ({count} restarts, attempt {seen_in_place}); following the "
+                         "leader's new container")  # fmt: skip
+                    tell(f"in-place restart {seen_in_place} cause: {causes[-1]}")
                 if state == "Suspended":
                     if suspended_since is None:
                         suspended_since = time.monotonic()
@@ -325,7 +354,7 @@ class JobSetLauncher(GkeLauncher):
                     follower.catch_up()
                     return Finished(
                         phase="Interrupted",
-                        restarts=jobset.restarts(js),
+                        restarts=jobset.restarts(js) + jobset.in_place_restarts(js),
                         leader_logs=follower.pods_followed,
                         restart_causes=causes,
                     )
@@ -340,8 +369,10 @@ class JobSetLauncher(GkeLauncher):
         follower.catch_up()
         for attempt in range(seen_restarts, jobset.restarts(final)):  # restarts the watch did not see one by one
             causes.append(pods.attempt_failure(self.kube, stage.workload, attempt))
-        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final), leader_logs=follower.pods_followed,
-                        restart_causes=causes)  # fmt: skip
+        if jobset.in_place_restarts(final) > seen_in_place:
+            causes.append(pods.in_place_failure(self.kube, stage.workload))
+        return Finished(phase=jobset.phase(final), restarts=jobset.restarts(final) + jobset.in_place_restarts(final),
+                        leader_logs=follower.pods_followed, restart_causes=causes)  # fmt: skip
 
     def failure_report(self, name: str) -> str:
         """The JobSet's conditions and restarts, then each failed pod's exit code and last log lines."""

@@ -171,6 +171,24 @@ def attempt_failure(kube: Kube, jobset_name: str, restart_attempt: int) -> str:
             + (f" ({reason})" if reason else ""))  # fmt: skip
 
 
+def in_place_failure(kube: Kube, jobset_name: str) -> str:
+    """Why the JobSet last restarted in place: the pod whose trainer container's last termination
+    (``lastState.terminated``, kept across in-place restarts: KEP-5532, "ContainerStatuses in API") finished first.
+    The other pods' trainers were stopped after it, when their agents restarted them."""
+    ended = []
+    for pod in list_pods(kube, jobset_name):
+        for status in pod.status.container_statuses or []:
+            last = status.last_state.terminated if status.last_state else None
+            if status.name == names.TRAINER_CONTAINER and last is not None:
+                ended.append((last.finished_at.timestamp() if last.finished_at else float("inf"), pod, last))
+    if not ended:
+        return "no trainer container's last termination could be read"
+    _, pod, last = min(ended, key=lambda item: item[0])
+    reason = f" ({last.reason})" if last.reason else ""
+    where = f"pod {pod.metadata.name} (slice {slice_index(pod)}, host {host_index(pod)})"
+    return f"{where} exited with code {last.exit_code}{reason}; the pods restarted in place"
+
+
 def placement(kube: Kube, pods: list[Any]) -> dict[str, dict[str, Any]]:
     """Pod name -> ``{"slice", "host", "node", "node_pool"}`` from each pod's node's labels."""
     pools: dict[str, str | None] = {}

@@ -19,9 +19,11 @@ from multislice import cli
 from multislice.backends.local import environment
 from multislice.delivery import results, submission
 from multislice.errors import ConfigError, InputError, RunFailed
+from tests import deployment
 from tests.fakes import FakeServer
 
-PROFILE = "gke-v6e-16x2-seed"
+#: The packaged seed profile with a deployment's values in place of its placeholders (tests/deployment.py).
+PROFILE = deployment.profile_file("gke-v6e-16x2-seed")
 VALUES = {"run_name": "nightly-1", "output_dir": "gs://team-bucket/runs"}
 #: Nothing listens on port 9 of the loopback (tests/conftest.py points Cloud Storage there for the same reason).
 CLOSED = "http://127.0.0.1:9"

@@ -9,19 +9,20 @@ from typing import Any
 
 from multislice import config
 from multislice.cli.common import print_request, profile_and_overrides, with_profile
+from multislice.cli.submit import DEPLOYMENT_SETS
 from multislice.delivery import schedule, submission
 from multislice.delivery.submission import add_target_arguments
 
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
 EXAMPLES: dict[str, str] = {
-    "schedule": "multislice schedule create --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
-    "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs\n"
+    "schedule": "multislice schedule create --profile my-gke.yaml --target kfp --host http://localhost:8888 \\\n"
+    "    --cron '0 3 * * *'\n"
     "multislice schedule list --target kfp --host http://localhost:8888",
     "schedule create": "multislice schedule create --profile gke-v6e-16x2 --target vertex --project my-project \\\n"
     "    --location us-east5 --cron '0 3 * * 1-5' --timezone Europe/Paris \\\n"
-    "    --set output_dir=gs://my-bucket/runs --dry-run\n"
-    "multislice schedule create --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
-    "    --cron '0 3 * * *' --set output_dir=gs://my-bucket/runs",
+    f"    {DEPLOYMENT_SETS} --dry-run\n"
+    "multislice schedule create --profile my-gke.yaml --target kfp --host http://localhost:8888 \\\n"
+    "    --cron '0 3 * * *'   # a profile with your own bucket, cluster and images",
     "schedule list": "multislice schedule list --target vertex --project my-project --location us-east5",
     "schedule update": "multislice schedule update SCHEDULE_ID --target vertex --project my-project "
     "--location us-east5 \\\n    --cron '0 4 * * *' --dry-run",
@@ -61,8 +62,27 @@ def add_parser(sub: Any, argv: list[str] | None) -> None:
         act.set_defaults(func=cmd_schedule, **{k: None for k in _SCHEDULE_OPTIONS if k not in taken})
 
 
+#: The Python API's argument names (:func:`multislice.delivery.schedule.create`, ``update``) as the CLI's flags, so
+#: that an error names the flag the user typed.
+_FLAGS = {
+    "cron": "--cron", "timezone": "--timezone", "interval_seconds": "--interval", "name": "--name",
+    "max_concurrent_runs": "--max-concurrent-runs", "allow_queueing": "--allow-queueing", "catch_up": "--catch-up",
+    "max_runs": "--max-runs", "start_time": "--start-time", "end_time": "--end-time", "continue_run": "--continue-run",
+}  # fmt: skip
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
-    """Create, list, pause, resume or delete schedules (:mod:`multislice.delivery.schedule`)."""
+    """Create, list, pause, resume or delete schedules (:mod:`multislice.delivery.schedule`); an error names the
+    flag (``--cron``, ``--max-runs``...) rather than the Python argument."""
+    try:
+        return _schedule(args)
+    except config.ConfigError as error:
+        if not any(field in _FLAGS for field, _ in error.issues):
+            raise
+        raise type(error)([(_FLAGS.get(field, field), message) for field, message in error.issues]) from None
+
+
+def _schedule(args: argparse.Namespace) -> int:
     where = submission.targets_from_args(args)
     if args.action == "create":
         missing = [("--profile", "required by `schedule create`")] if not args.profile else []

@@ -9,12 +9,20 @@ from multislice.cli.common import print_request, profile_and_overrides, with_pro
 from multislice.delivery import submission
 from multislice.delivery.submission import add_target_arguments
 
+#: What replaces the packaged GKE profiles' placeholders, which submit and schedule refuse
+#: (:func:`multislice.delivery.checks.placeholder_issues`).
+DEPLOYMENT_SETS = (
+    "--set output_dir=gs://my-bucket/runs --set cluster_project=my-project --set cluster_name=my-cluster \\\n"
+    "    --set trainer_image=us-east5-docker.pkg.dev/my-project/multislice/multislice-trainer:0.1.0-3f2a9c1d0b7e \\\n"
+    "    --set images.pipeline=us-east5-docker.pkg.dev/my-project/multislice/multislice-pipeline:0.1.0-3f2a9c1d0b7e \\\n"
+    "    --set service_accounts.trainer_gcp_service_account=multislice-trainer@my-project.iam.gserviceaccount.com"
+)
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
 EXAMPLES: dict[str, str] = {
     "submit": "multislice submit --profile gke-v6e-16x2 --target vertex --project my-project --location us-east5 \\\n"
-    "    --set output_dir=gs://my-bucket/runs --set stage1_steps=500 --dry-run\n"
-    "multislice submit --profile gke-v6e-16x2 --target kfp --host http://localhost:8888 \\\n"
-    "    --set output_dir=gs://my-bucket/runs",
+    f"    {DEPLOYMENT_SETS} \\\n    --set stage1_steps=500 --dry-run\n"
+    "multislice submit --profile my-gke.yaml --target kfp --host http://localhost:8888   "
+    "# a profile with your own values",
 }
 
 

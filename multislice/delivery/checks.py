@@ -47,12 +47,15 @@ Rules and their sources:
 
 from __future__ import annotations
 
+import ast
 import datetime
 import functools
+import importlib.util
 import os
 import re
 import urllib.parse
 import zoneinfo
+from pathlib import Path
 from typing import Any
 
 from multislice import names
@@ -82,8 +85,29 @@ _VERTEX_NETWORK = re.compile(r"projects/[0-9]{1,20}/global/networks/[a-z](?:[-a-
 @functools.cache
 def vertex_locations() -> frozenset[str]:
     """The locations Vertex AI Pipelines runs and schedules may be created in: the one table of them is
-    aiplatform's ``SUPPORTED_REGIONS`` less ``global`` (see the module doc). Imported on first use: the
-    aiplatform package takes seconds to import."""
+    aiplatform's ``SUPPORTED_REGIONS`` less ``global`` (see the module doc).
+
+    Read from ``google/cloud/aiplatform/constants/base.py``'s source (its ``SUPPORTED_REGIONS = frozenset({...})``
+    literal), not imported: importing it imports the whole aiplatform package (3 s of CPU on an idle machine), and a
+    bad ``--location`` is refused before anything heavy is loaded. Falls back to the import if the literal moves.
+    """
+    spec = importlib.util.find_spec("google.cloud.aiplatform")  # finds the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse(Path(folder, "constants", "base.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "SUPPORTED_REGIONS" for t in node.targets)
+                and isinstance(node.value, ast.Call)
+                and len(node.value.args) == 1
+            ):
+                try:
+                    return frozenset(ast.literal_eval(node.value.args[0])) - {"global"}
+                except ValueError:
+                    break
     from google.cloud.aiplatform.constants import base
 
     return frozenset(base.SUPPORTED_REGIONS) - {"global"}
@@ -273,3 +297,87 @@ def cron_problem(
             f"{expression!r} first fires at {first.isoformat()}, after end_time {end.isoformat()}: it would never run"
         )
     return None
+
+
+#: The packaged profiles' placeholders (``configs/gke-v6e-16x2*.yaml``: "Replace output_dir, the cluster and the
+#: images with your own before running"): a value holding one would only fail after the run started.
+PLACEHOLDER = re.compile(r"\byour-(bucket|project|cluster)\b")
+#: What to give instead of a placeholder, by pipeline parameter (or compiled-in field), in ``--set`` form.
+_PLACEHOLDER_FIXES = {
+    "output_dir": "gs://BUCKET/PATH (your bucket)",
+    "cluster_project": "PROJECT_ID (the GKE cluster's project)",
+    "cluster_name": "CLUSTER (your GKE cluster's name)",
+    "trainer_image": "REGISTRY/PATH/multislice-trainer@sha256:... ",
+    "images.pipeline": "REGISTRY/PATH/multislice-pipeline@sha256:... ",
+    "service_accounts.trainer_gcp_service_account": "ACCOUNT@PROJECT.iam.gserviceaccount.com",
+}
+#: ``multislice images build`` writes both images' references by digest; ``make images PUSH=1`` does the same.
+_IMAGES_FIX = (
+    "(`multislice images build --cloud-build --project P --repo LOCATION-docker.pkg.dev/P/REPO` prints it, "
+    "or `make images PUSH=1 IMAGE_REPO=REGISTRY/PATH`)"
+)
+
+
+def image_registry_problem(reference: str) -> str | None:
+    """Why a cluster could not pull ``reference`` as this project's image; None when it may.
+
+    A reference whose name has no ``/`` (``multislice-pipeline:0.1.0``, the packaged profiles' images) names no
+    registry: the container runtime resolves it to Docker Hub's official images (``docker.io/library/NAME``: the
+    distribution reference rules, ``github.com/distribution/reference`` ``normalize.go`` ``ParseNormalizedNamed``),
+    where no image of this project is, so every pod of the run would fail to pull it.
+    """
+    name = reference.split("@", 1)[0]
+    if "/" in name:
+        return None
+    return (
+        f"{reference} names no registry (the runtime would pull docker.io/library/{name.split(':', 1)[0]}, "
+        "not this project's image)"
+    )
+
+
+def placeholder_issues(
+    data: Any, parameter_of: Any = None, compiled_in: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
+    """``(field, message)`` for every placeholder a remote run (``submit``, ``schedule create``) would send.
+
+    Refused: a string holding ``your-bucket``, ``your-project`` or ``your-cluster`` (:data:`PLACEHOLDER`), and an
+    image (``images.trainer``, ``images.pipeline``) that names no registry (:func:`image_registry_problem`: the
+    profiles' unbuilt ``multislice-trainer:0.1.0``). Each is named by the pipeline parameter that sets it
+    (``parameter_of(path)``, e.g. ``output_dir``, ``cluster_project``, ``trainer_image``), else by its dotted path,
+    with the ``--set`` that fixes it; a field no parameter sets and not in ``compiled_in`` is fixed in a profile of
+    one's own.
+
+    Args:
+        data: The validated run spec as plain data (:func:`multislice.config.spec_to_data`).
+        parameter_of: ``dotted path -> parameter name or None``; None names every field by its path.
+        compiled_in: Dotted paths a remote run takes as ``--set`` and compiles in (``images.pipeline``).
+    """
+    found: list[tuple[str, str, str]] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}.{index}")
+        elif isinstance(node, str) and (match := PLACEHOLDER.search(node)):
+            found.append((path, node, f"{node!r} is the profile's placeholder ({match.group(0)})"))
+
+    walk(data, "")
+    for image in ("trainer", "pipeline"):
+        reference = (data.get("images") or {}).get(image)
+        if isinstance(reference, str) and (problem := image_registry_problem(reference)):
+            found.append((f"images.{image}", reference, f"{problem}: an image nobody built and pushed"))
+    issues = []
+    for path, _, why in found:
+        name = (parameter_of(path) if parameter_of else None) or path
+        example = _PLACEHOLDER_FIXES.get(name, "YOUR-VALUE")
+        if (parameter_of and parameter_of(path)) or path in compiled_in:
+            fix = f"give your own: --set {name}={example.strip()}"
+        else:
+            fix = f"set {path} in a profile of your own (a copy of the packaged one, --profile PATH.yaml)"
+        if path.startswith("images."):
+            fix += f" {_IMAGES_FIX}"
+        issues.append((name, f"{why}; {fix}"))
+    return issues

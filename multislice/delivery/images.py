@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice import release
+from multislice.delivery import checks
 from multislice.errors import InputError, RunFailed
 
 #: The images, each built from ``containers/<image>/Dockerfile`` with the repository root as context.
@@ -492,13 +493,7 @@ def unpublished_problem(reference: str) -> str | None:
     where no image of this project is, so every pod of the run would fail to pull it. Images ``make images PUSH=1``
     or Cloud Build pushed are ``REGISTRY/.../multislice-<image>`` (by digest: :func:`built_references`).
     """
-    name = reference.split("@", 1)[0]
-    if "/" in name:
-        return None
-    return (
-        f"{reference} names no registry (the runtime would pull docker.io/library/{name.split(':', 1)[0]}, "
-        "not this project's image)"
-    )
+    return checks.image_registry_problem(reference)
 
 
 def built_references(directory: str | Path = IMAGES_DIR) -> dict[str, str]:

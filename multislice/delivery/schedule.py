@@ -164,11 +164,13 @@ class Cron:
         for name, value in zip(FIELD_NAMES, fields, strict=True):
             if not _FIELD.fullmatch(value):
                 raise ConfigError([("cron", f"{name} field {value!r}: use numbers, *, a-b, a,b, */n or names")])
-        if "?" in expression and not croniter.is_valid(expression.replace("?", "*")):
-            raise ConfigError([("cron", f"{expression!r} is not a valid cron expression ({' '.join(FIELD_NAMES)})")])
         normal = " ".join(fields)
-        if "?" not in normal and not croniter.is_valid(normal):
-            raise ConfigError([("cron", f"{normal!r} is not a valid cron expression ({' '.join(FIELD_NAMES)})")])
+        if not croniter.is_valid(normal.replace("?", "*")):
+            check_dialect(normal.replace("?", "*"), "cron")  # names the field and its range when one is out of it
+            raise ConfigError(
+                [("cron", f"{normal!r} is not a valid cron expression; give 5 fields, {' '.join(FIELD_NAMES)}, "
+                          "e.g. '0 3 * * *' for 03:00 every day or '30 2 * * mon-fri'")]
+            )  # fmt: skip
         if timezone:
             try:
                 zoneinfo.ZoneInfo(timezone)
@@ -305,16 +307,29 @@ def create(
         ConfigError: bad cron, zone, counts or parameters, before anything is sent.
     """
     where = submission.check_target(target, vertex, kfp)
+    # Every problem at once: a bad cron does not hide a bad count, a placeholder or a bad parameter.
+    issues: list[tuple[str, str]] = []
     if (cron is None) == (interval_seconds is None):
-        raise ConfigError([("cron", "give either a cron expression or (KFP only) an interval in seconds")])
+        issues.append(("cron", "give either a cron expression or (KFP only) an interval in seconds"))
     when = None
     if cron is not None:
-        if not isinstance(cron, str):
-            raise ConfigError([("cron", f"{cron!r} is not a cron expression (a string such as '0 3 * * *')")])
-        when = Cron.parse(cron, timezone)
-        check_dialect(when.expression, target)
-    start, end = parse_time("start_time", start_time), parse_time("end_time", end_time)
-    issues = []
+        try:
+            if not isinstance(cron, str):
+                raise ConfigError([("cron", f"{cron!r} is not a cron expression (a string such as '0 3 * * *')")])
+            when = Cron.parse(cron, timezone)
+            check_dialect(when.expression, target)
+        except ConfigError as error:
+            issues += error.issues
+            when = None
+    start = end = None
+    try:
+        start = parse_time("start_time", start_time)
+    except ConfigError as error:
+        issues += error.issues
+    try:
+        end = parse_time("end_time", end_time)
+    except ConfigError as error:
+        issues += error.issues
     if start and end and end <= start:
         issues.append(("end_time", f"{end_time} is not after start_time {start_time}; give a later end_time"))
     elif when is not None and (
@@ -348,14 +363,21 @@ def create(
             ("max_runs", f"give a count of 1 to {checks.INT64_MAX:,} (Vertex AI only; KFP has no run limit); "
                          f"got {max_runs!r}")
         )  # fmt: skip
-    if issues:
-        raise ConfigError(issues)
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
+    prepared = None
+    try:
+        prepared = schedule_parameters(data, parameters, target, continue_run)
+    except ConfigError as error:
+        issues += error.issues
+    if issues or prepared is None:
+        raise ConfigError(issues)
+    spec, arguments = prepared
     cron_sent = (when.vertex() if target == "vertex" else when.kfp()) if when else f"every {interval_seconds}s"
     if catch_up:
         warn_catch_up(when, interval_seconds, start, end, now)
-    spec, arguments = schedule_parameters(data, parameters, target, continue_run)
     display = name or f"{spec.run_name}-schedule"
+    # Credentials and the endpoint before the compile (seconds to minutes of CPU); a dry run reaches nothing.
+    reached: Any = None if dry_run else submission.connect(where)
     with tempfile.TemporaryDirectory() as tmp:
         template = submission.compile_for(submission.compiled_profile(data, parameters), target, tmp)
         if dry_run:
@@ -381,12 +403,12 @@ def create(
                 }
             )
             return Schedule(target, "", display, cron_sent, "not created (dry run)", arguments, request)
-        if isinstance(where, VertexTarget):
+        if isinstance(reached, VertexTarget):
             from google.cloud import aiplatform
 
-            job = submission.vertex_job(template, spec, arguments, where)
+            job = submission.vertex_job(template, spec, arguments, reached)
             created = aiplatform.PipelineJobSchedule(
-                pipeline_job=job, display_name=display, credentials=where.credentials
+                pipeline_job=job, display_name=display, credentials=reached.credentials
             )
             created.create(
                 cron=cron_sent,
@@ -395,13 +417,12 @@ def create(
                 allow_queueing=allow_queueing,
                 max_run_count=max_runs,
                 max_concurrent_run_count=max_concurrent_runs,
-                service_account=where.service_account,
-                network=where.network,
+                service_account=reached.service_account,
+                network=reached.network,
             )
             return Schedule("vertex", created.resource_name, display, cron_sent, "ACTIVE", arguments)
-        client = where.make_client()
-        if where.check_version:
-            submission.check_kfp_server(client)  # before anything is uploaded
+        assert isinstance(where, KfpTarget)
+        client = reached
         pipeline_id, version_id, _ = submission._kfp_upload(
             client, template, submission._compiled_by(), where.namespace
         )

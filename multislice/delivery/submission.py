@@ -39,7 +39,9 @@ KFP v2beta1 REST API.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import difflib
 import hashlib
 import json
 import os
@@ -79,6 +81,11 @@ MAX_LABELS = 64
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DEFAULT_EXPERIMENT = "multislice"
+#: Run spec fields that are no pipeline parameter but that ``submit`` and ``schedule create`` take (``--set``) and
+#: compile in, as :data:`multislice.config.parameters.LOCAL_ONLY`'s: the pipeline components' image and the trainer's
+#: Google service account, which the packaged profiles give as placeholders
+#: (:func:`multislice.delivery.checks.placeholder_issues`).
+COMPILED_IN: frozenset[str] = frozenset({"images.pipeline", "service_accounts.trainer_gcp_service_account"})
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
@@ -259,13 +266,26 @@ def validate_parameters(
     known = pipeline_parameters.parameter_values(spec, remote=False)
     issues = []
     for name, value in values.items():
-        if name not in known:
-            issues.append((name, f"unknown pipeline parameter; known parameters: {', '.join(known)}"))
+        if name in COMPILED_IN:
+            kind: type = str
+        elif name not in known:
+            close = difflib.get_close_matches(name, [*known, *sorted(COMPILED_IN)], n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}? " if close else ""
+            issues.append((name, f"unknown pipeline parameter; {hint}known parameters: {', '.join(known)}, "
+                                 f"and {', '.join(sorted(COMPILED_IN))} (compiled in)"))  # fmt: skip
             continue
-        problem = _check_type(name, known[name][0], value)
+        else:
+            kind = known[name][0]
+        problem = _check_type(name, kind, value)
         if problem:
             issues.append((name, problem))
     if issues:
+        # The other values are checked too, so one bad name does not hide a bad value (every problem at once).
+        good = {k: v for k, v in values.items() if k not in {f for f, _ in issues}}
+        try:
+            config.load_spec(profile, good)
+        except ConfigError as error:
+            issues += error.issues
         raise ConfigError(issues)
     spec = config.load_spec(profile, values)
     arguments = {name: value for name, (_, value) in pipeline_parameters.parameter_values(spec, remote=True).items()}
@@ -312,18 +332,32 @@ def prepare(
     if "run_name" not in values:
         values["run_name"] = default_run_name(str(profile.get("run_name", "run")))
     spec, arguments = validate_parameters(profile, values)
+    issues = []
     if spec.backend == "local":
-        raise ConfigError(
-            [("backend", f"backend=local runs pods as processes on this machine, not on {target}; "
-                         "set backend=gke (and output_dir=gs://...) or use `multislice run` locally")]
+        issues.append(
+            ("backend", f"backend=local runs pods as processes on this machine, not on {target}; "
+                        "set backend=gke (and output_dir=gs://...) or use `multislice run` locally")
         )  # fmt: skip
+    issues += placeholder_issues(spec)
+    if issues:
+        raise ConfigError(issues)
     return spec, arguments
+
+
+def placeholder_issues(spec: config.RunSpec) -> list[tuple[str, str]]:
+    """The profile's placeholders a remote run would send (``gs://your-bucket/...``, ``your-project``,
+    ``your-cluster``, an unbuilt ``multislice-trainer:0.1.0``), each named by its pipeline parameter with the
+    ``--set`` that fixes it: :func:`multislice.delivery.checks.placeholder_issues`, which :func:`prepare` applies for
+    ``submit``, its dry run and ``schedule create``, before anything is compiled or any service contacted."""
+    offered = [p for p in pipeline_parameters.RUN_PARAMETERS if p.name not in pipeline_parameters.LOCAL_ONLY]
+    by_path = {p.path: p.name for p in offered}
+    return checks.placeholder_issues(config.spec_to_data(spec), by_path.get, COMPILED_IN)
 
 
 def compiled_profile(profile: Mapping[str, Any], values: Mapping[str, Any] | None) -> dict[str, Any]:
     """The profile to compile for a remote run: with the values of parameters a remote pipeline does not
     offer (:data:`multislice.config.parameters.LOCAL_ONLY`: ``backend``) compiled in."""
-    fixed = {k: v for k, v in (values or {}).items() if k in pipeline_parameters.LOCAL_ONLY}
+    fixed = {k: v for k, v in (values or {}).items() if k in pipeline_parameters.LOCAL_ONLY or k in COMPILED_IN}
     return config.apply_overrides(profile, fixed)
 
 
@@ -615,15 +649,15 @@ def submit(
     data = config.read_profile(profile) if isinstance(profile, str) else dict(profile)
     spec, arguments = prepare(data, parameters, target, continue_run)
     data = compiled_profile(data, parameters)
+    reached = connect(where)  # credentials and the endpoint before the compile (seconds to minutes of CPU)
     with tempfile.TemporaryDirectory() as tmp:
         template = compile_for(data, target, tmp)
-        if isinstance(where, VertexTarget):
-            job = vertex_job(template, spec, arguments, where)
-            job.submit(service_account=where.service_account, network=where.network)
+        if isinstance(reached, VertexTarget):
+            job = vertex_job(template, spec, arguments, reached)
+            job.submit(service_account=reached.service_account, network=reached.network)
             return SubmittedRun("vertex", spec.run_name, job.resource_name, arguments, job=job)
-        client = where.make_client()
-        if where.check_version:
-            check_kfp_server(client)  # before anything is uploaded
+        assert isinstance(where, KfpTarget)  # reached is its client
+        client = reached
         pipeline_id, version_id, _ = _kfp_upload(client, template, _compiled_by(), where.namespace)
         experiment = client.create_experiment(where.experiment, namespace=where.namespace)
         run = client.run_pipeline(
@@ -636,6 +670,41 @@ def submit(
             service_account=where.service_account,
         )
         return SubmittedRun("kfp", spec.run_name, run.run_id, arguments, pipeline_id, version_id, job=run)
+
+
+def connect(where: VertexTarget | KfpTarget) -> Any:
+    """Reach the target before anything is compiled: a missing credential or an endpoint that does not answer is
+    refused in a second, not after the pipeline's compile (46-158 s on a loaded machine).
+
+    Vertex AI: the credentials aiplatform would use (``where.credentials``, else those ``aiplatform.init`` set,
+    else the environment's default credentials, ``google.auth.default``, as aiplatform's
+    ``initializer.global_config.credentials`` finds them), returned in a copy of ``where``. KFP: the
+    ``kfp.Client`` (which reads the server's healthz), with the server's version checked
+    (:func:`check_kfp_server`) unless ``where.check_version`` is False.
+
+    Returns:
+        The :class:`VertexTarget` with its credentials, or the KFP client.
+
+    Raises:
+        google.auth.exceptions.DefaultCredentialsError: no credentials (the CLI and :func:`submit` say it as
+            ``InputError``, :func:`multislice.errors.expected_error`).
+        multislice.errors.InputError: the KFP endpoint cannot be reached or refuses.
+        KfpBackendTooOld: a KFP server older than :data:`MIN_KFP_BACKEND`.
+    """
+    if isinstance(where, KfpTarget):
+        client = where.make_client()
+        if where.check_version:
+            check_kfp_server(client)  # before anything is uploaded
+        return client
+    if where.credentials is not None:
+        return where
+    initialized = sys.modules.get("google.cloud.aiplatform.initializer")
+    if initialized is not None and getattr(initialized.global_config, "_credentials", None) is not None:
+        return where  # aiplatform.init(credentials=...): aiplatform uses those
+    import google.auth
+
+    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return dataclasses.replace(where, credentials=credentials)
 
 
 def check_target(target: str, vertex: VertexTarget | None, kfp: KfpTarget | None) -> VertexTarget | KfpTarget:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from multislice import cli, config, names
 from multislice.config import parameters, values, yaml_input
 from multislice.errors import UserError
+from tests import deployment
 
 
 def cases(count: int) -> settings:
@@ -775,6 +776,7 @@ def test_any_submit_or_schedule_option_is_refused_before_anything_is_sent(
     from multislice.delivery import submission
 
     monkeypatch.setattr(submission, "compile_for", _reach)
+    monkeypatch.setattr(submission, "connect", _reach)  # credentials and the endpoint, reached before the compile
     monkeypatch.setattr(submission.KfpTarget, "make_client", _reach)
     monkeypatch.delenv("KF_PIPELINES_ENDPOINT", raising=False)
     cwd = tmp_path_factory.mktemp("cwd")
@@ -787,7 +789,8 @@ def test_any_submit_or_schedule_option_is_refused_before_anything_is_sent(
                                                                      "--location": "us-east5"}}[target]  # fmt: skip
     flags = {**defaults, **({"--cron": "0 3 * * *"} if command == "schedule" else {}), **dict(given_options)}
     head = ["schedule", "create"] if command == "schedule" else ["submit"]
-    argv = [*head, "--profile", "gke-v6e-16x2-seed", "--set", "output_dir=gs://team-bucket/runs", "--target", target,
+    # The seed profile with a deployment's values: the packaged one's placeholders are refused (tests/deployment.py).
+    argv = [*head, "--profile", deployment.profile_file("gke-v6e-16x2-seed"), "--target", target,
             *(x for pair in flags.items() for x in pair)]  # fmt: skip
     if _cli_refused_or_reached(argv, cwd):
         for option, value in given_options:

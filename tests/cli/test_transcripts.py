@@ -15,7 +15,7 @@ from tests.golden import CLI_COMMANDS, cli_golden, cli_transcript
 EXIT = {
     "render": 0, "compile": 0, "preflight-does-not-fit": 1, "bad-config": 2, "unknown-profile": 2,
     "missing-checkpoint": 2, "cleanup-unknown-run": 2, "no-credentials": 2, "unreachable-cluster": 2,
-    "run-help": 0, "submit-dry-run": 0, "schedule-create-help": 0,
+    "run-help": 0, "submit-dry-run": 0, "schedule-create-help": 0, "submit-placeholders": 2,
 }  # fmt: skip
 
 
@@ -51,3 +51,12 @@ def test_a_dry_run_submission_needs_no_credentials_and_shows_what_would_be_sent(
     assert "  pipeline root:        gs://my-bucket/runs/pipeline-root\n" in text
     assert "  labels:               multislice-pipeline=multislice-training, team=ml-platform\n" in text
     assert "  stage1_steps = 4\n" in text and "checkpoint_period follows steps=4" in text
+
+
+def test_submitting_the_packaged_profile_names_each_placeholder_and_its_fix():
+    text = cli_golden("submit-placeholders").read_text(encoding="utf-8")
+    fixes = [("output_dir", "--set output_dir=gs://BUCKET/PATH"), ("cluster_project", "--set cluster_project="),
+             ("cluster_name", "--set cluster_name="), ("trainer_image", "multislice images build"),
+             ("images.pipeline", "--set images.pipeline=")]  # fmt: skip
+    for field, fix in fixes:
+        assert any(line.startswith(f"  - {field}: ") and fix in line for line in text.splitlines()), field

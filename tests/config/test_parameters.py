@@ -24,6 +24,7 @@ from multislice.backends.gke import nodepool
 from multislice.delivery import submission
 from multislice.plan import Plan
 from multislice.steps import plan as run_plan
+from tests import deployment
 from tests.fakes import FakeServer
 from tests.gke_fake import FakeGke
 
@@ -72,7 +73,7 @@ def test_one_compiled_yaml_runs_against_two_clusters_by_run_parameters_only(kfp_
     where = submission.KfpTarget(host=kfp_fake.url)
     runs = [
         multislice.submit(
-            "gke-v6e-16x2-seed",
+            deployment.profile_file("gke-v6e-16x2-seed"),  # a deployment's images, no placeholder left
             {"output_dir": "gs://bucket/runs", "run_name": f"r{n}", **cluster},
             target="kfp",
             kfp=where,

@@ -17,10 +17,12 @@ from multislice.config import ConfigError
 from multislice.delivery import schedule, submission
 from multislice.delivery.schedule import Cron
 from multislice.steps import plan as plan_step
+from tests import deployment
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-PROFILE = "gke-v6e-16x2-seed"
+#: The packaged seed profile with a deployment's values in place of its placeholders (tests/deployment.py).
+PROFILE = deployment.profile_file("gke-v6e-16x2-seed")
 VALUES = {"output_dir": "gs://team-bucket/runs", "stage1_steps": 100}
 
 
@@ -39,7 +41,7 @@ def test_cron_conversion():
     [
         ("0 0 3 * * *", None, "cron", "has 6 fields; give 5"),
         ("0 3 * *", None, "cron", "has 4 fields"),
-        ("61 3 * * *", None, "cron", "not a valid cron expression"),
+        ("61 3 * * *", None, "cron", "minute field '61': 61 is outside 0-59"),
         ("0 3 * * $", None, "cron", "day-of-week field '$'"),
         ("0 3 * * *", "Mars/Olympus", "timezone", "unknown time zone"),
     ],
@@ -283,7 +285,7 @@ def test_schedule_create_help_is_creates_own(capsys):
         ("0 3 * * 5#3", "kfp", "day-of-week field '5#3'"),
         ("0 3 15W * *", "vertex", "not accepted"),
         ("0 3 ? * mon", "vertex", "'?' is not accepted"),
-        ("0 24 * * *", "kfp", "not a valid cron"),
+        ("0 24 * * *", "kfp", "hour field '24': 24 is outside 0-23"),
     ],
 )
 def test_cron_outside_the_backends_dialect_is_refused_before_anything_is_sent(fake, cron, target, words):
@@ -344,7 +346,7 @@ def test_cli_schedule_times_and_catch_up(fake, capsys):
     assert cli.main([*base, "--start-time", "2026-12-01T00:00:00Z", "--end-time", "2026-11-01T00:00:00Z"]) == 2
     assert "end_time" in capsys.readouterr().err
     assert cli.main([*base, "--start-time", "yesterday"]) == 2
-    assert "start_time: 'yesterday' is not an RFC 3339 time" in capsys.readouterr().err
+    assert "--start-time: 'yesterday' is not an RFC 3339 time" in capsys.readouterr().err
     assert cli.main([*base, "--cron", "0 3 * * 7"]) == 2
     assert "use 0 for Sunday" in capsys.readouterr().err
     assert fake.state.requests == []
@@ -353,3 +355,40 @@ def test_cli_schedule_times_and_catch_up(fake, capsys):
     assert "warning: catch-up is on: the schedule starts" in captured.err and "catch-up: on" in captured.out
     [sent] = fake.state.sent("POST", "/recurringruns")
     assert sent.body["no_catchup"] is False and sent.body["trigger"]["cron_schedule"]["start_time"].startswith("2020")
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_schedule_create_refuses_the_profiles_placeholders_before_compiling(fake, capsys, monkeypatch, dry_run):
+    """Issue 44: a nightly schedule made with the packaged profile's placeholders failed every night."""
+    monkeypatch.setattr(submission, "compile_for", lambda *a, **k: pytest.fail("compiled before refusing"))
+    flags = ["--dry-run"] if dry_run else []
+    status = cli.main(["schedule", "create", "--profile", "gke-v6e-16x2", "--target", "kfp", "--host", fake.url,
+                       "--cron", "0 3 * * *", *flags])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    for field in ("output_dir", "cluster_project", "cluster_name", "trainer_image", "images.pipeline"):
+        assert f"  - {field}: " in err
+    assert "--set output_dir=gs://BUCKET/PATH" in err and fake.state.requests == []
+    with pytest.raises(ConfigError) as raised:
+        schedule.create("gke-v6e-16x2", VALUES, target="kfp", cron="0 3 * * *", kfp=submission.KfpTarget(fake.url),
+                        dry_run=dry_run)  # fmt: skip
+    assert "cluster_project" in dict(raised.value.issues) and fake.state.requests == []
+    monkeypatch.undo()
+    status = cli.main(["schedule", "create", "--profile", "gke-v6e-16x2", "--target", "kfp", "--host", fake.url,
+                       "--cron", "0 3 * * *", *deployment.sets(), *flags])  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    assert len(fake.state.sent("POST", "/recurringruns")) == (0 if dry_run else 1)
+
+
+def test_a_cron_error_names_the_flag_and_the_field_and_does_not_hide_the_others(fake, capsys):
+    status = cli.main(["schedule", "create", "--profile", PROFILE, "--target", "kfp", "--host", fake.url,
+                       "--cron", "0 25 * * *", "--max-runs", "3", "--set", "stage1_stepz=5", "--dry-run"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "  - --cron: hour field '25': 25 is outside 0-23" in err
+    assert "  - --max-runs: " in err  # a KFP schedule has no run limit: reported with the cron, not after it
+    assert "  - stage1_stepz: unknown pipeline parameter; did you mean stage1_steps?" in err
+    with pytest.raises(ConfigError) as raised:  # the Python API names its arguments
+        schedule.create(PROFILE, VALUES, target="kfp", cron="61 3 * * *", kfp=submission.KfpTarget(fake.url))
+    assert raised.value.issues == [("cron", "minute field '61': 61 is outside 0-59 for cron")]
+    assert fake.state.requests == []

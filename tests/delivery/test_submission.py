@@ -13,19 +13,21 @@ import multislice
 from multislice import cli, config
 from multislice.config import ConfigError
 from multislice.delivery import submission, targets
+from tests import deployment
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
-PROFILE = "gke-v6e-16x2-seed"
+#: The packaged seed profile with a deployment's values in place of its placeholders (tests/deployment.py).
+PROFILE = deployment.profile_file("gke-v6e-16x2-seed")
 EXPECTED = {
     "run_name": "nightly-1", "tpu_type": "v6e-16", "machine_type": "", "num_slices": 2,
-    "output_dir": "gs://team-bucket/runs", "trainer_image": "multislice-trainer:0.1.0", "namespace": "default",
+    "output_dir": "gs://team-bucket/runs", "trainer_image": deployment.TRAINER_IMAGE, "namespace": "default",
     "queue": "multislice-queue", "priority": "default-priority", "max_restarts": 4, "launcher": "jobset",
     "skip_preflight": False,
     "unique_run_name": False, "notify_webhook_secret": "", "stage1_steps": 100, "stage1_per_device_batch_size": 4.0,
-    "stage2_steps": 200, "stage2_per_device_batch_size": 1.0, "cluster_project": "your-project",
-    "cluster_location": "us-east5", "cluster_name": "your-cluster", "cluster_access": "gke", "zone": "us-east5-b",
+    "stage2_steps": 200, "stage2_per_device_batch_size": 1.0, "cluster_project": "team-project",
+    "cluster_location": "us-east5", "cluster_name": "team-cluster", "cluster_access": "gke", "zone": "us-east5-b",
     "pipeline_service_account": "multislice-pipeline", "trainer_service_account": "multislice-trainer",
 }  # fmt: skip
 VALUES = {"run_name": "nightly-1", "output_dir": "gs://team-bucket/runs", "stage1_steps": 100}
@@ -358,3 +360,78 @@ def test_idempotent_steps_get_a_retry_policy_on_both_targets(tmp_path, target):
                                              "backoffMaxDuration": "600s"}  # fmt: skip
     local = compile_pipeline(config.read_profile(PROFILE), str(tmp_path / "l.yaml"), target=target, retries=False)
     assert "retryPolicy" not in open(local).read()
+
+
+PLACEHOLDERS = ["output_dir", "cluster_project", "cluster_name", "service_accounts.trainer_gcp_service_account",
+                "trainer_image", "images.pipeline"]  # fmt: skip
+
+
+def _no_compile(*args, **kwargs):
+    raise AssertionError("compiled before refusing")
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_submit_refuses_the_profiles_placeholders_naming_each_and_its_fix_before_compiling(
+    fake, capsys, monkeypatch, dry_run
+):
+    """Issue 44: the packaged profile's your-bucket, your-project, your-cluster and unbuilt images went out."""
+    monkeypatch.setattr(submission, "compile_for", _no_compile)
+    flags = ["--dry-run"] if dry_run else []
+    status = cli.main(["submit", "--profile", "gke-v6e-16x2", "--target", "kfp", "--host", fake.url, *flags])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    named = [line.split(":", 1)[0].removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+    assert named == PLACEHOLDERS
+    assert "'gs://your-bucket/multislice-runs' is the profile's placeholder" in err
+    assert "--set output_dir=gs://BUCKET/PATH" in err and "--set cluster_project=PROJECT_ID" in err
+    assert "--set trainer_image=REGISTRY/PATH/multislice-trainer@sha256:" in err and "multislice images build" in err
+    assert fake.state.requests == []
+    # The Python API refuses the same, with the same fields, through the same check.
+    call = submission.dry_run if dry_run else multislice.submit
+    with pytest.raises(ConfigError) as raised:
+        call("gke-v6e-16x2", {"output_dir": "gs://team-bucket/runs"}, target="kfp", kfp=submission.KfpTarget(fake.url))
+    assert [f for f, _ in raised.value.issues] == PLACEHOLDERS[1:]
+    assert fake.state.requests == []
+    # Real-looking values go through to the (fake) endpoint.
+    monkeypatch.undo()
+    status = cli.main(["submit", "--profile", "gke-v6e-16x2", "--target", "kfp", "--host", fake.url,
+                       *deployment.sets(), *flags])  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    assert len(fake.state.sent("POST", "/runs")) == (0 if dry_run else 1)
+
+
+def test_an_unreachable_endpoint_and_missing_credentials_are_refused_before_compiling(tmp_path, monkeypatch):
+    """Issue 44: both were reported only after the pipeline's compile (46-158 s on a loaded machine)."""
+    from google.cloud.aiplatform import initializer
+
+    from multislice.errors import InputError
+
+    monkeypatch.setattr(submission, "compile_for", _no_compile)
+    with pytest.raises(InputError, match="the endpoint did not answer"):
+        multislice.submit(PROFILE, VALUES, target="kfp", kfp=submission.KfpTarget(host="http://127.0.0.1:9"))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    monkeypatch.setattr(initializer.global_config, "_credentials", None)
+    where = submission.VertexTarget(project="team-project", location="us-east5")
+    with pytest.raises(InputError, match="no Google Cloud credentials"):
+        multislice.submit(PROFILE, VALUES, target="vertex", vertex=where)
+
+
+def test_a_misspelt_parameter_gets_did_you_mean_and_does_not_hide_a_bad_value():
+    with pytest.raises(ConfigError) as raised:
+        submission.prepare(config.read_profile(PROFILE), {"stage1_stepz": 5, "num_slices": 0}, "kfp")
+    issues = dict(raised.value.issues)
+    assert issues["stage1_stepz"].startswith("unknown pipeline parameter; did you mean stage1_steps?")
+    assert "num_slices" in issues  # checked too: one bad name does not hide a bad value
+
+
+def test_a_bad_location_is_refused_without_importing_aiplatform():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from multislice.delivery import checks; "
+        "assert checks.vertex_location_problem('us-east5') is None; "
+        "assert 'not a Vertex AI region' in checks.vertex_location_problem('us-eats5'); "
+        "assert 'google.cloud.aiplatform' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,11 +19,13 @@ import pytest
 
 from multislice import config, remote_call
 from multislice.errors import ConfigError
+from tests import deployment
 from tests.cli.test_hostile_input import _tree, assert_refused, run_cli
 from tests.fakes import FakeServer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-PROFILE = "gke-v6e-16x2-seed"
+#: The packaged seed profile with a deployment's values in place of its placeholders (tests/deployment.py).
+PROFILE = deployment.profile_file("gke-v6e-16x2-seed")
 OUTPUT = "output_dir=gs://team-bucket/runs"
 
 
@@ -78,11 +80,11 @@ DELIVERY_CASES = [
     ("cron with a right-to-left override", [*SCHEDULE, "--cron", "0 3 * * *\u202e"], "kfp", "cron", "U+202E"),
     ("name too long", [*SCHEDULE, "--cron", "0 3 * * *", "--name", "n" * 129], "vertex", "name", "at most 128"),
     ("KFP concurrency", [*SCHEDULE, "--cron", "0 3 * * *", "--max-concurrent-runs", "1000000"], "kfp",
-     "max_concurrent_runs", "1 to 10"),
+     "--max-concurrent-runs", "1 to 10"),
     ("Vertex concurrency", [*SCHEDULE, "--cron", "0 3 * * *", "--max-concurrent-runs", "1000000"], "vertex",
-     "max_concurrent_runs", "1 to 1,000"),
-    ("max runs", [*SCHEDULE, "--cron", "0 3 * * *", "--max-runs", str(2**63)], "vertex", "max_runs", "1 to"),
-    ("interval", [*SCHEDULE, "--interval", str(2**63)], "kfp", "interval_seconds", "1 to"),
+     "--max-concurrent-runs", "1 to 1,000"),
+    ("max runs", [*SCHEDULE, "--cron", "0 3 * * *", "--max-runs", str(2**63)], "vertex", "--max-runs", "1 to"),
+    ("interval", [*SCHEDULE, "--interval", str(2**63)], "kfp", "--interval", "1 to"),
     ("KFP namespace", [*SUBMIT, "--kfp-namespace", "Bad NS"], "kfp", "--kfp-namespace", "DNS-1123"),
     ("KFP service account", [*SUBMIT, "--service-account", "$(id)"], "kfp", "--service-account", "ServiceAccount"),
     ("GCP service account", [*SUBMIT, "--service-account", "$(id)"], "vertex", "--service-account",

@@ -136,7 +136,15 @@ CLI_COMMANDS: dict[str, list[str]] = {
     "submit-dry-run": [
         "submit", "--profile", "gke-v6e-16x2", "--target", "vertex", "--project", "my-project", "--location",
         "us-east5", "--label", "team=ml-platform", "--set", "output_dir=gs://my-bucket/runs", "--set",
-        "run_name=nightly", "--set", "stage1_steps=4", "--dry-run",
+        "cluster_project=my-project", "--set", "cluster_name=my-cluster", "--set",
+        "trainer_image=us-east5-docker.pkg.dev/my-project/multislice/multislice-trainer:0.1.0-3f2a9c1d0b7e", "--set",
+        "images.pipeline=us-east5-docker.pkg.dev/my-project/multislice/multislice-pipeline:0.1.0-3f2a9c1d0b7e",
+        "--set", "service_accounts.trainer_gcp_service_account=multislice-trainer@my-project.iam.gserviceaccount.com",
+        "--set", "run_name=nightly", "--set", "stage1_steps=4", "--dry-run",
+    ],
+    # The packaged profile as it ships: its placeholders are refused, each named with its fix (issue 44).
+    "submit-placeholders": [
+        "submit", "--profile", "gke-v6e-16x2", "--target", "kfp", "--host", "http://localhost:8888", "--dry-run",
     ],
     "schedule-create-help": ["schedule", "create", "--help"],
 }  # fmt: skip

@@ -9,15 +9,18 @@ that embeds it) holds the full dims and needs no preset file at run time.
 
 from __future__ import annotations
 
+import difflib
 import os
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from multislice.config import yaml_input
+from multislice.config import parameters, yaml_input
 from multislice.config.checks import cross_field_issues
 from multislice.config.models import RunSpec
 from multislice.config.overrides import apply_overrides
@@ -174,13 +177,52 @@ def _format_loc(loc: tuple[Any, ...], data: Mapping[str, Any]) -> str:
     return out
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``Stage``, ``list[Stage]``, ``Cluster | None``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list, tuple, dict, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            if (found := _model_in(arg)) is not None:
+                return found
+    return None
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model at ``loc`` in a run spec (list indexes skipped); [] where none is known."""
+    model: type[BaseModel] | None = RunSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if model else []
+
+
+def did_you_mean(name: str, known: list[str], prefix: str = "") -> str:
+    """`` did you mean <prefix>X?`` for the closest of ``known`` to a misspelt ``name`` (difflib), or ``''``."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" did you mean {prefix}{close[0]}?" if close else ""
+
+
 def _pydantic_issues(error: ValidationError, data: Mapping[str, Any]) -> list[tuple[str, str]]:
     issues = []
     for err in error.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field; check its spelling (the fields are in multislice/config/models.py)"
+            known = _fields_at(loc[:-1])
+            if len(loc) == 1:  # a top-level key: a --set of a pipeline parameter's name too
+                stages = data.get("stages")
+                stages = stages if isinstance(stages, list) else []
+                known += [p.name for p in parameters.RUN_PARAMETERS]
+                known += [parameters.stage_parameter_name(i, f) for i in range(len(stages))
+                          for f, _, _ in parameters.STAGE_FIELDS]  # fmt: skip
+            prefix = "".join(f"{part}." for part in loc[:-1])  # the dotted --set key: stages.0.maxtext_overrides
+            hint = did_you_mean(str(loc[-1]), known, prefix) if loc else ""
+            message = f"unknown field;{hint or ' check its spelling'} (the fields are in multislice/config/models.py)"
         elif err["type"] == "missing":
             message = "required field is missing"
         issues.append((_format_loc(loc, data), message))
@@ -232,8 +274,9 @@ def profile_path(profile: str) -> Path:
     except OSError:
         pass
     known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    hint = did_you_mean(profile, known)
     raise ConfigError(
-        [("profile", f"no profile {profile!r}; known profiles: {', '.join(known)}, or a path to a .yaml file")]
+        [("profile", f"no profile {profile!r};{hint} known profiles: {', '.join(known)}, or a path to a .yaml file")]
     )
 
 

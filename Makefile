@@ -41,7 +41,7 @@ SERVICE_ACCOUNT ?=
 LOGGING ?=
 LOGS_BUCKET ?=
 
-.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud image-tag clean
+.PHONY: help env run test test-fast test-under-load soak lint compile render goldens lock images images-cloud image-tag image-agent clean
 
 help:
 	@echo "make run      install, compile the pipeline and run it locally (profile: $(PROFILE); PROFILE=elastic: an elastic stage)"
@@ -56,6 +56,7 @@ help:
 	@echo "make images   build the pipeline and trainer images with docker buildx (IMAGE_REPO=..., PUSH=1)"
 	@echo "make images-cloud  build and push both images with Cloud Build, no Docker (PROJECT=..., REPO=...)"
 	@echo "make image-tag  print the images' tag (for gcloud builds submit --config cloudbuild.yaml: _TAG)"
+	@echo "make image-agent  build JobSet v0.12.0's in-place restart agent from its repository (IMAGE_REPO=..., PUSH=1)"
 
 $(UV):
 	@test -n "$(PYTHON312)" || { echo "error: Python 3.12 not found; install it (e.g. pyenv install 3.12) or set PYTHON312=/path/to/python3.12" >&2; exit 1; }
@@ -156,6 +157,21 @@ images-cloud: $(VENVS)/pipeline/.installed
 # The images' tag, <package version>-<commit>: cloudbuild.yaml's _TAG when built without Python.
 image-tag:
 	@echo $(IMAGE_TAG)
+
+# JobSet's in-place restart agent (images.in_place_restart_agent, docs/gke-setup.md): kubernetes-sigs/jobset publishes
+# no image for v0.12.0 (its Makefile's IN_PLACE_RESTART_AGENT_IMAGE_REGISTRY stays empty until the feature's beta), so
+# it is built from a clone of that tag with its cmd/in-place-restart-agent/Dockerfile (BuildKit: the Dockerfile uses
+# BUILDPLATFORM and TARGETARCH). Not part of `make images` or Cloud Build: set images.in_place_restart_agent by hand.
+JOBSET_VERSION ?= v0.12.0
+AGENT_SOURCE = build/jobset-$(JOBSET_VERSION)
+image-agent:
+	@command -v docker >/dev/null && docker buildx version >/dev/null 2>&1 || { echo "error: make image-agent needs docker with buildx (https://docs.docker.com/build/)" >&2; exit 1; }
+	@rm -rf $(AGENT_SOURCE) && mkdir -p build/images
+	git clone --quiet --depth 1 --branch $(JOBSET_VERSION) https://github.com/kubernetes-sigs/jobset $(AGENT_SOURCE)
+	docker buildx build -f $(AGENT_SOURCE)/cmd/in-place-restart-agent/Dockerfile \
+	  -t $(IMAGE_REPO)/jobset-in-place-restart-agent:$(JOBSET_VERSION) \
+	  $(if $(PUSH),--push --metadata-file build/images/in-place-restart-agent.json,--load) $(AGENT_SOURCE)
+	@$(if $(PUSH),echo "images.in_place_restart_agent: $(IMAGE_REPO)/jobset-in-place-restart-agent@$$(sed -n 's/.*"containerimage.digest": *"\([^"]*\)".*/\1/p' build/images/in-place-restart-agent.json)",true)
 
 clean:
 	rm -rf build output

@@ -135,8 +135,8 @@ def main() -> None:
     print(table(found))
     s = result["summary"]
     print(
-        f"\n{s['rows_in_band']} compiles over 1 GiB per chip: the estimate is {-s['most_under']:.1%} under to "
-        f"{s['most_over']:.1%} over XLA's figure (mean |error| {s['mean_abs_error']:.1%}); lower bound held on "
+        f"\n{s['rows_in_band']} compiles over 1 GiB per chip: the estimate's error is {s['most_under']:+.1%} to "
+        f"{s['most_over']:+.1%} of XLA's figure (mean |error| {s['mean_abs_error']:.1%}); lower bound held on "
         f"every compile: {s['lower_bound_held']}"
     )
 

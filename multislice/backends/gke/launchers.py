@@ -41,6 +41,7 @@ from multislice.backends.gke import (
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.backends.launcher import Launcher
 from multislice.plan import Plan, StagePlan
+from multislice.render import in_place as render_in_place
 from multislice.render import jobset as jobset_render
 from multislice.render import launchers
 from multislice.render import ray as render_ray
@@ -159,10 +160,18 @@ class GkeLauncher(Launcher):
         for pod in current:
             problem = pods.waiting_problem(pod)
             if problem:
+                agent = problem.startswith(f"container {render_in_place.AGENT_CONTAINER}:")
+                image = plan.spec.images.in_place_restart_agent if agent else plan.spec.images.trainer
                 raise LaunchFailed(
                     self._pod_line(pod, f"cannot start: {problem}"),
-                    f"check the image reference {plan.spec.images.trainer!r} and that the nodes may pull it "
-                    "(Artifact Registry reader role for the node service account)",
+                    f"check the image reference {image!r} and that the nodes may pull it "
+                    "(Artifact Registry reader role for the node service account)"
+                    + (
+                        "; JobSet's in-place restart agent is built from kubernetes-sigs/jobset v0.12.0 "
+                        "(make image-agent; docs/gke-setup.md), or set restart_strategy: recreate"
+                        if agent
+                        else ""
+                    ),
                 )
             message = pods.unschedulable(pod)
             if message is None:

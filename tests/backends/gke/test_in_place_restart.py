@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 
 from multislice import names
-from multislice.backends.base import TrainingFailed
+from multislice.backends.base import LaunchFailed, TrainingFailed
 from multislice.backends.gke import GkeBackend, in_place
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.plan import make_plan
 from multislice.render import in_place as render_in_place
-from multislice.steps import admit, provision, train
+from multislice.steps import admit, launch, provision, train
 from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
 from tests.kube_controllers import step_line
 
@@ -151,3 +151,19 @@ def test_a_fatal_exit_matches_no_in_place_rule_and_fails_its_pod(served, play, p
     assert play.in_place_reconcile(js) == "nothing"
     status = play.jobset(js)["status"]
     assert status["currentInPlaceRestartAttempt"] == 0 and "previousInPlaceRestartAttempt" not in status
+
+
+def test_an_agent_image_the_nodes_cannot_pull_fails_launch_naming_its_field(served, play, plan):
+    play.feature_gates(in_place_restart=True, restart_all_containers=True)
+    kube = served.kube()
+    provision.run(plan, backend=GkeBackend(kube))
+    admit_report = admitted(play, plan, kube)
+    js = stage_of(plan).jobset
+    [pod, *_] = play.pods(js, 2, plan.slice.hosts, pools=POOLS, phase="Pending")
+    agent = {"name": render_in_place.AGENT_CONTAINER, "ready": False, "restartCount": 0, "image": "a", "imageID": "",
+             "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}  # fmt: skip
+    play.pod_status(pod, {"phase": "Pending", "initContainerStatuses": [agent]})
+    with pytest.raises(LaunchFailed) as raised:
+        launch.run(plan, stage_of(plan), admit_report, backend=GkeBackend(kube))
+    assert f"container {render_in_place.AGENT_CONTAINER}: ErrImagePull: pull access denied" in raised.value.message
+    assert repr(plan.spec.images.in_place_restart_agent) in raised.value.fix and "make image-agent" in raised.value.fix

@@ -91,13 +91,17 @@ MESH_AXES: tuple[str, ...] = (
 EMERGENCY_CHECKPOINT_KEYS: tuple[str, ...] = (
     "enable_emergency_checkpoint", "local_checkpoint_directory", "local_checkpoint_period",
 )  # fmt: skip
-#: MaxText's multi-tier checkpointing keys (same sources): not supported by this project (its persistent tier is
-#: GKE's replicator writing to the CheckpointConfiguration's bucket, not the stage's checkpoint directory).
+#: MaxText's multi-tier checkpointing keys (same sources): set by the plan for a one-replica stage's
+#: ``emergency_checkpoint`` (:func:`multislice.plan.emergency_checkpoint_args`), whose manager the worker extends
+#: with the stage's persistent checkpoints (:mod:`multislice.trainer.tiered_checkpoint`).
 MULTI_TIER_CHECKPOINT_KEYS: tuple[str, ...] = (
     "enable_multi_tier_checkpointing", "multi_tier_checkpointing_backup_interval_minutes",
     "multi_tier_checkpointing_backup_interval_steps", "mtc_data_parallelism", "use_replicator_service",
     "replicator_backup_interval_minutes",
 )  # fmt: skip
+#: Every key of a local checkpoint tier the plan may set: a stage's CPU variant, which has no checkpoint ramdisk,
+#: leaves them out (:func:`multislice.render.jobset.worker_command`).
+LOCAL_TIER_KEYS: frozenset[str] = frozenset({*EMERGENCY_CHECKPOINT_KEYS, *MULTI_TIER_CHECKPOINT_KEYS, "mesh_axes"})
 
 #: The MaxText keys the plan sets itself; stage ``maxtext_overrides`` may not.
 MANAGED_KEYS: frozenset[str] = frozenset(

@@ -195,9 +195,10 @@ NO_CHECKPOINT_LINE = re.compile(r"No existing checkpoints found, not restoring c
 #: The tier Orbax's emergency ``CheckpointManager`` restores from, logged by every process
 #: (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``, orbax-checkpoint 0.12.8: ``_restore_from_local``
 #: ``emergency.CheckpointManager: restoring step=%s from local checkpoint using slice_id: %s`` and
-#: ``_restore_from_persistent`` ``... restoring step=%s from persistent checkpoint in directory=%s``).
+#: ``_restore_from_persistent`` ``... restoring step=%s from persistent checkpoint in directory=%s``), and the same
+#: line as ``tiered.CheckpointManager`` from a multi-tier stage's manager (:mod:`multislice.trainer.tiered_checkpoint`).
 TIER_LINE = re.compile(
-    r"emergency\.CheckpointManager: restoring step=(?P<step>\d+) from (?P<tier>local|persistent) checkpoint"
+    r"(?:emergency|tiered)\.CheckpointManager: restoring step=(?P<step>\d+) from (?P<tier>local|persistent) checkpoint"
     r"(?: using slice_id: (?P<slice>\d+))?"
 )
 

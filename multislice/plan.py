@@ -20,12 +20,13 @@ Layout of a run's outputs (``output_dir`` may be a local path or ``gs://``)::
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from multislice import exporting, identity, maxtext, names, storage, tpu
-from multislice.config import RunSpec, Stage, data
+from multislice.config import RunSpec, Stage, checks, data
 from multislice.config.elastic import GRADIENT_ACCUMULATION_KEY, SliceCount, slice_counts
 
 
@@ -232,7 +233,7 @@ def _stage_args(
         args[f"ici_{axis}_parallelism"] = degree
     for axis, degree in dcn.items():
         args[f"dcn_{axis}_parallelism"] = degree
-    args.update(emergency_checkpoint_args(stage))
+    args.update(emergency_checkpoint_args(spec, stage, dcn))
     if stage.goodput_recording:
         # maxtext/common/goodput.py: the recorder logs as job goodput_job_name (default run_name, the stage's
         # name here, the same in every run): name the run too, so that two runs' events never mix.
@@ -244,28 +245,116 @@ def _stage_args(
     return [f"{key}={maxtext.format_value(value)}" for key, value in args.items()]
 
 
-def emergency_checkpoint_args(stage: Stage) -> dict[str, Any]:
-    """MaxText's emergency-checkpoint keys for ``stage``; ``{}`` unless its ``emergency_checkpoint`` is enabled.
+#: ``multi_tier_checkpointing_backup_interval_minutes`` of a multi-tier stage: a year, so that GKE's replicator never
+#: backs the local tier up to its bucket. The stage's persistent tier is its own checkpoint directory
+#: (:mod:`multislice.trainer.tiered_checkpoint`); a replicator backup would copy every host's shards (with one
+#: data-parallel replica every node backs up its data, checkpoint-replicator ``sync.py``) to Cloud Storage a second
+#: time, and while it runs the replicator keeps only the step being backed up in the ramdisk. MaxText and Orbax
+#: require one of the two backup intervals (``maxtext/configs/types.py``; ``initialization.py``).
+MULTI_TIER_BACKUP_INTERVAL_MINUTES = 365 * 24 * 60
 
+
+def uses_multi_tier(spec: RunSpec, stage: Stage) -> bool:
+    """Whether ``stage``'s local tier is MaxText's multi-tier checkpointing (an elastic stage, or one data-parallel
+    replica) rather than Orbax's emergency manager (:func:`emergency_checkpoint_args` says why)."""
+    return stage.elastic is not None or math.prod(checks.data_degrees(spec, stage)) < 2
+
+
+def emergency_checkpoint_args(spec: RunSpec, stage: Stage, dcn: dict[str, int]) -> dict[str, Any]:
+    """MaxText's keys for ``stage``'s local checkpoint tier on DCN degrees ``dcn`` (an elastic count's, else the
+    stage's); ``{}`` unless its ``emergency_checkpoint`` is enabled and the spec allows it
+    (:func:`multislice.config.checks.has_local_tier`).
+
+    A fixed-size stage with 2 or more data-parallel replicas: Orbax's emergency ``CheckpointManager``.
     ``enable_emergency_checkpoint``, ``local_checkpoint_directory`` and ``local_checkpoint_period``
     (``maxtext/configs/base.yml``; MaxText requires the directory and a positive period together,
     ``maxtext/configs/types.py``), ``checkpoint_period`` left as it is. And ``mesh_axes`` with ``data`` first:
-    MaxText 0.2.5 builds Orbax's emergency ``CheckpointManager`` without a ``replica_axis_index``
-    (``maxtext/common/emergency_checkpointing.py``), so Orbax takes the mesh's first axis as the replica axis
-    (``CheckpointManagerOptions.replica_axis_index = 0``), and MaxText's first axis is ``diloco`` (size 1 unless
-    DiLoCo is on: Orbax would refuse with "at least 2 data-parallel replicas are needed"). Moving a size-1 axis
-    changes no device's place in the mesh.
+    MaxText 0.2.5 builds that manager without a ``replica_axis_index`` (``maxtext/common/emergency_checkpointing.py``),
+    so Orbax takes the mesh's first axis as the replica axis (``CheckpointManagerOptions.replica_axis_index = 0``),
+    and MaxText's first axis is ``diloco`` (size 1 unless DiLoCo is on). Moving a size-1 axis changes no device's
+    place in the mesh.
+
+    That manager serves neither one replica nor a resize (orbax-checkpoint 0.12.8,
+    ``experimental/emergency/checkpoint_manager.py``, read and run on CPU here): with one replica it is a plain
+    ``CheckpointManager`` without a local tier whose item is ``<step>/state``, and it refuses a directory holding the
+    ``<step>/default`` its two-replica form writes ("Cannot provide `args` of type `Composite` when dealing with a
+    single, unnamed (default) checkpointable object"), while the two-replica form reads ``<step>/default`` only
+    (``_restore_from_persistent``); so an elastic stage shrunk to one slice could restore nothing.
+
+    Those stages get MaxText's multi-tier checkpointing, whose manager the worker extends with the stage's persistent
+    checkpoints (:mod:`multislice.trainer.tiered_checkpoint`: ``<step>/default`` on every slice count, and a local
+    step of another mesh passed over): ``enable_multi_tier_checkpointing``, the same directory and period,
+    ``mtc_data_parallelism`` the replicas on ``dcn`` (its default, the slice count, would have GKE's replicator
+    treat FSDP slices as copies of each other: checkpoint-replicator ``coordinator.py`` ``infer_missing_meta``
+    fills a node's missing shards with another slice's) and :data:`MULTI_TIER_BACKUP_INTERVAL_MINUTES`.
     """
-    if not stage.uses_emergency_checkpoint:
+    if not checks.has_local_tier(spec, stage):
         return {}
     emergency = stage.emergency_checkpoint
-    assert emergency is not None  # uses_emergency_checkpoint
+    assert emergency is not None  # has_local_tier
+    tier = {"local_checkpoint_directory": emergency.local_directory, "local_checkpoint_period": emergency.local_period}
+    if uses_multi_tier(spec, stage):
+        return {
+            "enable_multi_tier_checkpointing": True,
+            **tier,
+            "multi_tier_checkpointing_backup_interval_minutes": MULTI_TIER_BACKUP_INTERVAL_MINUTES,
+            "mtc_data_parallelism": max(dcn.get("data", 1), 1) * checks.data_degrees(spec, stage)[1],
+        }
     return {
         "enable_emergency_checkpoint": True,
-        "local_checkpoint_directory": emergency.local_directory,
-        "local_checkpoint_period": emergency.local_period,
+        **tier,
         "mesh_axes": ["data", *(axis for axis in maxtext.MESH_AXES if axis != "data")],
     }
+
+
+def restore_notes(plan: Plan) -> list[str]:
+    """What a restart of each TPU stage restores from, one line per stage: the local tier of emergency checkpoints
+    and the persistent tier, or the persistent tier alone with why the stage cannot have the local one and what to
+    change to have it (:func:`multislice.config.checks.emergency_checkpoint_blockers`, each reason sourced there).
+    ``multislice render`` prints them."""
+    notes = []
+    for stage_plan in plan.stages:
+        stage = plan.spec.stage(stage_plan.name)
+        persistent = f"the persistent tier ({stage_plan.checkpoint_dir}, every {stage_plan.checkpoint_period} steps)"
+        if checks.has_local_tier(plan.spec, stage):
+            local = (
+                f"the local tier (every {stage_plan.local_checkpoint_period} steps on each node's checkpoint ramdisk, "
+                f"{stage_plan.local_checkpoint_directory}"
+            )
+            if uses_multi_tier(plan.spec, stage):
+                peers = (
+                    "a replaced node's shards come from its peer in another slice through GKE's replicator"
+                    if math.prod(checks.data_degrees(plan.spec, stage)) >= 2
+                    else "one data-parallel replica: no peer holds a replaced node's shards"
+                )
+                notes.append(
+                    f"{stage_plan.name}: a restart restores the newest step of either tier: {local}, each host its "
+                    f"own shards, when every host kept it on this mesh: an in-place restart, or pods back on the same "
+                    f"nodes; {peers}; a resize goes to the persistent tier) or {persistent}; MaxText's multi-tier "
+                    "checkpointing with the stage's persistent checkpoints (multislice.trainer.tiered_checkpoint)"
+                )
+            else:
+                notes.append(
+                    f"{stage_plan.name}: a restart restores the newest step of either tier (Orbax's emergency "
+                    f"CheckpointManager.restore): {local}, from a slice that kept it, broadcast to the others) or "
+                    f"{persistent}"
+                )
+            continue
+        blockers = checks.emergency_checkpoint_blockers(plan.spec, stage)
+        asked = (
+            "emergency_checkpoint is set but left out"
+            if stage.uses_emergency_checkpoint
+            else "no emergency checkpoints"
+        )
+        if not blockers:
+            why = (
+                f"emergency_checkpoint: {{local_period: N}} (N < {stage_plan.checkpoint_period}) would add a local "
+                "tier on the nodes' checkpoint ramdisk (docs/gke-setup.md)"
+            )
+        else:
+            why = f"{asked}: " + "; ".join(f"{reason} (to have them: {fix})" for reason, fix in blockers)
+        notes.append(f"{stage_plan.name}: a restart restores from {persistent}; {why}")
+    return notes
 
 
 def prepared_dir(spec: RunSpec, stage: Stage) -> str | None:
@@ -440,7 +529,7 @@ def make_plan(spec: RunSpec) -> Plan:
                         "local_checkpoint_directory": stage.emergency_checkpoint.local_directory,
                         "local_checkpoint_period": stage.emergency_checkpoint.local_period,
                     }
-                    if stage.uses_emergency_checkpoint and stage.emergency_checkpoint
+                    if stage.emergency_checkpoint and checks.has_local_tier(spec, stage)
                     else {}
                 ),
             )

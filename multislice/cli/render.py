@@ -9,7 +9,7 @@ from typing import Any
 from multislice import config
 from multislice.cli.common import check_output, profile_and_overrides, with_profile
 from multislice.errors import InputError
-from multislice.plan import make_plan
+from multislice.plan import make_plan, restore_notes
 
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).
 EXAMPLES: dict[str, str] = {
@@ -44,6 +44,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         f"{len(written)} files written to {args.output}; the JobSet and Kueue objects validate against the "
         "JobSet v0.12.0 / Kueue v0.19.2 CRDs, the RBAC objects against their API's fields"
     )
+    print("what a restart of each stage restores from:")
+    for note in restore_notes(plan):
+        print(f"  {note}")
     if plan.spec.backend == "gke":
         plan_file = Path(args.output) / manifests.NODE_POOL_PLAN
         print(f"node pools provision would create (GKE API requests, not sent): {plan_file}")

@@ -231,50 +231,11 @@ def _data_token_issues(spec: RunSpec, stage, where: str) -> list[tuple[str, str]
     return []
 
 
-def emergency_checkpoint_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, str]]:
-    """Why a stage's ``emergency_checkpoint`` cannot run with the rest of the spec: ``(field, message)`` pairs.
-
-    Refused, each with its reason: the local backend and the Ray launcher (MaxText's TPU start-up with emergency
-    checkpoints reads ``jax-init-info.txt``, which GKE's checkpointing CSI driver writes into the local directory,
-    ``maxtext/utils/max_utils.py``, ``initialize_jax_for_tpu_with_emergency_checkpointing``; neither the local
-    backend's processes nor Ray Train's workers, which initialise ``jax.distributed`` themselves, start that way);
-    an elastic stage (a resize changes the replica count, and Orbax restores a local checkpoint onto the mesh it was
-    saved with: ``mesh_consistency.consistent_restore_mesh_from_metadata``); fewer than 2 data-parallel replicas
-    (Orbax's emergency ``CheckpointManager``: "at least 2 data-parallel replicas are needed"); and MaxText's
-    multi-tier or ``mesh_axes`` keys in ``maxtext_overrides``.
-    """
-    if not stage.uses_emergency_checkpoint:
-        return []
-    field = f"{where}.emergency_checkpoint"
-    off = "or remove emergency_checkpoint (or set emergency_checkpoint.enabled: false)"
-    issues: list[tuple[str, str]] = []
-    if spec.backend != "gke":
-        issues.append(
-            (
-                field,
-                "emergency checkpoints need GKE's multi-tier checkpointing CSI driver (it keeps each node's "
-                "checkpoint ramdisk across pod restarts and writes the jax-init-info.txt MaxText starts from); the "
-                f"local backend has none: use backend gke, {off}",
-            )
-        )
-    if spec.launcher_for(stage) != "jobset":
-        issues.append(
-            (
-                field,
-                "emergency checkpoints run with launcher jobset only: MaxText starts them from the jax-init-info.txt "
-                "GKE's checkpointing CSI driver writes, while Ray Train's JaxTrainer initialises jax.distributed "
-                f"itself; set launcher: jobset for this stage, {off}",
-            )
-        )
-    if stage.elastic is not None:
-        issues.append(
-            (
-                field,
-                "emergency checkpoints and elastic do not combine: a resize changes the number of data-parallel "
-                "replicas, and Orbax restores a local checkpoint only onto the mesh it was saved with; remove "
-                f"elastic, {off}",
-            )
-        )
+def data_degrees(spec: RunSpec, stage: Stage) -> tuple[int, int]:
+    """The stage's data-parallel degrees ``(DCN data, ICI data)``, -1 filled as MaxText fills it; their product is
+    the number of data-parallel replicas (copies of the whole training state). Orbax's emergency
+    ``CheckpointManager`` counts replicas along the mesh's first axis, which the plan makes ``data``
+    (:func:`multislice.plan.emergency_checkpoint_args`)."""
     dcn = stage.full_dcn()
     data = dcn.get("data", 1)
     if data == -1:  # MaxText fills it: the slices over the other axes' product
@@ -283,25 +244,86 @@ def emergency_checkpoint_issues(spec: RunSpec, stage: Stage, where: str) -> list
     ici_data = ici.get("data", 1)
     if ici_data == -1:
         ici_data = spec.slice_type.chips // math.prod(d for d in ici.values() if d != -1)
-    if max(data, 1) * max(ici_data, 1) < 2:
-        issues.append(
+    return max(data, 1), max(ici_data, 1)
+
+
+#: Data kinds MaxText reads through grain, whose iterator its standard checkpointer saves and restores beside the
+#: state (``maxtext/common/checkpointing.py``, ``load_state_if_possible``, case 2); :func:`multislice.plan.data_args`.
+GRAIN_DATA_KINDS = ("text", "grain", "tfds")
+#: Why a stage reading grain data has no local tier (MaxText 0.2.5).
+GRAIN_REASON = (
+    "MaxText's emergency and multi-tier managers save the training state only, not the grain data iterator "
+    "(maxtext/common/emergency_checkpointing.py save; checkpointing.load_state_if_possible returns no iterator for "
+    "them), so a restart would read the stage's data again from its start"
+)
+
+
+def emergency_checkpoint_blockers(spec: RunSpec, stage: Stage) -> list[tuple[str, str]]:
+    """Why the stage cannot have emergency checkpoints (a node-local tier beside the persistent one) with the rest of
+    the spec: ``(reason, what to change)`` pairs, each reason with its source; empty when it can. They depend on run
+    parameters (backend, launcher, data), so a profile that turns the local tier on still runs with any of them: the
+    plan then leaves the local tier out and says why (:func:`multislice.plan.restore_notes`, printed by ``multislice
+    render``).
+    """
+    blockers = []
+    if spec.backend != "gke":
+        blockers.append(
             (
-                field,
-                f"emergency checkpoints need at least 2 data-parallel replicas (Orbax's emergency CheckpointManager: "
-                f"the persistent tier is written by replica 0, the local tier by the others); this stage has DCN data "
-                f"{data} x ICI data {ici_data} on {spec.num_slices} slice(s): train on num_slices >= 2 with dcn.data "
-                f"filling them, {off}",
+                "they need GKE's multi-tier checkpointing CSI driver (it keeps each node's checkpoint ramdisk across "
+                "pod restarts and writes the jax-init-info.txt MaxText starts from); the local backend has none",
+                "use backend gke",
             )
         )
+    if spec.launcher_for(stage) != "jobset":
+        blockers.append(
+            (
+                "they run with launcher jobset only: MaxText starts them from the jax-init-info.txt GKE's "
+                "checkpointing CSI driver writes, while Ray Train's JaxTrainer initialises jax.distributed itself",
+                "set launcher: jobset for this stage",
+            )
+        )
+    if stage.data.kind in GRAIN_DATA_KINDS:
+        blockers.append((GRAIN_REASON, "train on synthetic or hf data"))
+    emergency = stage.emergency_checkpoint
+    if emergency is not None and emergency.local_period >= stage.checkpoint_period:
+        blockers.append(
+            (
+                f"emergency_checkpoint.local_period ({emergency.local_period}) is not fewer steps than "
+                f"checkpoint_period ({stage.checkpoint_period}; a run's steps lower it when the profile's period "
+                "exceeds them): the local tier would never hold a step newer than the persistent one",
+                "make local_period smaller (MaxText: 'much smaller than checkpoint_period')",
+            )
+        )
+    return blockers
+
+
+def has_local_tier(spec: RunSpec, stage: Stage) -> bool:
+    """Whether the stage checkpoints to a node-local tier: its ``emergency_checkpoint`` is enabled and nothing in
+    the spec rules it out (:func:`emergency_checkpoint_blockers`)."""
+    return stage.uses_emergency_checkpoint and not emergency_checkpoint_blockers(spec, stage)
+
+
+def emergency_checkpoint_issues(spec: RunSpec, stage: Stage, where: str) -> list[tuple[str, str]]:
+    """Why a stage's ``emergency_checkpoint`` settings are wrong: MaxText's multi-tier or ``mesh_axes`` keys in
+    ``maxtext_overrides``, which the plan sets itself. A spec in which the local tier cannot run
+    (:func:`emergency_checkpoint_blockers`: the local backend, the Ray launcher, grain data) is no error: the plan
+    leaves the local tier out and says why. An elastic stage, or one with one data-parallel replica, gets MaxText's
+    multi-tier checkpointing instead of Orbax's emergency manager (:func:`multislice.plan.emergency_checkpoint_args`
+    says why).
+    """
+    if not has_local_tier(spec, stage):
+        return []
+    issues: list[tuple[str, str]] = []
     clash = sorted(set(stage.maxtext_overrides) & {*maxtext.MULTI_TIER_CHECKPOINT_KEYS, "mesh_axes"})
     if clash:
         issues.append(
             (
                 f"{where}.maxtext_overrides",
-                f"{', '.join(clash)} cannot be combined with emergency_checkpoint: MaxText's multi-tier checkpointing "
-                "writes its persistent tier through GKE's replicator to another bucket, not the stage's checkpoint "
-                "directory that verify and export read, and the plan sets mesh_axes so that the data axis comes first "
-                "(Orbax's replica axis); remove them from maxtext_overrides",
+                f"{', '.join(clash)} cannot be combined with emergency_checkpoint: the plan sets MaxText's local-tier "
+                "keys itself (Orbax's emergency manager with the data axis first in mesh_axes, Orbax's replica axis, "
+                "for 2 or more data-parallel replicas; multi-tier checkpointing with persistent checkpoints in the "
+                "stage's checkpoint directory, which verify and export read, for one); remove them from "
+                "maxtext_overrides",
             )
         )
     return issues

@@ -361,17 +361,22 @@ _RESERVED_MOUNTS = ("/", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib"
 
 
 class EmergencyCheckpointSpec(_Strict):
-    """Emergency (two-tier) checkpoints of a stage on GKE: MaxText's ``enable_emergency_checkpoint``.
+    """Emergency (two-tier) checkpoints of a stage on GKE: a local checkpoint every ``local_period`` steps in each
+    node's checkpoint ramdisk (GKE's multi-tier checkpointing CSI driver, ``multitier-checkpoint.csi.storage.gke.io``,
+    which keeps it across pod restarts; docs/gke-setup.md) beside the persistent ones, which go on every
+    ``checkpoint_period`` steps to the stage's checkpoint directory, where verify and export read them.
 
-    MaxText 0.2.5 (``maxtext/utils/train_utils.py``, ``create_checkpoint_manager``) then checkpoints through
-    Orbax's emergency ``CheckpointManager`` (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``):
-    the first data-parallel replica (slice 0) writes the persistent checkpoints to the stage's checkpoint
-    directory every ``checkpoint_period`` steps, unchanged; every other slice writes a local checkpoint every
-    ``local_period`` steps to ``local_directory``, an in-memory volume of the node that outlives the pod
-    (GKE's multi-tier checkpointing CSI driver, ``multitier-checkpoint.csi.storage.gke.io``; see
-    docs/gke-setup.md). On restart ``restore`` takes the newest step of either tier (``latest_step``) and
-    reads it from a slice that holds it locally, broadcasting it to the others, else from the persistent
-    tier (``CheckpointManager.restore``).
+    The plan picks MaxText's manager by the stage's shape (:func:`multislice.plan.emergency_checkpoint_args`): a
+    fixed-size stage with 2 or more data-parallel replicas uses ``enable_emergency_checkpoint``, Orbax's emergency
+    ``CheckpointManager`` (``orbax/checkpoint/experimental/emergency/checkpoint_manager.py``: the first replica
+    writes the persistent tier, the others the local one; a restart takes the newest step of either tier, from a
+    slice that holds it locally, broadcast to the others); an elastic stage, or one with one data-parallel replica
+    (FSDP over DCN), uses ``enable_multi_tier_checkpointing`` with the persistent tier added by the worker
+    (:mod:`multislice.trainer.tiered_checkpoint`: every host keeps its own shards; a restart on the same mesh whose
+    hosts kept them restores from the ramdisk, anything else from the persistent tier). Where the rest of the spec
+    rules the local tier out (the local backend, the Ray launcher, grain data, a ``local_period`` not under
+    ``checkpoint_period``: :func:`multislice.config.checks.emergency_checkpoint_blockers`) the plan leaves it out
+    and says why.
 
     Attributes:
         enabled: Whether the stage uses the two tiers (false keeps the settings but checkpoints as usual).
@@ -470,7 +475,7 @@ class Stage(_Strict):
     emergency_checkpoint: EmergencyCheckpointSpec | None = Field(
         default=None,
         description="GKE: frequent local checkpoints on each node's checkpoint ramdisk beside the persistent ones "
-        "(MaxText enable_emergency_checkpoint); None: persistent checkpoints only.",
+        "(MaxText's emergency or multi-tier checkpointing, by the stage's shape); None: persistent checkpoints only.",
     )
     goodput_recording: bool = Field(
         default=False,
@@ -571,19 +576,6 @@ class Stage(_Strict):
             raise ValueError(
                 f"eval_interval is {self.eval_interval} but the stage's data has no eval split; give one "
                 "(data.eval_files, data.eval_split, or data kind text, which holds one out) or set eval_interval: -1"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _emergency_periods(self) -> Stage:
-        emergency = self.emergency_checkpoint
-        if emergency is None or not emergency.enabled:
-            return self
-        if emergency.local_period >= self.checkpoint_period:
-            raise ValueError(
-                f"emergency_checkpoint.local_period ({emergency.local_period}) is not fewer steps than "
-                f"checkpoint_period ({self.checkpoint_period}): the local tier would never hold a step newer than the "
-                "persistent one; make local_period smaller (MaxText: 'much smaller than checkpoint_period')"
             )
         return self
 

@@ -195,8 +195,7 @@ def worker_command(plan: Plan, stage: StagePlan, hardware: Hardware) -> tuple[li
     if hardware == "cpu" and stage.local_checkpoint_directory:
         # No checkpoint ramdisk on CPU nodes (GKE's checkpointing CSI driver serves TPU node pools): the CPU variant
         # of an emergency-checkpoint stage checkpoints to the persistent tier only, as a stage without them does.
-        emergency = {*maxtext.EMERGENCY_CHECKPOINT_KEYS, "mesh_axes"}
-        maxtext_args = [arg for arg in maxtext_args if arg.split("=", 1)[0] not in emergency]
+        maxtext_args = [arg for arg in maxtext_args if arg.split("=", 1)[0] not in maxtext.LOCAL_TIER_KEYS]
     if hardware == "cpu":
         args += ["--emulate-slices", f"--distributed-timeout={timings_for(plan.spec).collectives_timeout:g}"]
         maxtext_args += ["hardware=cpu", f"num_slices={plan.spec.num_slices}"]

@@ -31,6 +31,9 @@ from typing import Any
 
 #: MaxText's key that selects the multi-tier manager (``maxtext/configs/base.yml``).
 MULTI_TIER_KEY = "enable_multi_tier_checkpointing"
+#: How the manager names itself in the line it prints on restoring, which the train report reads for the tier, as
+#: it reads Orbax's emergency manager's (:data:`multislice.metrics.TIER_LINE`).
+LOG_NAME = "tiered.CheckpointManager"
 
 
 def _persistent_options(interval: int) -> Any:
@@ -155,7 +158,10 @@ def manager_class() -> type:
                 if step is None:
                     raise FileNotFoundError(f"no checkpoint in {self.directory} or {self._persistent.directory}")
             if step == self._local_latest():
+                print(f"{LOG_NAME}: restoring step={step} from local checkpoint", flush=True)
                 return super().restore(step, args=args)
+            where = self._persistent.directory
+            print(f"{LOG_NAME}: restoring step={step} from persistent checkpoint in directory={where}", flush=True)
             return ocp.args.Composite(state=self._persistent.restore(step, args=args["state"]))
 
         def wait_until_finished(self) -> None:

@@ -264,8 +264,8 @@ def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unc
         "50",
     )
     assert args["mesh_axes"].startswith("[data,diloco,")  # Orbax's replica axis (the first) is the data axis
-    other = make_plan(spec).stages[1]  # the 70B stage without them
-    assert other.local_checkpoint_directory is None and not any("emergency" in a for a in other.maxtext_args)
+    other = make_plan(spec).stages[1]  # the 70B stage, one data-parallel replica: multi-tier, no emergency manager
+    assert other.local_checkpoint_directory == "/local" and not any("emergency" in a for a in other.maxtext_args)
     off = config.load_profile("gke-v6e-16x2-seed", emergency(**{"stages.0.emergency_checkpoint.enabled": False}))
     assert not any("emergency" in a for a in make_plan(off).stages[0].maxtext_args)
 
@@ -273,25 +273,93 @@ def test_emergency_checkpoints_plan_maxtexts_keys_with_the_persistent_period_unc
 @pytest.mark.parametrize(
     ("overrides", "field", "words"),
     [
-        ({"backend": "local", "output_dir": "/tmp/out"}, "stages[0] (llama3-8b).emergency_checkpoint", "local backend"),
-        ({"stages.0.launcher": "ray"}, "stages[0] (llama3-8b).emergency_checkpoint", "launcher jobset"),
-        ({"stages.0.elastic": {"min_slices": 1}}, "stages[0] (llama3-8b).emergency_checkpoint", "remove elastic"),
-        ({"stages.0.dcn": {"fsdp": 2, "data": 1}}, "stages[0] (llama3-8b).emergency_checkpoint", "2 data-parallel"),
         (
             {"stages.0.maxtext_overrides": {"enable_multi_tier_checkpointing": True}},
             "stages[0] (llama3-8b).maxtext_overrides",
-            "multi-tier",
+            "sets MaxText's local-tier keys itself",
         ),
         ({"stages.0.maxtext_overrides": {"local_checkpoint_period": 5}}, "maxtext_overrides", "stage's own fields"),
-        ({"stages.0.emergency_checkpoint.local_period": 50}, "stages[0] (llama3-8b)", "fewer steps than"),
         ({"stages.0.emergency_checkpoint.local_directory": "local"}, "local_directory", "absolute path"),
         ({"stages.0.emergency_checkpoint.local_directory": "/dev/shm"}, "local_directory", "hide the container"),
     ],
 )
-def test_emergency_checkpoints_refused_where_they_cannot_run(overrides, field, words):
+def test_emergency_checkpoint_settings_the_plan_cannot_use_are_refused(overrides, field, words):
     found = issues(emergency(**overrides), profile="gke-v6e-16x2-seed")
     assert any(f.endswith(field) or field in f for f, _ in found), found
     assert any(words in message for _, message in found), found
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"backend": "local", "output_dir": "/tmp/out"}, "the local backend has none (to have them: use backend gke)"),
+        ({"stages.0.launcher": "ray"}, "launcher jobset only"),
+        ({"stages.0.data": {"kind": "grain", "train_files": "gs://b/shard-*"}}, "not the grain data iterator"),
+        ({"stages.0.steps": 4}, "local_period (10) is not fewer steps than checkpoint_period (4"),
+    ],
+)
+def test_a_run_parameter_that_rules_the_local_tier_out_leaves_it_out_and_the_plan_says_why(overrides, words):
+    """Backend, launcher and data can be run parameters: a profile with emergency checkpoints still runs with any of
+    them, without the local tier, and the plan's note (printed by `multislice render`) says why."""
+    from multislice.plan import make_plan, restore_notes
+
+    plan = make_plan(config.load_profile("gke-v6e-16x2-seed", emergency(**overrides)))
+    stage = plan.stages[0]
+    assert stage.local_checkpoint_directory is None
+    assert not [a for a in stage.maxtext_args if a.startswith(("enable_emergency", "enable_multi_tier", "local_"))]
+    note = restore_notes(plan)[0]
+    assert "emergency_checkpoint is set but left out" in note and words in note, note
+
+
+def test_one_replica_and_elastic_stages_get_multi_tier_checkpoints_with_the_replicas_of_each_slice_count():
+    """FSDP over DCN (one data-parallel replica) and an elastic stage: MaxText's multi-tier checkpointing, which the
+    worker extends with the persistent tier (multislice.trainer.tiered_checkpoint); mtc_data_parallelism is each
+    slice count's replicas, and GKE's replicator never backs up on its own."""
+    from multislice.plan import MULTI_TIER_BACKUP_INTERVAL_MINUTES, make_plan
+
+    spec = config.load_profile(
+        "gke-v6e-16x2-seed",
+        {
+            "stages.0.emergency_checkpoint": {"local_period": 10},  # elastic, min_slices 1
+            "stages.1.emergency_checkpoint": {"local_period": 5},  # dcn fsdp 2, data 1
+        },
+    )
+    eight, seventy = make_plan(spec).stages
+
+    def keys(maxtext_args):
+        return {k: v for k, v in (a.split("=", 1) for a in maxtext_args) if "tier" in k or "local_" in k or "mtc" in k}
+
+    expected = {
+        "enable_multi_tier_checkpointing": "true",
+        "local_checkpoint_directory": "/local",
+        "local_checkpoint_period": "5",
+        "multi_tier_checkpointing_backup_interval_minutes": str(MULTI_TIER_BACKUP_INTERVAL_MINUTES),
+        "mtc_data_parallelism": "1",
+    }
+    assert keys(seventy.maxtext_args) == expected
+    assert not any(a.startswith(("enable_emergency_checkpoint=", "mesh_axes=")) for a in seventy.maxtext_args)
+    by_slices = {count.slices: keys(count.maxtext_args)["mtc_data_parallelism"] for count in eight.elastic}
+    assert by_slices == {2: "2", 1: "1"}
+    assert keys(eight.maxtext_args)["local_checkpoint_period"] == "10"
+
+
+def test_the_plan_says_what_each_stage_restores_from():
+    from multislice.plan import make_plan, restore_notes
+
+    on = config.load_profile(
+        "gke-v6e-16x2-seed",
+        {"stages.0.emergency_checkpoint": {"local_period": 10}, "stages.1.emergency_checkpoint": {"local_period": 5}},
+    )
+    eight, seventy = restore_notes(make_plan(on))
+    assert "every 10 steps" in eight and "its peer in another slice" in eight and "every 50 steps)" in eight
+    assert "every 5 steps" in seventy and "no peer holds a replaced node's shards" in seventy
+    off = config.load_profile("gke-v6e-16x2-seed", {"stages.0.emergency_checkpoint": None})
+    assert "would add a local tier" in restore_notes(make_plan(off))[0]
+    grain = config.load_profile(
+        "gke-v6e-16x2-seed",
+        {"stages.0.emergency_checkpoint": None, "stages.0.data": {"kind": "grain", "train_files": "gs://b/s-*"}},
+    )
+    assert "no emergency checkpoints: MaxText's emergency and multi-tier managers" in restore_notes(make_plan(grain))[0]
 
 
 def test_a_ray_stage_on_gke_needs_a_cpu_node_pool_for_its_head():

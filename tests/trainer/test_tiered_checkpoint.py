@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from multislice.metrics import parse_restore_line
 from tests.conftest import run_in_trainer
 
 SCRIPT = r"""
@@ -93,6 +94,11 @@ def test_local_tier_every_local_period_persistent_checkpoints_where_verify_reads
     assert (out["latest"], out["restored_local"]) == (7, 7.0)
     assert (out["latest_after_node_loss"], out["restored_persistent"]) == (7, 7.0)
     assert out["restored_older_persistent"] == 5.0
+    # The line the train report reads the tier from (multislice.metrics.TIER_LINE), once per restore.
+    tiers = [parse_restore_line(line) for line in done.stdout.splitlines()]
+    assert [t for t in tiers if t] == [
+        {"step": 7, "tier": "local"}, {"step": 7, "tier": "persistent"}, {"step": 5, "tier": "persistent"}
+    ]  # fmt: skip
 
 
 RESIZE = r"""

@@ -161,3 +161,31 @@ def test_every_tpu_workload_compiles_through_the_runs_cache_in_cloud_storage():
         assert ray_stage.launcher == "ray"
         rayjob = ray.render_rayjob(ray_plan, ray_stage, pipeline_run_id=RUN_ID)
         assert wanted in rayjob["spec"]["entrypoint"].split()
+
+
+def test_both_production_stages_render_multi_tier_checkpoints_that_validate_against_the_crds():
+    """gke-v6e-16x2: the elastic 8B and the DCN-FSDP 70B (one data-parallel replica) each get MaxText's multi-tier
+    checkpointing (multislice.plan.emergency_checkpoint_args says why not Orbax's emergency manager), the checkpoint
+    ramdisk in every TPU pod, and no local tier on CPU."""
+    plan = make_plan(config.load_profile("gke-v6e-16x2", {"run_name": "r1", "output_dir": "gs://bucket/runs"}))
+    expected = {"llama3-8b": ("10", "2"), "llama3-70b": ("5", "1")}
+    for stage in plan.stages:
+        obj = render_jobset.render_jobset(plan, stage, hardware="tpu", pipeline_run_id=RUN_ID)
+        assert manifests.object_problems(obj) == []  # JobSet v0.12.0's CRD and the pod checks
+        pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        assert {"name": "local-checkpoints", "csi": {"driver": "multitier-checkpoint.csi.storage.gke.io"}} in (
+            pod["volumes"]
+        )
+        assert {"name": "local-checkpoints", "mountPath": "/local"} in container["volumeMounts"]
+        args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
+        period, replicas = expected[stage.name]
+        assert (args["enable_multi_tier_checkpointing"], args["local_checkpoint_period"]) == ("true", period)
+        assert (args["mtc_data_parallelism"], args["checkpoint_period"]) == (replicas, "50")
+        assert "enable_emergency_checkpoint" not in args and "mesh_axes" not in args
+        cpu = render_jobset.render_jobset(plan, stage, hardware="cpu", pipeline_run_id=RUN_ID)
+        cpu_args = cpu["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert not [a for a in cpu_args if "multi_tier" in a or "local_checkpoint" in a or "mtc_" in a]
+    # The elastic stage on one slice: one replica, the same persistent layout (tiered_checkpoint's <step>/default).
+    [one] = [count for count in plan.stages[0].elastic if count.slices == 1]
+    assert "mtc_data_parallelism=1" in one.maxtext_args and "enable_multi_tier_checkpointing=true" in one.maxtext_args

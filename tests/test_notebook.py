@@ -6,9 +6,9 @@ with ``pip install --no-deps --target``; the kernel starts in a temporary
 directory with ``PYTHONPATH`` naming that target, so profiles, CRDs and lock
 files must come from the wheel. Two executions:
 
-- the fast one with ``MULTISLICE_TARGET=kfp,vertex``: KFP and Vertex AI are the
-  suite's fakes (tests/fakes.py, Vertex AI over REST) and Cloud Storage the
-  loopback one; the fakes play the cluster: each run moves PENDING -> RUNNING
+- the fast one with ``MULTISLICE_TARGET=kfp,vertex`` and ``MULTISLICE_PROFILE`` a GKE profile with a deployment's
+  values (the packaged one's placeholders are refused): KFP and Vertex AI are the suite's fakes (tests/fakes.py,
+  Vertex AI over REST) and Cloud Storage the loopback one; the fakes play the cluster: each run moves PENDING -> RUNNING
   -> SUCCEEDED over the notebook's polls, writing the stages' reports, metrics
   files and checkpoints as the pipeline does. The local and
   ``@multislice.remote`` sections are skipped.
@@ -16,6 +16,9 @@ files must come from the wheel. Two executions:
   local runs (``local_runs``: ``e2e`` and its twin ``e2e-twin``, through
   ``MULTISLICE_LOCAL_RUNS``, so nothing trains anew), and the
   ``@multislice.remote`` section (4 JAX processes of the trainer environment, twice).
+
+And one with the packaged profile, whose submit is refused: "Run All" stops there with the cause; run on past it,
+each later cell that needs the run skips with one line naming the failed cell.
 """
 
 import json
@@ -32,11 +35,14 @@ from nbclient import NotebookClient
 from multislice import metrics, storage
 from multislice.backends.local import trainer_env
 from multislice.reports import TrainReport, VerificationReport
+from tests import deployment
 from tests.conftest import ROOT
 from tests.fakes import FakeServer
 from tests.test_metrics import record
 
 NOTEBOOK = ROOT / "examples" / "rerun_from_notebook.ipynb"
+#: The GKE profile with a deployment's values in place of its placeholders, which submit refuses (tests/deployment.py).
+PROFILE = deployment.profile_file("gke-v6e-16x2")
 STAGES = ["llama3-8b", "llama3-70b"]
 
 
@@ -115,23 +121,32 @@ def wheel_site(tmp_path_factory, trainer_python):
     return site
 
 
-def execute(tmp_path, monkeypatch, site, env):
-    """Execute the notebook from ``site`` with ``env`` set; each code cell's text and its count of PNG images."""
+def execute(tmp_path, monkeypatch, site, env, allow_errors=False):
+    """Execute the notebook from ``site`` with ``env`` set; each code cell's text and its count of PNG images.
+
+    ``allow_errors``: run on past a cell that raises (as "Run All" with "continue on error" does), its error in its
+    text; else the first cell that raises ends the execution (``nbclient.exceptions.CellExecutionError``).
+    """
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("MULTISLICE_TRAINER_ENV", str(trainer_env()))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}},
+                   allow_errors=allow_errors).execute()  # fmt: skip
     cells = [c for c in notebook.cells if c.cell_type == "code"]
-    text = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in cells]
+    text = [
+        "".join(o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}" * (o.get("output_type") == "error")
+                for o in c.get("outputs", []))
+        for c in cells
+    ]  # fmt: skip
     images = [sum("image/png" in o.get("data", {}) for o in c.get("outputs", [])) for c in cells]
     return text, images
 
 
-def execute_on_fakes(tmp_path, monkeypatch, site):
+def execute_on_fakes(tmp_path, monkeypatch, site, profile=PROFILE, allow_errors=False):
     """The notebook with ``MULTISLICE_TARGET=kfp,vertex`` against the fakes; also what the fakes were sent."""
     with FakeServer() as fake:
         cluster = Cluster()
@@ -140,8 +155,8 @@ def execute_on_fakes(tmp_path, monkeypatch, site):
         text, images = execute(tmp_path, monkeypatch, site, {
             "MULTISLICE_TARGET": "kfp,vertex", "KF_PIPELINES_ENDPOINT": fake.url, "VERTEX_API_ENDPOINT": fake.url,
             "VERTEX_PROJECT": "team-project", "MULTISLICE_OUTPUT_DIR": "gs://bucket/runs",
-            "MULTISLICE_POLL_SECONDS": "0", "MULTISLICE_REMOTE_DEMO": "0",
-        })  # fmt: skip
+            "MULTISLICE_POLL_SECONDS": "0", "MULTISLICE_REMOTE_DEMO": "0", "MULTISLICE_PROFILE": profile,
+        }, allow_errors)  # fmt: skip
         runs = [r.body for r in fake.state.sent("POST", "/runs")]
         jobs = list(fake.state.vertex_jobs.values())
         terminated = fake.state.sent("POST", ":terminate")
@@ -152,7 +167,7 @@ def test_notebook_submits_follows_cancels_and_compares(tmp_path, monkeypatch, gc
     text, images, runs, jobs, terminated = execute_on_fakes(tmp_path, monkeypatch, wheel_site)
     site = wheel_site
     assert f"profiles from {site / 'multislice' / 'profiles'}" in text[0]  # no checkout: the packaged profiles
-    assert "targets: kfp, vertex | profile: gke-v6e-16x2" in text[0]
+    assert f"targets: kfp, vertex | profile: {PROFILE}" in text[0]
     a, b, c = runs
     params = a["runtime_config"]["parameters"]
     assert (params["stage1_steps"], params["stage2_per_device_batch_size"], params["max_restarts"]) == (300, 1.0, 6)
@@ -179,6 +194,25 @@ def test_notebook_submits_follows_cancels_and_compares(tmp_path, monkeypatch, gc
     assert "https://console.cloud.google.com/vertex-ai/locations/us-east5/pipelines/runs/" in text[10]
     assert "?project=team-project" in text[10] and re.search(r"run \S+: SUCCEEDED", text[10])
     assert text[11] == "" and text[12] == ""  # remote section skipped
+
+
+def test_a_failed_submit_cell_stops_the_notebook_or_each_later_cell_skips_with_one_line(
+    tmp_path, monkeypatch, gcs, wheel_site
+):
+    """Issue 44: after a failed submit cell, four results cells raised AttributeError on the missing run."""
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError) as raised:  # "Run All": it stops at the first failure, with its cause
+        execute_on_fakes(tmp_path / "stop", monkeypatch, wheel_site, profile="gke-v6e-16x2")
+    assert "cluster_project: 'your-project' is the profile's placeholder" in str(raised.value)
+    text, _, runs, jobs, _ = execute_on_fakes(tmp_path / "on", monkeypatch, wheel_site, profile="gke-v6e-16x2",
+                                              allow_errors=True)  # fmt: skip
+    assert runs == [] and jobs == []  # refused before anything was sent
+    assert text[4].startswith("ConfigError: invalid run spec") and "--set cluster_project=PROJECT_ID" in text[4]
+    skipped = "skipped: the cell 'if \"kfp\" in TARGETS:' failed: ConfigError: invalid run spec"
+    for index in (5, 6, 7, 8, 9):  # the second KFP run and the results cells: one line each, no error of their own
+        assert text[index].startswith(skipped) and text[index].count("\n") == 1, (index, text[index])
+    assert "AttributeError" not in "".join(text)
 
 
 @pytest.mark.e2e

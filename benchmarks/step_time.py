@@ -78,6 +78,21 @@ ROWS: dict[str, dict] = {
         "published": {"step_seconds": 3.443, "tflops_per_device": 413.433, "tokens_per_second_per_device": 7138.890},
         "source": RECIPES + "Llama3.1-8B-MaxText/v6e-8/README.md (llama3_1_8b_8192_no_collective_matmul)",
     },
+    "llama3.1-8b v6e-32": {
+        "tpu_type": "v6e-32", "num_slices": 1,
+        "maxtext_args": ["model_name=llama3.1-8b", "per_device_batch_size=3", "out_proj=offload", *LLAMA31_V6E],
+        "libtpu_flags": v6e_recipe_flags(),
+        "published": {"step_seconds": 3.495, "tflops_per_device": 407.225, "tokens_per_second_per_device": 7031.689},
+        "source": RECIPES + "Llama3.1-8B-MaxText/v6e-32/README.md:55 (llama3_1_8b_8192_no_collective_matmul)",
+    },
+    "mistral-7b v6e-8": {
+        "tpu_type": "v6e-8", "num_slices": 1,
+        # The 8B recipes' tuning (tpu-recipes-v0.1.2), per-device batch 6: mistral_7b of its README.
+        "maxtext_args": ["model_name=mistral-7b", "per_device_batch_size=6", "out_proj=offload", *LLAMA31_V6E],
+        "libtpu_flags": v6e_recipe_flags(),
+        "published": {"step_seconds": 6.320, "tflops_per_device": 431.981, "tokens_per_second_per_device": 7776.813},
+        "source": RECIPES + "Mistral-7B-MaxText/README.md:41,54-76 (mistral_7b)",
+    },
     "llama3.1-70b v6e-32": {
         "tpu_type": "v6e-32", "num_slices": 1,
         "maxtext_args": ["model_name=llama3.1-70b", "per_device_batch_size=2", "weight_dtype=bfloat16", *LLAMA31_V6E],
@@ -85,6 +100,23 @@ ROWS: dict[str, dict] = {
         "published": {"step_seconds": 17.790, "tflops_per_device": 443.385, "tokens_per_second_per_device": 920.965},
         "source": RECIPES
         + "Llama3.1-70B-MaxText/v6e-32/README.md (llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul)",
+    },
+    "llama3.1-405b 2 x v6e-256 (FSDP over DCN)": {
+        "tpu_type": "v6e-256", "num_slices": 2,
+        # The one published MaxText run found that shards weights over DCN (dcn_fsdp_parallelism 2).
+        "maxtext_args": [
+            "model_name=llama3.1-405b", "per_device_batch_size=1", "ici_fsdp_parallelism=256",
+            "dcn_fsdp_parallelism=2", "dcn_data_parallelism=1", "remat_policy=custom", "decoder_layer_input=offload",
+            "max_target_length=8192", "attention=flash", "use_iota_embed=true", "dataset_type=synthetic",
+            "sa_block_q=1024", "sa_block_q_dkv=2048", "sa_block_q_dq=2048",
+        ],
+        # DENSE_VMEM_LIMIT_FLAG only: CF_FOR_ALL_GATHER is refused by libtpu 0.0.52 on v6e and
+        # HOST_OFFLOAD_FLAGS schedule host transfers (moved in time; the roofline overlaps them anyway).
+        "libtpu_flags": {"xla_tpu_scoped_vmem_limit_kib": "98304"},
+        "published": {"step_seconds": 54.803, "tflops_per_device": 392.454, "tokens_per_second_per_device": 149.482},
+        "check_only": True,  # checks the DCN term: v6e's efficiency is not fitted on it
+        "source": RECIPES + "Llama3.1-405B-MaxText/README.md:41 (llama3_1_405b_8192_pure_fsdp_ici, 2 x v6e-256, "
+        "MaxText tpu-recipes-v0.1.2)",
     },
     "32B (global_parameter_scale 32) v5p-128": {
         "tpu_type": "v5p-128", "num_slices": 1,
@@ -113,7 +145,67 @@ ROWS: dict[str, dict] = {
         "published": {"tflops_per_device": 323.0},
         "source": V5P + "README.md and 64b.sh (64B model, 1x v5p-128: 323 TFLOP/s/chip, MFU 70.31%)",
     },
+    "32B (global_parameter_scale 32) 2 x v5p-128 (DCN data)": {
+        "tpu_type": "v5p-128", "num_slices": 2,
+        # 32b.sh as the 1-slice row, on 2 slices: MaxText's default DCN split (dcn_data_parallelism -1), so the
+        # gradients are all-reduced over DCN. A check row: its generation's efficiency is not fitted on it.
+        "maxtext_args": [
+            "per_device_batch_size=6", "remat_policy=minimal", "global_parameter_scale=32", "ici_fsdp_parallelism=-1",
+            "ici_tensor_parallelism=4", "max_target_length=2048", "use_iota_embed=true", "dataset_type=synthetic",
+            "attention=flash", "quantization=",
+        ],
+        "libtpu_flags": {},
+        "published": {"tflops_per_device": 319.0},
+        "check_only": True,
+        "source": V5P + "README.md:24 and 32b.sh (32B model, 2x v5p-128: 319 TFLOP/s/chip, MFU 69.43%)",
+    },
 }  # fmt: skip
+
+
+#: MaxText's v5p scripts on 1 and 2 slices (``README.md`` of ``V5P``, published TFLOP/s/chip; the 2-slice runs use
+#: MaxText's default DCN data parallelism): (model, TPU type, global_parameter_scale, per-device batch, TFLOP/s/chip
+#: on 1 slice, on 2 slices, README line of the 2-slice row). Same per-device batch, so the same per-chip program
+#: plus one gradient all-reduce over DCN: the roofline estimates both the same unless DCN bounds the step.
+V5P_SLICE_PAIRS = [
+    ("32B", "v5p-128", 32, 6, 328, 319, 24), ("64B", "v5p-128", 64, 3, 323, 309, 30),
+    ("128B", "v5p-256", 128, 1, 315, 305, 36), ("128B", "v5p-512", 128, 1, 316, 274, 38),
+    ("256B", "v5p-1024", 256, 1, 308, 289, 44), ("512B", "v5p-1024", 512, 2, 294, 282, 50),
+    ("1024B", "v5p-2048", 1024, 2, 254, 237, 56), ("1024B", "v5p-4096", 1024, 2, 297, 279, 58),
+]  # fmt: skip
+
+
+def slice_pairs_table() -> str:
+    """The v5p 1- and 2-slice pairs: the published slowdown beside the DCN term of the gradient all-reduce.
+
+    Not compiled: the DCN bytes are the float32 gradient shard each chip all-reduces across 2 slices (a ring
+    over 2 moves the whole shard: 4 bytes x parameters / chips per slice), at v5p's 50 Gbps per chip
+    (:data:`multislice.preflight.step_time.PEAKS`); the 1-slice step is model FLOPs (6 x parameters x tokens plus
+    causal attention) over the published rate. The estimate's error on the 2-slice run, relative to its error on
+    the 1-slice run, is ``rate_2 / rate_1 - 1``: the roofline hides a DCN term under compute.
+    """
+    from multislice import memory
+
+    peaks = step_time.PEAKS["v5p"]
+    lines = [
+        "| model | 2 x | 1-slice TFLOP/s/chip | 2-slice | published slowdown | DCN GB/chip/step | DCN s (of the "
+        "1-slice step) | estimate on 2 slices vs 1 | source |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, tpu_type, scale, batch, one, two, line_no in V5P_SLICE_PAIRS:
+        base, rem = divmod(scale.bit_length() - 1, 3)
+        heads, emb = base + int(rem > 0), base + int(rem > 1)
+        dims = memory.ModelDims(2048 << emb, 16 << heads, 16 << heads, 16 << base, 7168 << heads, 128, 32000)
+        chips = tpu.parse_tpu_type(tpu_type).chips
+        tokens = batch * 2048
+        flops = 6 * dims.parameters * tokens + 6 * dims.num_decoder_layers * dims.emb_dim * 2048 * tokens
+        step = flops / (one * 1e12)
+        dcn = 4 * dims.parameters / chips
+        seconds = dcn / peaks.dcn_bytes_per_second
+        lines.append(
+            f"| {model} | {tpu_type} | {one} | {two} | {one / two - 1:+.1%} | {dcn / 1e9:.2f} | "
+            f"{seconds:.2f} ({seconds / step:.1%}) | {two / one - 1:+.1%} | {V5P}README.md:{line_no} |"
+        )
+    return "\n".join(lines)
 
 
 def machine() -> dict:
@@ -129,7 +221,7 @@ def run_row(name: str, row: dict, session: AotSession) -> dict:
         "maxtext_args": row["maxtext_args"], "libtpu_flags": row["libtpu_flags"],
     }  # fmt: skip
     started = time.monotonic()
-    result = session.compile(request, timeout=1800)
+    result = session.compile(request, timeout=2700)
     out = {"name": name, "source": row["source"], "published": row["published"], "verdict": result.get("verdict"),
            "compile_seconds": result.get("compile_seconds"), "cached": result.get("cached"),
            "wall_seconds": round(time.monotonic() - started, 1)}  # fmt: skip
@@ -205,13 +297,20 @@ def generation(name: str) -> str:
     return tpu.parse_tpu_type(ROWS[name]["tpu_type"]).generation.name
 
 
+def check_only(name: str) -> bool:
+    """Whether a row only checks the fit (a multislice row: the DCN term) and is never fitted on."""
+    return bool(ROWS[name].get("check_only"))
+
+
 def finish(rows: list[dict], before: dict) -> dict:
     """Fit the efficiency per generation (and over all rows), add each row's errors, write the results file.
 
     A row's estimate uses its generation's efficiency; its leave-one-out error refits that efficiency
-    without the row (none for a generation of one row).
+    without the row (none for a generation of one row). Check rows (:func:`check_only`) are fitted on
+    nowhere: their estimate and leave-one-out error both use the efficiency of the fitted rows.
     """
-    good = [r for r in rows if "ratio" in r]
+    good = [r for r in rows if "ratio" in r and not check_only(r["name"])]
+    checks = [r for r in rows if "ratio" in r and check_only(r["name"])]
     by_generation: dict[str, list[dict]] = {}
     for row in good:
         by_generation.setdefault(generation(row["name"]), []).append(row)
@@ -226,9 +325,24 @@ def finish(rows: list[dict], before: dict) -> dict:
             row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
             row["error"] = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
             row["leave_one_out_error"] = None if loo is None else round(loo, 4)
+        for row in members:
+            row["role"] = "fitted"
         known = [abs(e) for e in errors if e is not None]
         fits[name] = {"efficiency": round(efficiency, 4), "rows": len(members),
                       "max_abs_leave_one_out_error": round(max(known), 4) if known else None}  # fmt: skip
+    for row in checks:
+        name = generation(row["name"])
+        row["generation"], row["role"] = name, "check"
+        if name not in fits:
+            continue
+        efficiency = fits[name]["efficiency"]
+        row["efficiency"] = efficiency
+        row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
+        error = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
+        row["error"] = row["leave_one_out_error"] = error
+        known_checks = [abs(r["error"]) for r in checks if r.get("generation") == name and "estimate_seconds" in r]
+        fits[name]["check_rows"] = len(known_checks)
+        fits[name]["max_abs_check_error"] = round(max(known_checks), 4)
     ratios = [r["ratio"] for r in good]
     overall = step_time.fit(ratios) if ratios else None
     everywhere = step_time.leave_one_out(ratios) if len(ratios) > 1 else []
@@ -247,16 +361,21 @@ def finish(rows: list[dict], before: dict) -> dict:
 def table(data: dict) -> str:
     """The README's Markdown table of a results file."""
     lines = [
-        "| published run | published s/step | roofline s (bound) | no-overlap s | estimate s (efficiency) | error | "
-        "leave-one-out error | compile s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| published run | role | published s/step | roofline s (bound) | DCN s | no-overlap s | "
+        "estimate s (efficiency) | error | leave-one-out error | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         if "ratio" not in r:
-            lines.append(f"| {r['name']} | | no estimate: {str(r.get('error'))[:120]} | | | | | |")
+            lines.append(f"| {r['name']} | | | no estimate: {str(r.get('error'))[:120]} | | | | | | |")
+            continue
+        if "estimate_seconds" not in r:  # a check row of a generation with no fitted row
+            lines.append(f"| {r['name']} | {r.get('role')} | {r['published_step_seconds']:.3f} | no fit for "
+                         f"{r.get('generation')} | | | | | | |")  # fmt: skip
             continue
         lines.append(
-            f"| {r['name']} | {r['published_step_seconds']:.3f} | {r['roofline_seconds']:.3f} ({r['bound']}) | "
+            f"| {r['name']} | {r.get('role', 'fitted')} | {r['published_step_seconds']:.3f} | "
+            f"{r['roofline_seconds']:.3f} ({r['bound']}) | {r['terms_seconds']['dcn']:.3f} | "
             f"{r['no_overlap_seconds']:.3f} | {r['estimate_seconds']:.3f} ({r['efficiency']:.3f}) | "
             f"{r['error']:+.1%} | "
             + ("n/a" if r["leave_one_out_error"] is None else f"{r['leave_one_out_error']:+.1%}")
@@ -290,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     if options.refit:
         kept = json.loads(RESULTS.read_text())
         print(table(finish(kept["rows"], kept["machine"]["before"])))
+        print("\n" + slice_pairs_table())
         return 0
     if options.table:
         print(table(json.loads(RESULTS.read_text())))
+        print("\n" + slice_pairs_table())
         return 0
     cache = options.cache_dir or tempfile.mkdtemp(prefix="step-time-cache-")
     HLO_DIR.mkdir(parents=True, exist_ok=True)
@@ -308,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             keys = ("name", "verdict", "bound", "terms_seconds", "published_step_seconds", "error")
             print(json.dumps({k: rows[-1].get(k) for k in keys}), flush=True)
     print(table(data))
+    print("\n" + slice_pairs_table())
     return 0
 
 

@@ -14,7 +14,8 @@ from multislice.delivery.submission import add_target_arguments
 DEPLOYMENT_SETS = (
     "--set output_dir=gs://my-bucket/runs --set cluster_project=my-project --set cluster_name=my-cluster \\\n"
     "    --set trainer_image=us-east5-docker.pkg.dev/my-project/multislice/multislice-trainer:0.1.0-3f2a9c1d0b7e \\\n"
-    "    --set images.pipeline=us-east5-docker.pkg.dev/my-project/multislice/multislice-pipeline:0.1.0-3f2a9c1d0b7e \\\n"
+    "    --set images.pipeline=us-east5-docker.pkg.dev/my-project/multislice/"
+    "multislice-pipeline:0.1.0-3f2a9c1d0b7e \\\n"
     "    --set service_accounts.trainer_gcp_service_account=multislice-trainer@my-project.iam.gserviceaccount.com"
 )
 #: Examples at the end of ``--help`` (:func:`multislice.cli.app.build_parser`).

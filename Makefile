@@ -139,6 +139,7 @@ lock: | $(UV)
 # `make compile`) then writes into the pipeline by digest. Without a Docker engine: make images-cloud.
 images:
 	@command -v docker >/dev/null || { echo "error: make images needs docker with buildx (https://docs.docker.com/build/); none found; without Docker use: make images-cloud PROJECT=... REPO=LOCATION-docker.pkg.dev/PROJECT/REPO" >&2; exit 1; }
+	@docker buildx version >/dev/null 2>&1 || { echo "error: make images needs docker's buildx plugin (https://docs.docker.com/build/), and $$(command -v docker) has none (\`docker buildx version\` fails); install it (e.g. the docker-buildx-plugin package), or without it use: make images-cloud PROJECT=... REPO=LOCATION-docker.pkg.dev/PROJECT/REPO" >&2; exit 1; }
 	@mkdir -p build/images
 	@for image in pipeline trainer; do \
 	  docker buildx build -f containers/$$image/Dockerfile -t $(IMAGE_REPO)/multislice-$$image:$(IMAGE_TAG) \

@@ -161,6 +161,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise config.ConfigError([("--model", "; ".join(messages) or str(error))]) from None
     if args.seq is not None:
         updates["max_target_length"] = args.seq
+    # The planner compiles; it exports nothing: a stage's export (checked against its model) is not planned, and
+    # with --model another model's export check would refuse the search (docs/preflight.md's 405B example).
+    updates["export"] = None
+    # Where the stage is in the profile: the single-stage spec below numbers it 0, the profile may not.
+    where = next((f"stages[{i}]" for i, s in enumerate(spec.stages) if s.name == stage.name), None) or next(
+        (f"example_stages[{i}]" for i, s in enumerate(spec.example_stages) if s.name == stage.name), "stages[0]"
+    )
     stage = stage.model_copy(update=updates)
     spec = spec.model_copy(
         update={k: v for k, v in (("tpu_type", args.tpu_type), ("num_slices", args.num_slices)) if v is not None}
@@ -175,7 +182,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         options = {"tpu_type": "--tpu-type", "num_slices": "--num-slices", "max_target_length": "--seq",
                    "model": "--model"}  # fmt: skip
         raise config.ConfigError(
-            [(next((o for f, o in options.items() if f in field), field), message) for field, message in error.issues]
+            [
+                (next((o for f, o in options.items() if f in field), field.replace("stages[0]", where, 1)), message)
+                for field, message in error.issues
+            ]
         ) from None
     stage = spec.stages[0]
     cache = args.cache_dir or spec.preflight.cache_dir or user_cache_dir()

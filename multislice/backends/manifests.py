@@ -55,7 +55,9 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
     DRANET claim templates (``resourceclaimtemplate-<name>.yaml``, with additional node networks) and the local
     backend's driver JobSet (``jobset-<stage>.cpu.yaml``).
     For backend ``gke``, a stage with ``export`` also has its export Job (``job-<stage>-export.yaml``,
-    :func:`multislice.backends.gke.exporter.render_job`).
+    :func:`multislice.backends.gke.exporter.render_job`), and a stage of ``text`` data the Job of prepare_data's
+    shard workers (``job-<stage>-data.yaml``, a placeholder: :func:`multislice.backends.gke.data_workers.
+    placeholder_job`).
 
     Raises:
         multislice.render.schema.ManifestInvalid: an object fails validation (a renderer bug).
@@ -77,7 +79,7 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
         out[f"kueue-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
     out.update(workloads)
     if plan.spec.backend == "gke":
-        from multislice.backends.gke import exporter, lease  # the kubernetes client: only for a gke plan
+        from multislice.backends.gke import data_workers, exporter, lease  # the kubernetes client: gke only
 
         for obj in rbac.render_rbac_objects(plan):
             out[f"rbac-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"] = obj
@@ -90,6 +92,8 @@ def render_all(plan: Plan, pipeline_run_id: str) -> dict[str, dict[str, Any]]:
         for stage in plan.stages:
             if stage.export:
                 out[f"job-{stage.name}-export.yaml"] = exporter.render_job(plan, stage, pipeline_run_id)
+            if (workers := data_workers.placeholder_job(plan, stage, pipeline_run_id)) is not None:
+                out[f"job-{stage.name}-data.yaml"] = workers
     for name, obj in out.items():
         found = [] if name in workloads else object_problems(obj)
         if found:

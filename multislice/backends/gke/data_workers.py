@@ -29,6 +29,7 @@ from multislice import names
 from multislice.backends.base import DataWorkersFailed, Tell, WorkerExit
 from multislice.backends.gke import jobs
 from multislice.backends.gke.client import Kube
+from multislice.config.data import TextData
 from multislice.plan import Plan, StagePlan
 from multislice.render.trainer_job import render_trainer_job
 from multislice.trainer import prepare_shards
@@ -65,6 +66,39 @@ def render_job(plan: Plan, stage: StagePlan, request: dict[str, Any], pipeline_r
         completionMode="Indexed", completions=count, parallelism=min(parallelism, count),
         backoffLimitPerIndex=1, maxFailedIndexes=0,
     )  # fmt: skip
+    return job
+
+
+#: The fingerprint of the Job ``multislice render`` shows (a dry run lists no source): the run's hashes the
+#: sources it lists (:func:`multislice.trainer.prepare_shards.fingerprint_of`), which names its Job and parts.
+PLACEHOLDER_FINGERPRINT = "0" * 64
+#: The annotation saying which of a rendered Job's values the run sets (no run reads it).
+PLACEHOLDER_ANNOTATION = "multislice-pipelines/placeholder"
+
+
+def placeholder_job(plan: Plan, stage: StagePlan, pipeline_run_id: str) -> dict[str, Any] | None:
+    """The shard workers' Job prepare_data creates for a ``text`` stage on GKE, as ``multislice render`` shows it
+    (None for a stage with other data): :func:`render_job` of the request
+    :func:`multislice.trainer.prepare_shards.work_request` makes, with what only the run knows put in. The run
+    lists the sources first; here the fingerprint is :data:`PLACEHOLDER_FINGERPRINT` (the Job's name and the
+    parts directory carry it) and ``completions`` is ``data.workers`` (the run's is at most that: one range per
+    source file when there are fewer). :data:`PLACEHOLDER_ANNOTATION` says so on the object.
+    """
+    spec = plan.spec.stage(stage.name)
+    data = spec.data
+    if not isinstance(data, TextData) or stage.data_dir is None:
+        return None
+    fingerprint = PLACEHOLDER_FINGERPRINT
+    request = {
+        "data": data.model_dump(mode="json"), "tokenizer": spec.tokenizer.model_dump(mode="json"),
+        "max_target_length": spec.max_target_length, "out_dir": stage.data_dir,
+        "parts_dir": f"{stage.data_dir}.parts-{fingerprint[:16]}", "fingerprint": fingerprint, "workers": data.workers,
+    }  # fmt: skip
+    job = render_job(plan, stage, request, pipeline_run_id)
+    job["metadata"]["annotations"] = {
+        PLACEHOLDER_ANNOTATION: "rendered without listing data.files: at run time the name's and parts_dir's "
+        f"{fingerprint[:6]}... is the sources' fingerprint and completions is min(data.workers, source files)"
+    }
     return job
 
 

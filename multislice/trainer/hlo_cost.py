@@ -68,7 +68,9 @@ _BRANCHES = re.compile(r"(?:branch_computations|called_computations)=\{(?P<names
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
 _GROUPS_LIST = re.compile(r"replica_groups=\{(?P<body>(?:\{[0-9, ]*\},?\s*)*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(?P<shape>[0-9,]+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?")
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<body>[^=]*?)\}(?:,|$)")
+#: A collective-permute's pairs, ``source_target_pairs={{0,3},{1,0},...}``: the body is every ``{a,b}`` up to the
+#: closing brace (a lazy match up to the first ``},`` would stop after the first pair's ``{0,3``).
+_PAIRS = re.compile(r"source_target_pairs=\{(?P<body>(?:\{\d+,\d+\},?)*)\}")
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="(?P<kind>[A-Z_]+)"')
 
 #: Collective opcodes (the ``-start`` forms are XLA's async versions; their ``-done`` halves are not counted).

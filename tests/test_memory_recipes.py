@@ -166,6 +166,27 @@ def test_the_lower_bound_holds_on_the_step_time_benchmarks_compiles(compile_):
     assert found.low_bytes <= aot <= found.high_bytes  # within the fitted band, as the preflight compiles
 
 
+#: The step-time benchmark's compiles that did not fit here (XLA's required bytes in the row's ``error``): Llama 3.1
+#: 8B and Mistral 7B on v6e-8 as their recipes configure them. Both ran as published (older MaxText, full flags);
+#: with MaxText 0.2.5 and libtpu 0.0.52 they need 35.35 and 44.41 GB per chip. Lower bound only: the estimate
+#: follows the published runs (Mistral 7B: 20.1 GiB; what MaxText 0.2.5's ``mistral`` block holds beyond that is
+#: not known here).
+NOT_FITTING_COMPILES = [
+    ("llama3.1-8b v6e-8", "v6e-8", next(r[3] for r in RECIPES if r[0] == "Llama 3.1 8B v6e-8")),
+    ("mistral-7b v6e-8", "v6e-8", next(r[3] for r in RECIPES if r[0] == "Mistral 7B v6e-8")),
+]
+
+
+@pytest.mark.parametrize("compile_", NOT_FITTING_COMPILES, ids=[c[0] for c in NOT_FITTING_COMPILES])
+def test_the_lower_bound_holds_on_the_step_time_compiles_that_did_not_fit(compile_):
+    name, tpu_type, args = compile_
+    rows = {r["name"]: r for r in json.loads((ROOT / "benchmarks/results/step_time.json").read_text())["rows"]}
+    required = rows[name]["error"]["required_bytes"]
+    found = estimate_of(tpu_type, 1, args)
+    assert found.lower_bound_bytes <= required
+    assert required > tpu.parse_tpu_type(tpu_type).usable_hbm_bytes_per_chip
+
+
 def test_the_lower_bound_holds_on_every_recorded_compile():
     recorded = json.loads((DATA / "aot_recorded.json").read_text())["results"]
     checked = 0

@@ -12,6 +12,7 @@ The clock and the stop event are parameters, so a test drives the beats without 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,7 @@ class Heartbeat:
                 self._last = self._clock()
                 self.beats += 1
                 self._tell(self.line())
+                sys.stdout.flush()  # a tell that prints (print's default) reaches a pipe now, not at exit
 
     def start(self) -> None:
         """Start beating (from a daemon thread)."""

@@ -227,7 +227,7 @@ class Knobs:
             parameter_offload=flag("parameter_memory_host_offload"),
             weight_dtype=str(overrides.get("weight_dtype", "float32")),
             custom_remat={k: str(overrides[k]) for k in CUSTOM_REMAT_DEFAULTS if k in overrides},
-            vocab_tiling=int(overrides.get("num_vocab_tiling", 1)),
+            vocab_tiling=int(str(overrides.get("num_vocab_tiling", 1))),
         )
 
 

@@ -143,7 +143,9 @@ def test_every_published_row_is_within_25_percent_leave_one_out_and_a_dcn_fsdp_r
     from benchmarks import step_time as bench  # the benchmark's rows, for this test only
 
     results = json.loads((ROOT / "benchmarks" / "results" / "step_time.json").read_text())
-    estimated = [r for r in results["rows"] if "estimate_seconds" in r]
+    excluded = [r for r in results["rows"] if r.get("role", "").startswith("excluded")]
+    assert all(r["ratio"] > 1 for r in excluded)  # only a roofline above its published step is left out
+    estimated = [r for r in results["rows"] if "estimate_seconds" in r and r not in excluded]
     assert estimated and all(abs(r["leave_one_out_error"]) <= 0.25 for r in estimated), [
         (r["name"], r["leave_one_out_error"]) for r in estimated
     ]

@@ -117,8 +117,8 @@ def test_env_install_runs_uv_as_make_env_does_and_streams_its_output(tmp_path, f
         f"$ {uv} pip sync --compile-bytecode --python {envs / 'trainer/bin/python'} {locks / 'trainer.txt'}"
     )
     assert told[sync + 1 : sync + 5] == [
-        "uv pip sync of trainer.txt (downloads to uv's cache, then installs): 10 s so far; 0 of 3 packages in "
-        f"{envs / 'trainer/lib/python3.12/site-packages'}",
+        "uv pip sync of trainer.txt (downloads to uv's cache, then installs): 10 s so far; "
+        f"0 of 3 packages installed in {envs / 'trainer/lib/python3.12/site-packages'}",
         "  Resolved 3 packages in 1ms",
         "  Prepared 3 packages in 2.1s",
         "  Installed 3 packages in 5ms",

@@ -228,7 +228,9 @@ def install_trainer_env(
     pins = _lock_pins(trainer_lock)
 
     def installed() -> str:
-        return f"{_count_dists(site)} of {pins} packages in {site}"
+        done = _count_dists(site)
+        phase = "; uv compiles their bytecode (--compile-bytecode, as make env)" if done >= pins else ""
+        return f"{done} of {pins} packages installed in {site}{phase}"
 
     def step(argv: list[str], what: str, detail: Callable[[], str] | None = None) -> None:
         run_streamed(argv, what, tell, every=every, detail=detail, beats=beats)

@@ -355,9 +355,11 @@ def finish(rows: list[dict], before: dict) -> dict:
         row["estimate_seconds"] = round(row["roofline_seconds"] / efficiency, 4)
         error = round(row["estimate_seconds"] / row["published_step_seconds"] - 1, 4)
         row["error"] = row["leave_one_out_error"] = error
-        known_checks = [abs(r["error"]) for r in checks if r.get("generation") == name and "estimate_seconds" in r]
+        known_checks = [
+            abs(r["error"]) for r in checks if r.get("generation") == name and r["role"] == "check" and "error" in r
+        ]
         fits[name]["check_rows"] = len(known_checks)
-        fits[name]["max_abs_check_error"] = round(max(known_checks), 4)
+        fits[name]["max_abs_check_error"] = round(max(known_checks), 4) if known_checks else None
     ratios = [r["ratio"] for r in good]
     overall = step_time.fit(ratios) if ratios else None
     everywhere = step_time.leave_one_out(ratios) if len(ratios) > 1 else []

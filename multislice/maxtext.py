@@ -25,7 +25,7 @@ MAXTEXT_VERSION = "0.2.5"
 #: Module whose ``main`` trains (``maxtext/trainers/pre_train/train.py``).
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 #: Our module every training pod runs (``python -m``; :mod:`multislice.trainer.worker`, trainer image): named here for
-#: the layers that start it without importing the trainer's code (render, the local backend's spares).
+#: the layers that start it without importing the trainer's code (render, the local backend).
 WORKER_MODULE = "multislice.trainer.worker"
 
 #: ``ModelName`` in ``maxtext/configs/types.py``: values of ``model_name``.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from multislice.plan import Plan
-from multislice.render import kueue, launchers, rbac, schema
+from multislice.render import in_place, kueue, launchers, rbac, schema
 from multislice.render.manifests import object_problems, to_yaml
 
 #: Where the node pool plan goes, relative to the output directory.
@@ -136,3 +136,21 @@ def write_manifests(plan: Plan, directory: Path, pipeline_run_id: str) -> list[P
         path.write_text(text, encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def in_place_note(plan: Plan) -> str:
+    """How the rendered TPU JobSets restart, and what provision does about it (:mod:`multislice.render.in_place`,
+    :mod:`multislice.backends.gke.in_place`)."""
+    if in_place.requested(plan, "tpu") == in_place.RECREATE:
+        return "TPU JobSets restart with restartStrategy Recreate (restart_strategy: recreate): every pod recreated"
+    fallback = (
+        "provision checks the cluster with dry runs and falls back to Recreate, saying why, where JobSet's "
+        "InPlaceRestart gate or Kubernetes 1.35's RestartAllContainers gates are off"
+        if plan.spec.restart_strategy == "auto"
+        else "provision refuses a cluster without JobSet's InPlaceRestart gate or Kubernetes 1.35's "
+        "RestartAllContainers gates (restart_strategy: in_place)"
+    )
+    return (
+        "TPU JobSets restart with restartStrategy InPlaceRestart (pods stay on their nodes, containers restart; "
+        f"agent image {plan.spec.images.in_place_restart_agent}); {fallback}; see docs/gke-setup.md"
+    )

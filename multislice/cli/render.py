@@ -51,7 +51,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         plan_file = Path(args.output) / manifests.NODE_POOL_PLAN
         print(f"node pools provision would create (GKE API requests, not sent): {plan_file}")
         from multislice.backends.gke import nodepool  # the GKE clients (2-3 s): only for a gke profile
-        print(in_place_note(plan))
+
+        print(manifests.in_place_note(plan))
 
         accounts = plan.spec.service_accounts
         writer = (
@@ -65,23 +66,3 @@ def cmd_render(args: argparse.Namespace) -> int:
         for line in nodepool.iam_bindings(plan):
             print(f"  {line}")
     return 0
-
-
-def in_place_note(plan: Any) -> str:
-    """How the rendered TPU JobSets restart, and what provision does about it (:mod:`multislice.render.in_place`,
-    :mod:`multislice.backends.gke.in_place`)."""
-    from multislice.render import in_place
-
-    if in_place.requested(plan, "tpu") == in_place.RECREATE:
-        return "TPU JobSets restart with restartStrategy Recreate (restart_strategy: recreate): every pod recreated"
-    fallback = (
-        "provision checks the cluster with dry runs and falls back to Recreate, saying why, where JobSet's "
-        "InPlaceRestart gate or Kubernetes 1.35's RestartAllContainers gates are off"
-        if plan.spec.restart_strategy == "auto"
-        else "provision refuses a cluster without JobSet's InPlaceRestart gate or Kubernetes 1.35's "
-        "RestartAllContainers gates (restart_strategy: in_place)"
-    )
-    return (
-        "TPU JobSets restart with restartStrategy InPlaceRestart (pods stay on their nodes, containers restart; "
-        f"agent image {plan.spec.images.in_place_restart_agent}); {fallback}; see docs/gke-setup.md"
-    )

@@ -108,6 +108,7 @@ def test_compile_without_built_images_warns_naming_the_images_and_the_fix(tmp_pa
     assert "make images PUSH=1" in err and "--base-image" in err and "--set images.trainer=" in err
     repo = "us-east5-docker.pkg.dev/my-proj/ml"
     pushed = ["--base-image", f"{repo}/multislice-pipeline:0.1.0-abc", "--set",
-              f"images.trainer={repo}/multislice-trainer:0.1.0-abc"]  # fmt: skip
+              f"images.trainer={repo}/multislice-trainer:0.1.0-abc", "--set",
+              f"images.in_place_restart_agent={repo}/in-place-restart-agent:v0.12.0"]  # fmt: skip
     assert app.main([*args, str(tmp_path / "q.yaml"), *pushed]) == 0
     assert "warning" not in capsys.readouterr().err

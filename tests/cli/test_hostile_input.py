@@ -584,8 +584,9 @@ def test_a_site_packages_corpus_is_refused_on_gke_before_anything(tmp_path):
 
 def test_a_schedule_checks_the_run_name_with_each_run_suffix():
     from multislice.delivery import schedule
+    from tests import deployment
 
-    gke = config.read_profile("gke-v6e-16x2-seed")
+    gke = config.apply_overrides(config.read_profile("gke-v6e-16x2-seed"), deployment.VALUES)
     longest = names.max_jobset_name_length(2, 4) - max(len(s["name"]) for s in gke["stages"]) - 1
     fits_alone = "r" * (longest - 3)  # fits without the suffix, not with "-" + 8 characters
     config.load_spec(gke, {"run_name": fits_alone})

@@ -4,9 +4,11 @@ Times, in turn: the Makefile's ``.venvs/trainer`` recipe (``uv venv``, ``uv pip 
 requirements/trainer.txt``, the editable install) into ``DIR/make/trainer``, and ``multislice env install
 DIR/cli`` (the trainer and loader-hf4 venvs), recording the load average before and after each and the longest
 gap between two lines of the CLI's output. uv's cache (``uv cache dir``) is never cleaned: with the cache warm
-(a machine that ran ``make env``) nothing is downloaded. DIR is removed at the end.
+(a machine that ran ``make env``) nothing is downloaded. With ``--empty-cache`` each of the two gets a new, empty
+uv cache of its own under DIR (``UV_CACHE_DIR``): everything is downloaded, as on a fresh machine, and the shared
+cache is left alone. DIR is removed at the end.
 
-    .venvs/pipeline/bin/python -m benchmarks.env_install --dir /tmp/env-bench
+    .venvs/pipeline/bin/python -m benchmarks.env_install --dir /tmp/env-bench [--empty-cache]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--cli-first", action="store_true", help="time `multislice env install` first")
+    parser.add_argument("--empty-cache", action="store_true", help="each run downloads into an empty uv cache")
     args = parser.parse_args()
     base = args.dir.resolve()
     if base.exists():
@@ -57,7 +60,10 @@ def main() -> None:
     make_env = base / "make" / "trainer"
     results = {"uv_cache": subprocess.run([str(UV), "cache", "dir"], capture_output=True, text=True).stdout.strip()}
     try:
-        venv_env = {**os.environ, "VIRTUAL_ENV": str(make_env)}
+        caches = {name: {"UV_CACHE_DIR": str(base / "cache" / name)} if args.empty_cache else {}
+                  for name in ("make", "cli")}  # fmt: skip
+        results["empty_cache"] = args.empty_cache
+        venv_env = {**os.environ, "VIRTUAL_ENV": str(make_env), **caches["make"]}
         uv, cli = str(UV), str(Path(sys.executable).parent / "multislice")
         runs = {
             "make_env_trainer": lambda: timed([
@@ -66,7 +72,7 @@ def main() -> None:
                 [uv, "pip", "install", "--quiet", "--no-deps", "-e", str(ROOT)],
             ], venv_env),
             "multislice_env_install": lambda: timed([[cli, "env", "install", str(base / "cli"), "--python",
-                                                      args.python]]),
+                                                      args.python]], {**os.environ, **caches["cli"]}),
         }  # fmt: skip
         for name in sorted(runs, reverse=args.cli_first):
             print(f"{name}:", flush=True)

@@ -9,6 +9,9 @@ import re
 import threading
 import time
 
+from multislice.backends.gke import GkeBackend
+from multislice.steps import admit
+
 RUN_ID = "run-1111"
 POOLS = ["tpu-pool-0", "tpu-pool-1"]
 
@@ -117,3 +120,15 @@ class Background:
 def stage_of(plan):
     """The plan's first stage, the one every scenario runs."""
     return plan.stages[0]
+
+
+def admitted(play, plan, kube):
+    """``admit`` of the plan's first stage on ``kube`` while the scripted Kueue queues and then admits its JobSet."""
+    js = stage_of(plan).jobset
+
+    def kueue():
+        play.kueue_queues(js, "waiting")
+        play.kueue_admits(js)
+
+    with Background(kueue):
+        return admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))

@@ -18,8 +18,8 @@ from multislice.delivery import artifacts
 from multislice.plan import make_plan
 from multislice.render import jobset as render_jobset
 from multislice.render import manifests, ray
-from multislice.steps import admit, train
-from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
+from multislice.steps import train
+from tests.backends.gke.harness import POOLS, RUN_ID, Background, admitted, stage_of
 from tests.kube_controllers import restore_lines, step_line, worker_start_line
 
 pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "run_storage", "node_pools")
@@ -39,17 +39,6 @@ def plan():
         },
     )
     return make_plan(spec)
-
-
-def admitted(play, plan, kube):
-    js = stage_of(plan).jobset
-
-    def kueue():
-        play.kueue_queues(js, "waiting")
-        play.kueue_admits(js)
-
-    with Background(kueue):
-        return admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
 
 
 def lost_then_restored(play, plan, told, js, first, before: str, after: str, lost_pod: int, last: tuple[int, int]):

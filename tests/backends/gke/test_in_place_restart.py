@@ -17,8 +17,8 @@ from multislice.backends.gke import GkeBackend, in_place
 from multislice.backends.gke.client import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from multislice.plan import make_plan
 from multislice.render import in_place as render_in_place
-from multislice.steps import admit, launch, provision, train
-from tests.backends.gke.harness import POOLS, RUN_ID, Background, stage_of
+from multislice.steps import launch, provision, train
+from tests.backends.gke.harness import POOLS, Background, admitted, stage_of
 from tests.kube_controllers import step_line
 
 pytestmark = pytest.mark.usefixtures("crd_schemas", "least_privilege", "run_storage", "node_pools")
@@ -28,17 +28,6 @@ def nothing_created(play):
     """What the dry runs left: no JobSet and no Job in the namespace."""
     jobsets = play.custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, "default", JOBSET_PLURAL)
     return jobsets["items"] == [] and play.batch.list_namespaced_job("default").items == []
-
-
-def admitted(play, plan, kube):
-    js = stage_of(plan).jobset
-
-    def kueue():
-        play.kueue_queues(js, "waiting")
-        play.kueue_admits(js)
-
-    with Background(kueue):
-        return admit.run(plan, stage_of(plan), RUN_ID, backend=GkeBackend(kube))
 
 
 def test_a_cluster_without_jobsets_gate_gets_recreate_with_the_reason_and_the_fix(served, play, plan, capsys):

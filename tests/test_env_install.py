@@ -17,11 +17,11 @@ from multislice.backends.local import environment
 from multislice.errors import RunFailed
 
 #: A uv that logs its argv, makes real venvs (without pip) and, for `pip sync`, prints a line, waits until the
-#: test has seen it (a file the test's tell writes), then prints the next: output kept until uv exits would
-#: leave it waiting, and it then says so and fails.
+#: test has seen it (a byte the test's tell writes into the FIFO ``FAKE_UV_SEEN``, when that is set), then prints
+#: the next: output kept until uv exits would leave it waiting, and it then says so and fails.
 FAKE_UV = """\
     #!{python}
-    import json, os, subprocess, sys, time
+    import json, os, select, subprocess, sys
     from pathlib import Path
     log = Path(os.environ["FAKE_UV_LOG"])
     with log.open("a") as handle:
@@ -31,13 +31,12 @@ FAKE_UV = """\
         subprocess.run([args[args.index("--python") + 1], "-m", "venv", "--without-pip", args[-1]], check=True)
     elif args[:2] == ["pip", "sync"]:
         print("Resolved 3 packages in 1ms", flush=True)
-        seen = Path(os.environ["FAKE_UV_SEEN"])
-        deadline = time.monotonic() + 60
-        while not seen.exists():
-            if time.monotonic() > deadline:
+        if os.environ.get("FAKE_UV_SEEN"):
+            # Read and write, so that the FIFO has a writer and select waits for the test's byte (or gives up).
+            seen = os.open(os.environ["FAKE_UV_SEEN"], os.O_RDWR)
+            if not select.select([seen], [], [], 60)[0]:
                 print("the first line was not streamed", flush=True)
                 sys.exit(3)
-            time.sleep(0.05)
         print("Prepared 3 packages in 2.1s", flush=True)
         print("Installed 3 packages in 5ms", flush=True)
         sys.exit(int(os.environ.get("FAKE_UV_SYNC_EXIT", "0")))
@@ -55,6 +54,7 @@ def fake_uv(tmp_path, monkeypatch):
     uv.chmod(uv.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_UV_LOG", str(tmp_path / "uv.log"))
+    os.mkfifo(tmp_path / "seen")
     monkeypatch.setenv("FAKE_UV_SEEN", str(tmp_path / "seen"))
     locks = tmp_path / "locks"
     locks.mkdir()
@@ -92,12 +92,14 @@ class Beats:
 def test_env_install_runs_uv_as_make_env_does_and_streams_its_output(tmp_path, fake_uv):
     uv, locks = fake_uv
     told: list[str] = []
-    seen = Path(os.environ["FAKE_UV_SEEN"])
+    seen = os.environ["FAKE_UV_SEEN"]
 
     def tell(line: str) -> None:
         told.append(line)
-        if line == "  Resolved 3 packages in 1ms":
-            seen.touch()  # uv is still running: its first line came before it exited
+        if line == "  Resolved 3 packages in 1ms":  # uv is still running: its first line came before it exited
+            fifo = os.open(seen, os.O_WRONLY | os.O_NONBLOCK)  # the fake uv holds the reading end
+            os.write(fifo, b"1")
+            os.close(fifo)
 
     beats = Beats()
     trainer = environment.install_trainer_env(
@@ -131,7 +133,7 @@ def test_env_install_runs_uv_as_make_env_does_and_streams_its_output(tmp_path, f
 def test_a_failing_uv_step_names_its_exit_status_and_output(tmp_path, fake_uv, monkeypatch, capsys):
     _, locks = fake_uv
     monkeypatch.setenv("FAKE_UV_SYNC_EXIT", "2")
-    Path(os.environ["FAKE_UV_SEEN"]).touch()
+    monkeypatch.delenv("FAKE_UV_SEEN")  # no wait for the test to see the first line
     argv = ["env", "install", str(tmp_path / "envs"), "--requirements", str(locks / "trainer.txt"),
             "--loader-requirements", str(locks / "loader.txt")]  # fmt: skip
     assert cli.main(argv) == 1  # a failed run: its cause and fix, no traceback

@@ -80,7 +80,8 @@ def requested(plan: Plan, hardware: str) -> Strategy:
     """The strategy a TPU JobSet is rendered with before provision has looked at the cluster: ``InPlaceRestart``
     unless ``restart_strategy: recreate`` (``multislice render``'s dry run shows it; provision falls back to
     Recreate on a cluster without the gates, :mod:`multislice.backends.gke.in_place`). CPU JobSets (the local backend's
-    and CPU nodes') stay ``Recreate``: the local supervisor does not play the in-place protocol yet."""
+    and CPU nodes') stay ``Recreate``, what ``auto`` gives on a cluster without the gates; the local supervisor also
+    restarts a JobSet rendered ``InPlaceRestart`` in place (:mod:`multislice.backends.local.supervisor`)."""
     if hardware != "tpu" or plan.spec.restart_strategy == "recreate":
         return RECREATE
     return IN_PLACE

@@ -330,6 +330,15 @@ class Supervisor:
         if (was := self.state.previous_in_place_restart_attempt) is None or previous > was:
             self.state.previous_in_place_restart_attempt = previous
 
+    def _controller_reconciles(self, failed: PodState) -> bool:
+        """One pass of the controller's in-place reconcile: fail the JobSet past ``maxRestarts`` (False), else move
+        the previous / current attempts (:meth:`_reconcile_in_place`)."""
+        if (why := self._in_place_exceeded()) is not None:
+            self._reached_max_restarts(failed, why)
+            return False
+        self._reconcile_in_place()
+        return True
+
     def restart_in_place(self, failed: PodState) -> bool:
         """Restart every pod in place after ``failed``'s container exited (``restartStrategy: InPlaceRestart``).
         Returns False when the JobSet failed instead (``ReachedMaxRestarts``).
@@ -346,10 +355,8 @@ class Supervisor:
         """
         failed.restart_count += 1
         self._agent_starts(failed)
-        if (why := self._in_place_exceeded()) is not None:
-            self._reached_max_restarts(failed, why)
+        if not self._controller_reconciles(failed):
             return False
-        self._reconcile_in_place()
         previous = self.state.previous_in_place_restart_attempt
         outdated = [
             p
@@ -364,10 +371,8 @@ class Supervisor:
         for pod_state in outdated:
             pod_state.restart_count += 1
             self._agent_starts(pod_state)
-        if (why := self._in_place_exceeded()) is not None:
-            self._reached_max_restarts(failed, why)
+        if not self._controller_reconciles(failed):
             return False
-        self._reconcile_in_place()
         self.state.attempt += 1
         self.recreate = False
         self.state.event(
